@@ -1,0 +1,29 @@
+# kvtier: the two commands are `make demo` and `make test`.
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps build test demo bench clean
+
+all: build
+
+deps:
+	@bash tools/install-deps.sh
+
+$(BUILD_DIR)/CMakeCache.txt:
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+build: deps $(BUILD_DIR)/CMakeCache.txt
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS)
+
+demo: build
+	@bash tools/demo.sh $(BUILD_DIR)/bin
+
+bench: build
+	@bash tools/bench.sh $(BUILD_DIR)/bin
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,133 @@
+// kvtier client SDK: what an inference engine links to store and load KV.
+//
+// A Client holds one Session stream to kvtierd (the daemon ends this client's
+// leases and reservations when it breaks), maps the daemon's DRAM arena, and
+// moves chunk payloads through that shared memory; gRPC carries only control.
+//
+// Failure model (DESIGN.md): the cache fails open. When the daemon is down,
+// slower than `deadline`, or answers with an error, Lookup/Load report zero
+// cached tokens and Store drops the write; the reason is in `fail_open`. The
+// engine then recomputes. A call never blocks past its deadline (one deadline
+// per RPC; Store and Load make two or three RPCs). After a daemon restart the
+// client reconnects (at most every `reconnect_interval`), remaps the new arena
+// epoch and re-registers its namespaces by itself.
+//
+// Errors that are the caller's own (a bad NamespaceSpec, a namespace not opened
+// by this client, a destination too small) are returned as a non-OK Result.
+//
+// Thread-safety: a Client is thread-safe; calls from several threads proceed in
+// parallel. Several processes may share one daemon and one arena.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvtier/chunk_key.h"
+#include "kvtier/namespace_spec.h"
+#include "kvtier/slot_image.h"
+#include "kvtier/status.h"
+
+namespace kvtier {
+
+struct ClientOptions {
+  // kvtierd's gRPC socket. Default: "" = ${XDG_RUNTIME_DIR:-/tmp}/kvtier/kvtierd.sock.
+  std::string socket_path;
+  // Deadline of each RPC. Default: 100 ms.
+  std::chrono::milliseconds deadline{100};
+  // Deadline of the first connection in Connect() (session + arena). Default: 2 s.
+  std::chrono::milliseconds connect_timeout{2000};
+  // Least time between two reconnection attempts. Default: 100 ms.
+  std::chrono::milliseconds reconnect_interval{100};
+  // Name shown in the daemon's logs. Default: "kvtier-client".
+  std::string client_name = "kvtier-client";
+};
+
+// A namespace this client opened: its id (digest), spec and slot sizes.
+struct NamespaceHandle {
+  NamespaceId id;
+  NamespaceSpec spec;
+  SlotLayout layout;  // layout.payload_bytes is the size of one chunk payload
+};
+
+struct LookupResult {
+  uint64_t cached_tokens = 0;  // num_chunks * chunk_tokens
+  uint32_t num_chunks = 0;     // leading full chunks cached
+  Status fail_open;            // non-OK when the cache failed open (reported a miss)
+};
+
+struct LoadResult {
+  uint64_t loaded_tokens = 0;  // num_chunks * chunk_tokens, copied to the destination
+  uint32_t num_chunks = 0;
+  std::chrono::microseconds lookup_time{0};  // the Lookup-with-lease RPC alone
+  Status fail_open;
+};
+
+struct StoreResult {
+  uint32_t stored_chunks = 0;          // written and committed now
+  uint32_t already_stored_chunks = 0;  // cached before (or being written by another client)
+  uint32_t dropped_chunks = 0;         // not stored: no space, or parent evicted meanwhile
+  uint64_t stored_bytes = 0;           // payload bytes written into the arena
+  Status fail_open;                    // non-OK when the write was dropped by a failure
+};
+
+// Writes chunk `chunk_index` (0-based over the prompt's full chunks) into
+// `payload` (exactly layout.payload_bytes, in the shared arena). A non-OK
+// return aborts the whole write.
+using ChunkWriter = std::function<Status(size_t chunk_index, std::span<std::byte> payload)>;
+
+class Client {
+ public:
+  // Connects to the daemon. A daemon that is down is not an error: the client
+  // starts disconnected, fails open and keeps trying to reconnect. Errors:
+  // INVALID_ARGUMENT for bad options.
+  static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Validates `spec` and registers it with the daemon (again after each
+  // reconnect). Errors: INVALID_ARGUMENT naming the bad field. A daemon that
+  // is down is not an error.
+  Result<NamespaceHandle> OpenNamespace(const NamespaceSpec& spec);
+
+  // Keys of the full chunks of `tokens`, computed locally (no RPC).
+  static std::vector<ChunkKey> ChunkKeys(const NamespaceHandle& ns,
+                                         std::span<const int32_t> tokens);
+
+  // How many leading tokens of `tokens` are cached (full chunks only).
+  Result<LookupResult> Lookup(const NamespaceHandle& ns, std::span<const int32_t> tokens);
+
+  // Loads the cached prefix of `tokens`: leases it, copies chunk i's payload to
+  // destination[i * payload_bytes, (i + 1) * payload_bytes), then releases.
+  // Loads at most destination.size() / payload_bytes chunks.
+  Result<LoadResult> Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                          std::span<std::byte> destination);
+
+  // Stores the full chunks of `tokens` from index `first_chunk` on (chunks
+  // before it are known to be cached): reserves slots, calls `writer` for each
+  // chunk not yet stored, straight into the arena, then commits.
+  Result<StoreResult> Store(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                            const ChunkWriter& writer, size_t first_chunk = 0);
+  // The same from a contiguous source of [num_full_chunks][payload_bytes].
+  // Errors: INVALID_ARGUMENT when `source` is shorter than that.
+  Result<StoreResult> Store(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                            std::span<const std::byte> source, size_t first_chunk = 0);
+
+  // True while a session with the daemon is open.
+  bool connected() const;
+  // Ends the session (the daemon frees this client's leases). Idempotent.
+  void Close();
+
+ private:
+  class Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,505 @@
+#include "kvtier/client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "kvtier/arena.h"
+#include "kvtier/fd_passing.h"
+#include "kvtier/proto/convert.h"
+#include "kvtier/proto/status_mapping.h"
+#include "kvtier/socket_path.h"
+#include "kvtier/v1/kvtier.grpc.pb.h"
+
+namespace kvtier {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kMaxMessageBytes = 128 << 20;
+
+// The client's end of the Session stream. Lives until OnDone.
+class SessionStream final : public grpc::ClientBidiReactor<v1::SessionHello, v1::SessionOpened> {
+ public:
+  SessionStream(v1::KvCache::Stub* stub, const std::string& name) {
+    hello_.set_client_name(name);
+    hello_.set_pid(static_cast<uint32_t>(getpid()));
+    stub->async()->Session(&ctx_, this);
+    StartWrite(&hello_);
+    StartRead(&opened_);
+    StartCall();
+  }
+
+  // Waits for SessionOpened until `deadline`. Errors: UNAVAILABLE.
+  Result<v1::SessionOpened> WaitOpened(Clock::time_point deadline) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [&] { return got_opened_ || done_; })) {
+      return Status::Unavailable("no SessionOpened from the daemon before the deadline");
+    }
+    if (!got_opened_) return Status::Unavailable("session stream ended: " + end_reason_);
+    return opened_copy_;
+  }
+  bool alive() const { return alive_.load(); }
+
+  // Cancels the stream and waits for OnDone. Then `this` may be deleted.
+  void Cancel() {
+    ctx_.TryCancel();
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+  }
+
+  void OnWriteDone(bool /*ok*/) override {}
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended; OnDone follows
+    {
+      std::lock_guard lock(mu_);
+      if (!got_opened_) {
+        opened_copy_ = opened_;
+        got_opened_ = true;
+      }
+    }
+    cv_.notify_all();
+    StartRead(&opened_);  // keep a read pending to see the stream end
+  }
+  void OnDone(const grpc::Status& s) override {
+    alive_.store(false);
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+      end_reason_ = s.error_message().empty() ? "closed" : s.error_message();
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  grpc::ClientContext ctx_;
+  v1::SessionHello hello_;
+  v1::SessionOpened opened_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool got_opened_ = false;
+  bool done_ = false;
+  std::string end_reason_;
+  v1::SessionOpened opened_copy_;
+  std::atomic<bool> alive_{true};
+};
+
+// One live connection: channel, session and the arena it maps.
+struct Connection {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::KvCache::Stub> stub;
+  std::unique_ptr<SessionStream> session;
+  std::shared_ptr<Arena> arena;
+  uint64_t session_id = 0;
+  uint64_t epoch = 0;
+  std::atomic<bool> broken{false};
+
+  bool alive() const { return !broken.load() && session->alive(); }
+  ~Connection() {
+    if (session) session->Cancel();
+  }
+};
+
+bool BreaksConnection(const Status& st) {
+  switch (st.code()) {
+    case StatusCode::kUnavailable:
+    case StatusCode::kFailedPrecondition:  // unknown session, stale epoch
+    case StatusCode::kNotFound:            // namespace forgotten by a restarted daemon
+    case StatusCode::kCancelled:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+class Client::Impl {
+ public:
+  explicit Impl(const ClientOptions& o) : options_(o) {
+    if (options_.socket_path.empty()) options_.socket_path = DefaultSocketPath();
+  }
+
+  const ClientOptions& options() const { return options_; }
+
+  // A live connection, reconnecting when the last one broke and the
+  // reconnect interval has passed. Errors: why there is none (fail open).
+  Result<std::shared_ptr<Connection>> Get(std::chrono::milliseconds budget) {
+    std::lock_guard lock(mu_);
+    if (conn_ && conn_->alive()) return conn_;
+    const auto now = Clock::now();
+    if (now - last_attempt_ < options_.reconnect_interval) {
+      return Status::Unavailable("not connected to kvtierd (" + last_error_ + ")");
+    }
+    last_attempt_ = now;
+    auto fresh = Dial(now + budget);
+    if (!fresh.ok()) {
+      last_error_ = fresh.status().message();
+      conn_.reset();
+      return fresh.status();
+    }
+    conn_ = std::move(fresh).value();
+    return conn_;
+  }
+
+  // Marks `conn` broken when `st` says the daemon lost our session.
+  void Report(const std::shared_ptr<Connection>& conn, const Status& st) {
+    if (!st.ok() && BreaksConnection(st)) {
+      if (!conn->broken.exchange(true)) {
+        spdlog::info("kvtier client: connection lost ({}); will reconnect", st.ToString());
+      }
+    }
+  }
+
+  void AddNamespace(const NamespaceHandle& ns) {
+    std::lock_guard lock(mu_);
+    namespaces_[ns.id] = ns.spec;
+  }
+  bool Knows(const NamespaceId& id) {
+    std::lock_guard lock(mu_);
+    return namespaces_.count(id) > 0;
+  }
+
+  // Registers `spec` on `conn`. Errors from the daemon.
+  Status Register(Connection& conn, const NamespaceSpec& spec, Clock::time_point deadline) {
+    v1::OpenNamespaceRequest req;
+    req.set_session_id(conn.session_id);
+    *req.mutable_spec() = ToProto(spec);
+    v1::OpenNamespaceResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + (deadline - Clock::now()));
+    return FromGrpcStatus(conn.stub->OpenNamespace(&ctx, req, &resp));
+  }
+
+  void Close() {
+    std::lock_guard lock(mu_);
+    conn_.reset();
+    closed_ = true;
+  }
+  bool closed() {
+    std::lock_guard lock(mu_);
+    return closed_;
+  }
+  bool connected() {
+    std::lock_guard lock(mu_);
+    return conn_ && conn_->alive();
+  }
+
+ private:
+  // REQUIRES: mu_ held.
+  Result<std::shared_ptr<Connection>> Dial(Clock::time_point deadline) {
+    if (closed_) return Status::FailedPrecondition("client is closed");
+    auto c = std::make_shared<Connection>();
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    args.SetMaxSendMessageSize(kMaxMessageBytes);
+    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+    c->channel = grpc::CreateCustomChannel("unix:" + options_.socket_path,
+                                           grpc::InsecureChannelCredentials(), args);
+    c->stub = v1::KvCache::NewStub(c->channel);
+    c->session = std::make_unique<SessionStream>(c->stub.get(), options_.client_name);
+    auto opened = c->session->WaitOpened(deadline);
+    if (!opened.ok()) return opened.status();
+    c->session_id = opened->session_id();
+    c->epoch = opened->epoch();
+    if (arena_ && arena_->epoch() == c->epoch) {
+      c->arena = arena_;
+    } else {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      auto got = ReceiveArenaFd(ArenaSocketPath(options_.socket_path),
+                                static_cast<int>(std::max<int64_t>(left.count(), 1)));
+      if (!got.ok()) return got.status();
+      auto [msg, fd] = *got;
+      if (msg.epoch != c->epoch) {
+        close(fd);
+        return Status::Unavailable("arena epoch differs from the session's (daemon restarting)");
+      }
+      auto mapped = Arena::Map(fd, msg.arena_bytes, msg.epoch);
+      if (!mapped.ok()) return mapped.status();
+      arena_ = std::shared_ptr<Arena>(std::move(mapped).value());
+      c->arena = arena_;
+      spdlog::info("kvtier client: mapped arena epoch {:016x} ({} bytes)", msg.epoch,
+                   msg.arena_bytes);
+    }
+    for (const auto& [id, spec] : namespaces_) {
+      KVTIER_RETURN_IF_ERROR(Register(*c, spec, deadline));
+    }
+    return c;
+  }
+
+  ClientOptions options_;
+  std::mutex mu_;
+  std::shared_ptr<Connection> conn_;                           // GUARDED_BY(mu_)
+  std::shared_ptr<Arena> arena_;                               // GUARDED_BY(mu_)
+  std::unordered_map<NamespaceId, NamespaceSpec, ChunkKeyHash> namespaces_;  // GUARDED_BY(mu_)
+  Clock::time_point last_attempt_{};                           // GUARDED_BY(mu_)
+  std::string last_error_ = "never connected";                 // GUARDED_BY(mu_)
+  bool closed_ = false;                                        // GUARDED_BY(mu_)
+};
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() { Close(); }
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (options.deadline.count() <= 0) return Status::InvalidArgument("deadline must be positive");
+  if (options.connect_timeout.count() <= 0) {
+    return Status::InvalidArgument("connect_timeout must be positive");
+  }
+  if (options.reconnect_interval.count() < 0) {
+    return Status::InvalidArgument("reconnect_interval must not be negative");
+  }
+  std::unique_ptr<Client> client(new Client(std::make_unique<Impl>(options)));
+  auto conn = client->impl_->Get(options.connect_timeout);
+  if (!conn.ok()) {
+    spdlog::warn("kvtier client: kvtierd not reachable at {} ({}); failing open until it is",
+                 client->impl_->options().socket_path, conn.status().message());
+  }
+  return client;
+}
+
+bool Client::connected() const { return impl_->connected(); }
+void Client::Close() { impl_->Close(); }
+
+Result<NamespaceHandle> Client::OpenNamespace(const NamespaceSpec& spec) {
+  KVTIER_RETURN_IF_ERROR(spec.Validate());
+  NamespaceHandle ns{spec.Digest(), spec, SlotLayout::For(spec)};
+  impl_->AddNamespace(ns);
+  auto conn = impl_->Get(impl_->options().deadline);
+  if (conn.ok()) {
+    Status st = impl_->Register(**conn, spec, Clock::now() + impl_->options().deadline);
+    if (st.code() == StatusCode::kInvalidArgument) return st;  // e.g. slot larger than arena
+    impl_->Report(*conn, st);
+  }
+  return ns;
+}
+
+std::vector<ChunkKey> Client::ChunkKeys(const NamespaceHandle& ns,
+                                        std::span<const int32_t> tokens) {
+  return ComputeChunkKeys(ns.id, tokens, ns.spec.chunk_tokens);
+}
+
+namespace {
+
+v1::LookupRequest MakeLookup(const Connection& c, const NamespaceHandle& ns,
+                             std::span<const int32_t> tokens, bool acquire) {
+  v1::LookupRequest req;
+  req.set_session_id(c.session_id);
+  req.set_epoch(c.epoch);
+  req.set_namespace_id(ns.id.ToBytes());
+  req.set_tokens(PackTokens(tokens));
+  req.set_acquire(acquire);
+  return req;
+}
+
+}  // namespace
+
+Result<LookupResult> Client::Lookup(const NamespaceHandle& ns, std::span<const int32_t> tokens) {
+  if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
+  LookupResult result;
+  auto conn = impl_->Get(impl_->options().deadline);
+  if (!conn.ok()) {
+    result.fail_open = conn.status();
+    return result;
+  }
+  v1::LookupResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
+  Status st = FromGrpcStatus((*conn)->stub->Lookup(&ctx, MakeLookup(**conn, ns, tokens, false), &resp));
+  impl_->Report(*conn, st);
+  if (!st.ok()) {
+    result.fail_open = st;
+    return result;
+  }
+  result.num_chunks = resp.num_chunks();
+  result.cached_tokens = uint64_t{resp.num_chunks()} * ns.spec.chunk_tokens;
+  return result;
+}
+
+Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                                std::span<std::byte> destination) {
+  if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
+  const uint64_t pb = ns.layout.payload_bytes;
+  const uint64_t max_chunks = std::min<uint64_t>(destination.size() / pb,
+                                                 tokens.size() / ns.spec.chunk_tokens);
+  LoadResult result;
+  if (max_chunks == 0) return result;
+  auto conn = impl_->Get(impl_->options().deadline);
+  if (!conn.ok()) {
+    result.fail_open = conn.status();
+    return result;
+  }
+  Connection& c = **conn;
+  v1::LookupResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
+    v1::LookupRequest req = MakeLookup(c, ns, tokens, true);
+    req.set_max_chunks(static_cast<uint32_t>(max_chunks));
+    const auto start = Clock::now();
+    Status st = FromGrpcStatus(c.stub->Lookup(&ctx, req, &resp));
+    result.lookup_time =
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
+    impl_->Report(*conn, st);
+    if (!st.ok()) {
+      result.fail_open = st;
+      return result;
+    }
+  }
+  Status copy_status;
+  if (static_cast<uint32_t>(resp.chunks_size()) != resp.num_chunks() ||
+      resp.num_chunks() > max_chunks) {
+    copy_status = Status::DataLoss("daemon returned " + std::to_string(resp.chunks_size()) +
+                                   " chunk locations for " + std::to_string(resp.num_chunks()) +
+                                   " chunks");
+  }
+  for (int i = 0; copy_status.ok() && i < resp.chunks_size(); ++i) {
+    const v1::ChunkLocation& loc = resp.chunks(i);
+    if (loc.payload_bytes() != pb || !c.arena->Contains(loc.payload_offset(), pb)) {
+      copy_status = Status::DataLoss("daemon returned a chunk location outside the arena");
+      break;
+    }
+    std::memcpy(destination.data() + i * pb, c.arena->base() + loc.payload_offset(), pb);
+  }
+  if (resp.lease_id() != 0) {
+    v1::ReleaseReadRequest rel;
+    rel.set_session_id(c.session_id);
+    rel.set_lease_id(resp.lease_id());
+    v1::ReleaseReadResponse rel_resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
+    // A failed release is not the engine's problem: the session or TTL ends the lease.
+    impl_->Report(*conn, FromGrpcStatus(c.stub->ReleaseRead(&ctx, rel, &rel_resp)));
+  }
+  if (!copy_status.ok()) {
+    result.fail_open = copy_status;
+    return result;
+  }
+  result.num_chunks = resp.num_chunks();
+  result.loaded_tokens = uint64_t{resp.num_chunks()} * ns.spec.chunk_tokens;
+  return result;
+}
+
+Result<StoreResult> Client::Store(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                                  const ChunkWriter& writer, size_t first_chunk) {
+  if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
+  const uint32_t ct = ns.spec.chunk_tokens;
+  const std::vector<ChunkKey> keys = ChunkKeys(ns, tokens);
+  StoreResult result;
+  if (first_chunk >= keys.size()) return result;
+  auto conn = impl_->Get(impl_->options().deadline);
+  if (!conn.ok()) {
+    result.fail_open = conn.status();
+    result.dropped_chunks = static_cast<uint32_t>(keys.size() - first_chunk);
+    return result;
+  }
+  Connection& c = **conn;
+  v1::ReserveWriteRequest req;
+  req.set_session_id(c.session_id);
+  req.set_epoch(c.epoch);
+  req.set_namespace_id(ns.id.ToBytes());
+  for (size_t i = first_chunk; i < keys.size(); ++i) {
+    auto* chunk = req.add_chunks();
+    chunk->set_key(keys[i].ToBytes());
+    chunk->set_parent_key((i == 0 ? ns.id : keys[i - 1]).ToBytes());
+    chunk->set_tokens(PackTokens(tokens.subspan(i * ct, ct)));
+  }
+  v1::ReserveWriteResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
+    Status st = FromGrpcStatus(c.stub->ReserveWrite(&ctx, req, &resp));
+    impl_->Report(*conn, st);
+    if (!st.ok()) {
+      result.fail_open = st;
+      result.dropped_chunks = static_cast<uint32_t>(keys.size() - first_chunk);
+      return result;
+    }
+  }
+  const uint64_t pb = ns.layout.payload_bytes;
+  Status write_status;
+  if (resp.outcomes_size() != req.chunks_size()) {
+    write_status = Status::DataLoss("daemon returned " + std::to_string(resp.outcomes_size()) +
+                                    " outcomes for " + std::to_string(req.chunks_size()) +
+                                    " chunks");
+  }
+  int loc_index = 0;
+  for (int i = 0; write_status.ok() && i < resp.outcomes_size(); ++i) {
+    switch (resp.outcomes(i)) {
+      case v1::ALREADY_STORED: ++result.already_stored_chunks; break;
+      case v1::RESERVED: {
+        if (loc_index >= resp.chunks_size()) {
+          write_status = Status::DataLoss("daemon returned too few chunk locations");
+          break;
+        }
+        const v1::ChunkLocation& loc = resp.chunks(loc_index++);
+        if (loc.payload_bytes() != pb || !c.arena->Contains(loc.payload_offset(), pb)) {
+          write_status = Status::DataLoss("daemon returned a slot outside the arena");
+          break;
+        }
+        write_status = writer(first_chunk + i,
+                              std::span<std::byte>(c.arena->base() + loc.payload_offset(), pb));
+        result.stored_bytes += pb;
+        break;
+      }
+      default: ++result.dropped_chunks; break;
+    }
+  }
+  if (resp.reservation_id() == 0) return result;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
+  if (!write_status.ok()) {
+    v1::AbortWriteRequest abort;
+    abort.set_session_id(c.session_id);
+    abort.set_reservation_id(resp.reservation_id());
+    v1::AbortWriteResponse abort_resp;
+    impl_->Report(*conn, FromGrpcStatus(c.stub->AbortWrite(&ctx, abort, &abort_resp)));
+    if (write_status.code() == StatusCode::kDataLoss) {  // the daemon's fault: fail open
+      result.fail_open = write_status;
+      result.stored_bytes = 0;
+      return result;
+    }
+    return write_status;  // the writer's own error
+  }
+  v1::CommitWriteRequest commit;
+  commit.set_session_id(c.session_id);
+  commit.set_reservation_id(resp.reservation_id());
+  v1::CommitWriteResponse commit_resp;
+  Status st = FromGrpcStatus(c.stub->CommitWrite(&ctx, commit, &commit_resp));
+  impl_->Report(*conn, st);
+  if (!st.ok()) {
+    result.fail_open = st;
+    result.dropped_chunks += static_cast<uint32_t>(loc_index);
+    result.stored_bytes = 0;
+    return result;
+  }
+  result.stored_chunks = commit_resp.committed_chunks();
+  result.dropped_chunks += commit_resp.dropped_chunks();
+  result.stored_bytes = uint64_t{result.stored_chunks} * pb;
+  return result;
+}
+
+Result<StoreResult> Client::Store(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                                  std::span<const std::byte> source, size_t first_chunk) {
+  const uint64_t pb = ns.layout.payload_bytes;
+  const uint64_t num_chunks = tokens.size() / ns.spec.chunk_tokens;
+  if (source.size() < num_chunks * pb) {
+    return Status::InvalidArgument("source holds " + std::to_string(source.size()) +
+                                   " bytes, fewer than " + std::to_string(num_chunks) +
+                                   " chunks of " + std::to_string(pb) + " bytes");
+  }
+  return Store(
+      ns, tokens,
+      [&](size_t i, std::span<std::byte> dst) {
+        std::memcpy(dst.data(), source.data() + i * pb, pb);
+        return Status::Ok();
+      },
+      first_chunk);
+}
+
+}  // namespace kvtier

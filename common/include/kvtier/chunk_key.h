@@ -1,0 +1,57 @@
+// ChunkKey: the 128-bit chained prefix hash that names a token chunk.
+//
+// DESIGN.md "chunk key": no seed; a 128-bit value is serialized as low64 then
+// high64, each little-endian (16 bytes).
+//   key_0 = XXH3_128bits(namespace_digest(16 B) || tokens[0:C] as LE int32)
+//   key_i = XXH3_128bits(key_{i-1}(16 B)       || tokens[iC:(i+1)C])
+// Identical in every process, machine and version; golden vectors pin it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kvtier {
+
+struct ChunkKey {
+  uint64_t lo = 0;
+  uint64_t hi = 0;
+
+  static constexpr size_t kBytes = 16;
+
+  friend bool operator==(const ChunkKey&, const ChunkKey&) = default;
+  bool IsZero() const { return lo == 0 && hi == 0; }
+
+  // Writes the 16-byte wire form (lo then hi, each little-endian) to `out`.
+  void ToBytes(std::byte* out) const;
+  std::string ToBytes() const;
+  // Reads the 16-byte wire form. REQUIRES: `in` holds 16 bytes.
+  static ChunkKey FromBytes(const std::byte* in);
+  // 32 lower-case hex digits, high64 first (the usual way to print a 128-bit hash).
+  std::string ToHex() const;
+};
+
+struct ChunkKeyHash {
+  size_t operator()(const ChunkKey& k) const { return static_cast<size_t>(k.lo ^ (k.hi * 0x9E3779B97F4A7C15ULL)); }
+};
+
+// The namespace digest is a 128-bit value of the same form as a chunk key.
+using NamespaceId = ChunkKey;
+
+// Key of one chunk from its parent (the previous chunk's key, or the namespace
+// digest for chunk 0) and its `tokens` (exactly chunk_tokens ids).
+ChunkKey ComputeChunkKey(const ChunkKey& parent, std::span<const int32_t> tokens);
+
+// Keys of every full chunk of `tokens` (a prompt of any length; the partial tail
+// is not keyed). Returns tokens.size() / chunk_tokens keys.
+// REQUIRES: chunk_tokens > 0.
+std::vector<ChunkKey> ComputeChunkKeys(const NamespaceId& ns, std::span<const int32_t> tokens,
+                                       uint32_t chunk_tokens);
+
+// Token ids as packed little-endian int32 bytes (the wire and slot-header form).
+std::string PackTokens(std::span<const int32_t> tokens);
+
+}  // namespace kvtier

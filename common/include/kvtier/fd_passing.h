@@ -1,0 +1,36 @@
+// Passing the arena fd over a Unix socket with SCM_RIGHTS (gRPC cannot).
+//
+// Protocol of the arena socket (`<socket>.arena`): a client connects; the daemon
+// sends one ArenaAnnouncement with the arena fd attached and closes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kvtier/status.h"
+
+namespace kvtier {
+
+inline constexpr uint64_t kArenaAnnouncementMagic = 0x414E455241545650ULL;  // "PVTARENA"
+
+struct ArenaAnnouncement {
+  uint64_t magic = kArenaAnnouncementMagic;
+  uint32_t version = 1;
+  uint32_t reserved = 0;
+  uint64_t epoch = 0;        // changes on every daemon start
+  uint64_t arena_bytes = 0;  // size of the mapping
+};
+
+// Path of the arena socket that belongs to the gRPC socket `socket_path`.
+std::string ArenaSocketPath(const std::string& socket_path);
+
+// Sends `msg` with `fd` attached on the connected socket `sock`. Errors: IO_ERROR.
+Status SendArenaFd(int sock, const ArenaAnnouncement& msg, int fd);
+
+// Connects to `arena_socket_path`, receives the announcement and the fd
+// (caller owns it). Waits at most `timeout_ms`. Errors: UNAVAILABLE when no
+// daemon listens, DATA_LOSS for a malformed message, IO_ERROR otherwise.
+Result<std::pair<ArenaAnnouncement, int>> ReceiveArenaFd(const std::string& arena_socket_path,
+                                                         int timeout_ms);
+
+}  // namespace kvtier

@@ -1,0 +1,75 @@
+// Slot image: the on-arena and on-disk form of one stored chunk (DESIGN.md).
+//
+// Layout of one slot (all integers little-endian):
+//   [0, header_bytes)                 SlotHeader, then num_tokens int32 token ids,
+//                                     zero padding up to header_bytes (a 256 B multiple)
+//   [header_bytes, +payload_bytes)    chunk payload, layer-major
+//   [.., slot_bytes)                  zero padding up to a 4 KiB multiple
+// The same image lives in a DRAM slot and an NVMe slot, so moving a chunk
+// between tiers is one copy.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "kvtier/chunk_key.h"
+#include "kvtier/namespace_spec.h"
+#include "kvtier/status.h"
+
+namespace kvtier {
+
+inline constexpr uint64_t kSlotMagic = 0x31544F4C5354564BULL;  // "KVTSLOT1"
+inline constexpr uint32_t kSlotFormatVersion = 1;
+inline constexpr uint64_t kSlotAlignment = 4096;       // slot_bytes is a multiple of this
+inline constexpr uint64_t kPayloadAlignment = 256;     // header_bytes is a multiple of this
+
+// Fixed part of the header; the token ids follow it.
+struct SlotHeader {
+  uint64_t magic;             // kSlotMagic
+  uint32_t format_version;    // kSlotFormatVersion
+  uint32_t header_bytes;      // offset of the payload in the slot
+  std::byte namespace_digest[16];
+  std::byte key[16];
+  std::byte parent_key[16];   // previous chunk's key, or the namespace digest for chunk 0
+  uint64_t sequence;          // daemon-wide commit sequence number
+  uint64_t payload_bytes;
+  uint64_t payload_checksum;  // XXH3-64 of the payload bytes
+  uint32_t num_tokens;        // == chunk_tokens
+  uint32_t header_checksum;   // low 32 bits of XXH3-64 over the header and tokens, this field 0
+};
+static_assert(sizeof(SlotHeader) == 96);
+
+// Sizes of the slot image of one namespace.
+struct SlotLayout {
+  uint32_t chunk_tokens = 0;
+  uint32_t header_bytes = 0;   // AlignUp(96 + 4 * chunk_tokens, 256)
+  uint64_t payload_bytes = 0;  // NamespaceSpec::PayloadBytes()
+  uint64_t slot_bytes = 0;     // AlignUp(header_bytes + payload_bytes, 4096)
+
+  // REQUIRES: spec.Validate() is OK.
+  static SlotLayout For(const NamespaceSpec& spec);
+};
+
+// What a slot must hold to be served for one lookup.
+struct SlotIdentity {
+  NamespaceId ns;
+  ChunkKey key;
+  ChunkKey parent;
+  std::span<const int32_t> tokens;  // exactly chunk_tokens ids
+};
+
+// Writes the header of the slot at `slot`: computes the payload checksum over
+// the payload already written there, and the header checksum.
+// REQUIRES: `slot` spans layout.slot_bytes; id.tokens.size() == layout.chunk_tokens.
+void SealSlot(std::byte* slot, const SlotLayout& layout, const SlotIdentity& id, uint64_t sequence);
+
+// Checks the header against `id` (magic, version, sizes, namespace, key, parent,
+// token ids, header checksum): the token check. Does not read the payload.
+// Errors: DATA_LOSS naming the first mismatching field.
+Status VerifySlotHeader(const std::byte* slot, const SlotLayout& layout, const SlotIdentity& id);
+
+// Checks the payload checksum stored in the header. Errors: DATA_LOSS.
+Status VerifySlotPayload(const std::byte* slot, const SlotLayout& layout);
+
+}  // namespace kvtier

@@ -1,0 +1,90 @@
+#include "kvtier/fd_passing.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace kvtier {
+
+std::string ArenaSocketPath(const std::string& socket_path) { return socket_path + ".arena"; }
+
+Status SendArenaFd(int sock, const ArenaAnnouncement& msg, int fd) {
+  iovec iov{const_cast<ArenaAnnouncement*>(&msg), sizeof(msg)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof(control);
+  cmsghdr* cm = CMSG_FIRSTHDR(&mh);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+  ssize_t n;
+  do {
+    n = sendmsg(sock, &mh, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return Status::FromErrno(errno, "sendmsg arena fd");
+  if (static_cast<size_t>(n) != sizeof(msg)) return Status::IOError("sendmsg arena fd: short send");
+  return Status::Ok();
+}
+
+Result<std::pair<ArenaAnnouncement, int>> ReceiveArenaFd(const std::string& path, int timeout_ms) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return Status::InvalidArgument("arena socket path '" + path + "' is longer than 107 bytes");
+  }
+  int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock < 0) return Status::FromErrno(errno, "socket");
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  if (connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    int err = errno;
+    close(sock);
+    return Status::Unavailable("connect " + path + ": " + std::strerror(err));
+  }
+  pollfd pfd{sock, POLLIN, 0};
+  int pr;
+  do {
+    pr = poll(&pfd, 1, timeout_ms);
+  } while (pr < 0 && errno == EINTR);
+  if (pr <= 0) {
+    close(sock);
+    return Status::Unavailable("no arena announcement from " + path + " within " +
+                               std::to_string(timeout_ms) + " ms");
+  }
+  ArenaAnnouncement msg;
+  iovec iov{&msg, sizeof(msg)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof(control);
+  ssize_t n;
+  do {
+    n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  int err = errno;
+  close(sock);
+  if (n < 0) return Status::FromErrno(err, "recvmsg arena fd");
+  int fd = -1;
+  for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm != nullptr; cm = CMSG_NXTHDR(&mh, cm)) {
+    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+      std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+    }
+  }
+  if (static_cast<size_t>(n) != sizeof(msg) || msg.magic != kArenaAnnouncementMagic ||
+      msg.version != 1 || fd < 0) {
+    if (fd >= 0) close(fd);
+    return Status::DataLoss("malformed arena announcement from " + path);
+  }
+  return std::make_pair(msg, fd);
+}
+
+}  // namespace kvtier

@@ -1,0 +1,102 @@
+#include "kvtier/slot_image.h"
+
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t for streaming hashes
+#include <xxhash.h>
+
+#include <cstring>
+
+#include "kvtier/units.h"
+
+namespace kvtier {
+namespace {
+
+uint32_t HeaderChecksum(const std::byte* slot, uint32_t num_tokens) {
+  SlotHeader h;
+  std::memcpy(&h, slot, sizeof(h));
+  h.header_checksum = 0;
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  XXH3_64bits_update(&state, &h, sizeof(h));
+  XXH3_64bits_update(&state, slot + sizeof(SlotHeader), uint64_t{num_tokens} * 4);
+  return static_cast<uint32_t>(XXH3_64bits_digest(&state));
+}
+
+}  // namespace
+
+SlotLayout SlotLayout::For(const NamespaceSpec& spec) {
+  SlotLayout l;
+  l.chunk_tokens = spec.chunk_tokens;
+  l.header_bytes =
+      static_cast<uint32_t>(AlignUp(sizeof(SlotHeader) + uint64_t{4} * spec.chunk_tokens,
+                                    kPayloadAlignment));
+  l.payload_bytes = spec.PayloadBytes();
+  l.slot_bytes = AlignUp(l.header_bytes + l.payload_bytes, kSlotAlignment);
+  return l;
+}
+
+void SealSlot(std::byte* slot, const SlotLayout& layout, const SlotIdentity& id,
+              uint64_t sequence) {
+  SlotHeader h{};
+  h.magic = kSlotMagic;
+  h.format_version = kSlotFormatVersion;
+  h.header_bytes = layout.header_bytes;
+  id.ns.ToBytes(h.namespace_digest);
+  id.key.ToBytes(h.key);
+  id.parent.ToBytes(h.parent_key);
+  h.sequence = sequence;
+  h.payload_bytes = layout.payload_bytes;
+  h.payload_checksum = XXH3_64bits(slot + layout.header_bytes, layout.payload_bytes);
+  h.num_tokens = layout.chunk_tokens;
+  h.header_checksum = 0;
+  std::memcpy(slot, &h, sizeof(h));
+  std::memcpy(slot + sizeof(SlotHeader), id.tokens.data(), id.tokens.size_bytes());
+  const size_t used = sizeof(SlotHeader) + id.tokens.size_bytes();
+  std::memset(slot + used, 0, layout.header_bytes - used);
+  const uint32_t checksum = HeaderChecksum(slot, layout.chunk_tokens);
+  std::memcpy(slot + offsetof(SlotHeader, header_checksum), &checksum, sizeof(checksum));
+}
+
+Status VerifySlotHeader(const std::byte* slot, const SlotLayout& layout, const SlotIdentity& id) {
+  SlotHeader h;
+  std::memcpy(&h, slot, sizeof(h));
+  if (h.magic != kSlotMagic) return Status::DataLoss("slot header: bad magic");
+  if (h.format_version != kSlotFormatVersion) {
+    return Status::DataLoss("slot header: format_version " + std::to_string(h.format_version) +
+                            " is not " + std::to_string(kSlotFormatVersion));
+  }
+  if (h.header_bytes != layout.header_bytes || h.num_tokens != layout.chunk_tokens) {
+    return Status::DataLoss("slot header: header_bytes or num_tokens do not match the namespace");
+  }
+  if (h.payload_bytes != layout.payload_bytes) {
+    return Status::DataLoss("slot header: payload_bytes does not match the namespace");
+  }
+  if (ChunkKey::FromBytes(h.namespace_digest) != id.ns) {
+    return Status::DataLoss("slot header: namespace digest differs");
+  }
+  if (ChunkKey::FromBytes(h.key) != id.key) return Status::DataLoss("slot header: key differs");
+  if (ChunkKey::FromBytes(h.parent_key) != id.parent) {
+    return Status::DataLoss("slot header: parent key differs");
+  }
+  if (id.tokens.size() != layout.chunk_tokens ||
+      std::memcmp(slot + sizeof(SlotHeader), id.tokens.data(), id.tokens.size_bytes()) != 0) {
+    return Status::DataLoss("slot header: token ids differ");
+  }
+  if (HeaderChecksum(slot, layout.chunk_tokens) != h.header_checksum) {
+    return Status::DataLoss("slot header: header checksum mismatch");
+  }
+  return Status::Ok();
+}
+
+Status VerifySlotPayload(const std::byte* slot, const SlotLayout& layout) {
+  SlotHeader h;
+  std::memcpy(&h, slot, sizeof(h));
+  if (h.payload_bytes != layout.payload_bytes) {
+    return Status::DataLoss("slot header: payload_bytes does not match the namespace");
+  }
+  if (XXH3_64bits(slot + layout.header_bytes, layout.payload_bytes) != h.payload_checksum) {
+    return Status::DataLoss("slot payload: checksum mismatch");
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvtier

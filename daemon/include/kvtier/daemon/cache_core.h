@@ -1,0 +1,141 @@
+// CacheCore: the daemon's request logic, with no gRPC in it.
+//
+// It validates every request (each rejected request gets INVALID_ARGUMENT or
+// the fitting code with a message naming the field, and changes nothing), and
+// owns sessions, namespaces, leases (read pins) and reservations (two-phase
+// writes) over the DRAM tier. The gRPC services are thin adapters over it, and
+// tests drive it with proto messages and a clock they advance.
+//
+// Thread-safety: thread-safe. One mutex (mu_) guards all state; payload
+// checksums at commit are computed outside it (the reservation owns its slots).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "kvtier/clock.h"
+#include "kvtier/namespace_spec.h"
+#include "kvtier/slot_image.h"
+#include "kvtier/status.h"
+#include "kvtier/tiers/dram_tier.h"
+#include "kvtier/v1/kvtier.pb.h"
+
+namespace kvtier {
+
+struct CacheCoreOptions {
+  // DRAM arena size in bytes, a multiple of 4 KiB. Default: 1 GiB.
+  uint64_t dram_bytes = uint64_t{1} << 30;
+  // A lease not released by then ends by itself. Default: 30 s.
+  std::chrono::milliseconds lease_ttl{30000};
+  // A reservation not committed by then is freed. Default: 30 s.
+  std::chrono::milliseconds reservation_ttl{30000};
+  // Longest prompt a Lookup accepts, in tokens. Default: 4,194,304 (16 MiB of ids).
+  uint64_t max_prompt_tokens = uint64_t{1} << 22;
+  // Most chunks in one ReserveWrite. Default: 65,536.
+  uint32_t max_chunks_per_request = 65536;
+  // Most namespaces the daemon keeps. Default: 1,024.
+  uint32_t max_namespaces = 1024;
+
+  Status Validate() const;
+};
+
+class CacheCore {
+ public:
+  // `clock` must outlive the core. `epoch`: nonzero arena epoch.
+  static Result<std::unique_ptr<CacheCore>> Create(const CacheCoreOptions& options,
+                                                   uint64_t epoch, const Clock& clock);
+
+  // Sessions: opened by the Session stream, ended when it breaks. Ending a
+  // session ends its leases and frees its reservations at once.
+  uint64_t OpenSession(const std::string& client_name, uint32_t pid);
+  void EndSession(uint64_t session_id);
+
+  // RPC bodies. Each returns the status the client sees; on error, `response`
+  // is unspecified and no state changed.
+  Status OpenNamespace(const v1::OpenNamespaceRequest& req, v1::OpenNamespaceResponse* resp);
+  Status Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp);
+  Status ReleaseRead(const v1::ReleaseReadRequest& req);
+  Status ReserveWrite(const v1::ReserveWriteRequest& req, v1::ReserveWriteResponse* resp);
+  Status CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWriteResponse* resp);
+  Status AbortWrite(const v1::AbortWriteRequest& req);
+
+  void Stats(v1::StatsResponse* resp);
+  void Namespaces(v1::NamespacesResponse* resp);
+
+  // Ends every lease and reservation whose TTL has passed on the clock.
+  // Called periodically by the daemon; tests call it after advancing the clock.
+  void ExpireNow();
+
+  const Arena& arena() const { return dram_->arena(); }
+  uint64_t epoch() const { return dram_->arena().epoch(); }
+  const CacheCoreOptions& options() const { return options_; }
+
+ private:
+  struct NamespaceState {
+    NamespaceSpec spec;
+    NamespaceId id;
+    SlotLayout layout;
+    uint32_t ns_index = 0;  // DramTier's namespace number
+  };
+  struct Lease {
+    uint64_t session_id = 0;
+    Clock::TimePoint expiry;
+    std::vector<uint32_t> handles;  // DramTier handles, pinned
+  };
+  struct ReservedChunk {
+    ChunkKey key;
+    ChunkKey parent;
+    std::vector<int32_t> tokens;
+    uint64_t slot_offset = 0;
+  };
+  struct Reservation {
+    uint64_t session_id = 0;
+    Clock::TimePoint expiry;
+    const NamespaceState* ns = nullptr;
+    std::vector<ReservedChunk> chunks;
+  };
+  struct Counters {
+    uint64_t lookups = 0;
+    uint64_t lookup_tokens = 0;
+    uint64_t hit_tokens = 0;
+    uint64_t hits = 0;
+    uint64_t misses = 0;
+    uint64_t read_bytes = 0;
+    uint64_t write_bytes = 0;
+    uint64_t token_check_failures = 0;
+  };
+
+  CacheCore(const CacheCoreOptions& options, std::unique_ptr<DramTier> dram, const Clock& clock)
+      : options_(options), clock_(clock), dram_(std::move(dram)) {}
+
+  // REQUIRES: mu_ held.
+  Status CheckSession(uint64_t session_id) const;
+  Status CheckEpoch(uint64_t epoch) const;
+  Result<const NamespaceState*> FindNamespace(const std::string& namespace_id) const;
+  void EndLease(std::unordered_map<uint64_t, Lease>::iterator it);
+  void FreeReservation(const Reservation& r);
+
+  const CacheCoreOptions options_;
+  const Clock& clock_;
+
+  mutable std::mutex mu_;
+  std::unique_ptr<DramTier> dram_;                                    // GUARDED_BY(mu_)
+  std::vector<std::unique_ptr<NamespaceState>> namespaces_;           // GUARDED_BY(mu_)
+  std::unordered_map<NamespaceId, NamespaceState*, ChunkKeyHash> ns_by_id_;  // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, std::string> sessions_;                // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, Lease> leases_;                        // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, Reservation> reservations_;            // GUARDED_BY(mu_)
+  std::unordered_set<ChunkKey, ChunkKeyHash> reserved_keys_;          // GUARDED_BY(mu_)
+  uint64_t next_id_ = 1;                                              // GUARDED_BY(mu_)
+  uint64_t next_sequence_ = 1;                                        // GUARDED_BY(mu_)
+  Counters counters_;                                                 // GUARDED_BY(mu_)
+  const Clock::TimePoint started_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace kvtier

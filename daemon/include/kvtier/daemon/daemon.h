@@ -1,0 +1,63 @@
+// Daemon: kvtierd's process-level parts around CacheCore: the socket directory
+// and its lock file, the arena socket that hands out the memfd, the gRPC server
+// and the TTL sweeper.
+//
+// Start-up order: directory (0700, or 0750 + group) -> lock file (flock; a
+// second daemon on the same path is refused) -> arena -> arena socket -> gRPC.
+// Shutdown undoes it and removes the socket files.
+//
+// Thread-safety: Start/Wait/Shutdown from one thread; Shutdown may be called
+// from a signal-waiting thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <thread>
+
+#include "kvtier/clock.h"
+#include "kvtier/daemon/cache_core.h"
+#include "kvtier/daemon/daemon_options.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace kvtier {
+
+class KvCacheService;
+class AdminService;
+
+class Daemon {
+ public:
+  // Errors: FAILED_PRECONDITION when another daemon holds the socket's lock,
+  // INVALID_ARGUMENT for an unknown group, IO_ERROR from the file system or
+  // the arena, UNAVAILABLE when gRPC cannot listen.
+  static Result<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+  ~Daemon();
+
+  // Stops serving (idempotent). Pending RPCs get a short grace period.
+  void Shutdown();
+
+  CacheCore& core() { return *core_; }
+
+ private:
+  explicit Daemon(const DaemonOptions& options);
+  Status PrepareSocketDir();
+  Status StartArenaSocket();
+  void ArenaLoop();
+  void SweepLoop();
+
+  DaemonOptions options_;
+  int lock_fd_ = -1;
+  int arena_listen_fd_ = -1;
+  std::unique_ptr<CacheCore> core_;
+  std::unique_ptr<KvCacheService> kv_service_;
+  std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::atomic<bool> stopping_{false};
+  std::thread arena_thread_;
+  std::thread sweep_thread_;
+  bool shut_down_ = false;
+};
+
+}  // namespace kvtier

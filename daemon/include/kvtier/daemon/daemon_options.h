@@ -1,0 +1,35 @@
+// DaemonOptions: everything kvtierd is configured with, loaded in one place
+// from a YAML file (--config) and command-line flags; flags win over the file.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "kvtier/daemon/cache_core.h"
+#include "kvtier/socket_path.h"
+#include "kvtier/status.h"
+
+namespace kvtier {
+
+struct DaemonOptions {
+  // gRPC Unix socket; its directory is created 0700 (0750 with socket_group).
+  // Default: DefaultSocketPath().
+  std::string socket_path = DefaultSocketPath();
+  // Group allowed to connect (directory 0750, socket 0660). Default: "" (owner only).
+  std::string socket_group;
+  // trace, debug, info, warn, error, critical, off. Default: "info".
+  std::string log_level = "info";
+  // Cache sizes, TTLs and limits (dram_bytes default 1 GiB; TTLs 30 s).
+  CacheCoreOptions core;
+
+  Status Validate() const;
+};
+
+// Parses argv (and the YAML file named by --config). Returns the options, or
+// INVALID_ARGUMENT naming the bad flag, key or value. `exit_code` is set (and
+// the options are meaningless) when the command line asked for --help or
+// --version: print nothing more and exit with it.
+Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code);
+
+}  // namespace kvtier

@@ -1,0 +1,465 @@
+#include "kvtier/daemon/cache_core.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kvtier/proto/convert.h"
+
+namespace kvtier {
+namespace {
+
+// Token ids of a packed little-endian int32 byte string.
+std::vector<int32_t> UnpackTokens(const std::string& bytes) {
+  std::vector<int32_t> tokens(bytes.size() / 4);
+  std::memcpy(tokens.data(), bytes.data(), tokens.size() * 4);
+  return tokens;
+}
+
+std::string Field(const char* name, size_t i, const char* sub) {
+  return std::string(name) + "[" + std::to_string(i) + "]." + sub;
+}
+
+}  // namespace
+
+Status CacheCoreOptions::Validate() const {
+  if (dram_bytes < 4096 || dram_bytes % 4096 != 0) {
+    return Status::InvalidArgument("dram_bytes " + std::to_string(dram_bytes) +
+                                   " is not a positive multiple of 4096");
+  }
+  if (lease_ttl.count() <= 0) return Status::InvalidArgument("lease_ttl_ms must be positive");
+  if (reservation_ttl.count() <= 0) {
+    return Status::InvalidArgument("reservation_ttl_ms must be positive");
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& options,
+                                                     uint64_t epoch, const Clock& clock) {
+  KVTIER_RETURN_IF_ERROR(options.Validate());
+  auto dram = DramTier::Create(options.dram_bytes, epoch);
+  if (!dram.ok()) return dram.status();
+  return std::unique_ptr<CacheCore>(new CacheCore(options, std::move(dram).value(), clock));
+}
+
+uint64_t CacheCore::OpenSession(const std::string& client_name, uint32_t pid) {
+  std::lock_guard lock(mu_);
+  uint64_t id = next_id_++;
+  sessions_.emplace(id, client_name + " (pid " + std::to_string(pid) + ")");
+  return id;
+}
+
+void CacheCore::EndSession(uint64_t session_id) {
+  std::lock_guard lock(mu_);
+  if (sessions_.erase(session_id) == 0) return;
+  size_t leases = 0, reservations = 0;
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    auto next = std::next(it);
+    if (it->second.session_id == session_id) {
+      EndLease(it);
+      ++leases;
+    }
+    it = next;
+  }
+  for (auto it = reservations_.begin(); it != reservations_.end();) {
+    if (it->second.session_id == session_id) {
+      FreeReservation(it->second);
+      it = reservations_.erase(it);
+      ++reservations;
+    } else {
+      ++it;
+    }
+  }
+  spdlog::debug("session {} ended: freed {} leases and {} reservations", session_id, leases,
+                reservations);
+}
+
+Status CacheCore::CheckSession(uint64_t session_id) const {
+  if (sessions_.count(session_id) == 0) {
+    return Status::FailedPrecondition("session_id " + std::to_string(session_id) +
+                                      " is unknown (open a Session stream first)");
+  }
+  return Status::Ok();
+}
+
+Status CacheCore::CheckEpoch(uint64_t epoch) const {
+  if (epoch != dram_->arena().epoch()) {
+    return Status::FailedPrecondition("epoch " + std::to_string(epoch) +
+                                      " is stale (the daemon restarted; remap the arena)");
+  }
+  return Status::Ok();
+}
+
+Result<const CacheCore::NamespaceState*> CacheCore::FindNamespace(const std::string& id) const {
+  auto key = KeyFromWire(id);
+  if (!key) {
+    return Status::InvalidArgument("namespace_id is " + std::to_string(id.size()) +
+                                   " bytes, not 16");
+  }
+  auto it = ns_by_id_.find(*key);
+  if (it == ns_by_id_.end()) {
+    return Status::NotFound("namespace_id " + key->ToHex() + " is unknown (call OpenNamespace)");
+  }
+  return static_cast<const NamespaceState*>(it->second);
+}
+
+Status CacheCore::OpenNamespace(const v1::OpenNamespaceRequest& req,
+                                v1::OpenNamespaceResponse* resp) {
+  if (!req.has_spec()) return Status::InvalidArgument("spec is missing");
+  NamespaceSpec spec = FromProto(req.spec());
+  KVTIER_RETURN_IF_ERROR(spec.Validate());
+  const SlotLayout layout = SlotLayout::For(spec);
+  const NamespaceId id = spec.Digest();
+  std::lock_guard lock(mu_);
+  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
+  auto it = ns_by_id_.find(id);
+  if (it == ns_by_id_.end()) {
+    if (layout.slot_bytes > dram_->capacity_bytes()) {
+      return Status::InvalidArgument("spec: a chunk slot of " + std::to_string(layout.slot_bytes) +
+                                     " bytes does not fit in the DRAM arena of " +
+                                     std::to_string(dram_->capacity_bytes()) + " bytes");
+    }
+    if (namespaces_.size() >= options_.max_namespaces) {
+      return Status::ResourceExhausted("the daemon already holds " +
+                                       std::to_string(namespaces_.size()) + " namespaces");
+    }
+    auto state = std::make_unique<NamespaceState>();
+    state->spec = spec;
+    state->id = id;
+    state->layout = layout;
+    state->ns_index = dram_->AddNamespace(layout.slot_bytes);
+    it = ns_by_id_.emplace(id, state.get()).first;
+    namespaces_.push_back(std::move(state));
+    spdlog::info("namespace {} opened: {}", id.ToHex(), spec.CanonicalString());
+  }
+  resp->set_namespace_id(id.ToBytes());
+  resp->set_payload_bytes(layout.payload_bytes);
+  resp->set_header_bytes(layout.header_bytes);
+  resp->set_slot_bytes(layout.slot_bytes);
+  return Status::Ok();
+}
+
+Status CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp) {
+  const std::string& raw = req.tokens();
+  if (raw.size() % 4 != 0) {
+    return Status::InvalidArgument("tokens is " + std::to_string(raw.size()) +
+                                   " bytes, not a multiple of 4 (packed int32)");
+  }
+  if (raw.size() / 4 > options_.max_prompt_tokens) {
+    return Status::InvalidArgument("tokens holds " + std::to_string(raw.size() / 4) +
+                                   " ids, more than the limit of " +
+                                   std::to_string(options_.max_prompt_tokens));
+  }
+  const std::vector<int32_t> tokens = UnpackTokens(raw);
+  const NamespaceState* ns;
+  uint32_t chunk_tokens;
+  {
+    std::lock_guard lock(mu_);
+    KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
+    KVTIER_RETURN_IF_ERROR(CheckEpoch(req.epoch()));
+    auto found = FindNamespace(req.namespace_id());
+    if (!found.ok()) return found.status();
+    ns = *found;  // NamespaceState objects live as long as the core
+    chunk_tokens = ns->spec.chunk_tokens;
+  }
+  // Hash outside the lock: it is the bulk of a long prompt's lookup.
+  const std::vector<ChunkKey> keys =
+      ComputeChunkKeys(ns->id, tokens, chunk_tokens);
+  std::span<const int32_t> all(tokens);
+
+  std::lock_guard lock(mu_);
+  std::vector<uint32_t> hits;
+  hits.reserve(keys.size());
+  const size_t max_hits = req.max_chunks() == 0 ? keys.size() : req.max_chunks();
+  for (size_t i = 0; i < keys.size() && hits.size() < max_hits; ++i) {
+    const uint32_t h = dram_->Find(keys[i]);
+    if (h == ChunkIndex::kNone) break;
+    const ChunkEntry& e = dram_->Get(h);
+    SlotIdentity id{ns->id, keys[i], i == 0 ? ns->id : keys[i - 1],
+                    all.subspan(i * chunk_tokens, chunk_tokens)};
+    Status st = VerifySlotHeader(dram_->SlotAddress(e.slot_offset), ns->layout, id);
+    if (!st.ok()) {
+      ++counters_.token_check_failures;
+      spdlog::warn("token check failed for chunk {} of namespace {}: {}", keys[i].ToHex(),
+                   ns->id.ToHex(), st.message());
+      break;
+    }
+    hits.push_back(h);
+  }
+  // Children first, so a prefix's inner chunks stay more recent than its leaves.
+  for (auto it = hits.rbegin(); it != hits.rend(); ++it) dram_->Touch(*it);
+  const uint64_t num_hits = hits.size();
+  ++counters_.lookups;
+  counters_.lookup_tokens += tokens.size();
+  counters_.hit_tokens += num_hits * chunk_tokens;
+  counters_.hits += num_hits;
+  if (num_hits < max_hits) counters_.misses += keys.size() - num_hits;  // stopped by a miss
+
+  resp->set_num_chunks(static_cast<uint32_t>(num_hits));
+  resp->set_cached_tokens(num_hits * chunk_tokens);
+  resp->set_lease_ttl_ms(static_cast<uint64_t>(options_.lease_ttl.count()));
+  if (req.acquire() && num_hits > 0) {
+    const uint64_t lease_id = next_id_++;
+    Lease lease;
+    lease.session_id = req.session_id();
+    lease.expiry = clock_.Now() + options_.lease_ttl;
+    lease.handles = hits;
+    for (uint32_t h : hits) {
+      dram_->Pin(h);
+      auto* loc = resp->add_chunks();
+      loc->set_payload_offset(dram_->Get(h).slot_offset + ns->layout.header_bytes);
+      loc->set_payload_bytes(ns->layout.payload_bytes);
+    }
+    counters_.read_bytes += num_hits * ns->layout.payload_bytes;
+    leases_.emplace(lease_id, std::move(lease));
+    resp->set_lease_id(lease_id);
+  }
+  return Status::Ok();
+}
+
+void CacheCore::EndLease(std::unordered_map<uint64_t, Lease>::iterator it) {
+  for (uint32_t h : it->second.handles) dram_->Unpin(h);
+  leases_.erase(it);
+}
+
+Status CacheCore::ReleaseRead(const v1::ReleaseReadRequest& req) {
+  std::lock_guard lock(mu_);
+  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
+  auto it = leases_.find(req.lease_id());
+  if (it == leases_.end()) {
+    return Status::NotFound("lease_id " + std::to_string(req.lease_id()) +
+                            " is unknown (released, expired or never granted)");
+  }
+  if (it->second.session_id != req.session_id()) {
+    return Status::PermissionDenied("lease_id " + std::to_string(req.lease_id()) +
+                                    " belongs to another session");
+  }
+  EndLease(it);
+  return Status::Ok();
+}
+
+Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
+                               v1::ReserveWriteResponse* resp) {
+  const int n = req.chunks_size();
+  if (n == 0) return Status::InvalidArgument("chunks is empty");
+  if (static_cast<uint32_t>(n) > options_.max_chunks_per_request) {
+    return Status::InvalidArgument("chunks holds " + std::to_string(n) +
+                                   " entries, more than the limit of " +
+                                   std::to_string(options_.max_chunks_per_request));
+  }
+  const NamespaceState* ns;
+  {
+    std::lock_guard lock(mu_);
+    KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
+    KVTIER_RETURN_IF_ERROR(CheckEpoch(req.epoch()));
+    auto found = FindNamespace(req.namespace_id());
+    if (!found.ok()) return found.status();
+    ns = *found;
+  }
+  // Validate every chunk before touching any state.
+  const uint32_t chunk_tokens = ns->spec.chunk_tokens;
+  std::vector<ReservedChunk> chunks(n);
+  for (int i = 0; i < n; ++i) {
+    const v1::ChunkToWrite& c = req.chunks(i);
+    auto key = KeyFromWire(c.key());
+    if (!key) return Status::InvalidArgument(Field("chunks", i, "key") + " is not 16 bytes");
+    auto parent = KeyFromWire(c.parent_key());
+    if (!parent) {
+      return Status::InvalidArgument(Field("chunks", i, "parent_key") + " is not 16 bytes");
+    }
+    if (c.tokens().size() != uint64_t{chunk_tokens} * 4) {
+      return Status::InvalidArgument(Field("chunks", i, "tokens") + " is " +
+                                     std::to_string(c.tokens().size()) + " bytes, not " +
+                                     std::to_string(chunk_tokens) + " int32 token ids (" +
+                                     std::to_string(chunk_tokens * 4) + " bytes)");
+    }
+    if (i > 0 && *parent != chunks[i - 1].key) {
+      return Status::InvalidArgument(Field("chunks", i, "parent_key") +
+                                     " is not the key of chunks[" + std::to_string(i - 1) + "]");
+    }
+    chunks[i].tokens = UnpackTokens(c.tokens());
+    if (ComputeChunkKey(*parent, chunks[i].tokens) != *key) {
+      return Status::InvalidArgument(Field("chunks", i, "key") +
+                                     " is not XXH3-128(parent_key || tokens)");
+    }
+    chunks[i].key = *key;
+    chunks[i].parent = *parent;
+  }
+
+  std::lock_guard lock(mu_);
+  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
+  Reservation r;
+  r.session_id = req.session_id();
+  r.expiry = clock_.Now() + options_.reservation_ttl;
+  r.ns = ns;
+  // Keep the resident parent of the first chunk recent so eviction spares it.
+  if (uint32_t ph = dram_->Find(chunks[0].parent); ph != ChunkIndex::kNone) dram_->Touch(ph);
+  bool out_of_space = false;
+  for (int i = 0; i < n; ++i) {
+    ReservedChunk& c = chunks[i];
+    if (!out_of_space) {
+      if (uint32_t h = dram_->Find(c.key); h != ChunkIndex::kNone) {
+        dram_->Touch(h);
+        resp->add_outcomes(v1::ALREADY_STORED);
+        continue;
+      }
+      if (reserved_keys_.count(c.key) > 0) {  // another client is writing it now
+        resp->add_outcomes(v1::ALREADY_STORED);
+        continue;
+      }
+      if (auto offset = dram_->AllocateSlot(ns->ns_index)) {
+        c.slot_offset = *offset;
+        auto* loc = resp->add_chunks();
+        loc->set_payload_offset(c.slot_offset + ns->layout.header_bytes);
+        loc->set_payload_bytes(ns->layout.payload_bytes);
+        resp->add_outcomes(v1::RESERVED);
+        reserved_keys_.insert(c.key);
+        r.chunks.push_back(std::move(c));
+        continue;
+      }
+      out_of_space = true;  // later chunks would be orphans without this one
+    }
+    resp->add_outcomes(v1::NO_SPACE);
+  }
+  resp->set_reservation_ttl_ms(static_cast<uint64_t>(options_.reservation_ttl.count()));
+  if (!r.chunks.empty()) {
+    const uint64_t id = next_id_++;
+    reservations_.emplace(id, std::move(r));
+    resp->set_reservation_id(id);
+  }
+  return Status::Ok();
+}
+
+void CacheCore::FreeReservation(const Reservation& r) {
+  for (const ReservedChunk& c : r.chunks) {
+    dram_->FreeSlot(r.ns->ns_index, c.slot_offset);
+    reserved_keys_.erase(c.key);
+  }
+}
+
+Status CacheCore::CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWriteResponse* resp) {
+  Reservation r;
+  uint64_t first_sequence;
+  {
+    std::lock_guard lock(mu_);
+    KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
+    auto it = reservations_.find(req.reservation_id());
+    if (it == reservations_.end()) {
+      return Status::NotFound("reservation_id " + std::to_string(req.reservation_id()) +
+                              " is unknown (committed, aborted, expired or never granted)");
+    }
+    if (it->second.session_id != req.session_id()) {
+      return Status::PermissionDenied("reservation_id " + std::to_string(req.reservation_id()) +
+                                      " belongs to another session");
+    }
+    r = std::move(it->second);
+    reservations_.erase(it);
+    first_sequence = next_sequence_;
+    next_sequence_ += r.chunks.size();
+  }
+  // The reservation owns these slots: seal them without the lock.
+  const NamespaceState& ns = *r.ns;
+  for (size_t i = 0; i < r.chunks.size(); ++i) {
+    const ReservedChunk& c = r.chunks[i];
+    SealSlot(dram_->SlotAddress(c.slot_offset), ns.layout, {ns.id, c.key, c.parent, c.tokens},
+             first_sequence + i);
+  }
+  std::lock_guard lock(mu_);
+  uint32_t committed = 0, dropped = 0;
+  for (const ReservedChunk& c : r.chunks) {
+    reserved_keys_.erase(c.key);
+    if (dram_->Insert(c.key, c.parent, ns.id, ns.ns_index, c.slot_offset) == ChunkIndex::kNone) {
+      dram_->FreeSlot(ns.ns_index, c.slot_offset);  // parent evicted meanwhile, or a duplicate
+      ++dropped;
+    } else {
+      ++committed;
+    }
+  }
+  counters_.write_bytes += uint64_t{committed} * ns.layout.payload_bytes;
+  resp->set_committed_chunks(committed);
+  resp->set_dropped_chunks(dropped);
+  return Status::Ok();
+}
+
+Status CacheCore::AbortWrite(const v1::AbortWriteRequest& req) {
+  std::lock_guard lock(mu_);
+  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
+  auto it = reservations_.find(req.reservation_id());
+  if (it == reservations_.end()) {
+    return Status::NotFound("reservation_id " + std::to_string(req.reservation_id()) +
+                            " is unknown (committed, aborted, expired or never granted)");
+  }
+  if (it->second.session_id != req.session_id()) {
+    return Status::PermissionDenied("reservation_id " + std::to_string(req.reservation_id()) +
+                                    " belongs to another session");
+  }
+  FreeReservation(it->second);
+  reservations_.erase(it);
+  return Status::Ok();
+}
+
+void CacheCore::ExpireNow() {
+  const Clock::TimePoint now = clock_.Now();
+  std::lock_guard lock(mu_);
+  size_t leases = 0, reservations = 0;
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    auto next = std::next(it);
+    if (it->second.expiry <= now) {
+      EndLease(it);
+      ++leases;
+    }
+    it = next;
+  }
+  for (auto it = reservations_.begin(); it != reservations_.end();) {
+    if (it->second.expiry <= now) {
+      FreeReservation(it->second);
+      it = reservations_.erase(it);
+      ++reservations;
+    } else {
+      ++it;
+    }
+  }
+  if (leases + reservations > 0) {
+    spdlog::info("expired {} leases and {} reservations past their TTL", leases, reservations);
+  }
+}
+
+void CacheCore::Stats(v1::StatsResponse* resp) {
+  std::lock_guard lock(mu_);
+  auto* t = resp->add_tiers();
+  t->set_name("dram");
+  t->set_capacity_bytes(dram_->capacity_bytes());
+  t->set_used_bytes(dram_->used_bytes());
+  t->set_capacity_chunks(namespaces_.empty()
+                             ? 0
+                             : dram_->capacity_bytes() / namespaces_.front()->layout.slot_bytes);
+  t->set_chunks(dram_->num_chunks());
+  t->set_hits(counters_.hits);
+  t->set_misses(counters_.misses);
+  t->set_evictions(dram_->counters().evictions);
+  t->set_read_bytes(counters_.read_bytes);
+  t->set_write_bytes(counters_.write_bytes);
+  resp->set_lookups(counters_.lookups);
+  resp->set_lookup_tokens(counters_.lookup_tokens);
+  resp->set_hit_tokens(counters_.hit_tokens);
+  resp->set_sessions(sessions_.size());
+  resp->set_active_leases(leases_.size());
+  resp->set_active_reservations(reservations_.size());
+  resp->set_uptime_s(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_)
+          .count()));
+}
+
+void CacheCore::Namespaces(v1::NamespacesResponse* resp) {
+  std::lock_guard lock(mu_);
+  for (const auto& ns : namespaces_) {
+    auto* info = resp->add_namespaces();
+    info->set_namespace_id(ns->id.ToBytes());
+    *info->mutable_spec() = ToProto(ns->spec);
+    info->set_chunks(dram_->num_chunks(ns->ns_index));
+    info->set_slot_bytes(ns->layout.slot_bytes);
+  }
+}
+
+}  // namespace kvtier

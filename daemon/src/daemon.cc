@@ -1,0 +1,166 @@
+#include "kvtier/daemon/daemon.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <grpcpp/grpcpp.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "grpc_services.h"
+#include "kvtier/fd_passing.h"
+
+namespace kvtier {
+namespace {
+
+constexpr int kMaxMessageBytes = 128 << 20;
+
+uint64_t NewEpoch() {
+  std::random_device rd;
+  uint64_t e = 0;
+  while (e == 0) e = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
+  return e;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  KVTIER_RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<Daemon> d(new Daemon(options));
+  KVTIER_RETURN_IF_ERROR(d->PrepareSocketDir());
+  auto core = CacheCore::Create(options.core, NewEpoch(), SteadyClock::Instance());
+  if (!core.ok()) return core.status();
+  d->core_ = std::move(core).value();
+  KVTIER_RETURN_IF_ERROR(d->StartArenaSocket());
+
+  d->kv_service_ = std::make_unique<KvCacheService>(*d->core_);
+  d->admin_service_ = std::make_unique<AdminService>(*d->core_);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + options.socket_path, grpc::InsecureServerCredentials());
+  builder.RegisterService(d->kv_service_.get());
+  builder.RegisterService(d->admin_service_.get());
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  d->server_ = builder.BuildAndStart();
+  if (!d->server_) {
+    return Status::Unavailable("gRPC could not listen on unix:" + options.socket_path);
+  }
+  if (!options.socket_group.empty()) {
+    group* g = getgrnam(options.socket_group.c_str());
+    for (const std::string& p : {options.socket_path, ArenaSocketPath(options.socket_path)}) {
+      if (chown(p.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0 || chmod(p.c_str(), 0660) != 0) {
+        return Status::FromErrno(errno, "chown/chmod " + p);
+      }
+    }
+  }
+  d->arena_thread_ = std::thread([p = d.get()] { p->ArenaLoop(); });
+  d->sweep_thread_ = std::thread([p = d.get()] { p->SweepLoop(); });
+  spdlog::info("kvtierd serving on {} (DRAM arena {} bytes, epoch {:016x})", options.socket_path,
+               options.core.dram_bytes, d->core_->epoch());
+  return d;
+}
+
+Status Daemon::PrepareSocketDir() {
+  namespace fs = std::filesystem;
+  const fs::path sock(options_.socket_path);
+  const fs::path dir = sock.has_parent_path() ? sock.parent_path() : fs::path(".");
+  gid_t gid = static_cast<gid_t>(-1);
+  if (!options_.socket_group.empty()) {
+    group* g = getgrnam(options_.socket_group.c_str());
+    if (g == nullptr) {
+      return Status::InvalidArgument("--socket-group '" + options_.socket_group +
+                                     "' is not a known group");
+    }
+    gid = g->gr_gid;
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Status::IOError("create socket directory " + dir.string() + ": " + ec.message());
+  const mode_t mode = options_.socket_group.empty() ? 0700 : 0750;
+  if (chmod(dir.c_str(), mode) != 0) return Status::FromErrno(errno, "chmod " + dir.string());
+  if (gid != static_cast<gid_t>(-1) && chown(dir.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+    return Status::FromErrno(errno, "chown " + dir.string());
+  }
+  const std::string lock_path = options_.socket_path + ".lock";
+  lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd_ < 0) return Status::FromErrno(errno, "open lock file " + lock_path);
+  if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return Status::FailedPrecondition("another kvtierd is serving " + options_.socket_path +
+                                        " (it holds " + lock_path + ")");
+    }
+    return Status::FromErrno(errno, "flock " + lock_path);
+  }
+  // We hold the lock: any socket files left are from a dead daemon.
+  unlink(options_.socket_path.c_str());
+  unlink(ArenaSocketPath(options_.socket_path).c_str());
+  return Status::Ok();
+}
+
+Status Daemon::StartArenaSocket() {
+  const std::string path = ArenaSocketPath(options_.socket_path);
+  arena_listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (arena_listen_fd_ < 0) return Status::FromErrno(errno, "socket");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  if (bind(arena_listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return Status::FromErrno(errno, "bind " + path);
+  }
+  if (listen(arena_listen_fd_, 128) != 0) return Status::FromErrno(errno, "listen " + path);
+  return Status::Ok();
+}
+
+void Daemon::ArenaLoop() {
+  ArenaAnnouncement msg;
+  msg.epoch = core_->epoch();
+  msg.arena_bytes = core_->arena().bytes();
+  while (!stopping_.load()) {
+    pollfd pfd{arena_listen_fd_, POLLIN, 0};
+    if (poll(&pfd, 1, 100) <= 0) continue;
+    int conn = accept4(arena_listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (conn < 0) continue;
+    Status st = SendArenaFd(conn, msg, core_->arena().fd());
+    if (!st.ok()) spdlog::warn("arena socket: {}", st.ToString());
+    close(conn);
+  }
+}
+
+void Daemon::SweepLoop() {
+  using namespace std::chrono_literals;
+  while (!stopping_.load()) {
+    std::this_thread::sleep_for(50ms);
+    core_->ExpireNow();
+  }
+}
+
+void Daemon::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  stopping_.store(true);
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  if (arena_thread_.joinable()) arena_thread_.join();
+  if (sweep_thread_.joinable()) sweep_thread_.join();
+  if (arena_listen_fd_ >= 0) close(arena_listen_fd_);
+  unlink(options_.socket_path.c_str());
+  unlink(ArenaSocketPath(options_.socket_path).c_str());
+  if (lock_fd_ >= 0) close(lock_fd_);
+  arena_listen_fd_ = lock_fd_ = -1;
+}
+
+Daemon::Daemon(const DaemonOptions& options) : options_(options) {}
+
+Daemon::~Daemon() {
+  Shutdown();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,121 @@
+#include "grpc_services.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include "kvtier/proto/status_mapping.h"
+
+namespace kvtier {
+namespace {
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const Status& st) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(st));
+  return reactor;
+}
+
+// One per Session stream: reads the hello, answers SessionOpened, then keeps a
+// read pending so that the stream's end (client exit, crash, cancel) is seen at
+// once; OnDone ends the session in the core.
+class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionHello, v1::SessionOpened> {
+ public:
+  explicit SessionReactor(CacheCore& core) : core_(core) { StartRead(&hello_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    if (session_id_ == 0) {
+      session_id_ = core_.OpenSession(hello_.client_name(), hello_.pid());
+      opened_.set_session_id(session_id_);
+      opened_.set_epoch(core_.epoch());
+      opened_.set_arena_bytes(core_.arena().bytes());
+      opened_.set_lease_ttl_ms(static_cast<uint64_t>(core_.options().lease_ttl.count()));
+      spdlog::debug("session {} opened by {} (pid {})", session_id_, hello_.client_name(),
+                    hello_.pid());
+      StartWrite(&opened_);
+    }
+    StartRead(&hello_);
+  }
+  void OnWriteDone(bool /*ok*/) override {}
+  void OnDone() override {
+    if (session_id_ != 0) core_.EndSession(session_id_);
+    delete this;
+  }
+
+ private:
+  CacheCore& core_;
+  v1::SessionHello hello_;
+  v1::SessionOpened opened_;
+  uint64_t session_id_ = 0;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::SessionHello, v1::SessionOpened>* KvCacheService::Session(
+    grpc::CallbackServerContext* /*ctx*/) {
+  return new SessionReactor(core_);
+}
+
+grpc::ServerUnaryReactor* KvCacheService::OpenNamespace(grpc::CallbackServerContext* ctx,
+                                                        const v1::OpenNamespaceRequest* req,
+                                                        v1::OpenNamespaceResponse* resp) {
+  return Done(ctx, core_.OpenNamespace(*req, resp));
+}
+
+grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ctx,
+                                                 const v1::LookupRequest* req,
+                                                 v1::LookupResponse* resp) {
+  return Done(ctx, core_.Lookup(*req, resp));
+}
+
+grpc::ServerUnaryReactor* KvCacheService::ReserveWrite(grpc::CallbackServerContext* ctx,
+                                                       const v1::ReserveWriteRequest* req,
+                                                       v1::ReserveWriteResponse* resp) {
+  return Done(ctx, core_.ReserveWrite(*req, resp));
+}
+
+grpc::ServerUnaryReactor* KvCacheService::CommitWrite(grpc::CallbackServerContext* ctx,
+                                                      const v1::CommitWriteRequest* req,
+                                                      v1::CommitWriteResponse* resp) {
+  return Done(ctx, core_.CommitWrite(*req, resp));
+}
+
+grpc::ServerUnaryReactor* KvCacheService::AbortWrite(grpc::CallbackServerContext* ctx,
+                                                     const v1::AbortWriteRequest* req,
+                                                     v1::AbortWriteResponse* /*resp*/) {
+  return Done(ctx, core_.AbortWrite(*req));
+}
+
+grpc::ServerUnaryReactor* KvCacheService::ReleaseRead(grpc::CallbackServerContext* ctx,
+                                                      const v1::ReleaseReadRequest* req,
+                                                      v1::ReleaseReadResponse* /*resp*/) {
+  return Done(ctx, core_.ReleaseRead(*req));
+}
+
+grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* ctx,
+                                              const v1::StatsRequest* /*req*/,
+                                              v1::StatsResponse* resp) {
+  core_.Stats(resp);
+  return Done(ctx, Status::Ok());
+}
+
+grpc::ServerUnaryReactor* AdminService::Health(grpc::CallbackServerContext* ctx,
+                                               const v1::HealthRequest* /*req*/,
+                                               v1::HealthResponse* resp) {
+  resp->set_serving(true);
+  resp->set_version("0.1.0");
+  resp->set_epoch(core_.epoch());
+  resp->set_pid(static_cast<uint32_t>(getpid()));
+  return Done(ctx, Status::Ok());
+}
+
+grpc::ServerUnaryReactor* AdminService::Namespaces(grpc::CallbackServerContext* ctx,
+                                                   const v1::NamespacesRequest* /*req*/,
+                                                   v1::NamespacesResponse* resp) {
+  core_.Namespaces(resp);
+  return Done(ctx, Status::Ok());
+}
+
+}  // namespace kvtier

@@ -1,0 +1,56 @@
+// The gRPC adapters over CacheCore: validate nothing themselves, block on
+// nothing, and map Status once (kvtier/proto/status_mapping.h).
+//
+// Thread-safety: thread-safe (CacheCore is).
+#pragma once
+
+#include "kvtier/daemon/cache_core.h"
+#include "kvtier/v1/kvtier.grpc.pb.h"
+
+namespace kvtier {
+
+class KvCacheService final : public v1::KvCache::CallbackService {
+ public:
+  explicit KvCacheService(CacheCore& core) : core_(core) {}
+
+  grpc::ServerBidiReactor<v1::SessionHello, v1::SessionOpened>* Session(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* OpenNamespace(grpc::CallbackServerContext* ctx,
+                                          const v1::OpenNamespaceRequest* req,
+                                          v1::OpenNamespaceResponse* resp) override;
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx, const v1::LookupRequest* req,
+                                   v1::LookupResponse* resp) override;
+  grpc::ServerUnaryReactor* ReserveWrite(grpc::CallbackServerContext* ctx,
+                                         const v1::ReserveWriteRequest* req,
+                                         v1::ReserveWriteResponse* resp) override;
+  grpc::ServerUnaryReactor* CommitWrite(grpc::CallbackServerContext* ctx,
+                                        const v1::CommitWriteRequest* req,
+                                        v1::CommitWriteResponse* resp) override;
+  grpc::ServerUnaryReactor* AbortWrite(grpc::CallbackServerContext* ctx,
+                                       const v1::AbortWriteRequest* req,
+                                       v1::AbortWriteResponse* resp) override;
+  grpc::ServerUnaryReactor* ReleaseRead(grpc::CallbackServerContext* ctx,
+                                        const v1::ReleaseReadRequest* req,
+                                        v1::ReleaseReadResponse* resp) override;
+
+ private:
+  CacheCore& core_;
+};
+
+class AdminService final : public v1::Admin::CallbackService {
+ public:
+  explicit AdminService(CacheCore& core) : core_(core) {}
+
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const v1::StatsRequest* req,
+                                  v1::StatsResponse* resp) override;
+  grpc::ServerUnaryReactor* Health(grpc::CallbackServerContext* ctx, const v1::HealthRequest* req,
+                                   v1::HealthResponse* resp) override;
+  grpc::ServerUnaryReactor* Namespaces(grpc::CallbackServerContext* ctx,
+                                       const v1::NamespacesRequest* req,
+                                       v1::NamespacesResponse* resp) override;
+
+ private:
+  CacheCore& core_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,41 @@
+// kvtierd: the kvtier daemon. See `kvtierd --help` and README.md.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+
+#include "kvtier/daemon/daemon.h"
+#include "kvtier/logging.h"
+
+int main(int argc, char** argv) {
+  // Block the stop signals in every thread; the main thread waits for them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  int exit_code = -1;
+  auto options = kvtier::ParseDaemonOptions(argc, argv, &exit_code);
+  if (exit_code >= 0) return exit_code;
+  if (!options.ok()) {
+    std::fprintf(stderr, "kvtierd: %s\n", options.status().message().c_str());
+    return 2;
+  }
+  if (auto st = kvtier::SetLogLevel(options->log_level); !st.ok()) {
+    std::fprintf(stderr, "kvtierd: --log-level: %s\n", st.message().c_str());
+    return 2;
+  }
+  auto daemon = kvtier::Daemon::Start(*options);
+  if (!daemon.ok()) {
+    spdlog::error("kvtierd: {}", daemon.status().ToString());
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&stop, &sig);
+  spdlog::info("kvtierd: {} received, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  (*daemon)->Shutdown();
+  spdlog::info("kvtierd: stopped");
+  return 0;
+}

@@ -1,0 +1,168 @@
+// Runtime: the small device interface behind which kvtier's GPU work runs.
+//
+// Two backends: CUDA (Runtime::CreateCuda) and host emulation (Runtime::CreateHost), where
+// device memory is host memory and each stream is a worker thread, so that every pipeline
+// test runs on a CPU-only machine.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string_view>
+
+#include "kvtier/gpu/device_buffer.h"
+#include "kvtier/gpu/event.h"
+#include "kvtier/gpu/gpu_status.h"
+#include "kvtier/gpu/stream.h"
+
+namespace kvtier::gpu {
+
+enum class Backend : uint8_t { kHost, kCuda };
+
+// Public methods are non-virtual: they validate arguments and handles, then call the
+// backend's protected *Impl. Every method returns kInvalidArgument for a null out-pointer
+// or an empty handle or one made by another Runtime, besides the codes listed per method.
+// A call that fails changes nothing: out-parameters keep their value and no work is queued.
+//
+// Asynchrony: *Async/Launch*/Record/StreamWaitEvent only queue work and return at once.
+// CUDA reports errors of queued work later, from QueryEvent, SynchronizeEvent or
+// Synchronize (kDeviceError); the host backend's queued work cannot fail.
+//
+// Thread-safety: all methods are thread-safe. Handles (DeviceBuffer, Stream, Event) must
+// not outlive the Runtime that made them: destroying a Runtime while any of its handles
+// lives aborts the process with a message (it would otherwise be a use-after-free).
+class Runtime {
+ public:
+  // Every DeviceBuffer's data() is a multiple of this (cudaMalloc's guarantee).
+  static constexpr size_t kDeviceAlignmentBytes = 256;
+
+  // Host-emulation backend. Never fails.
+  static std::unique_ptr<Runtime> CreateHost();
+
+  // CUDA backend on device ordinal `device`. Does not change the calling thread's current
+  // device. Errors: kUnavailable when built without CUDA, when the driver is missing or
+  // too old, or when no GPU is present; kInvalidArgument when `device` is out of range;
+  // kDeviceError for other CUDA failures.
+  static GpuStatus CreateCuda(int device, std::unique_ptr<Runtime>* out);
+
+  virtual ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  virtual Backend backend() const = 0;
+  // "host" or "cuda:<device>".
+  virtual std::string_view name() const = 0;
+
+  // Allocates `bytes` (> 0) of uninitialized device memory into *out; on success what *out
+  // held before is freed. Errors: kInvalidArgument (bytes == 0), kOutOfMemory, kDeviceError.
+  GpuStatus Allocate(size_t bytes, DeviceBuffer* out);
+
+  // Creates a stream into *out. Errors: kDeviceError, kInternal.
+  GpuStatus CreateStream(Stream* out);
+
+  // Creates an event into *out; it counts as complete until first recorded.
+  // Errors: kDeviceError.
+  GpuStatus CreateEvent(Event* out);
+
+  // Queues a copy of `bytes` from `src` to `dst` on `stream`; each side may be device
+  // memory of this runtime or host memory (direction is inferred, as cudaMemcpyDefault).
+  // bytes == 0 queues nothing. Host memory should be pinned for the copy to be truly
+  // asynchronous under CUDA. REQUIRES: both ranges stay valid until the copy completes.
+  // Errors: kInvalidArgument (null pointer with bytes > 0, overlapping ranges), kDeviceError.
+  GpuStatus CopyAsync(void* dst, const void* src, size_t bytes, Stream& stream);
+
+  // Queues a fill of device memory [dst, dst + bytes) with the kvtier test pattern: byte at
+  // offset i is byte (i % 8) (little-endian) of the 64-bit word W(seed, i / 8), where
+  // W(s, w) = SplitMix64 finalizer of (s + (w + 1) * 0x9E3779B97F4A7C15), i.e. output w
+  // (0-based) of a SplitMix64 generator seeded with s. Offsets are relative to dst.
+  // CUDA: runs a kernel (fill_kernel.cu). bytes == 0 queues nothing.
+  // Errors: kInvalidArgument (null dst with bytes > 0), kDeviceError.
+  GpuStatus LaunchFill(void* dst, size_t bytes, uint64_t seed, Stream& stream);
+
+  // Queues `fn` to run on a runtime-owned host thread once earlier work on `stream` is
+  // done; later work on `stream` waits for it to return. `fn` must not call this Runtime
+  // and must not throw. Under CUDA, `fn` never runs (and leaks) if the stream fails.
+  // Errors: kInvalidArgument (empty fn), kDeviceError.
+  GpuStatus LaunchHostFunc(Stream& stream, std::function<void()> fn);
+
+  // Records `event` to complete when all work queued on `stream` so far has completed.
+  // Errors: kDeviceError.
+  GpuStatus RecordEvent(Event& event, Stream& stream);
+
+  // Sets *complete to whether the event's latest record has completed (true if never
+  // recorded). Does not block. Errors: kDeviceError (including async errors of work before
+  // the record).
+  GpuStatus QueryEvent(const Event& event, bool* complete);
+
+  // Blocks the calling thread until the event's latest record has completed.
+  // Errors: kDeviceError.
+  GpuStatus SynchronizeEvent(const Event& event);
+
+  // Makes work queued on `stream` after this call wait until the event's latest record (as
+  // of this call) has completed, without blocking the host. A never-recorded event adds no
+  // wait. Errors: kDeviceError.
+  GpuStatus StreamWaitEvent(Stream& stream, const Event& event);
+
+  // Blocks the calling thread until all work queued on `stream` so far has completed.
+  // Errors: kDeviceError.
+  GpuStatus Synchronize(Stream& stream);
+
+  // Sets *at to the steady_clock time at which the event's latest record completed.
+  // Host backend only (CUDA events are created with timing disabled).
+  // Errors: kUnsupported (CUDA), kInvalidArgument (never recorded or not complete yet).
+  GpuStatus EventCompletionTime(const Event& event, std::chrono::steady_clock::time_point* at);
+
+ protected:
+  Runtime() = default;
+
+  // Helpers for backends to wrap raw handles; the handles call the *Free/Destroy*Impl
+  // below when they are destroyed.
+  DeviceBuffer WrapBuffer(void* data, size_t bytes) {
+    live_handles_.fetch_add(1, std::memory_order_relaxed);
+    return DeviceBuffer(this, data, bytes);
+  }
+  Stream WrapStream(void* handle) {
+    live_handles_.fetch_add(1, std::memory_order_relaxed);
+    return Stream(this, handle);
+  }
+  Event WrapEvent(void* handle) {
+    live_handles_.fetch_add(1, std::memory_order_relaxed);
+    return Event(this, handle);
+  }
+
+  // Arguments are validated by the public methods: sizes > 0, pointers non-null, handles
+  // valid and owned by this runtime.
+  virtual GpuStatus AllocateImpl(size_t bytes, DeviceBuffer* out) = 0;
+  virtual void FreeImpl(void* data) noexcept = 0;
+  virtual GpuStatus CreateStreamImpl(Stream* out) = 0;
+  virtual void DestroyStreamImpl(void* handle) noexcept = 0;
+  virtual GpuStatus CreateEventImpl(Event* out) = 0;
+  virtual void DestroyEventImpl(void* handle) noexcept = 0;
+  virtual GpuStatus CopyAsyncImpl(void* dst, const void* src, size_t bytes, void* stream) = 0;
+  virtual GpuStatus LaunchFillImpl(void* dst, size_t bytes, uint64_t seed, void* stream) = 0;
+  virtual GpuStatus LaunchHostFuncImpl(void* stream, std::function<void()> fn) = 0;
+  virtual GpuStatus RecordEventImpl(void* event, void* stream) = 0;
+  virtual GpuStatus QueryEventImpl(void* event, bool* complete) = 0;
+  virtual GpuStatus SynchronizeEventImpl(void* event) = 0;
+  virtual GpuStatus StreamWaitEventImpl(void* stream, void* event) = 0;
+  virtual GpuStatus SynchronizeImpl(void* stream) = 0;
+  virtual GpuStatus EventCompletionTimeImpl(void* event,
+                                            std::chrono::steady_clock::time_point* at) = 0;
+
+ private:
+  friend class DeviceBuffer;
+  friend class Stream;
+  friend class Event;
+
+  GpuStatus CheckStream(const Stream& stream) const;
+  GpuStatus CheckEvent(const Event& event) const;
+  // Called by a handle after it freed/destroyed what it owned.
+  void HandleReleased() { live_handles_.fetch_sub(1, std::memory_order_relaxed); }
+
+  std::atomic<int64_t> live_handles_{0};  // Handles made by Wrap* and not yet released.
+};
+
+}  // namespace kvtier::gpu

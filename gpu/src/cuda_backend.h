@@ -1,0 +1,53 @@
+// CudaRuntime: the CUDA backend of Runtime (private to gpu/; built when KVTIER_HAVE_CUDA).
+// The file is not named cuda_runtime.h so that it cannot shadow CUDA's <cuda_runtime.h>.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "kvtier/gpu/runtime.h"
+
+namespace kvtier::gpu {
+
+// One CUDA device. Memory from cudaMalloc, streams from cudaStreamCreateWithFlags
+// (cudaStreamNonBlocking: no implicit sync with the legacy default stream), events from
+// cudaEventCreateWithFlags(cudaEventDisableTiming), copies by cudaMemcpyAsync
+// (cudaMemcpyDefault). Calls that need a current device set it for the call and restore
+// the caller's. Thread-safe.
+class CudaRuntime final : public Runtime {
+ public:
+  // See Runtime::CreateCuda.
+  static GpuStatus Create(int device, std::unique_ptr<Runtime>* out);
+
+  Backend backend() const override { return Backend::kCuda; }
+  std::string_view name() const override { return name_; }
+
+ protected:
+  GpuStatus AllocateImpl(size_t bytes, DeviceBuffer* out) override;
+  void FreeImpl(void* data) noexcept override;
+  GpuStatus CreateStreamImpl(Stream* out) override;
+  void DestroyStreamImpl(void* handle) noexcept override;
+  GpuStatus CreateEventImpl(Event* out) override;
+  void DestroyEventImpl(void* handle) noexcept override;
+  GpuStatus CopyAsyncImpl(void* dst, const void* src, size_t bytes, void* stream) override;
+  GpuStatus LaunchFillImpl(void* dst, size_t bytes, uint64_t seed, void* stream) override;
+  GpuStatus LaunchHostFuncImpl(void* stream, std::function<void()> fn) override;
+  GpuStatus RecordEventImpl(void* event, void* stream) override;
+  GpuStatus QueryEventImpl(void* event, bool* complete) override;
+  GpuStatus SynchronizeEventImpl(void* event) override;
+  GpuStatus StreamWaitEventImpl(void* stream, void* event) override;
+  GpuStatus SynchronizeImpl(void* stream) override;
+  GpuStatus EventCompletionTimeImpl(void* event,
+                                    std::chrono::steady_clock::time_point* at) override;
+
+ private:
+  explicit CudaRuntime(int device) : device_(device), name_("cuda:" + std::to_string(device)) {}
+
+  const int device_;
+  const std::string name_;
+};
+
+}  // namespace kvtier::gpu

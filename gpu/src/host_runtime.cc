@@ -1,0 +1,210 @@
+#include "host_runtime.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "fill_pattern.h"
+
+namespace kvtier::gpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One record of an event: fires once, remembering when. Thread-safe.
+class Completion {
+ public:
+  void Fire() {
+    std::lock_guard<std::mutex> lock(mu_);
+    fired_at_ = Clock::now();
+    done_ = true;
+    cv_.notify_all();
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return done_; });
+  }
+  // Returns whether it fired; if so and `at` is non-null, sets *at to when.
+  bool Done(Clock::time_point* at) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_ && at != nullptr) *at = fired_at_;
+    return done_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;           // GUARDED_BY(mu_)
+  Clock::time_point fired_at_;  // GUARDED_BY(mu_)
+};
+
+// An event: the latest record, or none. Thread-safe.
+class HostEvent {
+ public:
+  std::shared_ptr<Completion> Latest() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return latest_;
+  }
+  std::shared_ptr<Completion> NewRecord() {
+    auto record = std::make_shared<Completion>();
+    std::lock_guard<std::mutex> lock(mu_);
+    latest_ = record;
+    return record;
+  }
+
+ private:
+  std::mutex mu_;
+  std::shared_ptr<Completion> latest_;  // GUARDED_BY(mu_); null until first recorded.
+};
+
+// A worker thread running queued operations in order. Enqueue is thread-safe; the
+// destructor runs what is queued, then joins. Throws std::system_error if the thread
+// cannot start.
+class HostStream {
+ public:
+  HostStream() : worker_([this] { Run(); }) {}
+  ~HostStream() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    worker_.join();
+  }
+
+  void Enqueue(std::function<void()> op) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(op));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping_ and drained.
+      std::function<void()> op = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      op();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;  // GUARDED_BY(mu_)
+  bool stopping_ = false;                    // GUARDED_BY(mu_)
+  std::thread worker_;                       // Last: starts after the fields above exist.
+};
+
+HostStream* AsStream(void* handle) { return static_cast<HostStream*>(handle); }
+HostEvent* AsEvent(void* handle) { return static_cast<HostEvent*>(handle); }
+
+constexpr std::align_val_t kAlign{Runtime::kDeviceAlignmentBytes};
+
+}  // namespace
+
+GpuStatus HostRuntime::AllocateImpl(size_t bytes, DeviceBuffer* out) {
+  void* data = ::operator new(bytes, kAlign, std::nothrow);
+  if (data == nullptr) {
+    return GpuStatus::OutOfMemory("host backend: cannot allocate " + std::to_string(bytes) +
+                                  " bytes");
+  }
+  *out = WrapBuffer(data, bytes);
+  return GpuStatus::Ok();
+}
+
+void HostRuntime::FreeImpl(void* data) noexcept { ::operator delete(data, kAlign); }
+
+GpuStatus HostRuntime::CreateStreamImpl(Stream* out) {
+  try {
+    *out = WrapStream(new HostStream());
+  } catch (const std::exception& e) {
+    return GpuStatus::Internal(std::string("host backend: cannot start stream thread: ") +
+                               e.what());
+  }
+  return GpuStatus::Ok();
+}
+
+void HostRuntime::DestroyStreamImpl(void* handle) noexcept { delete AsStream(handle); }
+
+GpuStatus HostRuntime::CreateEventImpl(Event* out) {
+  *out = WrapEvent(new HostEvent());
+  return GpuStatus::Ok();
+}
+
+void HostRuntime::DestroyEventImpl(void* handle) noexcept { delete AsEvent(handle); }
+
+GpuStatus HostRuntime::CopyAsyncImpl(void* dst, const void* src, size_t bytes, void* stream) {
+  AsStream(stream)->Enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  return GpuStatus::Ok();
+}
+
+GpuStatus HostRuntime::LaunchFillImpl(void* dst, size_t bytes, uint64_t seed, void* stream) {
+  AsStream(stream)->Enqueue([dst, bytes, seed] {
+    auto* out = static_cast<unsigned char*>(dst);
+    for (size_t word = 0; word * 8 < bytes; ++word) {
+      const uint64_t value = internal::FillPatternWord(seed, word);
+      const size_t n = bytes - word * 8 < 8 ? bytes - word * 8 : 8;
+      for (size_t b = 0; b < n; ++b) {
+        out[word * 8 + b] = static_cast<unsigned char>(value >> (8 * b));
+      }
+    }
+  });
+  return GpuStatus::Ok();
+}
+
+GpuStatus HostRuntime::LaunchHostFuncImpl(void* stream, std::function<void()> fn) {
+  AsStream(stream)->Enqueue(std::move(fn));
+  return GpuStatus::Ok();
+}
+
+GpuStatus HostRuntime::RecordEventImpl(void* event, void* stream) {
+  std::shared_ptr<Completion> record = AsEvent(event)->NewRecord();
+  AsStream(stream)->Enqueue([record] { record->Fire(); });
+  return GpuStatus::Ok();
+}
+
+GpuStatus HostRuntime::QueryEventImpl(void* event, bool* complete) {
+  std::shared_ptr<Completion> record = AsEvent(event)->Latest();
+  *complete = record == nullptr || record->Done(nullptr);
+  return GpuStatus::Ok();
+}
+
+GpuStatus HostRuntime::SynchronizeEventImpl(void* event) {
+  if (std::shared_ptr<Completion> record = AsEvent(event)->Latest()) record->Wait();
+  return GpuStatus::Ok();
+}
+
+GpuStatus HostRuntime::StreamWaitEventImpl(void* stream, void* event) {
+  std::shared_ptr<Completion> record = AsEvent(event)->Latest();
+  if (record != nullptr) AsStream(stream)->Enqueue([record] { record->Wait(); });
+  return GpuStatus::Ok();
+}
+
+GpuStatus HostRuntime::SynchronizeImpl(void* stream) {
+  auto marker = std::make_shared<Completion>();
+  AsStream(stream)->Enqueue([marker] { marker->Fire(); });
+  marker->Wait();
+  return GpuStatus::Ok();
+}
+
+GpuStatus HostRuntime::EventCompletionTimeImpl(void* event, Clock::time_point* at) {
+  std::shared_ptr<Completion> record = AsEvent(event)->Latest();
+  if (record == nullptr) return GpuStatus::InvalidArgument("event was never recorded");
+  if (!record->Done(at)) return GpuStatus::InvalidArgument("event has not completed yet");
+  return GpuStatus::Ok();
+}
+
+}  // namespace kvtier::gpu

@@ -1,0 +1,41 @@
+// HostRuntime: the host-emulation backend of Runtime (private to gpu/).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string_view>
+
+#include "kvtier/gpu/runtime.h"
+
+namespace kvtier::gpu {
+
+// Device memory is host memory from aligned operator new; each Stream is a worker thread
+// that runs its queue in order; each Event record is a completion flag stamped with the
+// steady_clock time it fired. Queued work cannot fail. Thread-safe.
+class HostRuntime final : public Runtime {
+ public:
+  HostRuntime() = default;
+
+  Backend backend() const override { return Backend::kHost; }
+  std::string_view name() const override { return "host"; }
+
+ protected:
+  GpuStatus AllocateImpl(size_t bytes, DeviceBuffer* out) override;
+  void FreeImpl(void* data) noexcept override;
+  GpuStatus CreateStreamImpl(Stream* out) override;
+  void DestroyStreamImpl(void* handle) noexcept override;
+  GpuStatus CreateEventImpl(Event* out) override;
+  void DestroyEventImpl(void* handle) noexcept override;
+  GpuStatus CopyAsyncImpl(void* dst, const void* src, size_t bytes, void* stream) override;
+  GpuStatus LaunchFillImpl(void* dst, size_t bytes, uint64_t seed, void* stream) override;
+  GpuStatus LaunchHostFuncImpl(void* stream, std::function<void()> fn) override;
+  GpuStatus RecordEventImpl(void* event, void* stream) override;
+  GpuStatus QueryEventImpl(void* event, bool* complete) override;
+  GpuStatus SynchronizeEventImpl(void* event) override;
+  GpuStatus StreamWaitEventImpl(void* stream, void* event) override;
+  GpuStatus SynchronizeImpl(void* stream) override;
+  GpuStatus EventCompletionTimeImpl(void* event,
+                                    std::chrono::steady_clock::time_point* at) override;
+};
+
+}  // namespace kvtier::gpu

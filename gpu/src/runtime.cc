@@ -1,0 +1,143 @@
+#include "kvtier/gpu/runtime.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "host_runtime.h"
+#if KVTIER_HAVE_CUDA
+#include "cuda_backend.h"
+#endif
+
+namespace kvtier::gpu {
+
+std::unique_ptr<Runtime> Runtime::CreateHost() { return std::make_unique<HostRuntime>(); }
+
+GpuStatus Runtime::CreateCuda(int device, std::unique_ptr<Runtime>* out) {
+  if (out == nullptr) return GpuStatus::InvalidArgument("CreateCuda: out is null");
+#if KVTIER_HAVE_CUDA
+  return CudaRuntime::Create(device, out);
+#else
+  (void)device;
+  return GpuStatus::Unavailable("CreateCuda: kvtier was built without CUDA (KVTIER_WITH_CUDA)");
+#endif
+}
+
+Runtime::~Runtime() {
+  const int64_t live = live_handles_.load();
+  if (live != 0) {
+    std::fprintf(stderr,
+                 "kvtier::gpu::Runtime destroyed while %lld of its buffers, streams or events "
+                 "are alive; destroy the handles first\n",
+                 static_cast<long long>(live));
+    std::abort();
+  }
+}
+
+GpuStatus Runtime::CheckStream(const Stream& stream) const {
+  if (!stream.valid()) return GpuStatus::InvalidArgument("stream is empty");
+  if (stream.runtime() != this) {
+    return GpuStatus::InvalidArgument("stream belongs to another runtime");
+  }
+  return GpuStatus::Ok();
+}
+
+GpuStatus Runtime::CheckEvent(const Event& event) const {
+  if (!event.valid()) return GpuStatus::InvalidArgument("event is empty");
+  if (event.runtime() != this) {
+    return GpuStatus::InvalidArgument("event belongs to another runtime");
+  }
+  return GpuStatus::Ok();
+}
+
+GpuStatus Runtime::Allocate(size_t bytes, DeviceBuffer* out) {
+  if (out == nullptr) return GpuStatus::InvalidArgument("Allocate: out is null");
+  if (bytes == 0) return GpuStatus::InvalidArgument("Allocate: bytes must be > 0");
+  DeviceBuffer fresh;
+  if (GpuStatus s = AllocateImpl(bytes, &fresh); !s.ok()) return s;
+  *out = std::move(fresh);
+  return GpuStatus::Ok();
+}
+
+GpuStatus Runtime::CreateStream(Stream* out) {
+  if (out == nullptr) return GpuStatus::InvalidArgument("CreateStream: out is null");
+  Stream fresh;
+  if (GpuStatus s = CreateStreamImpl(&fresh); !s.ok()) return s;
+  *out = std::move(fresh);
+  return GpuStatus::Ok();
+}
+
+GpuStatus Runtime::CreateEvent(Event* out) {
+  if (out == nullptr) return GpuStatus::InvalidArgument("CreateEvent: out is null");
+  Event fresh;
+  if (GpuStatus s = CreateEventImpl(&fresh); !s.ok()) return s;
+  *out = std::move(fresh);
+  return GpuStatus::Ok();
+}
+
+GpuStatus Runtime::CopyAsync(void* dst, const void* src, size_t bytes, Stream& stream) {
+  if (GpuStatus s = CheckStream(stream); !s.ok()) return s;
+  if (bytes == 0) return GpuStatus::Ok();
+  if (dst == nullptr || src == nullptr) {
+    return GpuStatus::InvalidArgument("CopyAsync: null pointer with bytes = " +
+                                      std::to_string(bytes));
+  }
+  const auto d = reinterpret_cast<uintptr_t>(dst);
+  const auto s = reinterpret_cast<uintptr_t>(src);
+  if ((d >= s ? d - s : s - d) < bytes) {
+    return GpuStatus::InvalidArgument("CopyAsync: source and destination ranges overlap");
+  }
+  return CopyAsyncImpl(dst, src, bytes, stream.native_handle());
+}
+
+GpuStatus Runtime::LaunchFill(void* dst, size_t bytes, uint64_t seed, Stream& stream) {
+  if (GpuStatus s = CheckStream(stream); !s.ok()) return s;
+  if (bytes == 0) return GpuStatus::Ok();
+  if (dst == nullptr) return GpuStatus::InvalidArgument("LaunchFill: dst is null");
+  return LaunchFillImpl(dst, bytes, seed, stream.native_handle());
+}
+
+GpuStatus Runtime::LaunchHostFunc(Stream& stream, std::function<void()> fn) {
+  if (GpuStatus s = CheckStream(stream); !s.ok()) return s;
+  if (!fn) return GpuStatus::InvalidArgument("LaunchHostFunc: fn is empty");
+  return LaunchHostFuncImpl(stream.native_handle(), std::move(fn));
+}
+
+GpuStatus Runtime::RecordEvent(Event& event, Stream& stream) {
+  if (GpuStatus s = CheckEvent(event); !s.ok()) return s;
+  if (GpuStatus s = CheckStream(stream); !s.ok()) return s;
+  return RecordEventImpl(event.native_handle(), stream.native_handle());
+}
+
+GpuStatus Runtime::QueryEvent(const Event& event, bool* complete) {
+  if (complete == nullptr) return GpuStatus::InvalidArgument("QueryEvent: complete is null");
+  if (GpuStatus s = CheckEvent(event); !s.ok()) return s;
+  return QueryEventImpl(event.native_handle(), complete);
+}
+
+GpuStatus Runtime::SynchronizeEvent(const Event& event) {
+  if (GpuStatus s = CheckEvent(event); !s.ok()) return s;
+  return SynchronizeEventImpl(event.native_handle());
+}
+
+GpuStatus Runtime::StreamWaitEvent(Stream& stream, const Event& event) {
+  if (GpuStatus s = CheckStream(stream); !s.ok()) return s;
+  if (GpuStatus s = CheckEvent(event); !s.ok()) return s;
+  return StreamWaitEventImpl(stream.native_handle(), event.native_handle());
+}
+
+GpuStatus Runtime::Synchronize(Stream& stream) {
+  if (GpuStatus s = CheckStream(stream); !s.ok()) return s;
+  return SynchronizeImpl(stream.native_handle());
+}
+
+GpuStatus Runtime::EventCompletionTime(const Event& event,
+                                       std::chrono::steady_clock::time_point* at) {
+  if (at == nullptr) return GpuStatus::InvalidArgument("EventCompletionTime: at is null");
+  if (GpuStatus s = CheckEvent(event); !s.ok()) return s;
+  return EventCompletionTimeImpl(event.native_handle(), at);
+}
+
+}  // namespace kvtier::gpu

@@ -1,0 +1,59 @@
+// Tests of the CUDA backend (CTest label `gpu`). Every test skips when Runtime::CreateCuda
+// fails: no GPU, no driver, or built without CUDA.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+
+#include "kvtier/gpu/runtime.h"
+#include "runtime_test_support.h"
+
+namespace kvtier::gpu::testing {
+namespace {
+
+INSTANTIATE_TEST_SUITE_P(Cuda, RuntimeBehaviourTest, ::testing::Values(Backend::kCuda),
+                         BackendName);
+
+class CudaRuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const GpuStatus s = Runtime::CreateCuda(0, &runtime_);
+    if (!s.ok()) GTEST_SKIP() << "no usable GPU: " << s.ToString();
+  }
+  std::unique_ptr<Runtime> runtime_;
+};
+
+TEST_F(CudaRuntimeTest, NamesItsBackendAndDevice) {
+  EXPECT_EQ(runtime_->backend(), Backend::kCuda);
+  EXPECT_EQ(runtime_->name(), "cuda:0");
+}
+
+TEST_F(CudaRuntimeTest, OutOfRangeDeviceIsInvalidArgument) {
+  std::unique_ptr<Runtime> other;
+  EXPECT_EQ(Runtime::CreateCuda(1 << 20, &other).code(), GpuCode::kInvalidArgument);
+  EXPECT_EQ(other, nullptr);
+}
+
+TEST_F(CudaRuntimeTest, EventCompletionTimeIsUnsupported) {
+  Stream stream;
+  Event event;
+  KVTIER_ASSERT_GPU_OK(runtime_->CreateStream(&stream));
+  KVTIER_ASSERT_GPU_OK(runtime_->CreateEvent(&event));
+  KVTIER_ASSERT_GPU_OK(runtime_->RecordEvent(event, stream));
+  KVTIER_ASSERT_GPU_OK(runtime_->SynchronizeEvent(event));
+  std::chrono::steady_clock::time_point at;
+  EXPECT_EQ(runtime_->EventCompletionTime(event, &at).code(), GpuCode::kUnsupported);
+}
+
+TEST_F(CudaRuntimeTest, HandlesExposeNativeCudaHandles) {
+  Stream stream;
+  Event event;
+  KVTIER_ASSERT_GPU_OK(runtime_->CreateStream(&stream));
+  KVTIER_ASSERT_GPU_OK(runtime_->CreateEvent(&event));
+  EXPECT_NE(stream.native_handle(), nullptr);
+  EXPECT_NE(event.native_handle(), nullptr);
+}
+
+}  // namespace
+}  // namespace kvtier::gpu::testing

@@ -1,0 +1,52 @@
+// ChunkIndex: chunk key -> where the chunk lives in one tier.
+//
+// Entries are addressed by small integer handles (stable while the entry
+// exists) so that policies and leases can refer to them cheaply. An entry is
+// about 56 bytes plus its hash-map node; DESIGN.md budgets 256 B per chunk.
+//
+// Thread-safety: not thread-safe; the owning tier serializes calls.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "kvtier/chunk_key.h"
+
+namespace kvtier {
+
+struct ChunkEntry {
+  ChunkKey key;
+  ChunkKey parent;             // the namespace id for chunk 0
+  uint64_t slot_offset = 0;    // byte offset of the slot image in the tier
+  uint32_t ns_index = 0;       // the tier's small namespace number
+  uint32_t leases = 0;         // active leases pinning this chunk
+  uint32_t resident_children = 0;  // chunks in this tier whose parent is this one
+};
+
+class ChunkIndex {
+ public:
+  static constexpr uint32_t kNone = UINT32_MAX;
+
+  // Handle of `key`, or kNone.
+  uint32_t Find(const ChunkKey& key) const {
+    auto it = map_.find(key);
+    return it == map_.end() ? kNone : it->second;
+  }
+  // Adds `entry`. REQUIRES: Find(entry.key) == kNone.
+  uint32_t Insert(const ChunkEntry& entry);
+  // Removes the entry; its handle may be reused.
+  void Erase(uint32_t handle);
+
+  ChunkEntry& Get(uint32_t handle) { return entries_[handle]; }
+  const ChunkEntry& Get(uint32_t handle) const { return entries_[handle]; }
+  size_t size() const { return map_.size(); }
+  void Reserve(size_t num_chunks) { map_.reserve(num_chunks); }
+
+ private:
+  std::unordered_map<ChunkKey, uint32_t, ChunkKeyHash> map_;
+  std::vector<ChunkEntry> entries_;
+  std::vector<uint32_t> free_handles_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,88 @@
+// DramTier: the shared-memory DRAM tier. Owns the arena (a sealed memfd that
+// clients map), its slot allocator, the index of resident chunks and the
+// eviction policy.
+//
+// Mechanism only: leases, reservations and sessions live in the daemon, which
+// pins chunks here (Pin/Unpin) while clients copy them.
+//
+// Eviction rule (DESIGN.md): the victim is the least recently used chunk of the
+// needed slot size with no lease and no resident child. Inserting a chunk whose
+// parent is not resident is refused, so no orphan is ever reachable.
+//
+// Thread-safety: not thread-safe; the daemon serializes calls with its mutex.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "kvtier/arena.h"
+#include "kvtier/status.h"
+#include "kvtier/tiers/chunk_index.h"
+#include "kvtier/tiers/eviction_policy.h"
+#include "kvtier/tiers/slot_allocator.h"
+
+namespace kvtier {
+
+struct DramTierCounters {
+  uint64_t evictions = 0;
+};
+
+class DramTier {
+ public:
+  // Creates the arena (`arena_bytes`, a multiple of 4 KiB) with `epoch`.
+  // `policy` defaults to leaf-first LRU. Errors: those of Arena::Create.
+  static Result<std::unique_ptr<DramTier>> Create(uint64_t arena_bytes, uint64_t epoch,
+                                                  std::unique_ptr<EvictionPolicy> policy = nullptr);
+
+  // Registers a namespace whose slots are `slot_bytes`; returns its ns_index
+  // (0, 1, 2, ... in registration order).
+  uint32_t AddNamespace(uint64_t slot_bytes);
+
+  // A free slot for a chunk of namespace `ns_index`, evicting as needed.
+  // Returns nullopt when no slot is free and no chunk is evictable.
+  std::optional<uint64_t> AllocateSlot(uint32_t ns_index);
+  // Returns a slot that was allocated but never inserted (abort, expiry, drop).
+  void FreeSlot(uint32_t ns_index, uint64_t slot_offset);
+
+  // Makes a committed chunk visible. Returns kNone (and inserts nothing) when
+  // `key` is already resident, or when `parent` is neither `ns_root` nor resident.
+  uint32_t Insert(const ChunkKey& key, const ChunkKey& parent, const ChunkKey& ns_root,
+                  uint32_t ns_index, uint64_t slot_offset);
+
+  uint32_t Find(const ChunkKey& key) const { return index_.Find(key); }
+  const ChunkEntry& Get(uint32_t handle) const { return index_.Get(handle); }
+  // Marks a chunk as just used.
+  void Touch(uint32_t handle) { policy_->OnAccess(handle); }
+  // A pinned chunk is never evicted. Pins nest.
+  void Pin(uint32_t handle) { ++index_.Get(handle).leases; }
+  void Unpin(uint32_t handle) { --index_.Get(handle).leases; }
+
+  std::byte* SlotAddress(uint64_t slot_offset) const { return arena_->base() + slot_offset; }
+  const Arena& arena() const { return *arena_; }
+
+  uint64_t capacity_bytes() const { return allocator_.capacity_bytes(); }
+  uint64_t used_bytes() const { return allocator_.used_bytes(); }
+  uint64_t num_chunks() const { return index_.size(); }
+  uint64_t num_chunks(uint32_t ns_index) const { return ns_chunks_[ns_index]; }
+  uint64_t slot_bytes(uint32_t ns_index) const { return ns_slot_bytes_[ns_index]; }
+  const DramTierCounters& counters() const { return counters_; }
+
+ private:
+  DramTier(std::unique_ptr<Arena> arena, std::unique_ptr<EvictionPolicy> policy)
+      : arena_(std::move(arena)), allocator_(arena_->bytes()), policy_(std::move(policy)) {}
+
+  // Evicts one chunk of `ns_index`'s slot size; false when none is evictable.
+  bool EvictOne(uint32_t ns_index);
+
+  std::unique_ptr<Arena> arena_;
+  SlotAllocator allocator_;
+  ChunkIndex index_;
+  std::unique_ptr<EvictionPolicy> policy_;
+  std::vector<uint64_t> ns_slot_bytes_;
+  std::vector<uint64_t> ns_chunks_;
+  DramTierCounters counters_;
+};
+
+}  // namespace kvtier

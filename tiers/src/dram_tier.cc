@@ -1,0 +1,69 @@
+#include "kvtier/tiers/dram_tier.h"
+
+namespace kvtier {
+
+Result<std::unique_ptr<DramTier>> DramTier::Create(uint64_t arena_bytes, uint64_t epoch,
+                                                   std::unique_ptr<EvictionPolicy> policy) {
+  auto arena = Arena::Create(arena_bytes, epoch);
+  if (!arena.ok()) return arena.status();
+  if (!policy) policy = NewLeafFirstLruPolicy();
+  return std::unique_ptr<DramTier>(new DramTier(std::move(arena).value(), std::move(policy)));
+}
+
+uint32_t DramTier::AddNamespace(uint64_t slot_bytes) {
+  ns_slot_bytes_.push_back(slot_bytes);
+  ns_chunks_.push_back(0);
+  return static_cast<uint32_t>(ns_slot_bytes_.size() - 1);
+}
+
+std::optional<uint64_t> DramTier::AllocateSlot(uint32_t ns_index) {
+  const uint64_t size = ns_slot_bytes_[ns_index];
+  for (;;) {
+    if (auto offset = allocator_.Allocate(size)) return offset;
+    if (!EvictOne(ns_index)) return std::nullopt;
+  }
+}
+
+void DramTier::FreeSlot(uint32_t ns_index, uint64_t slot_offset) {
+  allocator_.Free(slot_offset, ns_slot_bytes_[ns_index]);
+}
+
+uint32_t DramTier::Insert(const ChunkKey& key, const ChunkKey& parent, const ChunkKey& ns_root,
+                          uint32_t ns_index, uint64_t slot_offset) {
+  if (index_.Find(key) != ChunkIndex::kNone) return ChunkIndex::kNone;
+  uint32_t parent_handle = ChunkIndex::kNone;
+  if (parent != ns_root) {
+    parent_handle = index_.Find(parent);
+    if (parent_handle == ChunkIndex::kNone) return ChunkIndex::kNone;
+  }
+  ChunkEntry e;
+  e.key = key;
+  e.parent = parent;
+  e.slot_offset = slot_offset;
+  e.ns_index = ns_index;
+  uint32_t handle = index_.Insert(e);
+  if (parent_handle != ChunkIndex::kNone) ++index_.Get(parent_handle).resident_children;
+  policy_->OnInsert(handle);
+  ++ns_chunks_[ns_index];
+  return handle;
+}
+
+bool DramTier::EvictOne(uint32_t ns_index) {
+  const uint64_t size = ns_slot_bytes_[ns_index];
+  auto victim = policy_->PickVictim([&](uint32_t h) {
+    const ChunkEntry& e = index_.Get(h);
+    return e.leases == 0 && e.resident_children == 0 && ns_slot_bytes_[e.ns_index] == size;
+  });
+  if (!victim) return false;
+  const ChunkEntry e = index_.Get(*victim);
+  policy_->OnRemove(*victim);
+  uint32_t parent_handle = index_.Find(e.parent);
+  if (parent_handle != ChunkIndex::kNone) --index_.Get(parent_handle).resident_children;
+  index_.Erase(*victim);
+  allocator_.Free(e.slot_offset, size);
+  --ns_chunks_[e.ns_index];
+  ++counters_.evictions;
+  return true;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,214 @@
+// kvtier-replay: drives kvtierd with a real trace through the client SDK, with
+// real bytes, and reports token hit rate, bytes moved, latencies and verify
+// errors. Closed loop: one request at a time, in trace order.
+//
+// Per request: Load (Lookup with lease + copy of the hit chunks + release),
+// verify every loaded byte against the deterministic payload of its chunk key,
+// then Store the missing full chunks (payload written straight into the arena).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kvtier/client.h"
+#include "kvtier/tools/model_presets.h"
+#include "kvtier/tools/percentiles.h"
+#include "kvtier/tools/synthetic_kv.h"
+#include "kvtier/tools/trace.h"
+
+namespace {
+
+using kvtier::tools::Percentile;
+using Clock = std::chrono::steady_clock;
+
+struct Totals {
+  uint64_t requests = 0, prompt_tokens = 0, hit_tokens = 0, bytes_loaded = 0, bytes_stored = 0;
+  uint64_t chunks_loaded = 0, chunks_stored = 0, chunks_dropped = 0, verify_errors = 0;
+  uint64_t fail_open = 0;
+  std::vector<double> lookup_us, load_us, store_us;
+};
+
+double Us(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string socket_path, trace_path, model = "tiny", json_path;
+  uint32_t chunk_tokens = 256;
+  uint64_t limit = 0, generate = 0;
+  int64_t deadline_ms = 100;
+  bool quiet = false;
+  CLI::App app{"kvtier-replay: replay a Mooncake-format trace through kvtierd with real bytes",
+               "kvtier-replay"};
+  app.add_option("--socket", socket_path, "kvtierd socket (default: the daemon's default)");
+  auto* trace_opt = app.add_option("--trace", trace_path, "Mooncake JSONL trace")
+                        ->check(CLI::ExistingFile);
+  app.add_option("--generate", generate,
+                 "instead of --trace: N requests of the built-in multi-turn generator")
+      ->excludes(trace_opt);
+  app.add_option("--model", model, "tiny | qwen2.5-0.5b | llama3-8b")->capture_default_str();
+  app.add_option("--chunk-tokens", chunk_tokens, "tokens per chunk")->capture_default_str();
+  app.add_option("--limit", limit, "replay the first N requests (0 = all)");
+  app.add_option("--json", json_path, "write the summary as JSON here");
+  app.add_option("--deadline-ms", deadline_ms, "client deadline per RPC")->capture_default_str();
+  app.add_flag("--quiet", quiet, "no progress line");
+  CLI11_PARSE(app, argc, argv);
+
+  if (trace_path.empty() && generate == 0) {
+    std::fprintf(stderr, "kvtier-replay: give --trace FILE or --generate N\n");
+    return 2;
+  }
+  auto spec = kvtier::tools::ModelPreset(model, chunk_tokens);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "kvtier-replay: %s\n", spec.status().message().c_str());
+    return 2;
+  }
+  std::vector<kvtier::tools::TraceRequest> trace;
+  if (!trace_path.empty()) {
+    auto loaded = kvtier::tools::LoadMooncakeTrace(trace_path, limit);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "kvtier-replay: %s\n", loaded.status().message().c_str());
+      return 2;
+    }
+    trace = std::move(loaded).value();
+  } else {
+    trace = kvtier::tools::GenerateMultiTurnTrace(generate, 42);
+  }
+
+  kvtier::ClientOptions copts;
+  copts.socket_path = socket_path;
+  copts.deadline = std::chrono::milliseconds(deadline_ms);
+  copts.client_name = "kvtier-replay";
+  auto client_or = kvtier::Client::Connect(copts);
+  if (!client_or.ok()) {
+    std::fprintf(stderr, "kvtier-replay: %s\n", client_or.status().message().c_str());
+    return 2;
+  }
+  auto client = std::move(client_or).value();
+  if (!client->connected()) {
+    std::fprintf(stderr, "kvtier-replay: kvtierd is not reachable%s%s\n",
+                 socket_path.empty() ? "" : " at ", socket_path.c_str());
+    return 1;
+  }
+  auto ns_or = client->OpenNamespace(*spec);
+  if (!ns_or.ok()) {
+    std::fprintf(stderr, "kvtier-replay: %s\n", ns_or.status().message().c_str());
+    return 2;
+  }
+  const kvtier::NamespaceHandle ns = *ns_or;
+  const uint64_t pb = ns.layout.payload_bytes;
+  const uint32_t layers = spec->num_layers;
+
+  Totals t;
+  std::vector<std::byte> buffer;
+  const auto start = Clock::now();
+  auto last_progress = start;
+  const bool show_progress = !quiet && isatty(STDERR_FILENO);
+  for (const auto& req : trace) {
+    const std::vector<int32_t> tokens = kvtier::tools::SynthesizePrompt(req.hash_ids, req.input_length);
+    const std::vector<kvtier::ChunkKey> keys = kvtier::Client::ChunkKeys(ns, tokens);
+    buffer.resize(keys.size() * pb);
+
+    const auto l0 = Clock::now();
+    auto load = client->Load(ns, tokens, buffer);
+    const auto l1 = Clock::now();
+    if (!load.ok()) {
+      std::fprintf(stderr, "\nkvtier-replay: load: %s\n", load.status().ToString().c_str());
+      return 1;
+    }
+    if (!load->fail_open.ok()) ++t.fail_open;
+    t.load_us.push_back(Us(l1 - l0));
+    t.lookup_us.push_back(static_cast<double>(load->lookup_time.count()));
+    for (uint32_t i = 0; i < load->num_chunks; ++i) {
+      std::span<const std::byte> chunk(buffer.data() + i * pb, pb);
+      if (kvtier::tools::CountPayloadErrors(keys[i], layers, chunk) != 0) ++t.verify_errors;
+    }
+    t.hit_tokens += load->loaded_tokens;
+    t.chunks_loaded += load->num_chunks;
+    t.bytes_loaded += uint64_t{load->num_chunks} * pb;
+
+    if (load->num_chunks < keys.size()) {
+      const auto s0 = Clock::now();
+      auto store = client->Store(
+          ns, tokens,
+          [&](size_t i, std::span<std::byte> payload) {
+            kvtier::tools::FillPayload(keys[i], layers, payload);
+            return kvtier::Status::Ok();
+          },
+          load->num_chunks);
+      t.store_us.push_back(Us(Clock::now() - s0));
+      if (!store.ok()) {
+        std::fprintf(stderr, "\nkvtier-replay: store: %s\n", store.status().ToString().c_str());
+        return 1;
+      }
+      if (!store->fail_open.ok()) ++t.fail_open;
+      t.chunks_stored += store->stored_chunks;
+      t.chunks_dropped += store->dropped_chunks;
+      t.bytes_stored += store->stored_bytes;
+    }
+    ++t.requests;
+    t.prompt_tokens += req.input_length;
+    if (show_progress && Clock::now() - last_progress > std::chrono::milliseconds(500)) {
+      last_progress = Clock::now();
+      std::fprintf(stderr, "\r[%llu/%zu] token hit rate %.4f, verify errors %llu   ",
+                   static_cast<unsigned long long>(t.requests), trace.size(),
+                   t.prompt_tokens ? static_cast<double>(t.hit_tokens) / t.prompt_tokens : 0.0,
+                   static_cast<unsigned long long>(t.verify_errors));
+    }
+  }
+  const double wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+  if (show_progress) std::fprintf(stderr, "\n");
+
+  const double hit_rate = t.prompt_tokens ? static_cast<double>(t.hit_tokens) / t.prompt_tokens : 0;
+  nlohmann::json j = {
+      {"trace", trace_path.empty() ? "built-in multi-turn generator" : trace_path},
+      {"model", model},
+      {"chunk_tokens", chunk_tokens},
+      {"requests", t.requests},
+      {"prompt_tokens", t.prompt_tokens},
+      {"hit_tokens", t.hit_tokens},
+      {"token_hit_rate", hit_rate},
+      {"tiers", {{"dram", {{"hit_tokens", t.hit_tokens}, {"bytes_loaded", t.bytes_loaded}}}}},
+      {"chunks_loaded", t.chunks_loaded},
+      {"chunks_stored", t.chunks_stored},
+      {"chunks_dropped", t.chunks_dropped},
+      {"bytes_loaded", t.bytes_loaded},
+      {"bytes_stored", t.bytes_stored},
+      {"verify_errors", t.verify_errors},
+      {"fail_open", t.fail_open},
+      {"lookup_latency_us", {{"p50", Percentile(t.lookup_us, 50)}, {"p99", Percentile(t.lookup_us, 99)}}},
+      {"load_latency_us", {{"p50", Percentile(t.load_us, 50)}, {"p99", Percentile(t.load_us, 99)}}},
+      {"store_latency_us", {{"p50", Percentile(t.store_us, 50)}, {"p99", Percentile(t.store_us, 99)}}},
+      {"wall_s", wall_s},
+  };
+  std::printf("kvtier-replay summary (%s, model %s, chunk %u tokens)\n",
+              j["trace"].get<std::string>().c_str(), model.c_str(), chunk_tokens);
+  std::printf("  %-22s %llu\n", "requests", static_cast<unsigned long long>(t.requests));
+  std::printf("  %-22s %llu\n", "prompt tokens", static_cast<unsigned long long>(t.prompt_tokens));
+  std::printf("  %-22s %llu\n", "hit tokens (dram)", static_cast<unsigned long long>(t.hit_tokens));
+  std::printf("  %-22s %.4f\n", "token hit rate", hit_rate);
+  std::printf("  %-22s %.1f MiB\n", "bytes loaded", t.bytes_loaded / 1048576.0);
+  std::printf("  %-22s %.1f MiB\n", "bytes stored", t.bytes_stored / 1048576.0);
+  std::printf("  %-22s %llu\n", "chunks dropped", static_cast<unsigned long long>(t.chunks_dropped));
+  std::printf("  %-22s %llu\n", "verify errors", static_cast<unsigned long long>(t.verify_errors));
+  std::printf("  %-22s %llu\n", "fail-open calls", static_cast<unsigned long long>(t.fail_open));
+  std::printf("  %-22s p50 %.0f us, p99 %.0f us\n", "lookup latency", Percentile(t.lookup_us, 50),
+              Percentile(t.lookup_us, 99));
+  std::printf("  %-22s p50 %.0f us, p99 %.0f us\n", "load latency", Percentile(t.load_us, 50),
+              Percentile(t.load_us, 99));
+  std::printf("  %-22s p50 %.0f us, p99 %.0f us\n", "store latency", Percentile(t.store_us, 50),
+              Percentile(t.store_us, 99));
+  std::printf("  %-22s %.1f s\n", "wall", wall_s);
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << j.dump(2) << "\n";
+    if (!out) {
+      std::fprintf(stderr, "kvtier-replay: cannot write %s\n", json_path.c_str());
+      return 1;
+    }
+  }
+  return t.verify_errors == 0 ? 0 : 3;
+}

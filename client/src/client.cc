@@ -15,6 +15,7 @@
 #include "kvtier/fd_passing.h"
 #include "kvtier/proto/convert.h"
 #include "kvtier/proto/status_mapping.h"
+#include "kvtier/proto/transport_args.h"
 #include "kvtier/socket_path.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
 
@@ -22,7 +23,6 @@ namespace kvtier {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int kMaxMessageBytes = 128 << 20;
 
 // The client's end of the Session stream. Lives until OnDone.
 class SessionStream final : public grpc::ClientBidiReactor<v1::SessionHello, v1::SessionOpened> {
@@ -93,7 +93,7 @@ class SessionStream final : public grpc::ClientBidiReactor<v1::SessionHello, v1:
 // One live connection: channel, session and the arena it maps.
 struct Connection {
   std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::KvCache::Stub> stub;
+  std::shared_ptr<v1::KvCache::Stub> stub;  // shared with in-flight async releases
   std::unique_ptr<SessionStream> session;
   std::shared_ptr<Arena> arena;
   uint64_t session_id = 0;
@@ -197,9 +197,7 @@ class Client::Impl {
     if (closed_) return Status::FailedPrecondition("client is closed");
     auto c = std::make_shared<Connection>();
     grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    args.SetMaxSendMessageSize(kMaxMessageBytes);
-    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+    for (const auto& [name, value] : TransportArgs()) args.SetInt(name, value);
     c->channel = grpc::CreateCustomChannel("unix:" + options_.socket_path,
                                            grpc::InsecureChannelCredentials(), args);
     c->stub = v1::KvCache::NewStub(c->channel);
@@ -286,6 +284,24 @@ std::vector<ChunkKey> Client::ChunkKeys(const NamespaceHandle& ns,
 
 namespace {
 
+// Releases a lease without waiting for the answer: the copies are done, and a
+// release that fails is ended by the session or the TTL anyway.
+void ReleaseAsync(const Connection& c, uint64_t lease_id, std::chrono::milliseconds deadline) {
+  struct Call {
+    std::shared_ptr<v1::KvCache::Stub> stub;
+    grpc::ClientContext ctx;
+    v1::ReleaseReadRequest req;
+    v1::ReleaseReadResponse resp;
+  };
+  auto* call = new Call;
+  call->stub = c.stub;
+  call->req.set_session_id(c.session_id);
+  call->req.set_lease_id(lease_id);
+  call->ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+  call->stub->async()->ReleaseRead(&call->ctx, &call->req, &call->resp,
+                                   [call](const grpc::Status&) { delete call; });
+}
+
 v1::LookupRequest MakeLookup(const Connection& c, const NamespaceHandle& ns,
                              std::span<const int32_t> tokens, bool acquire) {
   v1::LookupRequest req;
@@ -366,16 +382,7 @@ Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32
     }
     std::memcpy(destination.data() + i * pb, c.arena->base() + loc.payload_offset(), pb);
   }
-  if (resp.lease_id() != 0) {
-    v1::ReleaseReadRequest rel;
-    rel.set_session_id(c.session_id);
-    rel.set_lease_id(resp.lease_id());
-    v1::ReleaseReadResponse rel_resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
-    // A failed release is not the engine's problem: the session or TTL ends the lease.
-    impl_->Report(*conn, FromGrpcStatus(c.stub->ReleaseRead(&ctx, rel, &rel_resp)));
-  }
+  if (resp.lease_id() != 0) ReleaseAsync(c, resp.lease_id(), impl_->options().deadline);
   if (!copy_status.ok()) {
     result.fail_open = copy_status;
     return result;

@@ -35,7 +35,7 @@ SlotLayout SlotLayout::For(const NamespaceSpec& spec) {
 }
 
 void SealSlot(std::byte* slot, const SlotLayout& layout, const SlotIdentity& id,
-              uint64_t sequence) {
+              uint64_t sequence, bool with_payload_checksum) {
   SlotHeader h{};
   h.magic = kSlotMagic;
   h.format_version = kSlotFormatVersion;
@@ -45,7 +45,9 @@ void SealSlot(std::byte* slot, const SlotLayout& layout, const SlotIdentity& id,
   id.parent.ToBytes(h.parent_key);
   h.sequence = sequence;
   h.payload_bytes = layout.payload_bytes;
-  h.payload_checksum = XXH3_64bits(slot + layout.header_bytes, layout.payload_bytes);
+  h.payload_checksum =
+      with_payload_checksum ? XXH3_64bits(slot + layout.header_bytes, layout.payload_bytes) : 0;
+  h.flags = with_payload_checksum ? 0 : kSlotFlagPayloadChecksumPending;
   h.num_tokens = layout.chunk_tokens;
   h.header_checksum = 0;
   std::memcpy(slot, &h, sizeof(h));
@@ -56,7 +58,8 @@ void SealSlot(std::byte* slot, const SlotLayout& layout, const SlotIdentity& id,
   std::memcpy(slot + offsetof(SlotHeader, header_checksum), &checksum, sizeof(checksum));
 }
 
-Status VerifySlotHeader(const std::byte* slot, const SlotLayout& layout, const SlotIdentity& id) {
+Status VerifySlotHeader(const std::byte* slot, const SlotLayout& layout, const SlotIdentity& id,
+                        bool check_header_checksum) {
   SlotHeader h;
   std::memcpy(&h, slot, sizeof(h));
   if (h.magic != kSlotMagic) return Status::DataLoss("slot header: bad magic");
@@ -81,15 +84,29 @@ Status VerifySlotHeader(const std::byte* slot, const SlotLayout& layout, const S
       std::memcmp(slot + sizeof(SlotHeader), id.tokens.data(), id.tokens.size_bytes()) != 0) {
     return Status::DataLoss("slot header: token ids differ");
   }
-  if (HeaderChecksum(slot, layout.chunk_tokens) != h.header_checksum) {
+  if (check_header_checksum && HeaderChecksum(slot, layout.chunk_tokens) != h.header_checksum) {
     return Status::DataLoss("slot header: header checksum mismatch");
   }
   return Status::Ok();
 }
 
+void SealPayloadChecksum(std::byte* slot, const SlotLayout& layout) {
+  SlotHeader h;
+  std::memcpy(&h, slot, sizeof(h));
+  if ((h.flags & kSlotFlagPayloadChecksumPending) == 0) return;
+  h.payload_checksum = XXH3_64bits(slot + layout.header_bytes, layout.payload_bytes);
+  h.flags &= ~kSlotFlagPayloadChecksumPending;
+  std::memcpy(slot, &h, sizeof(h));
+  const uint32_t checksum = HeaderChecksum(slot, layout.chunk_tokens);
+  std::memcpy(slot + offsetof(SlotHeader, header_checksum), &checksum, sizeof(checksum));
+}
+
 Status VerifySlotPayload(const std::byte* slot, const SlotLayout& layout) {
   SlotHeader h;
   std::memcpy(&h, slot, sizeof(h));
+  if ((h.flags & kSlotFlagPayloadChecksumPending) != 0) {
+    return Status::DataLoss("slot payload: checksum is still pending");
+  }
   if (h.payload_bytes != layout.payload_bytes) {
     return Status::DataLoss("slot header: payload_bytes does not match the namespace");
   }

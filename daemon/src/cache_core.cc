@@ -151,7 +151,8 @@ Status CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp)
                                    " ids, more than the limit of " +
                                    std::to_string(options_.max_prompt_tokens));
   }
-  const std::vector<int32_t> tokens = UnpackTokens(raw);
+  // Viewed in place: std::string storage is aligned for int32.
+  const std::span<const int32_t> all(reinterpret_cast<const int32_t*>(raw.data()), raw.size() / 4);
   const NamespaceState* ns;
   uint32_t chunk_tokens;
   {
@@ -164,11 +165,10 @@ Status CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp)
     chunk_tokens = ns->spec.chunk_tokens;
   }
   // Hash outside the lock: it is the bulk of a long prompt's lookup.
-  const std::vector<ChunkKey> keys =
-      ComputeChunkKeys(ns->id, tokens, chunk_tokens);
-  std::span<const int32_t> all(tokens);
+  const std::vector<ChunkKey> keys = ComputeChunkKeys(ns->id, all, chunk_tokens);
 
   std::lock_guard lock(mu_);
+  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));  // it may have ended meanwhile
   std::vector<uint32_t> hits;
   hits.reserve(keys.size());
   const size_t max_hits = req.max_chunks() == 0 ? keys.size() : req.max_chunks();
@@ -178,7 +178,8 @@ Status CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp)
     const ChunkEntry& e = dram_->Get(h);
     SlotIdentity id{ns->id, keys[i], i == 0 ? ns->id : keys[i - 1],
                     all.subspan(i * chunk_tokens, chunk_tokens)};
-    Status st = VerifySlotHeader(dram_->SlotAddress(e.slot_offset), ns->layout, id);
+    Status st = VerifySlotHeader(dram_->SlotAddress(e.slot_offset), ns->layout, id,
+                                 /*check_header_checksum=*/false);
     if (!st.ok()) {
       ++counters_.token_check_failures;
       spdlog::warn("token check failed for chunk {} of namespace {}: {}", keys[i].ToHex(),
@@ -191,7 +192,7 @@ Status CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp)
   for (auto it = hits.rbegin(); it != hits.rend(); ++it) dram_->Touch(*it);
   const uint64_t num_hits = hits.size();
   ++counters_.lookups;
-  counters_.lookup_tokens += tokens.size();
+  counters_.lookup_tokens += all.size();
   counters_.hit_tokens += num_hits * chunk_tokens;
   counters_.hits += num_hits;
   if (num_hits < max_hits) counters_.misses += keys.size() - num_hits;  // stopped by a miss
@@ -293,14 +294,18 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
   r.session_id = req.session_id();
   r.expiry = clock_.Now() + options_.reservation_ttl;
   r.ns = ns;
-  // Keep the resident parent of the first chunk recent so eviction spares it.
-  if (uint32_t ph = dram_->Find(chunks[0].parent); ph != ChunkIndex::kNone) dram_->Touch(ph);
+  auto pin = [&](uint32_t h) {
+    dram_->Touch(h);
+    dram_->Pin(h);
+    r.pinned.push_back(h);
+  };
+  if (uint32_t ph = dram_->Find(chunks[0].parent); ph != ChunkIndex::kNone) pin(ph);
   bool out_of_space = false;
   for (int i = 0; i < n; ++i) {
     ReservedChunk& c = chunks[i];
     if (!out_of_space) {
       if (uint32_t h = dram_->Find(c.key); h != ChunkIndex::kNone) {
-        dram_->Touch(h);
+        pin(h);
         resp->add_outcomes(v1::ALREADY_STORED);
         continue;
       }
@@ -323,15 +328,18 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
     resp->add_outcomes(v1::NO_SPACE);
   }
   resp->set_reservation_ttl_ms(static_cast<uint64_t>(options_.reservation_ttl.count()));
-  if (!r.chunks.empty()) {
-    const uint64_t id = next_id_++;
-    reservations_.emplace(id, std::move(r));
-    resp->set_reservation_id(id);
+  if (r.chunks.empty()) {
+    for (uint32_t h : r.pinned) dram_->Unpin(h);
+    return Status::Ok();
   }
+  const uint64_t id = next_id_++;
+  reservations_.emplace(id, std::move(r));
+  resp->set_reservation_id(id);
   return Status::Ok();
 }
 
 void CacheCore::FreeReservation(const Reservation& r) {
+  for (uint32_t h : r.pinned) dram_->Unpin(h);
   for (const ReservedChunk& c : r.chunks) {
     dram_->FreeSlot(r.ns->ns_index, c.slot_offset);
     reserved_keys_.erase(c.key);
@@ -358,14 +366,17 @@ Status CacheCore::CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWrite
     first_sequence = next_sequence_;
     next_sequence_ += r.chunks.size();
   }
-  // The reservation owns these slots: seal them without the lock.
+  // The reservation owns these slots: seal them without the lock. The payload
+  // checksum is left pending: DRAM serves by the token check, and the NVMe
+  // writer computes the checksum off this path before the image goes to disk.
   const NamespaceState& ns = *r.ns;
   for (size_t i = 0; i < r.chunks.size(); ++i) {
     const ReservedChunk& c = r.chunks[i];
     SealSlot(dram_->SlotAddress(c.slot_offset), ns.layout, {ns.id, c.key, c.parent, c.tokens},
-             first_sequence + i);
+             first_sequence + i, /*with_payload_checksum=*/false);
   }
   std::lock_guard lock(mu_);
+  for (uint32_t h : r.pinned) dram_->Unpin(h);
   uint32_t committed = 0, dropped = 0;
   for (const ReservedChunk& c : r.chunks) {
     reserved_keys_.erase(c.key);

@@ -18,11 +18,10 @@
 
 #include "grpc_services.h"
 #include "kvtier/fd_passing.h"
+#include "kvtier/proto/transport_args.h"
 
 namespace kvtier {
 namespace {
-
-constexpr int kMaxMessageBytes = 128 << 20;
 
 uint64_t NewEpoch() {
   std::random_device rd;
@@ -50,6 +49,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   builder.RegisterService(d->admin_service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  for (const auto& [name, value] : TransportArgs()) builder.AddChannelArgument(name, value);
   d->server_ = builder.BuildAndStart();
   if (!d->server_) {
     return Status::Unavailable("gRPC could not listen on unix:" + options.socket_path);

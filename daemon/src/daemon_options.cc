@@ -42,7 +42,8 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
       for (char& c : f) c = c == '_' ? '-' : c;
       return f;
     }();
-    const bool flag_given = app.count(flag) > 0;
+    const CLI::Option* given = app.get_option_no_throw(flag);
+    const bool flag_given = given != nullptr && given->count() > 0;
     try {
       if (key == "socket") {
         if (!flag_given) raw->socket = kv.second.as<std::string>();

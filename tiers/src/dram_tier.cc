@@ -20,7 +20,9 @@ std::optional<uint64_t> DramTier::AllocateSlot(uint32_t ns_index) {
   const uint64_t size = ns_slot_bytes_[ns_index];
   for (;;) {
     if (auto offset = allocator_.Allocate(size)) return offset;
-    if (!EvictOne(ns_index)) return std::nullopt;
+    // A victim of the same size frees exactly one slot; otherwise evict by LRU
+    // order whatever is evictable until the freed extents coalesce.
+    if (!EvictOne(/*same_size=*/size) && !EvictOne(/*same_size=*/0)) return std::nullopt;
   }
 }
 
@@ -35,6 +37,7 @@ uint32_t DramTier::Insert(const ChunkKey& key, const ChunkKey& parent, const Chu
   if (parent != ns_root) {
     parent_handle = index_.Find(parent);
     if (parent_handle == ChunkIndex::kNone) return ChunkIndex::kNone;
+    if (index_.Get(parent_handle).ns_index != ns_index) return ChunkIndex::kNone;  // a graft
   }
   ChunkEntry e;
   e.key = key;
@@ -48,11 +51,11 @@ uint32_t DramTier::Insert(const ChunkKey& key, const ChunkKey& parent, const Chu
   return handle;
 }
 
-bool DramTier::EvictOne(uint32_t ns_index) {
-  const uint64_t size = ns_slot_bytes_[ns_index];
+bool DramTier::EvictOne(uint64_t same_size) {
   auto victim = policy_->PickVictim([&](uint32_t h) {
     const ChunkEntry& e = index_.Get(h);
-    return e.leases == 0 && e.resident_children == 0 && ns_slot_bytes_[e.ns_index] == size;
+    return e.leases == 0 && e.resident_children == 0 &&
+           (same_size == 0 || ns_slot_bytes_[e.ns_index] == same_size);
   });
   if (!victim) return false;
   const ChunkEntry e = index_.Get(*victim);
@@ -60,7 +63,7 @@ bool DramTier::EvictOne(uint32_t ns_index) {
   uint32_t parent_handle = index_.Find(e.parent);
   if (parent_handle != ChunkIndex::kNone) --index_.Get(parent_handle).resident_children;
   index_.Erase(*victim);
-  allocator_.Free(e.slot_offset, size);
+  allocator_.Free(e.slot_offset, ns_slot_bytes_[e.ns_index]);
   --ns_chunks_[e.ns_index];
   ++counters_.evictions;
   return true;

@@ -2,24 +2,48 @@
 
 namespace kvtier {
 
+SlotAllocator::SlotAllocator(uint64_t arena_bytes) : arena_bytes_(arena_bytes) {
+  if (arena_bytes > 0) Insert(0, arena_bytes);
+}
+
+void SlotAllocator::Insert(uint64_t offset, uint64_t len) {
+  by_offset_.emplace(offset, len);
+  by_size_.emplace(len, offset);
+}
+
+void SlotAllocator::Erase(std::map<uint64_t, uint64_t>::iterator it) {
+  by_size_.erase({it->second, it->first});
+  by_offset_.erase(it);
+}
+
 std::optional<uint64_t> SlotAllocator::Allocate(uint64_t slot_bytes) {
-  auto it = free_by_size_.find(slot_bytes);
-  if (it != free_by_size_.end() && !it->second.empty()) {
-    uint64_t offset = it->second.back();
-    it->second.pop_back();
-    used_bytes_ += slot_bytes;
-    return offset;
-  }
-  if (slot_bytes > arena_bytes_ - bump_) return std::nullopt;
-  uint64_t offset = bump_;
-  bump_ += slot_bytes;
+  auto fit = by_size_.lower_bound({slot_bytes, 0});
+  if (fit == by_size_.end()) return std::nullopt;
+  const auto [len, offset] = *fit;
+  Erase(by_offset_.find(offset));
+  if (len > slot_bytes) Insert(offset + slot_bytes, len - slot_bytes);
   used_bytes_ += slot_bytes;
   return offset;
 }
 
 void SlotAllocator::Free(uint64_t offset, uint64_t slot_bytes) {
-  free_by_size_[slot_bytes].push_back(offset);
   used_bytes_ -= slot_bytes;
+  uint64_t start = offset, len = slot_bytes;
+  auto next = by_offset_.lower_bound(offset);
+  if (next != by_offset_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == offset) {
+      start = prev->first;
+      len += prev->second;
+      Erase(prev);
+    }
+  }
+  next = by_offset_.lower_bound(offset);
+  if (next != by_offset_.end() && next->first == offset + slot_bytes) {
+    len += next->second;
+    Erase(next);
+  }
+  Insert(start, len);
 }
 
 }  // namespace kvtier

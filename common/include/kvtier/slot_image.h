@@ -1,7 +1,7 @@
 // Slot image: the on-arena and on-disk form of one stored chunk (DESIGN.md).
 //
 // Layout of one slot (all integers little-endian):
-//   [0, header_bytes)                 SlotHeader, then num_tokens int32 token ids,
+//   [0, header_bytes)                 SlotHeader (104 B), then num_tokens int32 token ids,
 //                                     zero padding up to header_bytes (a 256 B multiple)
 //   [header_bytes, +payload_bytes)    chunk payload, layer-major
 //   [.., slot_bytes)                  zero padding up to a 4 KiB multiple
@@ -36,14 +36,20 @@ struct SlotHeader {
   uint64_t payload_bytes;
   uint64_t payload_checksum;  // XXH3-64 of the payload bytes
   uint32_t num_tokens;        // == chunk_tokens
+  uint32_t flags;             // kSlotFlag* bits
+  uint32_t reserved;          // 0
   uint32_t header_checksum;   // low 32 bits of XXH3-64 over the header and tokens, this field 0
 };
-static_assert(sizeof(SlotHeader) == 96);
+static_assert(sizeof(SlotHeader) == 104);
+
+// payload_checksum is not computed yet (a DRAM-only chunk); SealPayloadChecksum
+// computes it before the image leaves DRAM.
+inline constexpr uint32_t kSlotFlagPayloadChecksumPending = 1;
 
 // Sizes of the slot image of one namespace.
 struct SlotLayout {
   uint32_t chunk_tokens = 0;
-  uint32_t header_bytes = 0;   // AlignUp(96 + 4 * chunk_tokens, 256)
+  uint32_t header_bytes = 0;   // AlignUp(104 + 4 * chunk_tokens, 256)
   uint64_t payload_bytes = 0;  // NamespaceSpec::PayloadBytes()
   uint64_t slot_bytes = 0;     // AlignUp(header_bytes + payload_bytes, 4096)
 
@@ -59,17 +65,27 @@ struct SlotIdentity {
   std::span<const int32_t> tokens;  // exactly chunk_tokens ids
 };
 
-// Writes the header of the slot at `slot`: computes the payload checksum over
-// the payload already written there, and the header checksum.
+// Writes the header of the slot at `slot` and its header checksum. With
+// `with_payload_checksum` it also checksums the payload already written there;
+// without, it marks the checksum pending (kSlotFlagPayloadChecksumPending).
 // REQUIRES: `slot` spans layout.slot_bytes; id.tokens.size() == layout.chunk_tokens.
-void SealSlot(std::byte* slot, const SlotLayout& layout, const SlotIdentity& id, uint64_t sequence);
+void SealSlot(std::byte* slot, const SlotLayout& layout, const SlotIdentity& id, uint64_t sequence,
+              bool with_payload_checksum = true);
+
+// Computes a pending payload checksum and clears the pending flag (no-op when
+// already computed). REQUIRES: the header was written by SealSlot.
+void SealPayloadChecksum(std::byte* slot, const SlotLayout& layout);
 
 // Checks the header against `id` (magic, version, sizes, namespace, key, parent,
-// token ids, header checksum): the token check. Does not read the payload.
+// token ids, and with `check_header_checksum` the header checksum): the token
+// check. Does not read the payload. DRAM lookups skip the header checksum (the
+// daemon wrote that header itself); reads from disk check it.
 // Errors: DATA_LOSS naming the first mismatching field.
-Status VerifySlotHeader(const std::byte* slot, const SlotLayout& layout, const SlotIdentity& id);
+Status VerifySlotHeader(const std::byte* slot, const SlotLayout& layout, const SlotIdentity& id,
+                        bool check_header_checksum = true);
 
-// Checks the payload checksum stored in the header. Errors: DATA_LOSS.
+// Checks the payload checksum stored in the header. Errors: DATA_LOSS, also
+// when the checksum is still pending.
 Status VerifySlotPayload(const std::byte* slot, const SlotLayout& layout);
 
 }  // namespace kvtier

@@ -99,6 +99,10 @@ class CacheCore {
     Clock::TimePoint expiry;
     const NamespaceState* ns = nullptr;
     std::vector<ReservedChunk> chunks;
+    // Resident chunks this write builds on (the first chunk's parent and the
+    // request's already stored chunks), pinned until commit, abort or expiry
+    // so that making room for the new chunks cannot evict them.
+    std::vector<uint32_t> pinned;
   };
   struct Counters {
     uint64_t lookups = 0;

@@ -5,8 +5,8 @@
 // Mechanism only: leases, reservations and sessions live in the daemon, which
 // pins chunks here (Pin/Unpin) while clients copy them.
 //
-// Eviction rule (DESIGN.md): the victim is the least recently used chunk of the
-// needed slot size with no lease and no resident child. Inserting a chunk whose
+// Eviction rule (DESIGN.md): the victim is the least recently used chunk with
+// no lease and no resident child, preferring one of the needed slot size. Inserting a chunk whose
 // parent is not resident is refused, so no orphan is ever reachable.
 //
 // Thread-safety: not thread-safe; the daemon serializes calls with its mutex.
@@ -47,7 +47,8 @@ class DramTier {
   void FreeSlot(uint32_t ns_index, uint64_t slot_offset);
 
   // Makes a committed chunk visible. Returns kNone (and inserts nothing) when
-  // `key` is already resident, or when `parent` is neither `ns_root` nor resident.
+  // `key` is already resident, or when `parent` is neither `ns_root` nor a
+  // resident chunk of the same namespace.
   uint32_t Insert(const ChunkKey& key, const ChunkKey& parent, const ChunkKey& ns_root,
                   uint32_t ns_index, uint64_t slot_offset);
 
@@ -73,8 +74,9 @@ class DramTier {
   DramTier(std::unique_ptr<Arena> arena, std::unique_ptr<EvictionPolicy> policy)
       : arena_(std::move(arena)), allocator_(arena_->bytes()), policy_(std::move(policy)) {}
 
-  // Evicts one chunk of `ns_index`'s slot size; false when none is evictable.
-  bool EvictOne(uint32_t ns_index);
+  // Evicts the least recently used evictable chunk, only among slots of
+  // `same_size` bytes unless it is 0; false when none is evictable.
+  bool EvictOne(uint64_t same_size);
 
   std::unique_ptr<Arena> arena_;
   SlotAllocator allocator_;

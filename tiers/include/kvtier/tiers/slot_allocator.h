@@ -1,43 +1,48 @@
-// SlotAllocator: hands out fixed-size slots of an arena (byte offsets).
+// SlotAllocator: hands out slots (byte ranges) of an arena.
 //
-// Slots of one size form a class. Fresh slots are carved from the arena front
-// by a bump pointer; freed slots go to their class's free list and are reused
-// only for the same size. With one namespace (the common case) capacity is
-// exactly arena_bytes / slot_bytes. Slots are never moved between classes
-// (no slab rebalancing yet).
+// Free space is a set of extents, coalesced on Free. Allocate takes the best
+// fitting extent (the smallest one that is large enough), so with one slot
+// size (one namespace, the common case) capacity is exactly
+// arena_bytes / slot_bytes and a freed slot is reused as is. With several slot
+// sizes, the tier evicts until a large enough extent appears.
 //
 // Thread-safety: not thread-safe; the owner serializes calls.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
-#include <unordered_map>
-#include <vector>
+#include <set>
+#include <utility>
 
 namespace kvtier {
 
 class SlotAllocator {
  public:
   // `arena_bytes`: bytes available from offset 0.
-  explicit SlotAllocator(uint64_t arena_bytes) : arena_bytes_(arena_bytes) {}
+  explicit SlotAllocator(uint64_t arena_bytes);
 
-  // Returns the offset of a free slot of `slot_bytes`, or nullopt when no free
-  // slot of that size exists and the untouched remainder is too small.
-  // REQUIRES: slot_bytes > 0.
+  // Offset of a free range of `slot_bytes`, or nullopt when no free extent is
+  // large enough. REQUIRES: slot_bytes > 0.
   std::optional<uint64_t> Allocate(uint64_t slot_bytes);
 
-  // Returns a slot obtained from Allocate(slot_bytes).
+  // Returns a range obtained from Allocate(slot_bytes).
   void Free(uint64_t offset, uint64_t slot_bytes);
 
   uint64_t capacity_bytes() const { return arena_bytes_; }
   // Bytes of slots currently allocated.
   uint64_t used_bytes() const { return used_bytes_; }
+  // Number of free extents (fragmentation; 0 or 1 when nothing was freed).
+  size_t num_free_extents() const { return by_offset_.size(); }
 
  private:
+  void Insert(uint64_t offset, uint64_t len);
+  void Erase(std::map<uint64_t, uint64_t>::iterator it);
+
   uint64_t arena_bytes_;
-  uint64_t bump_ = 0;
   uint64_t used_bytes_ = 0;
-  std::unordered_map<uint64_t, std::vector<uint64_t>> free_by_size_;
+  std::map<uint64_t, uint64_t> by_offset_;     // offset -> length of a free extent
+  std::set<std::pair<uint64_t, uint64_t>> by_size_;  // (length, offset), the same extents
 };
 
 }  // namespace kvtier

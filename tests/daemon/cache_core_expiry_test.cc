@@ -1,0 +1,178 @@
+// CacheCore lifetimes: reservation and lease TTLs on a ManualClock, and
+// EndSession reclaiming a session's leases and reservations.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "daemon/cache_core_harness.h"
+#include "kvtier/daemon/cache_core.h"
+
+namespace kvtier::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using CacheCoreExpiryTest = CacheCoreHarness;
+
+TEST_F(CacheCoreExpiryTest, ReservationExpiresAfterItsTtl) {
+  const auto tokens = Tokens(12);
+  const v1::ReserveWriteResponse r = Reserve(tokens);
+  EXPECT_EQ(r.reservation_ttl_ms(), 2000u);
+  ASSERT_EQ(UsedBytes(), 3 * kSlotBytes);
+  WritePayloads(tokens, r);
+
+  clock_.Advance(milliseconds(1999));
+  core_->ExpireNow();
+  EXPECT_EQ(UsedBytes(), 3 * kSlotBytes) << "expired before its TTL";
+  EXPECT_EQ(Stats().active_reservations(), 1u);
+
+  clock_.Advance(milliseconds(1));
+  core_->ExpireNow();
+  EXPECT_EQ(UsedBytes(), 0u);
+  EXPECT_EQ(Stats().active_reservations(), 0u);
+  EXPECT_EQ(Commit(r.reservation_id()).code(), StatusCode::kNotFound);
+  EXPECT_EQ(Lookup(tokens, false).num_chunks(), 0u);
+  EXPECT_EQ(Store(tokens), 3u);  // keys and slots are free again
+}
+
+TEST_F(CacheCoreExpiryTest, ReservationCommittedBeforeItsTtlStays) {
+  const auto tokens = Tokens(8);
+  const v1::ReserveWriteResponse r = Reserve(tokens);
+  WritePayloads(tokens, r);
+  clock_.Advance(milliseconds(1500));
+  ASSERT_TRUE(Commit(r.reservation_id()).ok());
+  clock_.Advance(milliseconds(10000));
+  core_->ExpireNow();
+  EXPECT_EQ(Lookup(tokens, false).num_chunks(), 2u);
+  EXPECT_EQ(UsedBytes(), 2 * kSlotBytes);
+}
+
+TEST_F(CacheCoreExpiryTest, ExpiredReservationSlotsAreReusable) {
+  Start(Options(/*num_slots=*/2));
+  ASSERT_EQ(Reserve(Tokens(8)).chunks_size(), 2);
+  const v1::ReserveWriteResponse full = Reserve(Tokens(8, 100));
+  EXPECT_EQ(full.reservation_id(), 0u);  // reserved slots are never evicted
+  clock_.Advance(milliseconds(2000));
+  core_->ExpireNow();
+  EXPECT_EQ(Store(Tokens(8, 100)), 2u);
+}
+
+TEST_F(CacheCoreExpiryTest, LeaseExpiresAfterItsTtl) {
+  const auto tokens = Tokens(8);
+  ASSERT_EQ(Store(tokens), 2u);
+  const v1::LookupResponse l = Lookup(tokens, true);
+  EXPECT_EQ(l.lease_ttl_ms(), 1000u);
+  ASSERT_EQ(Stats().active_leases(), 1u);
+
+  clock_.Advance(milliseconds(999));
+  core_->ExpireNow();
+  EXPECT_EQ(Stats().active_leases(), 1u) << "expired before its TTL";
+
+  clock_.Advance(milliseconds(1));
+  core_->ExpireNow();
+  EXPECT_EQ(Stats().active_leases(), 0u);
+  EXPECT_EQ(Release(l.lease_id()).code(), StatusCode::kNotFound);
+  EXPECT_EQ(Lookup(tokens, false).num_chunks(), 2u);  // the chunks stay cached
+}
+
+TEST_F(CacheCoreExpiryTest, ExpiredLeaseNoLongerPinsItsChunks) {
+  Start(Options(/*num_slots=*/2));
+  const auto tokens = Tokens(8);
+  ASSERT_EQ(Store(tokens), 2u);
+  ASSERT_NE(Lookup(tokens, true).lease_id(), 0u);
+  EXPECT_EQ(Reserve(Tokens(8, 100)).reservation_id(), 0u);  // pinned: no space
+  clock_.Advance(milliseconds(1000));
+  core_->ExpireNow();
+  EXPECT_EQ(Store(Tokens(8, 100)), 2u);
+  EXPECT_EQ(Lookup(tokens, false).num_chunks(), 0u);
+}
+
+TEST_F(CacheCoreExpiryTest, EachLeaseHasItsOwnExpiry) {
+  const auto tokens = Tokens(4);
+  ASSERT_EQ(Store(tokens), 1u);
+  const uint64_t first = Lookup(tokens, true).lease_id();
+  clock_.Advance(milliseconds(600));
+  const uint64_t second = Lookup(tokens, true).lease_id();
+  ASSERT_NE(first, second);
+  clock_.Advance(milliseconds(400));
+  core_->ExpireNow();
+  EXPECT_EQ(Release(first).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(Release(second).ok());
+}
+
+TEST_F(CacheCoreExpiryTest, EndSessionFreesItsLeasesAndReservations) {
+  const auto stored = Tokens(8);
+  ASSERT_EQ(Store(stored), 2u);
+  const uint64_t other = core_->OpenSession("other", 2);
+  const uint64_t other_lease = Lookup(stored, true, other).lease_id();
+  ASSERT_NE(other_lease, 0u);
+  const v1::ReserveWriteResponse other_res = Reserve(Tokens(8, 100), other);
+  ASSERT_NE(other_res.reservation_id(), 0u);
+  const uint64_t my_lease = Lookup(stored, true).lease_id();
+  const v1::ReserveWriteResponse my_res = Reserve(Tokens(4, 200));
+  ASSERT_EQ(Stats().active_leases(), 2u);
+  ASSERT_EQ(Stats().active_reservations(), 2u);
+  ASSERT_EQ(UsedBytes(), 5 * kSlotBytes);
+  ASSERT_EQ(Stats().sessions(), 2u);
+
+  core_->EndSession(other);
+  const v1::StatsResponse s = Stats();
+  EXPECT_EQ(s.sessions(), 1u);
+  EXPECT_EQ(s.active_leases(), 1u);
+  EXPECT_EQ(s.active_reservations(), 1u);
+  EXPECT_EQ(UsedBytes(), 3 * kSlotBytes);
+  // The ended session is gone: its ids are unusable, even by itself.
+  EXPECT_EQ(Release(other_lease, other).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Commit(other_res.reservation_id(), nullptr, other).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Commit(other_res.reservation_id()).code(), StatusCode::kNotFound);
+  // This session's lease and reservation are untouched.
+  EXPECT_TRUE(Release(my_lease).ok());
+  EXPECT_TRUE(Commit(my_res.reservation_id()).ok());
+  core_->EndSession(other);  // ending twice is harmless
+  EXPECT_EQ(Stats().sessions(), 1u);
+}
+
+TEST_F(CacheCoreExpiryTest, EndedSessionCannotStartNewWork) {
+  const uint64_t other = core_->OpenSession("other", 2);
+  core_->EndSession(other);
+  v1::ReserveWriteResponse resp;
+  EXPECT_EQ(core_->ReserveWrite(ReserveRequest(Tokens(4), other), &resp).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(UsedBytes(), 0u);
+}
+
+// Lookup hashes the prompt between two critical sections. A session that ends
+// in between must not be left holding a lease (EndSession already ran, so only
+// the TTL would free it). The prompt is long so that EndSession lands inside
+// that window; if it lands elsewhere the test passes trivially.
+TEST_F(CacheCoreExpiryTest, EndSessionDuringALookupLeavesNoLease) {
+  ASSERT_EQ(Store(Tokens(4)), 1u);
+  const auto prompt = Tokens(core_->options().max_prompt_tokens);  // 4 Mi tokens, 1 Mi chunks
+  // Calibrate: how long one such lookup takes here; EndSession lands inside it.
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(Lookup(prompt, false).num_chunks(), 1u);
+  const auto one_lookup = std::chrono::steady_clock::now() - t0;
+  for (int divisor : {2, 3, 5}) {  // a few landing points, in case timing is off
+    const uint64_t other = core_->OpenSession("other", 2);
+    std::thread lookup([&] {
+      v1::LookupRequest req;
+      req.set_session_id(other);
+      req.set_epoch(kEpoch);
+      req.set_namespace_id(ns_wire_);
+      req.set_tokens(PackTokens(prompt));
+      req.set_acquire(true);
+      v1::LookupResponse resp;
+      (void)core_->Lookup(req, &resp);
+    });
+    std::this_thread::sleep_for(one_lookup / divisor);
+    core_->EndSession(other);
+    lookup.join();
+    ASSERT_EQ(Stats().active_leases(), 0u)
+        << "a lease was granted to session " << other << " after it had ended (EndSession at "
+        << "1/" << divisor << " of a "
+        << std::chrono::duration_cast<milliseconds>(one_lookup).count() << " ms lookup)";
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::testing

@@ -1,0 +1,218 @@
+// CacheCoreDriver: a CacheCore on a small arena and a ManualClock, driven with
+// proto requests the way a client drives it: payloads are written through a
+// second mapping of the arena fd (as a client maps it), never through the core.
+// CacheCoreHarness: the same as a gtest fixture, started with Options().
+//
+// Namespace: the tiny preset (test-model, fp16, mha, 2 layers, 1 KV head,
+// head_dim 64, chunk_tokens 4): 2 KiB payload, 256 B header, 4 KiB slot.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common/status_printer.h"
+#include "kvtier/arena.h"
+#include "kvtier/chunk_key.h"
+#include "kvtier/daemon/cache_core.h"
+#include "kvtier/namespace_spec.h"
+#include "kvtier/slot_image.h"
+#include "testing/manual_clock.h"
+
+namespace kvtier::testing {
+
+inline constexpr uint32_t kChunkTokens = 4;
+inline constexpr uint64_t kSlotBytes = 4096;
+inline constexpr uint64_t kHeaderBytes = 256;
+inline constexpr uint64_t kPayloadBytes = 2048;
+
+inline NamespaceSpec TinySpec() {
+  NamespaceSpec s;
+  s.model_id = "test-model";
+  s.num_layers = 2;
+  s.num_kv_heads = 1;
+  s.head_dim = 64;
+  s.chunk_tokens = kChunkTokens;
+  return s;
+}
+
+inline v1::NamespaceSpec TinyProtoSpec() {
+  v1::NamespaceSpec p;
+  p.set_model_id("test-model");
+  p.set_kv_dtype("fp16");
+  p.set_layout("mha");
+  p.set_num_layers(2);
+  p.set_num_kv_heads(1);
+  p.set_head_dim(64);
+  p.set_chunk_tokens(kChunkTokens);
+  p.set_tp_size(1);
+  return p;
+}
+
+// `n` token ids starting at `first` (distinct prompts use distinct ranges).
+inline std::vector<int32_t> Tokens(size_t n, int32_t first = 0) {
+  std::vector<int32_t> t(n);
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+// Deterministic payload of the chunk named `key`.
+inline std::vector<std::byte> PayloadFor(const ChunkKey& key) {
+  std::vector<std::byte> p(kPayloadBytes);
+  uint64_t x = key.lo ^ key.hi;
+  for (auto& b : p) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    b = std::byte(static_cast<uint8_t>(x >> 56));
+  }
+  return p;
+}
+
+class CacheCoreDriver {
+ public:
+  // The arena holds `num_slots` tiny slots.
+  static CacheCoreOptions Options(uint64_t num_slots = 16) {
+    CacheCoreOptions o;
+    o.dram_bytes = num_slots * kSlotBytes;
+    o.lease_ttl = std::chrono::milliseconds(1000);
+    o.reservation_ttl = std::chrono::milliseconds(2000);
+    return o;
+  }
+
+  void Start(const CacheCoreOptions& options) {
+    auto core = CacheCore::Create(options, kEpoch, clock_);
+    ASSERT_TRUE(core.ok()) << core.status().ToString();
+    core_ = std::move(core).value();
+    auto mapped = Arena::Map(dup(core_->arena().fd()), core_->arena().bytes(), core_->epoch());
+    ASSERT_TRUE(mapped.ok()) << mapped.status().ToString();
+    client_arena_ = std::move(mapped).value();
+    session_ = core_->OpenSession("test", 1);
+    v1::OpenNamespaceRequest req;
+    req.set_session_id(session_);
+    *req.mutable_spec() = TinyProtoSpec();
+    v1::OpenNamespaceResponse resp;
+    const Status st = core_->OpenNamespace(req, &resp);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ns_wire_ = resp.namespace_id();
+    ns_ = TinySpec().Digest();
+  }
+
+  v1::ReserveWriteRequest ReserveRequest(const std::vector<int32_t>& tokens, uint64_t session,
+                                         size_t first_chunk = 0) const {
+    v1::ReserveWriteRequest req;
+    req.set_session_id(session);
+    req.set_epoch(kEpoch);
+    req.set_namespace_id(ns_wire_);
+    const auto keys = ComputeChunkKeys(ns_, tokens, kChunkTokens);
+    for (size_t i = first_chunk; i < keys.size(); ++i) {
+      auto* c = req.add_chunks();
+      c->set_key(keys[i].ToBytes());
+      c->set_parent_key((i == 0 ? ns_ : keys[i - 1]).ToBytes());
+      c->set_tokens(PackTokens(std::span(tokens).subspan(i * kChunkTokens, kChunkTokens)));
+    }
+    return req;
+  }
+
+  v1::ReserveWriteResponse Reserve(const std::vector<int32_t>& tokens, uint64_t session = 0) {
+    v1::ReserveWriteResponse resp;
+    const Status st = core_->ReserveWrite(ReserveRequest(tokens, session ? session : session_),
+                                          &resp);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return resp;
+  }
+
+  // Writes each RESERVED chunk's payload through the client mapping.
+  void WritePayloads(const std::vector<int32_t>& tokens, const v1::ReserveWriteResponse& resp) {
+    const auto keys = ComputeChunkKeys(ns_, tokens, kChunkTokens);
+    int loc = 0;
+    for (int i = 0; i < resp.outcomes_size(); ++i) {
+      if (resp.outcomes(i) != v1::RESERVED) continue;
+      const auto& where = resp.chunks(loc++);
+      ASSERT_EQ(where.payload_bytes(), kPayloadBytes);
+      ASSERT_TRUE(client_arena_->Contains(where.payload_offset(), where.payload_bytes()));
+      const auto p = PayloadFor(keys[i]);
+      std::memcpy(client_arena_->base() + where.payload_offset(), p.data(), p.size());
+    }
+  }
+
+  Status Commit(uint64_t reservation_id, v1::CommitWriteResponse* resp = nullptr,
+                uint64_t session = 0) {
+    v1::CommitWriteRequest req;
+    req.set_session_id(session ? session : session_);
+    req.set_reservation_id(reservation_id);
+    v1::CommitWriteResponse local;
+    return core_->CommitWrite(req, resp ? resp : &local);
+  }
+
+  // Reserve, write, commit. Returns the number of committed chunks.
+  uint32_t Store(const std::vector<int32_t>& tokens, uint64_t session = 0) {
+    const v1::ReserveWriteResponse r = Reserve(tokens, session);
+    WritePayloads(tokens, r);
+    if (r.reservation_id() == 0) return 0;
+    v1::CommitWriteResponse c;
+    const Status st = Commit(r.reservation_id(), &c, session);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return c.committed_chunks();
+  }
+
+  v1::LookupResponse Lookup(const std::vector<int32_t>& tokens, bool acquire,
+                            uint64_t session = 0) {
+    v1::LookupRequest req;
+    req.set_session_id(session ? session : session_);
+    req.set_epoch(kEpoch);
+    req.set_namespace_id(ns_wire_);
+    req.set_tokens(PackTokens(tokens));
+    req.set_acquire(acquire);
+    v1::LookupResponse resp;
+    const Status st = core_->Lookup(req, &resp);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return resp;
+  }
+
+  Status Release(uint64_t lease_id, uint64_t session = 0) {
+    v1::ReleaseReadRequest req;
+    req.set_session_id(session ? session : session_);
+    req.set_lease_id(lease_id);
+    return core_->ReleaseRead(req);
+  }
+
+  v1::StatsResponse Stats() const {
+    v1::StatsResponse s;
+    core_->Stats(&s);
+    s.clear_uptime_s();
+    return s;
+  }
+  uint64_t UsedBytes() const { return Stats().tiers(0).used_bytes(); }
+
+  // True when every leased location holds the payload of the matching chunk.
+  bool LeasedBytesMatch(const std::vector<int32_t>& tokens, const v1::LookupResponse& resp) const {
+    const auto keys = ComputeChunkKeys(ns_, tokens, kChunkTokens);
+    for (int i = 0; i < resp.chunks_size(); ++i) {
+      const auto p = PayloadFor(keys[i]);
+      if (std::memcmp(client_arena_->base() + resp.chunks(i).payload_offset(), p.data(),
+                      p.size()) != 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  static constexpr uint64_t kEpoch = 0x5EED;
+  ManualClock clock_;
+  std::unique_ptr<CacheCore> core_;
+  std::unique_ptr<Arena> client_arena_;
+  uint64_t session_ = 0;
+  std::string ns_wire_;
+  NamespaceId ns_;
+};
+
+class CacheCoreHarness : public ::testing::Test, public CacheCoreDriver {
+ protected:
+  void SetUp() override { Start(Options()); }
+};
+
+}  // namespace kvtier::testing

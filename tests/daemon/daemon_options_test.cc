@@ -1,0 +1,208 @@
+// ParseDaemonOptions: defaults, flags, the YAML config file, and its errors.
+#include "kvtier/daemon/daemon_options.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/status_printer.h"
+#include "kvtier/units.h"
+
+namespace kvtier {
+namespace {
+
+using std::chrono::milliseconds;
+
+class DaemonOptionsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kvtier-options-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string WriteConfig(const std::string& text) {
+    const std::string path = dir_ + "/kvtierd.yaml";
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  Result<DaemonOptions> Parse(std::vector<std::string> args) {
+    args.insert(args.begin(), "kvtierd");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    // No exception may cross a module boundary (STYLE.md): report one as a failure.
+    try {
+      return ParseDaemonOptions(static_cast<int>(args.size()), argv.data(), &exit_code_);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "ParseDaemonOptions threw: " << e.what();
+      return Status::Internal(std::string("exception: ") + e.what());
+    }
+  }
+
+  // The error of a parse that must fail with INVALID_ARGUMENT.
+  std::string ErrorOf(std::vector<std::string> args) {
+    auto r = Parse(std::move(args));
+    EXPECT_FALSE(r.ok());
+    if (r.ok()) return "";
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+    return r.status().message();
+  }
+
+  std::string dir_;
+  int exit_code_ = 0;
+};
+
+::testing::AssertionResult Names(const std::string& message, const std::string& text) {
+  if (message.find(text) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << message << "' does not name '" << text << "'";
+}
+
+TEST_F(DaemonOptionsTest, NoArgumentsGiveTheEmbeddedDefaults) {
+  auto r = Parse({});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(exit_code_, -1);
+  EXPECT_EQ(r->core.dram_bytes, kGiB);
+  EXPECT_EQ(r->core.lease_ttl, milliseconds(30000));
+  EXPECT_EQ(r->core.reservation_ttl, milliseconds(30000));
+  EXPECT_EQ(r->log_level, "info");
+  EXPECT_EQ(r->socket_group, "");
+  EXPECT_EQ(r->socket_path, DefaultSocketPath());
+  EXPECT_TRUE(r->Validate().ok());
+}
+
+TEST_F(DaemonOptionsTest, DefaultSocketPathFollowsXdgRuntimeDir) {
+  const char* old = getenv("XDG_RUNTIME_DIR");
+  const std::string saved = old ? old : "";
+  setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
+  EXPECT_EQ(DefaultSocketPath(), "/run/user/4242/kvtier/kvtierd.sock");
+  setenv("XDG_RUNTIME_DIR", "", 1);
+  EXPECT_EQ(DefaultSocketPath(), "/tmp/kvtier/kvtierd.sock");
+  unsetenv("XDG_RUNTIME_DIR");
+  EXPECT_EQ(DefaultSocketPath(), "/tmp/kvtier/kvtierd.sock");
+  if (old) setenv("XDG_RUNTIME_DIR", saved.c_str(), 1);
+}
+
+TEST_F(DaemonOptionsTest, FlagsSetEachOption) {
+  auto r = Parse({"--dram-bytes", "512MiB", "--socket", dir_ + "/d.sock", "--socket-group",
+                  "kvusers", "--log-level", "debug", "--lease-ttl-ms", "1500",
+                  "--reservation-ttl-ms=2500"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->core.dram_bytes, 512 * kMiB);
+  EXPECT_EQ(r->socket_path, dir_ + "/d.sock");
+  EXPECT_EQ(r->socket_group, "kvusers");
+  EXPECT_EQ(r->log_level, "debug");
+  EXPECT_EQ(r->core.lease_ttl, milliseconds(1500));
+  EXPECT_EQ(r->core.reservation_ttl, milliseconds(2500));
+}
+
+TEST_F(DaemonOptionsTest, DramBytesAcceptsPlainBytes) {
+  auto r = Parse({"--dram-bytes=1073741824"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->core.dram_bytes, kGiB);
+}
+
+TEST_F(DaemonOptionsTest, BadDramBytesNamesTheFlag) {
+  EXPECT_TRUE(Names(ErrorOf({"--dram-bytes", "12XB"}), "--dram-bytes"));
+  EXPECT_TRUE(Names(ErrorOf({"--dram-bytes", ""}), "--dram-bytes"));
+  EXPECT_TRUE(Names(ErrorOf({"--dram-bytes", "99999999999999999999"}), "--dram-bytes"));
+}
+
+TEST_F(DaemonOptionsTest, DramBytesNotAPageMultipleIsRejected) {
+  EXPECT_TRUE(Names(ErrorOf({"--dram-bytes", "5000"}), "dram"));
+}
+
+TEST_F(DaemonOptionsTest, NonPositiveTtlsNameTheirFlag) {
+  EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "0"}), "--lease-ttl-ms"));
+  EXPECT_TRUE(Names(ErrorOf({"--reservation-ttl-ms", "-5"}), "--reservation-ttl-ms"));
+  EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "soon"}), "lease-ttl-ms"));
+}
+
+TEST_F(DaemonOptionsTest, UnknownFlagIsNamed) {
+  EXPECT_TRUE(Names(ErrorOf({"--dram-size", "1GiB"}), "--dram-size"));
+}
+
+TEST_F(DaemonOptionsTest, OverlongSocketPathIsRejected) {
+  EXPECT_TRUE(Names(ErrorOf({"--socket", "/tmp/" + std::string(100, 's') + ".sock"}), "socket"));
+}
+
+TEST_F(DaemonOptionsTest, HelpAndVersionSetTheExitCode) {
+  testing::internal::CaptureStdout();
+  EXPECT_FALSE(Parse({"--help"}).ok());
+  EXPECT_EQ(exit_code_, 0);
+  exit_code_ = 7;
+  EXPECT_FALSE(Parse({"--version"}).ok());
+  EXPECT_EQ(exit_code_, 0);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(Names(out, "--dram-bytes"));
+}
+
+TEST_F(DaemonOptionsTest, ConfigFileValuesApply) {
+  const std::string cfg = WriteConfig("socket: " + dir_ + "/cfg.sock\n" +
+                                      "socket_group: engines\n"
+                                      "log_level: warn\n"
+                                      "dram_bytes: 64MiB\n"
+                                      "lease_ttl_ms: 5000\n"
+                                      "reservation_ttl_ms: 7000\n");
+  auto r = Parse({"--config", cfg});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->socket_path, dir_ + "/cfg.sock");
+  EXPECT_EQ(r->socket_group, "engines");
+  EXPECT_EQ(r->log_level, "warn");
+  EXPECT_EQ(r->core.dram_bytes, 64 * kMiB);
+  EXPECT_EQ(r->core.lease_ttl, milliseconds(5000));
+  EXPECT_EQ(r->core.reservation_ttl, milliseconds(7000));
+}
+
+TEST_F(DaemonOptionsTest, FlagsWinOverTheConfigFile) {
+  const std::string cfg = WriteConfig("dram_bytes: 64MiB\nlease_ttl_ms: 5000\nlog_level: warn\n");
+  auto r = Parse({"--dram-bytes", "128MiB", "--config", cfg, "--lease-ttl-ms", "30000"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->core.dram_bytes, 128 * kMiB);
+  // A flag wins even when it repeats the default value.
+  EXPECT_EQ(r->core.lease_ttl, milliseconds(30000));
+  EXPECT_EQ(r->log_level, "warn");  // not given as a flag: the file's value
+}
+
+TEST_F(DaemonOptionsTest, EmptyConfigFileKeepsDefaults) {
+  auto r = Parse({"--config", WriteConfig("")});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->core.dram_bytes, kGiB);
+}
+
+TEST_F(DaemonOptionsTest, UnknownConfigKeyIsNamed) {
+  const std::string cfg = WriteConfig("dram_bytes: 64MiB\ndram_size: 1GiB\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), "dram_size"));
+}
+
+TEST_F(DaemonOptionsTest, MalformedYamlIsAnErrorNamingTheFile) {
+  const std::string cfg = WriteConfig("dram_bytes: [64MiB\nlease_ttl_ms: {\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), cfg));
+}
+
+TEST_F(DaemonOptionsTest, ConfigTopLevelMustBeAMap) {
+  EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("- dram_bytes\n- 64MiB\n")}), "map"));
+}
+
+TEST_F(DaemonOptionsTest, ConfigValueOfTheWrongTypeNamesTheKey) {
+  EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("lease_ttl_ms: soon\n")}), "lease_ttl_ms"));
+  EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("dram_bytes: [1, 2]\n")}), "dram_bytes"));
+}
+
+TEST_F(DaemonOptionsTest, BadDramBytesInConfigIsRejected) {
+  EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("dram_bytes: 12XB\n")}), "12XB"));
+}
+
+TEST_F(DaemonOptionsTest, MissingConfigFileIsAnError) {
+  EXPECT_TRUE(Names(ErrorOf({"--config", dir_ + "/absent.yaml"}), "absent.yaml"));
+}
+
+}  // namespace
+}  // namespace kvtier

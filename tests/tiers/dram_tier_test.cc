@@ -1,0 +1,253 @@
+// DramTier: capacity, leaf-first LRU eviction, pins, and no orphans.
+#include "kvtier/tiers/dram_tier.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "common/status_printer.h"
+
+namespace kvtier {
+namespace {
+
+constexpr uint64_t kSlot = 4096;
+const ChunkKey kRoot{0xABCD, 0x1234};  // the namespace id
+
+ChunkKey Key(uint64_t i) { return ChunkKey{i, 0xC0FFEE}; }
+
+class DramTierTest : public ::testing::Test {
+ protected:
+  void Make(uint64_t num_slots, uint64_t slot_bytes = kSlot) {
+    auto t = DramTier::Create(num_slots * slot_bytes, /*epoch=*/9);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    tier_ = std::move(t).value();
+    ns_ = tier_->AddNamespace(slot_bytes);
+  }
+  // Allocates a slot and inserts `key` under `parent`; returns the handle.
+  uint32_t Put(const ChunkKey& key, const ChunkKey& parent, uint32_t ns = 0) {
+    auto slot = tier_->AllocateSlot(ns);
+    EXPECT_TRUE(slot.has_value()) << "no slot for " << key.ToHex();
+    if (!slot) return ChunkIndex::kNone;
+    const uint32_t h = tier_->Insert(key, parent, kRoot, ns, *slot);
+    EXPECT_NE(h, ChunkIndex::kNone);
+    return h;
+  }
+  // A prefix chain k[first]..k[first+n-1] whose first chunk hangs off the root.
+  void Chain(uint64_t first, uint64_t n) {
+    for (uint64_t i = first; i < first + n; ++i) Put(Key(i), i == first ? kRoot : Key(i - 1));
+  }
+  bool Resident(uint64_t i) const { return tier_->Find(Key(i)) != ChunkIndex::kNone; }
+
+  std::unique_ptr<DramTier> tier_;
+  uint32_t ns_ = 0;
+};
+
+TEST_F(DramTierTest, CapacityIsArenaBytesDividedBySlotBytes) {
+  auto t = DramTier::Create(1 << 20, 1);
+  ASSERT_TRUE(t.ok());
+  const uint32_t ns = (*t)->AddNamespace(3 * 4096);
+  uint64_t n = 0;
+  while ((*t)->AllocateSlot(ns)) ++n;  // reserved slots are not evictable
+  EXPECT_EQ(n, (uint64_t{1} << 20) / (3 * 4096));
+  EXPECT_EQ((*t)->used_bytes(), n * 3 * 4096);
+  EXPECT_EQ((*t)->capacity_bytes(), uint64_t{1} << 20);
+  EXPECT_EQ((*t)->arena().epoch(), 1u);
+}
+
+TEST_F(DramTierTest, CreateRejectsABadArenaSize) {
+  EXPECT_EQ(DramTier::Create(5000, 1).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(DramTierTest, AddNamespaceNumbersInOrder) {
+  Make(4);
+  EXPECT_EQ(ns_, 0u);
+  EXPECT_EQ(tier_->AddNamespace(2 * kSlot), 1u);
+  EXPECT_EQ(tier_->slot_bytes(1), 2 * kSlot);
+}
+
+TEST_F(DramTierTest, InsertMakesAChunkFindable) {
+  Make(4);
+  auto slot = tier_->AllocateSlot(ns_);
+  ASSERT_TRUE(slot.has_value());
+  const uint32_t h = tier_->Insert(Key(1), kRoot, kRoot, ns_, *slot);
+  ASSERT_NE(h, ChunkIndex::kNone);
+  EXPECT_EQ(tier_->Find(Key(1)), h);
+  EXPECT_EQ(tier_->Get(h).slot_offset, *slot);
+  EXPECT_EQ(tier_->Get(h).parent, kRoot);
+  EXPECT_EQ(tier_->num_chunks(), 1u);
+  EXPECT_EQ(tier_->num_chunks(ns_), 1u);
+  EXPECT_EQ(tier_->SlotAddress(*slot), tier_->arena().base() + *slot);
+}
+
+TEST_F(DramTierTest, InsertWithNonResidentParentIsRefused) {
+  Make(4);
+  auto slot = tier_->AllocateSlot(ns_);
+  ASSERT_TRUE(slot.has_value());
+  EXPECT_EQ(tier_->Insert(Key(2), Key(1), kRoot, ns_, *slot), ChunkIndex::kNone);
+  EXPECT_EQ(tier_->Find(Key(2)), ChunkIndex::kNone);
+  EXPECT_EQ(tier_->num_chunks(), 0u);
+  EXPECT_EQ(tier_->num_chunks(ns_), 0u);
+}
+
+TEST_F(DramTierTest, InsertOfAResidentKeyIsRefused) {
+  Make(4);
+  const uint32_t h = Put(Key(1), kRoot);
+  auto slot = tier_->AllocateSlot(ns_);
+  ASSERT_TRUE(slot.has_value());
+  EXPECT_EQ(tier_->Insert(Key(1), kRoot, kRoot, ns_, *slot), ChunkIndex::kNone);
+  EXPECT_EQ(tier_->Find(Key(1)), h);
+  EXPECT_NE(tier_->Get(h).slot_offset, *slot);
+  EXPECT_EQ(tier_->num_chunks(), 1u);
+}
+
+TEST_F(DramTierTest, InsertCountsResidentChildren) {
+  Make(4);
+  Chain(1, 2);
+  Put(Key(9), Key(1));  // a second child of k1 (a branch)
+  EXPECT_EQ(tier_->Get(tier_->Find(Key(1))).resident_children, 2u);
+  EXPECT_EQ(tier_->Get(tier_->Find(Key(2))).resident_children, 0u);
+}
+
+TEST_F(DramTierTest, FullTierEvictsTheLeastRecentlyUsedLeaf) {
+  Make(4);
+  Put(Key(1), kRoot);
+  Put(Key(2), kRoot);
+  Put(Key(3), kRoot);
+  Put(Key(4), kRoot);
+  tier_->Touch(tier_->Find(Key(1)));
+  ASSERT_TRUE(tier_->AllocateSlot(ns_).has_value());
+  EXPECT_TRUE(Resident(1));
+  EXPECT_FALSE(Resident(2));
+  EXPECT_TRUE(Resident(3));
+  EXPECT_EQ(tier_->counters().evictions, 1u);
+  EXPECT_EQ(tier_->num_chunks(), 3u);
+}
+
+TEST_F(DramTierTest, ParentIsNeverEvictedBeforeItsChild) {
+  Make(4);
+  Chain(1, 3);           // k1 <- k2 <- k3; k1 is the least recently used
+  Put(Key(9), kRoot);    // an unrelated, more recent chunk
+  std::vector<uint64_t> evicted;
+  for (int round = 0; round < 4; ++round) {
+    ASSERT_TRUE(tier_->AllocateSlot(ns_).has_value()) << round;  // kept: never evictable
+    for (uint64_t i : {1, 2, 3, 9}) {
+      if (!Resident(i) && std::find(evicted.begin(), evicted.end(), i) == evicted.end()) {
+        evicted.push_back(i);
+      }
+    }
+    for (uint64_t i = 2; i <= 3; ++i) {
+      if (Resident(i)) {
+        EXPECT_TRUE(Resident(i - 1)) << "orphan k" << i << " in round " << round;
+      }
+    }
+  }
+  // Leaves go first; among leaves the least recently used (k2 was inserted before k9).
+  EXPECT_EQ(evicted, (std::vector<uint64_t>{3, 2, 1, 9}));
+  EXPECT_EQ(tier_->num_chunks(), 0u);
+}
+
+TEST_F(DramTierTest, EvictionOfALeafReleasesItsParent) {
+  Make(2);
+  Chain(1, 2);
+  ASSERT_TRUE(tier_->AllocateSlot(ns_).has_value());  // evicts k2
+  EXPECT_FALSE(Resident(2));
+  EXPECT_EQ(tier_->Get(tier_->Find(Key(1))).resident_children, 0u);
+  ASSERT_TRUE(tier_->AllocateSlot(ns_).has_value());  // now k1 is a leaf
+  EXPECT_FALSE(Resident(1));
+  EXPECT_EQ(tier_->counters().evictions, 2u);
+}
+
+TEST_F(DramTierTest, PinnedChunkIsNeverEvicted) {
+  Make(3);
+  Put(Key(1), kRoot);
+  Put(Key(2), kRoot);
+  Put(Key(3), kRoot);
+  tier_->Pin(tier_->Find(Key(1)));  // the least recently used one
+  ASSERT_TRUE(tier_->AllocateSlot(ns_).has_value());
+  EXPECT_TRUE(Resident(1));
+  EXPECT_FALSE(Resident(2));
+}
+
+TEST_F(DramTierTest, PinnedLeafProtectsItsWholePrefix) {
+  Make(3);
+  Chain(1, 3);
+  tier_->Pin(tier_->Find(Key(3)));
+  EXPECT_FALSE(tier_->AllocateSlot(ns_).has_value());
+  for (uint64_t i = 1; i <= 3; ++i) EXPECT_TRUE(Resident(i)) << i;
+}
+
+TEST_F(DramTierTest, EverythingPinnedMeansNoSlot) {
+  Make(2);
+  Put(Key(1), kRoot);
+  Put(Key(2), kRoot);
+  tier_->Pin(tier_->Find(Key(1)));
+  tier_->Pin(tier_->Find(Key(2)));
+  EXPECT_FALSE(tier_->AllocateSlot(ns_).has_value());
+  EXPECT_EQ(tier_->num_chunks(), 2u);
+  EXPECT_EQ(tier_->counters().evictions, 0u);
+}
+
+TEST_F(DramTierTest, PinsNestAndUnpinMakesEvictable) {
+  Make(1);
+  const uint32_t h = Put(Key(1), kRoot);
+  tier_->Pin(h);
+  tier_->Pin(h);
+  tier_->Unpin(h);
+  EXPECT_FALSE(tier_->AllocateSlot(ns_).has_value());
+  tier_->Unpin(h);
+  EXPECT_TRUE(tier_->AllocateSlot(ns_).has_value());
+  EXPECT_FALSE(Resident(1));
+}
+
+TEST_F(DramTierTest, FreeSlotReturnsCapacity) {
+  Make(2);
+  auto a = tier_->AllocateSlot(ns_);
+  auto b = tier_->AllocateSlot(ns_);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(tier_->used_bytes(), 2 * kSlot);
+  EXPECT_FALSE(tier_->AllocateSlot(ns_).has_value());
+  tier_->FreeSlot(ns_, *a);
+  EXPECT_EQ(tier_->used_bytes(), kSlot);
+  EXPECT_EQ(tier_->AllocateSlot(ns_), a);
+}
+
+TEST_F(DramTierTest, EvictionPrefersChunksOfTheNeededSlotSize) {
+  Make(4);
+  const uint32_t big = tier_->AddNamespace(2 * kSlot);
+  Put(Key(1), kRoot, ns_);
+  Put(Key(2), kRoot, ns_);
+  Put(Key(3), kRoot, big);  // 2 slots' worth: the arena is full
+  ASSERT_EQ(tier_->used_bytes(), 4 * kSlot);
+  ASSERT_TRUE(tier_->AllocateSlot(big).has_value());  // must evict k3, not the older small ones
+  EXPECT_FALSE(Resident(3));
+  EXPECT_TRUE(Resident(1));
+  EXPECT_TRUE(Resident(2));
+  EXPECT_EQ(tier_->num_chunks(big), 0u);
+  EXPECT_EQ(tier_->num_chunks(ns_), 2u);
+}
+
+TEST_F(DramTierTest, OtherSizesAreEvictedWhenNoChunkOfTheNeededSizeIs) {
+  Make(4);
+  const uint32_t big = tier_->AddNamespace(2 * kSlot);
+  for (uint64_t i = 1; i <= 4; ++i) Put(Key(i), kRoot, ns_);  // offsets 0, 1, 2, 3 slots
+  auto slot = tier_->AllocateSlot(big);
+  ASSERT_TRUE(slot.has_value());
+  EXPECT_EQ(*slot, 0u);  // the two least recently used small chunks made room together
+  EXPECT_FALSE(Resident(1));
+  EXPECT_FALSE(Resident(2));
+  EXPECT_TRUE(Resident(3));
+  EXPECT_TRUE(Resident(4));
+  EXPECT_EQ(tier_->used_bytes(), 4 * kSlot);
+}
+
+TEST_F(DramTierTest, ArenaIsWritableThroughSlotAddress) {
+  Make(2);
+  auto slot = tier_->AllocateSlot(ns_);
+  ASSERT_TRUE(slot.has_value());
+  tier_->SlotAddress(*slot)[kSlot - 1] = std::byte{0x5A};
+  EXPECT_EQ(tier_->arena().base()[*slot + kSlot - 1], std::byte{0x5A});
+}
+
+}  // namespace
+}  // namespace kvtier

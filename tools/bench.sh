@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# make bench: start kvtierd on temporary sockets and run every kvtier-bench
+# benchmark against it; each prints its same-run baseline and the ratio.
+set -euo pipefail
+BIN=${1:-build/bin}
+WORK=$(mktemp -d /tmp/kvtier-bench.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+start_daemon() {  # start_daemon NAME DRAM_BYTES
+  "$BIN/kvtierd" --socket "$WORK/$1.sock" --dram-bytes "$2" --log-level warn &
+  PIDS+=($!)
+  for _ in $(seq 1 100); do
+    "$BIN/kvtierctl" --socket "$WORK/$1.sock" health >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "kvtierd did not come up" >&2; exit 1
+}
+
+start_daemon dram 2GiB
+"$BIN/kvtier-bench" --socket "$WORK/dram.sock" dram
+echo
+"$BIN/kvtier-bench" --socket "$WORK/dram.sock" lookup
+echo
+start_daemon memory 4000MiB
+"$BIN/kvtier-bench" --socket "$WORK/memory.sock" memory

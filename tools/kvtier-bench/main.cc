@@ -1,0 +1,282 @@
+// kvtier-bench: throughput and latency of kvtier against a baseline measured in
+// the same run, printed as a ratio. Runs against a live kvtierd (--socket).
+//
+//   kvtier-bench dram    one engine request of 64 chunks (256 KiB, 1 MiB, 4 MiB
+//                        payloads): Store then Load through the SDK, vs two
+//                        plain memcpys of the same bytes (in and out).
+//   kvtier-bench lookup  a 128K-token prompt fully cached in DRAM: Lookup p50/p99
+//                        (hashing + RPC + token check), vs hashing alone plus an
+//                        empty RPC (Health) in the same run.
+//   kvtier-bench memory  1,000,000 chunks of a small namespace: the daemon's
+//                        anonymous resident memory (RssAnon) per chunk.
+#include <grpcpp/grpcpp.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "kvtier/client.h"
+#include "kvtier/tools/percentiles.h"
+#include "kvtier/tools/synthetic_kv.h"
+#include "kvtier/units.h"
+#include "kvtier/v1/kvtier.grpc.pb.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using kvtier::tools::Percentile;
+namespace v1 = kvtier::v1;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double Micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "kvtier-bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+template <typename T>
+T Must(kvtier::Result<T> r, const char* what) {
+  if (!r.ok()) Die(std::string(what) + ": " + r.status().ToString());
+  return std::move(r).value();
+}
+
+std::unique_ptr<kvtier::Client> ConnectOrDie(const std::string& socket) {
+  kvtier::ClientOptions o;
+  o.socket_path = socket;
+  o.deadline = std::chrono::milliseconds(10000);  // a benchmark measures; it must not fail open
+  o.client_name = "kvtier-bench";
+  auto c = Must(kvtier::Client::Connect(o), "connect");
+  if (!c->connected()) Die("kvtierd is not reachable at " + socket);
+  return c;
+}
+
+// Prompt tokens unique to `seed`.
+std::vector<int32_t> UniquePrompt(uint64_t seed, size_t num_tokens) {
+  std::vector<int32_t> t(num_tokens);
+  for (size_t i = 0; i < num_tokens; ++i) {
+    t[i] = kvtier::tools::BlockToken(seed * 1000003 + i / 512, static_cast<uint32_t>(i % 512));
+  }
+  return t;
+}
+
+// A namespace whose chunk payload is exactly `payload_bytes` (256 B per token).
+kvtier::NamespaceSpec BenchSpec(uint64_t payload_bytes, const std::string& model) {
+  kvtier::NamespaceSpec s;
+  s.model_id = model;
+  s.num_layers = 1;
+  s.num_kv_heads = 1;
+  s.head_dim = 64;  // 2 (K,V) * 64 * 2 B = 256 B per token
+  s.chunk_tokens = static_cast<uint32_t>(payload_bytes / 256);
+  return s;
+}
+
+std::unique_ptr<v1::Admin::Stub> AdminStub(const std::string& socket) {
+  return v1::Admin::NewStub(
+      grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+}
+
+int RunDram(const std::string& socket, int iterations, int num_chunks) {
+  auto client = ConnectOrDie(socket);
+  auto admin = AdminStub(socket);
+  v1::StatsResponse stats;
+  {
+    grpc::ClientContext ctx;
+    if (!admin->Stats(&ctx, v1::StatsRequest(), &stats).ok()) Die("Stats RPC failed");
+  }
+  const uint64_t arena_bytes = stats.tiers(0).capacity_bytes();
+  std::printf("kvtier-bench dram: one request of %d chunks, Store then Load, vs memcpy in + out\n",
+              num_chunks);
+  std::printf("%-10s %10s %12s %12s %12s %12s %8s\n", "payload", "iters", "store GB/s",
+              "load GB/s", "kvtier GB/s", "memcpy GB/s", "ratio");
+  uint64_t seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  for (uint64_t payload : {256 * kvtier::kKiB, kvtier::kMiB, 4 * kvtier::kMiB}) {
+    const auto spec = BenchSpec(payload, "bench-dram-" + std::to_string(payload));
+    auto ns = Must(client->OpenNamespace(spec), "open namespace");
+    const uint64_t bytes = payload * num_chunks;
+    if (ns.layout.slot_bytes * num_chunks > arena_bytes) {
+      Die("the DRAM arena (" + kvtier::FormatBytes(arena_bytes) + ") cannot hold one request of " +
+          kvtier::FormatBytes(ns.layout.slot_bytes * num_chunks) + "; raise --dram-bytes");
+    }
+    std::vector<std::byte> src(bytes), dst(bytes), mid(bytes);
+    for (size_t i = 0; i < bytes; i += 8) {
+      const uint64_t v = i * 0x9E3779B97F4A7C15ULL;
+      std::memcpy(src.data() + i, &v, 8);
+    }
+    std::memset(dst.data(), 1, bytes);
+    std::memset(mid.data(), 1, bytes);
+    // Warm-up: touch every arena page once, so the figures are the steady state.
+    const int warmup = static_cast<int>(arena_bytes / (ns.layout.slot_bytes * num_chunks)) + 2;
+    std::vector<double> kv_s, store_s, load_s, base_s;
+    for (int it = -warmup; it < iterations; ++it) {
+      const auto tokens = UniquePrompt(++seed, uint64_t{spec.chunk_tokens} * num_chunks);
+      const auto t0 = Clock::now();
+      auto st = Must(client->Store(ns, tokens, std::span<const std::byte>(src)), "store");
+      const auto t1 = Clock::now();
+      auto ld = Must(client->Load(ns, tokens, std::span<std::byte>(dst)), "load");
+      const auto t2 = Clock::now();
+      if (st.stored_chunks != static_cast<uint32_t>(num_chunks) ||
+          ld.num_chunks != static_cast<uint32_t>(num_chunks)) {
+        Die("stored " + std::to_string(st.stored_chunks) + " and loaded " +
+            std::to_string(ld.num_chunks) + " of " + std::to_string(num_chunks) + " chunks (" +
+            st.fail_open.ToString() + " / " + ld.fail_open.ToString() + ")");
+      }
+      if (std::memcmp(src.data(), dst.data(), bytes) != 0) Die("loaded bytes differ from stored");
+      const auto b0 = Clock::now();
+      std::memcpy(mid.data(), src.data(), bytes);
+      std::memcpy(dst.data(), mid.data(), bytes);
+      const auto b1 = Clock::now();
+      if (it < 0) continue;
+      store_s.push_back(Seconds(t1 - t0));
+      load_s.push_back(Seconds(t2 - t1));
+      kv_s.push_back(Seconds(t2 - t0));
+      base_s.push_back(Seconds(b1 - b0));
+    }
+    const double gb = static_cast<double>(bytes) / 1e9;
+    const double kv = Percentile(kv_s, 50), base = Percentile(base_s, 50);
+    std::printf("%-10s %10d %12.2f %12.2f %12.2f %12.2f %8.2f\n",
+                kvtier::FormatBytes(payload).c_str(), iterations, gb / Percentile(store_s, 50),
+                gb / Percentile(load_s, 50), 2 * gb / kv, 2 * gb / base, base / kv);
+  }
+  std::printf("(medians; GB/s = 1e9 bytes/s; kvtier and memcpy move the bytes in and out: "
+              "ratio = memcpy time / kvtier time; goal >= 0.8)\n");
+  return 0;
+}
+
+int RunLookup(const std::string& socket, int iterations, uint64_t prompt_tokens) {
+  auto client = ConnectOrDie(socket);
+  auto admin = AdminStub(socket);
+  kvtier::NamespaceSpec spec;  // tiny: 512 B/token, 256-token chunks
+  spec.model_id = "bench-lookup";
+  spec.num_layers = 2;
+  spec.num_kv_heads = 1;
+  spec.head_dim = 64;
+  spec.chunk_tokens = 256;
+  auto ns = Must(client->OpenNamespace(spec), "open namespace");
+  const auto tokens = UniquePrompt(static_cast<uint64_t>(getpid()), prompt_tokens);
+  std::vector<std::byte> zeros(ns.layout.payload_bytes);
+  auto st = Must(client->Store(ns, tokens,
+                               [&](size_t, std::span<std::byte> p) {
+                                 std::memset(p.data(), 0, p.size());
+                                 return kvtier::Status::Ok();
+                               }),
+                 "store");
+  const uint64_t chunks = prompt_tokens / spec.chunk_tokens;
+  if (st.stored_chunks + st.already_stored_chunks != chunks) Die("the prompt did not fit in DRAM");
+  std::vector<double> lookup_us, hash_us, rpc_us;
+  for (int it = 0; it < iterations; ++it) {
+    const auto t0 = Clock::now();
+    auto r = Must(client->Lookup(ns, tokens), "lookup");
+    const auto t1 = Clock::now();
+    if (r.num_chunks != chunks) Die("lookup found " + std::to_string(r.num_chunks) + " chunks");
+    auto keys = kvtier::Client::ChunkKeys(ns, tokens);
+    const auto t2 = Clock::now();
+    grpc::ClientContext ctx;
+    v1::HealthResponse h;
+    if (!admin->Health(&ctx, v1::HealthRequest(), &h).ok()) Die("Health RPC failed");
+    const auto t3 = Clock::now();
+    if (keys.size() != chunks) Die("hashing gave the wrong number of keys");
+    lookup_us.push_back(Micros(t1 - t0));
+    hash_us.push_back(Micros(t2 - t1));
+    rpc_us.push_back(Micros(t3 - t2));
+  }
+  const double base = Percentile(hash_us, 50) + Percentile(rpc_us, 50);
+  std::printf("kvtier-bench lookup: %llu-token prompt, %llu chunks cached in DRAM, %d lookups\n",
+              static_cast<unsigned long long>(prompt_tokens),
+              static_cast<unsigned long long>(chunks), iterations);
+  std::printf("  Lookup (hash + RPC + token check)   p50 %8.1f us   p99 %8.1f us   (goal p50 <= 150 us)\n",
+              Percentile(lookup_us, 50), Percentile(lookup_us, 99));
+  std::printf("  baseline: XXH3 keys alone           p50 %8.1f us\n", Percentile(hash_us, 50));
+  std::printf("  baseline: empty RPC (Health)        p50 %8.1f us\n", Percentile(rpc_us, 50));
+  std::printf("  ratio Lookup p50 / (hash + empty RPC) = %.2f\n", Percentile(lookup_us, 50) / base);
+  return 0;
+}
+
+// RssAnon of `pid` in bytes, from /proc/<pid>/status.
+uint64_t RssAnonBytes(uint32_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("RssAnon:", 0) == 0) return std::stoull(line.substr(8)) * 1024;
+  }
+  Die("cannot read RssAnon of pid " + std::to_string(pid) + " (is kvtierd on this machine?)");
+}
+
+int RunMemory(const std::string& socket, uint64_t num_chunks) {
+  auto client = ConnectOrDie(socket);
+  auto admin = AdminStub(socket);
+  kvtier::NamespaceSpec spec;  // 16 tokens of 64 B: 1 KiB payload, one 4 KiB slot
+  spec.model_id = "bench-memory";
+  spec.num_layers = 1;
+  spec.num_kv_heads = 1;
+  spec.head_dim = 16;
+  spec.chunk_tokens = 16;
+  auto ns = Must(client->OpenNamespace(spec), "open namespace");
+  v1::HealthResponse health;
+  v1::StatsResponse stats;
+  {
+    grpc::ClientContext ctx;
+    if (!admin->Health(&ctx, v1::HealthRequest(), &health).ok()) Die("Health RPC failed");
+    grpc::ClientContext ctx2;
+    if (!admin->Stats(&ctx2, v1::StatsRequest(), &stats).ok()) Die("Stats RPC failed");
+  }
+  const uint64_t capacity = stats.tiers(0).capacity_bytes() / ns.layout.slot_bytes;
+  if (capacity < num_chunks) {
+    Die("the arena holds " + std::to_string(capacity) + " chunks of this namespace, fewer than " +
+        std::to_string(num_chunks) + "; raise --dram-bytes to at least " +
+        kvtier::FormatBytes(num_chunks * ns.layout.slot_bytes));
+  }
+  const uint64_t before = RssAnonBytes(health.pid());
+  const uint64_t per_request = 1024;  // chunks per Store call
+  uint64_t stored = 0, seed = 7;
+  const auto t0 = Clock::now();
+  while (stored < num_chunks) {
+    const uint64_t n = std::min(per_request, num_chunks - stored);
+    const auto tokens = UniquePrompt(++seed, n * spec.chunk_tokens);
+    auto st = Must(client->Store(ns, tokens,
+                                 [](size_t i, std::span<std::byte> p) {
+                                   std::memset(p.data(), static_cast<int>(i), p.size());
+                                   return kvtier::Status::Ok();
+                                 }),
+                   "store");
+    if (st.stored_chunks != n) Die("stored " + std::to_string(st.stored_chunks) + " of " + std::to_string(n));
+    stored += n;
+  }
+  const double secs = Seconds(Clock::now() - t0);
+  const uint64_t after = RssAnonBytes(health.pid());
+  const double per_chunk = static_cast<double>(after - before) / static_cast<double>(num_chunks);
+  std::printf("kvtier-bench memory: %llu chunks of 16 tokens x 64 B indexed in %.1f s\n",
+              static_cast<unsigned long long>(num_chunks), secs);
+  std::printf("  kvtierd RssAnon before %s, after %s\n", kvtier::FormatBytes(before).c_str(),
+              kvtier::FormatBytes(after).c_str());
+  std::printf("  anonymous memory per chunk: %.1f bytes (goal <= 256; ratio to goal %.2f)\n",
+              per_chunk, per_chunk / 256.0);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string socket;
+  int iterations = 15, num_chunks = 64, lookup_iterations = 300;
+  uint64_t prompt_tokens = 131072, memory_chunks = 1000000;
+  CLI::App app{"kvtier-bench: kvtier benchmarks with same-run baselines", "kvtier-bench"};
+  app.add_option("--socket", socket, "kvtierd socket")->required();
+  app.require_subcommand(1);
+  auto* dram = app.add_subcommand("dram", "Store + Load through the SDK vs memcpy in + out");
+  dram->add_option("--iterations", iterations, "measured requests per payload size")
+      ->capture_default_str();
+  dram->add_option("--chunks", num_chunks, "chunks per request")->capture_default_str();
+  auto* lookup = app.add_subcommand("lookup", "Lookup latency of a long cached prompt");
+  lookup->add_option("--iterations", lookup_iterations, "lookups")->capture_default_str();
+  lookup->add_option("--prompt-tokens", prompt_tokens, "prompt length")->capture_default_str();
+  auto* memory = app.add_subcommand("memory", "daemon anonymous memory per indexed chunk");
+  memory->add_option("--chunks", memory_chunks, "chunks to index")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (dram->parsed()) return RunDram(socket, iterations, num_chunks);
+  if (lookup->parsed()) return RunLookup(socket, lookup_iterations, prompt_tokens);
+  return RunMemory(socket, memory_chunks);
+}

@@ -83,12 +83,17 @@ Status Daemon::PrepareSocketDir() {
     gid = g->gr_gid;
   }
   std::error_code ec;
-  fs::create_directories(dir, ec);
+  const bool created = fs::create_directories(dir, ec);
   if (ec) return Status::IOError("create socket directory " + dir.string() + ": " + ec.message());
   const mode_t mode = options_.socket_group.empty() ? 0700 : 0750;
-  if (chmod(dir.c_str(), mode) != 0) return Status::FromErrno(errno, "chmod " + dir.string());
-  if (gid != static_cast<gid_t>(-1) && chown(dir.c_str(), static_cast<uid_t>(-1), gid) != 0) {
-    return Status::FromErrno(errno, "chown " + dir.string());
+  if (created) {  // only a directory we made is ours to restrict
+    if (chmod(dir.c_str(), mode) != 0) return Status::FromErrno(errno, "chmod " + dir.string());
+    if (gid != static_cast<gid_t>(-1) && chown(dir.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+      return Status::FromErrno(errno, "chown " + dir.string());
+    }
+  } else if (struct stat st {}; stat(dir.c_str(), &st) == 0 && (st.st_mode & 0777 & ~mode) != 0) {
+    spdlog::warn("socket directory {} has mode {:o}, wider than {:o}: other users may be able to "
+                 "connect; use a directory of its own", dir.string(), st.st_mode & 07777, mode);
   }
   const std::string lock_path = options_.socket_path + ".lock";
   lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -101,6 +106,7 @@ Status Daemon::PrepareSocketDir() {
     return Status::FromErrno(errno, "flock " + lock_path);
   }
   // We hold the lock: any socket files left are from a dead daemon.
+  owns_socket_ = true;
   unlink(options_.socket_path.c_str());
   unlink(ArenaSocketPath(options_.socket_path).c_str());
   return Status::Ok();
@@ -151,8 +157,10 @@ void Daemon::Shutdown() {
   if (arena_thread_.joinable()) arena_thread_.join();
   if (sweep_thread_.joinable()) sweep_thread_.join();
   if (arena_listen_fd_ >= 0) close(arena_listen_fd_);
-  unlink(options_.socket_path.c_str());
-  unlink(ArenaSocketPath(options_.socket_path).c_str());
+  if (owns_socket_) {  // a daemon refused by the lock must not remove the server's sockets
+    unlink(options_.socket_path.c_str());
+    unlink(ArenaSocketPath(options_.socket_path).c_str());
+  }
   if (lock_fd_ >= 0) close(lock_fd_);
   arena_listen_fd_ = lock_fd_ = -1;
 }

@@ -2,8 +2,10 @@
 // and its lock file, the arena socket that hands out the memfd, the gRPC server
 // and the TTL sweeper.
 //
-// Start-up order: directory (0700, or 0750 + group) -> lock file (flock; a
-// second daemon on the same path is refused) -> arena -> arena socket -> gRPC.
+// Start-up order: directory (created 0700, or 0750 + group; an existing one is
+// left as it is, with a warning when it is wider) -> lock file (flock; a second
+// daemon on the same path is refused and touches nothing) -> arena -> arena
+// socket -> gRPC.
 // Shutdown undoes it and removes the socket files.
 //
 // Thread-safety: Start/Wait/Shutdown from one thread; Shutdown may be called
@@ -49,6 +51,7 @@ class Daemon {
 
   DaemonOptions options_;
   int lock_fd_ = -1;
+  bool owns_socket_ = false;  // holds the lock: the socket files are ours
   int arena_listen_fd_ = -1;
   std::unique_ptr<CacheCore> core_;
   std::unique_ptr<KvCacheService> kv_service_;

@@ -1,0 +1,635 @@
+// Integration tests of kvtierd as a real process, driven by real client
+// processes (kvtier_test_client, kvtier-replay), kvtierctl and an in-process
+// kvtier::Client. Each test runs its own daemon in a fresh /tmp directory with
+// a 64 MiB arena; every wait is bounded, and DaemonProcess/ChildProcess kill
+// what they started even when an assertion fails.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "kvtier/client.h"
+#include "kvtier/tools/model_presets.h"
+#include "kvtier/tools/synthetic_kv.h"
+#include "testing/daemon_process.h"
+
+namespace kvtier {
+namespace {
+
+using json = nlohmann::json;
+using testing::BinPath;
+using testing::ChildProcess;
+using testing::CommandResult;
+using testing::DaemonProcess;
+using testing::ExitInfo;
+using testing::ReadFileOrEmpty;
+using testing::RunCommand;
+using testing::TempDir;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+int64_t MsSince(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
+}
+
+// Polls `pred` every `every` until it holds or `timeout` passes.
+bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout,
+             std::chrono::milliseconds every = 20ms) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    if (pred()) return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(every);
+  }
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0;
+}
+
+// Parses stdout of a `kvtierctl --json ...` run; a discarded value on failure.
+json ParseJson(const CommandResult& r) {
+  return json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+}
+
+// The JSON object after `marker ` on the first line of `text` that starts with it.
+json JsonAfterMarker(const std::string& text, const std::string& marker) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(pos, end - pos);
+    if (line.rfind(marker + " ", 0) == 0) {
+      return json::parse(line.substr(marker.size() + 1), nullptr, false);
+    }
+    pos = end + 1;
+  }
+  return json(json::value_t::discarded);
+}
+
+// A daemon on <tmp>/run/kvtierd.sock (the run/ directory does not exist yet).
+class DaemonTest : public ::testing::Test {
+ protected:
+  DaemonTest() : socket_(dir_.Sub("run/kvtierd.sock")) {}
+
+  DaemonProcess::Options Opts(std::vector<std::string> extra = {}) {
+    DaemonProcess::Options o;
+    o.socket_path = socket_;
+    o.dram_bytes = "64MiB";
+    o.extra_args = std::move(extra);
+    o.log_path = dir_.Sub("kvtierd.log");
+    return o;
+  }
+
+  // `kvtierctl --json stats`, parsed; fails the test when it does not parse.
+  json Stats(DaemonProcess& d) {
+    CommandResult r = d.Ctl({"--json", "stats"});
+    json j = ParseJson(r);
+    EXPECT_TRUE(r.ok() && !j.is_discarded()) << r.Describe();
+    return j;
+  }
+
+  void TearDown() override {
+    if (HasFailure()) {
+      std::fprintf(stderr, "--- kvtierd log (%s) ---\n%s\n", dir_.Sub("kvtierd.log").c_str(),
+                   ReadFileOrEmpty(dir_.Sub("kvtierd.log")).c_str());
+    }
+  }
+
+  TempDir dir_{"kvtier-it"};
+  std::string socket_;
+};
+
+// ---- (a) two client processes ---------------------------------------------------------
+
+TEST_F(DaemonTest, TwoClientProcessesStoreAndLoadConcurrentlyWithVerifiedBytes) {
+  DaemonProcess daemon(Opts());
+  ASSERT_EQ(daemon.Start(), "");
+
+  ChildProcess a, b;
+  std::string err;
+  const auto argv = [&](const char* seed) {
+    return std::vector<std::string>{BinPath("kvtier_test_client"), "store-load", "--socket",
+                                    socket_, "--seed", seed, "--requests", "60"};
+  };
+  ASSERT_TRUE(a.Spawn(argv("1"), dir_.Sub("a.out"), dir_.Sub("a.err"), &err)) << err;
+  ASSERT_TRUE(b.Spawn(argv("2"), dir_.Sub("b.out"), dir_.Sub("b.err"), &err)) << err;
+  const auto ea = a.Wait(90s);
+  const auto eb = b.Wait(90s);
+  ASSERT_TRUE(ea.has_value()) << "client a still running after 90 s";
+  ASSERT_TRUE(eb.has_value()) << "client b still running after 90 s";
+
+  for (const char* name : {"a", "b"}) {
+    const auto& e = std::string(name) == "a" ? *ea : *eb;
+    const std::string out = ReadFileOrEmpty(dir_.Sub(std::string(name) + ".out"));
+    const std::string errs = ReadFileOrEmpty(dir_.Sub(std::string(name) + ".err"));
+    SCOPED_TRACE(std::string("client ") + name + ": " + e.ToString() + "\nstdout:\n" + out +
+                 "\nstderr:\n" + errs);
+    EXPECT_TRUE(e.exited && e.exit_code == 0);
+    json r = JsonAfterMarker(out, "RESULT");
+    ASSERT_FALSE(r.is_discarded());
+    EXPECT_EQ(r["verify_errors"].get<uint64_t>(), 0u);
+    EXPECT_EQ(r["fail_open"].get<uint64_t>(), 0u);
+    // Each turn extends a conversation, so its earlier chunks must be loaded.
+    EXPECT_GT(r["loaded_chunks"].get<uint64_t>(), 0u);
+    EXPECT_GT(r["reloaded_chunks"].get<uint64_t>(), 0u);
+    EXPECT_GT(r["stored_chunks"].get<uint64_t>(), 0u);
+    std::printf("client %s: %s\n", name, r.dump().c_str());
+  }
+
+  json s = Stats(daemon);
+  ASSERT_FALSE(s.is_discarded());
+  EXPECT_EQ(s["active_leases"], 0);
+  EXPECT_EQ(s["active_reservations"], 0);
+  EXPECT_GT(s["tiers"][0]["write_bytes"].get<uint64_t>(), 0u);
+  EXPECT_GT(s["tiers"][0]["hits"].get<uint64_t>(), 0u);
+  EXPECT_GT(s["hit_tokens"].get<uint64_t>(), 0u);
+}
+
+TEST_F(DaemonTest, TwoReplayProcessesReportNoVerifyErrors) {
+  DaemonProcess daemon(Opts());
+  ASSERT_EQ(daemon.Start(), "");
+  ChildProcess a, b;
+  std::string err;
+  const auto argv = [&](const char* json_name) {
+    return std::vector<std::string>{BinPath("kvtier-replay"), "--socket",      socket_,
+                                    "--generate",             "40",            "--quiet",
+                                    "--deadline-ms",          "2000",          "--json",
+                                    dir_.Sub(json_name)};
+  };
+  ASSERT_TRUE(a.Spawn(argv("a.json"), dir_.Sub("a.out"), dir_.Sub("a.out"), &err)) << err;
+  ASSERT_TRUE(b.Spawn(argv("b.json"), dir_.Sub("b.out"), dir_.Sub("b.out"), &err)) << err;
+  const auto ea = a.Wait(90s);
+  const auto eb = b.Wait(90s);
+  ASSERT_TRUE(ea && eb) << "kvtier-replay still running after 90 s";
+  for (const char* name : {"a", "b"}) {
+    const auto& e = std::string(name) == "a" ? *ea : *eb;
+    const std::string out = ReadFileOrEmpty(dir_.Sub(std::string(name) + ".out"));
+    SCOPED_TRACE(std::string("replay ") + name + ": " + e.ToString() + "\n" + out);
+    EXPECT_TRUE(e.exited && e.exit_code == 0);
+    json r =
+        json::parse(ReadFileOrEmpty(dir_.Sub(std::string(name) + ".json")), nullptr, false);
+    ASSERT_FALSE(r.is_discarded());
+    EXPECT_EQ(r["requests"], 40);
+    EXPECT_EQ(r["verify_errors"], 0);
+    EXPECT_EQ(r["fail_open"], 0);
+    EXPECT_GT(r["chunks_loaded"].get<uint64_t>(), 0u);
+  }
+}
+
+// ---- (b) a killed client's session ---------------------------------------------------
+
+TEST_F(DaemonTest, KilledClientsLeasesAndReservationsEndWithItsSessionNotItsTtl) {
+  // TTLs of 10 minutes: anything freed within seconds was freed by the session's end.
+  DaemonProcess daemon(
+      Opts({"--lease-ttl-ms", "600000", "--reservation-ttl-ms", "600000"}));
+  ASSERT_EQ(daemon.Start(), "");
+
+  ChildProcess holder;
+  std::string err;
+  ASSERT_TRUE(holder.Spawn({BinPath("kvtier_test_client"), "hold", "--socket", socket_},
+                           dir_.Sub("hold.out"), dir_.Sub("hold.err"), &err))
+      << err;
+  json held;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        held = JsonAfterMarker(ReadFileOrEmpty(dir_.Sub("hold.out")), "HOLDING");
+        return !held.is_discarded() || !holder.running();
+      },
+      30s))
+      << "no HOLDING line within 30 s";
+  ASSERT_FALSE(held.is_discarded()) << "holder exited: "
+                                    << holder.last_exit().value_or(ExitInfo{}).ToString()
+                                    << "\nstderr:\n" << ReadFileOrEmpty(dir_.Sub("hold.err"));
+  const uint64_t slot = held["slot_bytes"].get<uint64_t>();
+  const uint64_t stored = held["stored_chunks"].get<uint64_t>();
+  const uint64_t reserved = held["reserved_chunks"].get<uint64_t>();
+  ASSERT_GT(slot, 0u);
+  ASSERT_GT(stored, 0u);
+  ASSERT_GT(reserved, 0u);
+
+  json before = Stats(daemon);
+  ASSERT_FALSE(before.is_discarded());
+  EXPECT_EQ(before["active_leases"], 1);
+  EXPECT_EQ(before["active_reservations"], 1);
+  EXPECT_EQ(before["tiers"][0]["used_bytes"].get<uint64_t>(), (stored + reserved) * slot);
+
+  holder.Kill();
+  const auto killed = Clock::now();
+  json after;
+  const bool released = WaitFor(
+      [&] {
+        after = Stats(daemon);
+        return !after.is_discarded() && after["active_leases"] == 0 &&
+               after["active_reservations"] == 0;
+      },
+      3s, 10ms);
+  const int64_t took_ms = MsSince(killed);
+  std::printf("leases and reservations released %lld ms after SIGKILL\n",
+              static_cast<long long>(took_ms));
+  ASSERT_TRUE(released) << "still held 3 s after the client died (TTL is 600 s): "
+                        << after.dump();
+  EXPECT_EQ(after["sessions"], 0);
+  // The reserved slots are free again; the committed prompt stays cached.
+  EXPECT_EQ(after["tiers"][0]["used_bytes"].get<uint64_t>(), stored * slot);
+  EXPECT_EQ(after["tiers"][0]["chunks"].get<uint64_t>(), stored);
+  EXPECT_TRUE(daemon.running());
+}
+
+// ---- (c) the daemon dies under an in-process client ------------------------------------
+
+TEST_F(DaemonTest, ClientFailsOpenWhileDaemonIsDownThenReconnectsAndRemaps) {
+  DaemonProcess daemon(Opts());
+  ASSERT_EQ(daemon.Start(), "");
+  json health1 = ParseJson(daemon.Ctl({"--json", "health"}));
+  ASSERT_FALSE(health1.is_discarded());
+
+  ClientOptions copts;
+  copts.socket_path = socket_;
+  copts.deadline = 100ms;
+  copts.reconnect_interval = 100ms;
+  auto client_or = Client::Connect(copts);
+  ASSERT_TRUE(client_or.ok()) << client_or.status().ToString();
+  auto client = std::move(client_or).value();
+  ASSERT_TRUE(client->connected());
+  auto spec = tools::ModelPreset("tiny", 128);
+  ASSERT_TRUE(spec.ok());
+  auto ns_or = client->OpenNamespace(*spec);
+  ASSERT_TRUE(ns_or.ok()) << ns_or.status().ToString();
+  const NamespaceHandle ns = *ns_or;
+  const uint64_t pb = ns.layout.payload_bytes;
+
+  auto prompt = [&](int32_t base, size_t n) {
+    std::vector<int32_t> t(n);
+    for (size_t i = 0; i < n; ++i) t[i] = base + static_cast<int32_t>(i * 7 % 1000);
+    return t;
+  };
+  auto store = [&](const std::vector<int32_t>& tokens) {
+    const auto keys = Client::ChunkKeys(ns, tokens);
+    return client->Store(ns, tokens, [&](size_t i, std::span<std::byte> p) {
+      tools::FillPayload(keys[i], spec->num_layers, p);
+      return Status::Ok();
+    });
+  };
+  // Loads `tokens` and returns the number of verified chunks (-1 on a bad byte).
+  auto load_verified = [&](const std::vector<int32_t>& tokens) -> int64_t {
+    const auto keys = Client::ChunkKeys(ns, tokens);
+    std::vector<std::byte> buf(keys.size() * pb);
+    auto r = client->Load(ns, tokens, buf);
+    if (!r.ok() || !r->fail_open.ok()) return 0;
+    for (uint32_t i = 0; i < r->num_chunks; ++i) {
+      if (tools::CountPayloadErrors(keys[i], spec->num_layers,
+                                    std::span<const std::byte>(buf.data() + i * pb, pb)) != 0) {
+        return -1;
+      }
+    }
+    return r->num_chunks;
+  };
+
+  const auto a = prompt(1000, 4 * 128 + 5);
+  auto sa = store(a);
+  ASSERT_TRUE(sa.ok() && sa->fail_open.ok()) << sa->fail_open.ToString();
+  ASSERT_EQ(sa->stored_chunks, 4u);
+  ASSERT_EQ(load_verified(a), 4);
+
+  ASSERT_TRUE(daemon.Kill9().term_signal == SIGKILL);
+
+  // Down: every call fails open, fast.
+  const auto b = prompt(5000, 3 * 128);
+  int64_t worst_ms = 0;
+  for (int i = 0; i < 10; ++i) {
+    auto t0 = Clock::now();
+    auto l = client->Lookup(ns, a);
+    const int64_t lookup_ms = MsSince(t0);
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    EXPECT_EQ(l->cached_tokens, 0u);
+    EXPECT_EQ(l->num_chunks, 0u);
+    EXPECT_FALSE(l->fail_open.ok());
+    EXPECT_FALSE(l->fail_open.message().empty());
+
+    t0 = Clock::now();
+    auto s = store(b);
+    const int64_t store_ms = MsSince(t0);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_EQ(s->stored_chunks, 0u);
+    EXPECT_FALSE(s->fail_open.ok());
+
+    t0 = Clock::now();
+    std::vector<std::byte> buf(4 * pb);
+    auto ld = client->Load(ns, a, buf);
+    const int64_t load_ms = MsSince(t0);
+    ASSERT_TRUE(ld.ok()) << ld.status().ToString();
+    EXPECT_EQ(ld->loaded_tokens, 0u);
+    EXPECT_FALSE(ld->fail_open.ok());
+
+    EXPECT_LT(lookup_ms, 1000);
+    EXPECT_LT(store_ms, 1000);
+    EXPECT_LT(load_ms, 1000);
+    worst_ms = std::max({worst_ms, lookup_ms, store_ms, load_ms});
+    std::this_thread::sleep_for(30ms);  // let reconnection attempts happen in between
+  }
+  std::printf("daemon down: slowest fail-open call took %lld ms (deadline 100 ms)\n",
+              static_cast<long long>(worst_ms));
+  EXPECT_FALSE(client->connected());
+
+  // Up again on the same socket (stale socket files from the SIGKILL).
+  ASSERT_EQ(daemon.Start(), "");
+  json health2 = ParseJson(daemon.Ctl({"--json", "health"}));
+  ASSERT_FALSE(health2.is_discarded());
+  EXPECT_NE(health1["epoch"], health2["epoch"]);
+
+  const auto t_up = Clock::now();
+  bool stored_again = false;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto s = store(b);
+        stored_again = s.ok() && s->fail_open.ok() && s->stored_chunks == 3;
+        return stored_again;
+      },
+      15s, 50ms))
+      << "the client did not reconnect within 15 s of the restart";
+  std::printf("client stored again %lld ms after the daemon was serving\n",
+              static_cast<long long>(MsSince(t_up)));
+  EXPECT_TRUE(client->connected());
+  // New arena (new epoch): the bytes read back are the ones just written.
+  EXPECT_EQ(load_verified(b), 3);
+  // The old daemon's DRAM is gone: a clean miss, not a failure.
+  auto la = client->Lookup(ns, a);
+  ASSERT_TRUE(la.ok());
+  EXPECT_TRUE(la->fail_open.ok()) << la->fail_open.ToString();
+  EXPECT_EQ(la->cached_tokens, 0u);
+  json s = Stats(daemon);
+  ASSERT_FALSE(s.is_discarded());
+  EXPECT_EQ(s["sessions"], 1);
+  EXPECT_EQ(s["tiers"][0]["chunks"], 3);
+}
+
+// ---- (d) one daemon per socket --------------------------------------------------------
+
+TEST_F(DaemonTest, SecondDaemonOnSameSocketIsRefusedAndFirstKeepsServing) {
+  DaemonProcess daemon(Opts());
+  ASSERT_EQ(daemon.Start(), "");
+  CommandResult second =
+      RunCommand({BinPath("kvtierd"), "--socket", socket_, "--dram-bytes", "64MiB"}, 20s);
+  EXPECT_FALSE(second.timed_out) << second.Describe();
+  EXPECT_TRUE(second.exit.exited) << second.Describe();
+  EXPECT_NE(second.exit.exit_code, 0) << second.Describe();
+  const std::string msg = second.out + second.err;
+  EXPECT_NE(msg.find("another kvtierd"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(socket_ + ".lock"), std::string::npos) << msg;
+
+  EXPECT_TRUE(daemon.running());
+  // The refused daemon must leave the first one's socket files alone.
+  EXPECT_TRUE(Exists(socket_)) << "gRPC socket removed by the refused daemon";
+  EXPECT_TRUE(Exists(socket_ + ".arena")) << "arena socket removed by the refused daemon";
+  CommandResult h = daemon.Ctl({"--json", "health"});
+  EXPECT_TRUE(h.ok()) << h.Describe();
+  json hj = ParseJson(h);
+  ASSERT_FALSE(hj.is_discarded()) << h.Describe();
+  EXPECT_EQ(hj["pid"], daemon.pid());
+  CommandResult c = RunCommand({BinPath("kvtier_test_client"), "store-load", "--socket", socket_,
+                                "--seed", "3", "--requests", "4"},
+                               60s);
+  EXPECT_TRUE(c.ok()) << c.Describe();
+}
+
+// ---- (e) kvtierctl output ------------------------------------------------------------
+
+TEST_F(DaemonTest, KvtierctlJsonOutputParsesAndHasTheDocumentedFields) {
+  DaemonProcess daemon(Opts());
+  ASSERT_EQ(daemon.Start(), "");
+  // Some traffic so that counters and namespaces are not all zero.
+  CommandResult c = RunCommand({BinPath("kvtier_test_client"), "store-load", "--socket", socket_,
+                                "--seed", "4", "--requests", "6"},
+                               60s);
+  ASSERT_TRUE(c.ok()) << c.Describe();
+
+  json s = Stats(daemon);
+  ASSERT_FALSE(s.is_discarded());
+  ASSERT_TRUE(s.is_object());
+  for (const char* f : {"lookups", "lookup_tokens", "hit_tokens", "sessions", "active_leases",
+                        "active_reservations"}) {
+    ASSERT_TRUE(s.contains(f)) << f << " missing in " << s.dump();
+    EXPECT_TRUE(s[f].is_number_unsigned()) << f;
+  }
+  ASSERT_TRUE(s["tiers"].is_array());
+  ASSERT_EQ(s["tiers"].size(), 1u);
+  json& t = s["tiers"][0];
+  EXPECT_EQ(t["name"], "dram");
+  for (const char* f : {"capacity_bytes", "used_bytes", "capacity_chunks", "chunks", "hits",
+                        "misses", "evictions", "read_bytes", "write_bytes"}) {
+    ASSERT_TRUE(t.contains(f)) << f << " missing in " << t.dump();
+    EXPECT_TRUE(t[f].is_number_unsigned()) << f;
+  }
+  EXPECT_EQ(t["capacity_bytes"], 64u << 20);
+  EXPECT_GT(t["chunks"].get<uint64_t>(), 0u);
+  EXPECT_GT(t["capacity_chunks"].get<uint64_t>(), 0u);
+  EXPECT_GT(s["lookups"].get<uint64_t>(), 0u);
+  EXPECT_LE(s["hit_tokens"].get<uint64_t>(), s["lookup_tokens"].get<uint64_t>());
+
+  CommandResult h = daemon.Ctl({"--json", "health"});
+  ASSERT_TRUE(h.ok()) << h.Describe();
+  json hj = ParseJson(h);
+  ASSERT_FALSE(hj.is_discarded()) << h.out;
+  EXPECT_EQ(hj["serving"], true);
+  EXPECT_EQ(hj["pid"], daemon.pid());
+  EXPECT_TRUE(hj["epoch"].is_number_unsigned());
+  EXPECT_TRUE(hj["version"].is_string());
+
+  CommandResult n = daemon.Ctl({"--json", "namespaces"});
+  ASSERT_TRUE(n.ok()) << n.Describe();
+  json nj = ParseJson(n);
+  ASSERT_FALSE(nj.is_discarded()) << n.out;
+  ASSERT_TRUE(nj["namespaces"].is_array());
+  ASSERT_EQ(nj["namespaces"].size(), 1u);
+  json& ns = nj["namespaces"][0];
+  EXPECT_EQ(ns["model_id"], "tiny");
+  EXPECT_EQ(ns["chunk_tokens"], 128);
+  EXPECT_EQ(ns["namespace_id"].get<std::string>().size(), 32u);
+  EXPECT_GT(ns["chunks"].get<uint64_t>(), 0u);
+  EXPECT_GT(ns["slot_bytes"].get<uint64_t>(), 0u);
+
+  // The human forms work too.
+  for (const char* sub : {"stats", "health", "namespaces"}) {
+    CommandResult r = daemon.Ctl({sub});
+    EXPECT_TRUE(r.ok()) << sub << ": " << r.Describe();
+    EXPECT_FALSE(r.out.empty()) << sub;
+  }
+}
+
+TEST_F(DaemonTest, KvtierctlHealthFailsWithoutADaemon) {
+  CommandResult h =
+      RunCommand({BinPath("kvtierctl"), "--socket", socket_, "--timeout-ms", "500", "health"}, 20s);
+  EXPECT_TRUE(h.exit.exited) << h.Describe();
+  EXPECT_NE(h.exit.exit_code, 0) << h.Describe();
+  EXPECT_NE(h.err.find(socket_), std::string::npos) << h.Describe();
+
+  CommandResult hj = RunCommand(
+      {BinPath("kvtierctl"), "--socket", socket_, "--timeout-ms", "500", "--json", "health"}, 20s);
+  EXPECT_TRUE(hj.exit.exited && hj.exit.exit_code != 0) << hj.Describe();
+  json j = ParseJson(hj);
+  ASSERT_FALSE(j.is_discarded()) << hj.Describe();
+  EXPECT_EQ(j["serving"], false);
+
+  // And 0 once one serves.
+  DaemonProcess daemon(Opts());
+  ASSERT_EQ(daemon.Start(), "");
+  EXPECT_TRUE(daemon.Ctl({"health"}).ok());
+}
+
+// ---- (f) start-up errors and the socket directory ---------------------------------------
+
+// Runs kvtierd with `args` and expects a clean refusal naming `needle`.
+void ExpectStartupError(const std::vector<std::string>& args, const std::string& needle) {
+  std::vector<std::string> argv = {BinPath("kvtierd")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  CommandResult r = RunCommand(argv, 20s);
+  EXPECT_FALSE(r.timed_out) << r.Describe();
+  // Exited by itself (not a crash or abort) with a nonzero code.
+  EXPECT_TRUE(r.exit.exited) << r.Describe();
+  EXPECT_NE(r.exit.exit_code, 0) << r.Describe();
+  EXPECT_NE((r.out + r.err).find(needle), std::string::npos)
+      << "message does not name '" << needle << "': " << r.Describe();
+}
+
+TEST_F(DaemonTest, StartupRejectsBadDramBytes) {
+  ExpectStartupError({"--socket", socket_, "--dram-bytes", "12XB"}, "--dram-bytes");
+  ExpectStartupError({"--socket", socket_, "--dram-bytes", "lots"}, "--dram-bytes");
+  ExpectStartupError({"--socket", socket_, "--dram-bytes", "1000"}, "dram_bytes");
+  EXPECT_FALSE(Exists(socket_));
+}
+
+TEST_F(DaemonTest, StartupRejectsUnknownLogLevel) {
+  ExpectStartupError({"--socket", socket_, "--dram-bytes", "64MiB", "--log-level", "loud"},
+                     "loud");
+  EXPECT_FALSE(Exists(socket_));
+}
+
+TEST_F(DaemonTest, StartupRejectsUnknownConfigKey) {
+  const std::string cfg = dir_.Sub("kvtierd.yaml");
+  ASSERT_TRUE(testing::WriteFile(cfg, "dram_bytes: 64MiB\nbogus_key: 3\n"));
+  ExpectStartupError({"--socket", socket_, "--config", cfg}, "bogus_key");
+  EXPECT_FALSE(Exists(socket_));
+}
+
+TEST_F(DaemonTest, StartupRejectsConfigWithBadValueButAcceptsAGoodOne) {
+  const std::string bad = dir_.Sub("bad.yaml");
+  ASSERT_TRUE(testing::WriteFile(bad, "dram_bytes: 7 apples\n"));
+  ExpectStartupError({"--socket", socket_, "--config", bad}, "dram");
+
+  const std::string good = dir_.Sub("good.yaml");
+  ASSERT_TRUE(testing::WriteFile(good, "dram_bytes: 8MiB\nlog_level: warn\n"));
+  DaemonProcess::Options o = Opts({"--config", good});
+  o.dram_bytes = "32MiB";  // the flag wins over the file
+  DaemonProcess daemon(o);
+  ASSERT_EQ(daemon.Start(), "");
+  json s = Stats(daemon);
+  ASSERT_FALSE(s.is_discarded());
+  EXPECT_EQ(s["tiers"][0]["capacity_bytes"], 32u << 20);
+}
+
+TEST_F(DaemonTest, SocketDirectoryIsCreatedWithMode0700) {
+  const std::string nested = dir_.Sub("a/b/kvtierd.sock");
+  DaemonProcess::Options o = Opts();
+  o.socket_path = nested;
+  DaemonProcess daemon(o);
+  ASSERT_EQ(daemon.Start(), "");
+  struct stat st;
+  ASSERT_EQ(stat(dir_.Sub("a/b").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0700u) << std::oct << (st.st_mode & 07777);
+  EXPECT_EQ(st.st_uid, geteuid());
+  ASSERT_EQ(lstat(nested.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  ASSERT_EQ(lstat((nested + ".arena").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+}
+
+// A socket placed directly in an existing shared directory (think --socket
+// /tmp/kvtierd.sock) must not change that directory's permissions: kvtierd
+// either leaves it alone or refuses to start.
+TEST_F(DaemonTest, ExistingParentDirectoryModeIsNotChanged) {
+  const std::string shared = dir_.Sub("shared");
+  ASSERT_EQ(mkdir(shared.c_str(), 0755), 0);
+  ASSERT_EQ(chmod(shared.c_str(), 0755), 0);  // regardless of the umask
+  DaemonProcess::Options o = Opts();
+  o.socket_path = shared + "/kvtierd.sock";
+  o.start_timeout = 10s;
+  DaemonProcess daemon(o);
+  const std::string started = daemon.Start();
+  struct stat st;
+  ASSERT_EQ(stat(shared.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0755u)
+      << "kvtierd changed the mode of the pre-existing directory " << shared << " to 0"
+      << std::oct << (st.st_mode & 07777) << " (started: " << (started.empty() ? "yes" : started)
+      << ")";
+}
+
+// ---- (g) kvtier-replay input errors -------------------------------------------------------
+
+TEST_F(DaemonTest, ReplayOnMalformedTraceNamesTheLine) {
+  const std::string trace = dir_.Sub("trace.jsonl");
+  ASSERT_TRUE(testing::WriteFile(
+      trace,
+      "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 10, \"hash_ids\": [1, 2]}\n"
+      "{\"timestamp\": 5, \"input_length\": 100, \"output_length\": 10, \"hash_ids\": [1]}\n"
+      "{\"timestamp\": 9, \"input_length\": 600, \"output_length\"\n"
+      "{\"timestamp\": 12, \"input_length\": 100, \"output_length\": 10, \"hash_ids\": [3]}\n"));
+  // No daemon needed: the trace is read before connecting.
+  CommandResult r =
+      RunCommand({BinPath("kvtier-replay"), "--socket", socket_, "--trace", trace}, 30s);
+  EXPECT_TRUE(r.exit.exited) << r.Describe();
+  EXPECT_NE(r.exit.exit_code, 0) << r.Describe();
+  EXPECT_NE(r.err.find(trace + ":3:"), std::string::npos) << r.Describe();
+
+  // A well-formed line with a wrong block count is named as well.
+  ASSERT_TRUE(testing::WriteFile(
+      trace,
+      "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 10, \"hash_ids\": [1, 2]}\n"
+      "{\"timestamp\": 1, \"input_length\": 600, \"output_length\": 10, \"hash_ids\": [1, 2]}\n"
+      "{\"timestamp\": 2, \"input_length\": 600, \"output_length\": 10, \"hash_ids\": [1]}\n"));
+  r = RunCommand({BinPath("kvtier-replay"), "--socket", socket_, "--trace", trace}, 30s);
+  EXPECT_TRUE(r.exit.exited && r.exit.exit_code != 0) << r.Describe();
+  EXPECT_NE(r.err.find(trace + ":3:"), std::string::npos) << r.Describe();
+  EXPECT_NE(r.err.find("hash_ids"), std::string::npos) << r.Describe();
+}
+
+// ---- (h) clean shutdown ---------------------------------------------------------------
+
+TEST_F(DaemonTest, SigtermShutsDownCleanlyAndRemovesTheSockets) {
+  DaemonProcess daemon(Opts());
+  ASSERT_EQ(daemon.Start(), "");
+  // With a connected client holding a session, too.
+  ClientOptions copts;
+  copts.socket_path = socket_;
+  copts.deadline = 1000ms;
+  auto client = Client::Connect(copts);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->connected());
+  ASSERT_TRUE(Exists(socket_));
+  ASSERT_TRUE(Exists(socket_ + ".arena"));
+
+  const auto t0 = Clock::now();
+  const ExitInfo e = daemon.Stop();
+  std::printf("kvtierd stopped %lld ms after SIGTERM\n", static_cast<long long>(MsSince(t0)));
+  EXPECT_TRUE(e.exited) << e.ToString();
+  EXPECT_EQ(e.exit_code, 0) << e.ToString();
+  EXPECT_FALSE(Exists(socket_));
+  EXPECT_FALSE(Exists(socket_ + ".arena"));
+  EXPECT_NE(daemon.log().find("SIGTERM"), std::string::npos) << daemon.log();
+  // The client notices and fails open.
+  EXPECT_TRUE(WaitFor([&] { return !(*client)->connected(); }, 5s));
+  // The socket path is free for the next daemon.
+  ASSERT_EQ(daemon.Start(), "");
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,323 @@
+// kvtier_test_client: a tiny engine stand-in that integration tests run as a
+// separate process (built only under tests/, never installed).
+//
+//   kvtier_test_client store-load --socket S [--seed N] [--requests K]
+//       Multi-turn prompts (a prefix shared by every process, then per-seed
+//       conversations that grow turn by turn, with partial tails). Per request:
+//       Load (verify every loaded byte with CountPayloadErrors), Store the
+//       missing chunks (FillPayload), Load again and verify. Prints one line
+//       `RESULT {json}` and exits 0, or 3 on any verify error, 1 on an API
+//       error (a non-OK Result), 2 on a usage error.
+//
+//   kvtier_test_client hold --socket S
+//       Stores a prompt through the SDK, then opens its own Session stream with
+//       raw gRPC stubs, takes a lease on that prompt (Lookup with acquire) that
+//       it never releases and reserves a second prompt (ReserveWrite) that it
+//       never commits. Prints `HOLDING {json}` and sleeps until killed.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "kvtier/client.h"
+#include "kvtier/proto/convert.h"
+#include "kvtier/tools/model_presets.h"
+#include "kvtier/tools/synthetic_kv.h"
+#include "kvtier/v1/kvtier.grpc.pb.h"
+
+namespace {
+
+using nlohmann::json;
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// `count` deterministic token ids of stream `stream` from position `from`.
+void AppendTokens(std::vector<int32_t>* out, uint64_t stream, uint64_t from, uint64_t count) {
+  for (uint64_t i = from; i < from + count; ++i) {
+    out->push_back(static_cast<int32_t>(Mix(Mix(stream) ^ i) % 128000));
+  }
+}
+
+struct Common {
+  std::string socket;
+  std::string model = "tiny";
+  uint32_t chunk_tokens = 128;
+  int64_t deadline_ms = 2000;
+};
+
+kvtier::Result<std::unique_ptr<kvtier::Client>> ConnectOrFail(const Common& c, const char* name) {
+  kvtier::ClientOptions o;
+  o.socket_path = c.socket;
+  o.deadline = std::chrono::milliseconds(c.deadline_ms);
+  o.connect_timeout = std::chrono::milliseconds(std::max<int64_t>(c.deadline_ms, 2000));
+  o.client_name = name;
+  auto client = kvtier::Client::Connect(o);
+  if (!client.ok()) return client.status();
+  if (!(*client)->connected()) return kvtier::Status::Unavailable("kvtierd is not reachable");
+  return client;
+}
+
+int StoreLoad(const Common& c, uint64_t seed, uint64_t requests) {
+  auto spec = kvtier::tools::ModelPreset(c.model, c.chunk_tokens);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "kvtier_test_client: %s\n", spec.status().ToString().c_str());
+    return 2;
+  }
+  auto client_or = ConnectOrFail(c, "kvtier_test_client store-load");
+  if (!client_or.ok()) {
+    std::fprintf(stderr, "kvtier_test_client: %s\n", client_or.status().ToString().c_str());
+    return 1;
+  }
+  auto& client = *client_or;
+  auto ns_or = client->OpenNamespace(*spec);
+  if (!ns_or.ok()) {
+    std::fprintf(stderr, "kvtier_test_client: %s\n", ns_or.status().ToString().c_str());
+    return 1;
+  }
+  const kvtier::NamespaceHandle ns = *ns_or;
+  const uint64_t pb = ns.layout.payload_bytes;
+  const uint32_t ct = c.chunk_tokens;
+  const uint32_t layers = spec->num_layers;
+
+  // A prefix shared by every process (same stream for every seed), then
+  // per-seed conversations.
+  constexpr int kConversations = 3;
+  std::vector<std::vector<int32_t>> conversations(kConversations);
+  for (auto& conv : conversations) AppendTokens(&conv, /*stream=*/7, 0, 2 * ct);
+
+  uint64_t verify_errors = 0, loaded_chunks = 0, reloaded_chunks = 0, stored_chunks = 0,
+           already_stored_chunks = 0, dropped_chunks = 0, fail_open = 0, full_chunks = 0,
+           short_reloads = 0, prompt_tokens = 0;
+  std::vector<std::byte> buffer;
+  auto verify = [&](const std::vector<kvtier::ChunkKey>& keys, uint32_t n) {
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint64_t e = kvtier::tools::CountPayloadErrors(
+          keys[i], layers, std::span<const std::byte>(buffer.data() + i * pb, pb));
+      if (e != 0) {
+        std::fprintf(stderr, "kvtier_test_client: chunk %u (%s): %llu bytes differ\n", i,
+                     keys[i].ToHex().c_str(), static_cast<unsigned long long>(e));
+        ++verify_errors;
+      }
+    }
+  };
+  for (uint64_t r = 0; r < requests; ++r) {
+    auto& conv = conversations[r % kConversations];
+    // Drop the previous partial tail, then grow by 1..3 chunks and a new tail.
+    conv.resize(conv.size() / ct * ct);
+    const uint64_t stream = Mix(seed * 1000 + r % kConversations);
+    const uint64_t add = (1 + Mix(seed ^ r) % 3) * ct + Mix(r ^ 0x55) % ct;
+    AppendTokens(&conv, stream, conv.size(), add);
+    const std::vector<int32_t>& tokens = conv;
+    const auto keys = kvtier::Client::ChunkKeys(ns, tokens);
+    prompt_tokens += tokens.size();
+    full_chunks += keys.size();
+    buffer.assign(keys.size() * pb, std::byte{0});
+
+    auto load = client->Load(ns, tokens, buffer);
+    if (!load.ok()) {
+      std::fprintf(stderr, "kvtier_test_client: Load: %s\n", load.status().ToString().c_str());
+      return 1;
+    }
+    if (!load->fail_open.ok()) {
+      ++fail_open;
+      std::fprintf(stderr, "kvtier_test_client: Load failed open: %s\n",
+                   load->fail_open.ToString().c_str());
+    }
+    verify(keys, load->num_chunks);
+    loaded_chunks += load->num_chunks;
+
+    auto store = client->Store(
+        ns, tokens,
+        [&](size_t i, std::span<std::byte> payload) {
+          kvtier::tools::FillPayload(keys[i], layers, payload);
+          return kvtier::Status::Ok();
+        },
+        load->num_chunks);
+    if (!store.ok()) {
+      std::fprintf(stderr, "kvtier_test_client: Store: %s\n", store.status().ToString().c_str());
+      return 1;
+    }
+    if (!store->fail_open.ok()) {
+      ++fail_open;
+      std::fprintf(stderr, "kvtier_test_client: Store failed open: %s\n",
+                   store->fail_open.ToString().c_str());
+    }
+    stored_chunks += store->stored_chunks;
+    already_stored_chunks += store->already_stored_chunks;
+    dropped_chunks += store->dropped_chunks;
+
+    std::fill(buffer.begin(), buffer.end(), std::byte{0});
+    auto reload = client->Load(ns, tokens, buffer);
+    if (!reload.ok()) {
+      std::fprintf(stderr, "kvtier_test_client: Load: %s\n", reload.status().ToString().c_str());
+      return 1;
+    }
+    if (!reload->fail_open.ok()) ++fail_open;
+    verify(keys, reload->num_chunks);
+    reloaded_chunks += reload->num_chunks;
+    if (reload->num_chunks < keys.size()) ++short_reloads;
+  }
+  const json result = {{"requests", requests},
+                       {"prompt_tokens", prompt_tokens},
+                       {"full_chunks", full_chunks},
+                       {"loaded_chunks", loaded_chunks},
+                       {"reloaded_chunks", reloaded_chunks},
+                       {"short_reloads", short_reloads},
+                       {"stored_chunks", stored_chunks},
+                       {"already_stored_chunks", already_stored_chunks},
+                       {"dropped_chunks", dropped_chunks},
+                       {"fail_open", fail_open},
+                       {"verify_errors", verify_errors}};
+  std::printf("RESULT %s\n", result.dump().c_str());
+  std::fflush(stdout);
+  return verify_errors == 0 ? 0 : 3;
+}
+
+int Hold(const Common& c) {
+  namespace v1 = kvtier::v1;
+  auto spec = kvtier::tools::ModelPreset(c.model, c.chunk_tokens);
+  if (!spec.ok()) return 2;
+  const uint32_t ct = c.chunk_tokens;
+  const uint32_t layers = spec->num_layers;
+
+  // 1. Store prompt A (3 chunks) through the SDK, then end that session.
+  std::vector<int32_t> prompt_a, prompt_b;
+  AppendTokens(&prompt_a, Mix(getpid()) ^ 0xA, 0, 3 * ct);
+  AppendTokens(&prompt_b, Mix(getpid()) ^ 0xB, 0, 4 * ct + ct / 2);
+  uint32_t stored = 0;
+  {
+    auto client = ConnectOrFail(c, "kvtier_test_client hold (store)");
+    if (!client.ok()) {
+      std::fprintf(stderr, "kvtier_test_client: %s\n", client.status().ToString().c_str());
+      return 1;
+    }
+    auto ns = (*client)->OpenNamespace(*spec);
+    if (!ns.ok()) return 1;
+    const auto keys = kvtier::Client::ChunkKeys(*ns, prompt_a);
+    auto st = (*client)->Store(*ns, prompt_a, [&](size_t i, std::span<std::byte> payload) {
+      kvtier::tools::FillPayload(keys[i], layers, payload);
+      return kvtier::Status::Ok();
+    });
+    if (!st.ok() || !st->fail_open.ok() || st->stored_chunks != keys.size()) {
+      std::fprintf(stderr, "kvtier_test_client: storing prompt A failed\n");
+      return 1;
+    }
+    stored = st->stored_chunks;
+  }
+
+  // 2. A raw session that holds a lease and a reservation.
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel("unix:" + c.socket, grpc::InsecureChannelCredentials(),
+                                           args);
+  auto stub = v1::KvCache::NewStub(channel);
+  auto deadline = [&] {
+    return std::chrono::system_clock::now() + std::chrono::milliseconds(c.deadline_ms);
+  };
+  grpc::ClientContext session_ctx;  // no deadline: the stream lives until we die
+  auto session = stub->Session(&session_ctx);
+  v1::SessionHello hello;
+  hello.set_client_name("kvtier_test_client hold");
+  hello.set_pid(static_cast<uint32_t>(getpid()));
+  v1::SessionOpened opened;
+  if (!session->Write(hello) || !session->Read(&opened)) {
+    std::fprintf(stderr, "kvtier_test_client: Session stream failed\n");
+    return 1;
+  }
+  auto fail = [](const char* what, const grpc::Status& st) {
+    std::fprintf(stderr, "kvtier_test_client: %s: %s\n", what, st.error_message().c_str());
+    return 1;
+  };
+
+  v1::OpenNamespaceRequest onr;
+  onr.set_session_id(opened.session_id());
+  *onr.mutable_spec() = kvtier::ToProto(*spec);
+  v1::OpenNamespaceResponse ons;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    if (auto st = stub->OpenNamespace(&ctx, onr, &ons); !st.ok()) return fail("OpenNamespace", st);
+  }
+  const kvtier::NamespaceId ns_id = spec->Digest();
+
+  v1::LookupRequest lr;
+  lr.set_session_id(opened.session_id());
+  lr.set_epoch(opened.epoch());
+  lr.set_namespace_id(ns_id.ToBytes());
+  lr.set_tokens(kvtier::PackTokens(prompt_a));
+  lr.set_acquire(true);
+  v1::LookupResponse lresp;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    if (auto st = stub->Lookup(&ctx, lr, &lresp); !st.ok()) return fail("Lookup", st);
+  }
+  if (lresp.lease_id() == 0 || lresp.num_chunks() == 0) {
+    std::fprintf(stderr, "kvtier_test_client: Lookup of prompt A granted no lease\n");
+    return 1;
+  }
+
+  const auto keys_b = kvtier::ComputeChunkKeys(ns_id, prompt_b, ct);
+  v1::ReserveWriteRequest rw;
+  rw.set_session_id(opened.session_id());
+  rw.set_epoch(opened.epoch());
+  rw.set_namespace_id(ns_id.ToBytes());
+  for (size_t i = 0; i < keys_b.size(); ++i) {
+    auto* chunk = rw.add_chunks();
+    chunk->set_key(keys_b[i].ToBytes());
+    chunk->set_parent_key((i == 0 ? ns_id : keys_b[i - 1]).ToBytes());
+    chunk->set_tokens(kvtier::PackTokens(std::span<const int32_t>(prompt_b).subspan(i * ct, ct)));
+  }
+  v1::ReserveWriteResponse rresp;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    if (auto st = stub->ReserveWrite(&ctx, rw, &rresp); !st.ok()) return fail("ReserveWrite", st);
+  }
+  if (rresp.reservation_id() == 0 || rresp.chunks_size() == 0) {
+    std::fprintf(stderr, "kvtier_test_client: ReserveWrite reserved nothing\n");
+    return 1;
+  }
+
+  const json held = {{"stored_chunks", stored},
+                     {"lease_id", lresp.lease_id()},
+                     {"leased_chunks", lresp.num_chunks()},
+                     {"reservation_id", rresp.reservation_id()},
+                     {"reserved_chunks", rresp.chunks_size()},
+                     {"slot_bytes", ons.slot_bytes()},
+                     {"session_id", opened.session_id()}};
+  std::printf("HOLDING %s\n", held.dump().c_str());
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Common c;
+  uint64_t seed = 1, requests = 20;
+  CLI::App app{"kvtier_test_client: test engine stand-in", "kvtier_test_client"};
+  app.require_subcommand(1);
+  auto* sl = app.add_subcommand("store-load", "store and load verified prompts");
+  auto* hold = app.add_subcommand("hold", "hold a lease and a reservation until killed");
+  for (auto* sub : {sl, hold}) {
+    sub->add_option("--socket", c.socket, "kvtierd socket")->required();
+    sub->add_option("--model", c.model, "tiny | qwen2.5-0.5b | llama3-8b");
+    sub->add_option("--chunk-tokens", c.chunk_tokens, "tokens per chunk");
+    sub->add_option("--deadline-ms", c.deadline_ms, "client deadline per RPC");
+  }
+  sl->add_option("--seed", seed, "prompt seed");
+  sl->add_option("--requests", requests, "number of requests");
+  CLI11_PARSE(app, argc, argv);
+  if (sl->parsed()) return StoreLoad(c, seed, requests);
+  return Hold(c);
+}

@@ -21,6 +21,27 @@ std::string Field(const char* name, size_t i, const char* sub) {
   return std::string(name) + "[" + std::to_string(i) + "]." + sub;
 }
 
+// The entry `id` of `map` (leases or reservations) when it belongs to
+// `session_id`. Errors: NOT_FOUND (`gone` says how it may have ended),
+// PERMISSION_DENIED for another session's id.
+template <typename Map>
+Result<typename Map::iterator> FindOwned(Map& map, uint64_t id, uint64_t session_id,
+                                         const char* field, const char* gone) {
+  auto it = map.find(id);
+  if (it == map.end()) {
+    return Status::NotFound(std::string(field) + " " + std::to_string(id) + " is unknown (" +
+                            gone + ")");
+  }
+  if (it->second.session_id != session_id) {
+    return Status::PermissionDenied(std::string(field) + " " + std::to_string(id) +
+                                    " belongs to another session");
+  }
+  return it;
+}
+
+constexpr const char* kLeaseGone = "released, expired or never granted";
+constexpr const char* kReservationGone = "committed, aborted, expired or never granted";
+
 }  // namespace
 
 Status CacheCoreOptions::Validate() const {
@@ -227,16 +248,9 @@ void CacheCore::EndLease(std::unordered_map<uint64_t, Lease>::iterator it) {
 Status CacheCore::ReleaseRead(const v1::ReleaseReadRequest& req) {
   std::lock_guard lock(mu_);
   KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
-  auto it = leases_.find(req.lease_id());
-  if (it == leases_.end()) {
-    return Status::NotFound("lease_id " + std::to_string(req.lease_id()) +
-                            " is unknown (released, expired or never granted)");
-  }
-  if (it->second.session_id != req.session_id()) {
-    return Status::PermissionDenied("lease_id " + std::to_string(req.lease_id()) +
-                                    " belongs to another session");
-  }
-  EndLease(it);
+  auto it = FindOwned(leases_, req.lease_id(), req.session_id(), "lease_id", kLeaseGone);
+  if (!it.ok()) return it.status();
+  EndLease(*it);
   return Status::Ok();
 }
 
@@ -352,17 +366,11 @@ Status CacheCore::CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWrite
   {
     std::lock_guard lock(mu_);
     KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
-    auto it = reservations_.find(req.reservation_id());
-    if (it == reservations_.end()) {
-      return Status::NotFound("reservation_id " + std::to_string(req.reservation_id()) +
-                              " is unknown (committed, aborted, expired or never granted)");
-    }
-    if (it->second.session_id != req.session_id()) {
-      return Status::PermissionDenied("reservation_id " + std::to_string(req.reservation_id()) +
-                                      " belongs to another session");
-    }
-    r = std::move(it->second);
-    reservations_.erase(it);
+    auto it = FindOwned(reservations_, req.reservation_id(), req.session_id(), "reservation_id",
+                        kReservationGone);
+    if (!it.ok()) return it.status();
+    r = std::move((*it)->second);
+    reservations_.erase(*it);
     first_sequence = next_sequence_;
     next_sequence_ += r.chunks.size();
   }
@@ -396,17 +404,11 @@ Status CacheCore::CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWrite
 Status CacheCore::AbortWrite(const v1::AbortWriteRequest& req) {
   std::lock_guard lock(mu_);
   KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
-  auto it = reservations_.find(req.reservation_id());
-  if (it == reservations_.end()) {
-    return Status::NotFound("reservation_id " + std::to_string(req.reservation_id()) +
-                            " is unknown (committed, aborted, expired or never granted)");
-  }
-  if (it->second.session_id != req.session_id()) {
-    return Status::PermissionDenied("reservation_id " + std::to_string(req.reservation_id()) +
-                                    " belongs to another session");
-  }
-  FreeReservation(it->second);
-  reservations_.erase(it);
+  auto it = FindOwned(reservations_, req.reservation_id(), req.session_id(), "reservation_id",
+                      kReservationGone);
+  if (!it.ok()) return it.status();
+  FreeReservation((*it)->second);
+  reservations_.erase(*it);
   return Status::Ok();
 }
 

@@ -12,9 +12,6 @@ std::vector<std::pair<const char*, int>> TransportArgs() {
       {GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (16 << 20) - 1},
       {GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 8 << 20},
       {GRPC_ARG_HTTP2_BDP_PROBE, 0},
-      {GRPC_ARG_TCP_READ_CHUNK_SIZE, 4 << 20},
-      {GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 1 << 20},
-      {GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 16 << 20},
       {GRPC_ARG_ENABLE_RETRIES, 0},
   };
 }

@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <unordered_set>
 
 #include "kvtier/arena.h"
 #include "kvtier/fd_passing.h"
@@ -99,6 +100,8 @@ struct Connection {
   uint64_t session_id = 0;
   uint64_t epoch = 0;
   std::atomic<bool> broken{false};
+  std::mutex registered_mu;
+  std::unordered_set<NamespaceId, ChunkKeyHash> registered;  // GUARDED_BY(registered_mu)
 
   bool alive() const { return !broken.load() && session->alive(); }
   ~Connection() {
@@ -110,7 +113,6 @@ bool BreaksConnection(const Status& st) {
   switch (st.code()) {
     case StatusCode::kUnavailable:
     case StatusCode::kFailedPrecondition:  // unknown session, stale epoch
-    case StatusCode::kNotFound:            // namespace forgotten by a restarted daemon
     case StatusCode::kCancelled:
       return true;
     default:
@@ -148,18 +150,51 @@ class Client::Impl {
     return conn_;
   }
 
-  // Marks `conn` broken when `st` says the daemon lost our session.
-  void Report(const std::shared_ptr<Connection>& conn, const Status& st) {
-    if (!st.ok() && BreaksConnection(st)) {
+  // Marks `conn` broken when `st` says the daemon lost our session; forgets
+  // that `ns` is registered when the daemon says it does not know it.
+  void Report(const std::shared_ptr<Connection>& conn, const Status& st,
+              const NamespaceId* ns = nullptr) {
+    if (st.ok()) return;
+    if (BreaksConnection(st)) {
       if (!conn->broken.exchange(true)) {
         spdlog::info("kvtier client: connection lost ({}); will reconnect", st.ToString());
       }
+    } else if (st.code() == StatusCode::kNotFound && ns != nullptr) {
+      std::lock_guard lock(conn->registered_mu);
+      conn->registered.erase(*ns);
     }
+  }
+
+  // A live connection on which `ns` is registered (registering it first when
+  // needed). Errors: why not, for the caller to fail open with.
+  Result<std::shared_ptr<Connection>> GetFor(const NamespaceHandle& ns) {
+    auto conn = Get(options_.deadline);
+    if (!conn.ok()) return conn.status();
+    KVTIER_RETURN_IF_ERROR(EnsureRegistered(*conn, ns.spec, ns.id));
+    return conn;
+  }
+
+  Status EnsureRegistered(const std::shared_ptr<Connection>& conn, const NamespaceSpec& spec,
+                          const NamespaceId& id) {
+    {
+      std::lock_guard lock(conn->registered_mu);
+      if (conn->registered.count(id) > 0) return Status::Ok();
+    }
+    Status st = Register(*conn, spec, Clock::now() + options_.deadline);
+    Report(conn, st);
+    if (!st.ok()) return st;
+    std::lock_guard lock(conn->registered_mu);
+    conn->registered.insert(id);
+    return Status::Ok();
   }
 
   void AddNamespace(const NamespaceHandle& ns) {
     std::lock_guard lock(mu_);
     namespaces_[ns.id] = ns.spec;
+  }
+  void RemoveNamespace(const NamespaceId& id) {
+    std::lock_guard lock(mu_);
+    namespaces_.erase(id);
   }
   bool Knows(const NamespaceId& id) {
     std::lock_guard lock(mu_);
@@ -222,13 +257,10 @@ class Client::Impl {
       if (!mapped.ok()) return mapped.status();
       arena_ = std::shared_ptr<Arena>(std::move(mapped).value());
       c->arena = arena_;
-      spdlog::info("kvtier client: mapped arena epoch {:016x} ({} bytes)", msg.epoch,
+      spdlog::debug("kvtier client: mapped arena epoch {:016x} ({} bytes)", msg.epoch,
                    msg.arena_bytes);
     }
-    for (const auto& [id, spec] : namespaces_) {
-      KVTIER_RETURN_IF_ERROR(Register(*c, spec, deadline));
-    }
-    return c;
+    return c;  // namespaces are registered on first use (EnsureRegistered)
   }
 
   ClientOptions options_;
@@ -267,13 +299,17 @@ void Client::Close() { impl_->Close(); }
 Result<NamespaceHandle> Client::OpenNamespace(const NamespaceSpec& spec) {
   KVTIER_RETURN_IF_ERROR(spec.Validate());
   NamespaceHandle ns{spec.Digest(), spec, SlotLayout::For(spec)};
-  impl_->AddNamespace(ns);
   auto conn = impl_->Get(impl_->options().deadline);
   if (conn.ok()) {
-    Status st = impl_->Register(**conn, spec, Clock::now() + impl_->options().deadline);
-    if (st.code() == StatusCode::kInvalidArgument) return st;  // e.g. slot larger than arena
-    impl_->Report(*conn, st);
+    Status st = impl_->EnsureRegistered(*conn, spec, ns.id);
+    // The daemon's refusals of this namespace itself are the caller's to see:
+    // a slot larger than the arena, or the daemon's namespace limit.
+    if (st.code() == StatusCode::kInvalidArgument ||
+        st.code() == StatusCode::kResourceExhausted) {
+      return st;
+    }
   }
+  impl_->AddNamespace(ns);
   return ns;
 }
 
@@ -341,7 +377,7 @@ v1::LookupRequest MakeLookup(const Connection& c, const NamespaceHandle& ns, boo
 Result<LookupResult> Client::Lookup(const NamespaceHandle& ns, std::span<const int32_t> tokens) {
   if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
   LookupResult result;
-  auto conn = impl_->Get(impl_->options().deadline);
+  auto conn = impl_->GetFor(ns);
   if (!conn.ok()) {
     result.fail_open = conn.status();
     return result;
@@ -352,7 +388,7 @@ Result<LookupResult> Client::Lookup(const NamespaceHandle& ns, std::span<const i
   v1::LookupRequest req = MakeLookup(**conn, ns, /*acquire=*/false);
   LentTokens lent(req, tokens);
   Status st = FromGrpcStatus((*conn)->stub->Lookup(&ctx, req, &resp));
-  impl_->Report(*conn, st);
+  impl_->Report(*conn, st, &ns.id);
   if (!st.ok()) {
     result.fail_open = st;
     return result;
@@ -363,14 +399,13 @@ Result<LookupResult> Client::Lookup(const NamespaceHandle& ns, std::span<const i
 }
 
 Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
-                                std::span<std::byte> destination) {
+                                const ChunkReader& reader, size_t max_chunks) {
   if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
   const uint64_t pb = ns.layout.payload_bytes;
-  const uint64_t max_chunks = std::min<uint64_t>(destination.size() / pb,
-                                                 tokens.size() / ns.spec.chunk_tokens);
+  max_chunks = std::min<size_t>(max_chunks, tokens.size() / ns.spec.chunk_tokens);
   LoadResult result;
   if (max_chunks == 0) return result;
-  auto conn = impl_->Get(impl_->options().deadline);
+  auto conn = impl_->GetFor(ns);
   if (!conn.ok()) {
     result.fail_open = conn.status();
     return result;
@@ -381,41 +416,69 @@ Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
     v1::LookupRequest req = MakeLookup(c, ns, /*acquire=*/true);
-    req.set_max_chunks(static_cast<uint32_t>(max_chunks));
+    req.set_max_chunks(static_cast<uint32_t>(std::min<size_t>(max_chunks, UINT32_MAX)));
     LentTokens lent(req, tokens);
     const auto start = Clock::now();
     Status st = FromGrpcStatus(c.stub->Lookup(&ctx, req, &resp));
     result.lookup_time =
         std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
-    impl_->Report(*conn, st);
+    impl_->Report(*conn, st, &ns.id);
     if (!st.ok()) {
       result.fail_open = st;
       return result;
     }
   }
-  Status copy_status;
+  Status status;
   if (static_cast<uint32_t>(resp.chunks_size()) != resp.num_chunks() ||
       resp.num_chunks() > max_chunks) {
-    copy_status = Status::DataLoss("daemon returned " + std::to_string(resp.chunks_size()) +
-                                   " chunk locations for " + std::to_string(resp.num_chunks()) +
-                                   " chunks");
+    status = Status::DataLoss("daemon returned " + std::to_string(resp.chunks_size()) +
+                              " chunk locations for " + std::to_string(resp.num_chunks()) +
+                              " chunks");
   }
-  for (int i = 0; copy_status.ok() && i < resp.chunks_size(); ++i) {
-    const v1::ChunkLocation& loc = resp.chunks(i);
-    if (loc.payload_bytes() != pb || !c.arena->Contains(loc.payload_offset(), pb)) {
-      copy_status = Status::DataLoss("daemon returned a chunk location outside the arena");
+  int read = 0;
+  for (; status.ok() && read < resp.chunks_size(); ++read) {
+    const v1::ChunkLocation& loc = resp.chunks(read);
+    if (loc.payload_bytes() != pb || loc.payload_offset() < ns.layout.header_bytes ||
+        !c.arena->Contains(loc.payload_offset(), pb)) {
+      status = Status::DataLoss("daemon returned a chunk location outside the arena");
       break;
     }
-    std::memcpy(destination.data() + i * pb, c.arena->base() + loc.payload_offset(), pb);
+    Status st = reader(read, std::span<const std::byte>(c.arena->base() + loc.payload_offset(), pb));
+    if (!st.ok()) {  // the reader's own error: not a fail-open
+      if (resp.lease_id() != 0) ReleaseAsync(c, resp.lease_id(), impl_->options().deadline);
+      return st;
+    }
+  }
+  // The copies are done: a chunk counts only if its slot still holds the
+  // sequence it had at lookup (a lease that lapsed mid-copy, past its TTL, may
+  // have let the slot be rewritten). The first changed chunk ends the prefix.
+  uint32_t valid = 0;
+  for (; valid < static_cast<uint32_t>(read); ++valid) {
+    const v1::ChunkLocation& loc = resp.chunks(static_cast<int>(valid));
+    const std::byte* slot = c.arena->base() + loc.payload_offset() - ns.layout.header_bytes;
+    if (loc.sequence() == 0 || SlotSequence(slot) != loc.sequence()) break;
   }
   if (resp.lease_id() != 0) ReleaseAsync(c, resp.lease_id(), impl_->options().deadline);
-  if (!copy_status.ok()) {
-    result.fail_open = copy_status;
-    return result;
+  if (status.ok() && valid < static_cast<uint32_t>(read)) {
+    status = Status::Aborted("the lease on chunk " + std::to_string(valid) +
+                             " lapsed during the copy and its slot was reused");
   }
-  result.num_chunks = resp.num_chunks();
-  result.loaded_tokens = uint64_t{resp.num_chunks()} * ns.spec.chunk_tokens;
+  result.fail_open = status;
+  result.num_chunks = valid;
+  result.loaded_tokens = uint64_t{valid} * ns.spec.chunk_tokens;
   return result;
+}
+
+Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                                std::span<std::byte> destination) {
+  const uint64_t pb = ns.layout.payload_bytes;
+  return Load(
+      ns, tokens,
+      [&](size_t i, std::span<const std::byte> payload) {
+        std::memcpy(destination.data() + i * pb, payload.data(), pb);
+        return Status::Ok();
+      },
+      destination.size() / pb);
 }
 
 Result<StoreResult> Client::Store(const NamespaceHandle& ns, std::span<const int32_t> tokens,
@@ -425,7 +488,7 @@ Result<StoreResult> Client::Store(const NamespaceHandle& ns, std::span<const int
   const std::vector<ChunkKey> keys = ChunkKeys(ns, tokens);
   StoreResult result;
   if (first_chunk >= keys.size()) return result;
-  auto conn = impl_->Get(impl_->options().deadline);
+  auto conn = impl_->GetFor(ns);
   if (!conn.ok()) {
     result.fail_open = conn.status();
     result.dropped_chunks = static_cast<uint32_t>(keys.size() - first_chunk);
@@ -447,7 +510,7 @@ Result<StoreResult> Client::Store(const NamespaceHandle& ns, std::span<const int
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
     Status st = FromGrpcStatus(c.stub->ReserveWrite(&ctx, req, &resp));
-    impl_->Report(*conn, st);
+    impl_->Report(*conn, st, &ns.id);
     if (!st.ok()) {
       result.fail_open = st;
       result.dropped_chunks = static_cast<uint32_t>(keys.size() - first_chunk);
@@ -504,7 +567,7 @@ Result<StoreResult> Client::Store(const NamespaceHandle& ns, std::span<const int
   commit.set_reservation_id(resp.reservation_id());
   v1::CommitWriteResponse commit_resp;
   Status st = FromGrpcStatus(c.stub->CommitWrite(&ctx, commit, &commit_resp));
-  impl_->Report(*conn, st);
+  impl_->Report(*conn, st, &ns.id);
   if (!st.ok()) {
     result.fail_open = st;
     result.dropped_chunks += static_cast<uint32_t>(loc_index);

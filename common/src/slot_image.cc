@@ -3,6 +3,7 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t for streaming hashes
 #include <xxhash.h>
 
+#include <atomic>
 #include <cstring>
 
 #include "kvtier/units.h"
@@ -88,6 +89,23 @@ Status VerifySlotHeader(const std::byte* slot, const SlotLayout& layout, const S
     return Status::DataLoss("slot header: header checksum mismatch");
   }
   return Status::Ok();
+}
+
+void InvalidateSlot(std::byte* slot) {
+  auto* magic = reinterpret_cast<uint64_t*>(slot + offsetof(SlotHeader, magic));
+  auto* sequence = reinterpret_cast<uint64_t*>(slot + offsetof(SlotHeader, sequence));
+  std::atomic_ref<uint64_t>(*magic).store(0, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(*sequence).store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+uint64_t SlotSequence(const std::byte* slot) {
+  std::atomic_thread_fence(std::memory_order_acquire);
+  auto* magic = reinterpret_cast<uint64_t*>(const_cast<std::byte*>(slot) + offsetof(SlotHeader, magic));
+  auto* sequence =
+      reinterpret_cast<uint64_t*>(const_cast<std::byte*>(slot) + offsetof(SlotHeader, sequence));
+  if (std::atomic_ref<uint64_t>(*magic).load(std::memory_order_relaxed) != kSlotMagic) return 0;
+  return std::atomic_ref<uint64_t>(*sequence).load(std::memory_order_relaxed);
 }
 
 void SealPayloadChecksum(std::byte* slot, const SlotLayout& layout) {

@@ -49,9 +49,16 @@ Status CacheCoreOptions::Validate() const {
     return Status::InvalidArgument("dram_bytes " + std::to_string(dram_bytes) +
                                    " is not a positive multiple of 4096");
   }
-  if (lease_ttl.count() <= 0) return Status::InvalidArgument("lease_ttl_ms must be positive");
-  if (reservation_ttl.count() <= 0) {
-    return Status::InvalidArgument("reservation_ttl_ms must be positive");
+  // A TTL is the backstop for a client that died without its session breaking;
+  // below 100 ms a live client's copy would outlast it, and past a day it
+  // would be no backstop (and would overflow the clock's arithmetic).
+  constexpr int64_t kMinTtlMs = 100, kMaxTtlMs = 86'400'000;
+  for (auto [name, ttl] : {std::pair{"lease_ttl_ms", lease_ttl.count()},
+                           std::pair{"reservation_ttl_ms", reservation_ttl.count()}}) {
+    if (ttl < kMinTtlMs || ttl > kMaxTtlMs) {
+      return Status::InvalidArgument(std::string(name) + " " + std::to_string(ttl) +
+                                     " is outside 100..86400000 (100 ms to 24 h)");
+    }
   }
   return Status::Ok();
 }
@@ -142,6 +149,8 @@ Status CacheCore::OpenNamespace(const v1::OpenNamespaceRequest& req,
                                      std::to_string(dram_->capacity_bytes()) + " bytes");
     }
     if (namespaces_.size() >= options_.max_namespaces) {
+      spdlog::warn("namespace refused: the daemon already holds {} namespaces ({})",
+                   namespaces_.size(), spec.CanonicalString());
       return Status::ResourceExhausted("the daemon already holds " +
                                        std::to_string(namespaces_.size()) + " namespaces");
     }
@@ -232,6 +241,7 @@ Status CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp)
       auto* loc = resp->add_chunks();
       loc->set_payload_offset(dram_->Get(h).slot_offset + ns->layout.header_bytes);
       loc->set_payload_bytes(ns->layout.payload_bytes);
+      loc->set_sequence(SlotSequence(dram_->SlotAddress(dram_->Get(h).slot_offset)));
     }
     counters_.read_bytes += num_hits * ns->layout.payload_bytes;
     leases_.emplace(lease_id, std::move(lease));
@@ -329,6 +339,9 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
       }
       if (auto offset = dram_->AllocateSlot(ns->ns_index)) {
         c.slot_offset = *offset;
+        // A reader whose lease lapsed may still be copying the slot's old
+        // chunk: clear the header first so that reader sees the change.
+        InvalidateSlot(dram_->SlotAddress(c.slot_offset));
         auto* loc = resp->add_chunks();
         loc->set_payload_offset(c.slot_offset + ns->layout.header_bytes);
         loc->set_payload_bytes(ns->layout.payload_bytes);
@@ -444,9 +457,13 @@ void CacheCore::Stats(v1::StatsResponse* resp) {
   t->set_name("dram");
   t->set_capacity_bytes(dram_->capacity_bytes());
   t->set_used_bytes(dram_->used_bytes());
-  t->set_capacity_chunks(namespaces_.empty()
-                             ? 0
-                             : dram_->capacity_bytes() / namespaces_.front()->layout.slot_bytes);
+  uint64_t smallest_slot = 0;
+  for (const auto& ns : namespaces_) {
+    if (smallest_slot == 0 || ns->layout.slot_bytes < smallest_slot) {
+      smallest_slot = ns->layout.slot_bytes;
+    }
+  }
+  t->set_capacity_chunks(smallest_slot == 0 ? 0 : dram_->capacity_bytes() / smallest_slot);
   t->set_chunks(dram_->num_chunks());
   t->set_hits(counters_.hits);
   t->set_misses(counters_.misses);

@@ -8,6 +8,7 @@
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysinfo.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -34,6 +35,16 @@ uint64_t NewEpoch() {
 
 Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   KVTIER_RETURN_IF_ERROR(options.Validate());
+  // The arena is not preallocated: an arena larger than RAM would start, then
+  // meet the OOM killer as it fills.
+  if (struct sysinfo si {}; sysinfo(&si) == 0) {
+    const uint64_t ram = uint64_t{si.totalram} * si.mem_unit;
+    if (options.core.dram_bytes > ram) {
+      return Status::InvalidArgument("dram_bytes " + std::to_string(options.core.dram_bytes) +
+                                     " exceeds this machine's memory (" + std::to_string(ram) +
+                                     " bytes)");
+    }
+  }
   std::unique_ptr<Daemon> d(new Daemon(options));
   KVTIER_RETURN_IF_ERROR(d->PrepareSocketDir());
   auto core = CacheCore::Create(options.core, NewEpoch(), SteadyClock::Instance());
@@ -83,15 +94,32 @@ Status Daemon::PrepareSocketDir() {
     gid = g->gr_gid;
   }
   std::error_code ec;
-  const bool created = fs::create_directories(dir, ec);
+  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
+  if (!fs::exists(dir, ec) && !fs::is_directory(parent, ec)) {
+    return Status::InvalidArgument("socket directory " + dir.string() +
+                                   " does not exist, nor does its parent " + parent.string());
+  }
+  const bool created = fs::create_directory(dir, ec);  // only the last level
   if (ec) return Status::IOError("create socket directory " + dir.string() + ": " + ec.message());
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0) return Status::FromErrno(errno, "stat " + dir.string());
+  if (!S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument("socket directory " + dir.string() + " is not a directory");
+  }
+  // Whoever owns the directory can replace the socket and pose as the daemon.
+  if (st.st_uid != geteuid() && st.st_uid != 0) {
+    return Status::FailedPrecondition("socket directory " + dir.string() + " belongs to uid " +
+                                      std::to_string(st.st_uid) + ", not to this daemon (uid " +
+                                      std::to_string(geteuid()) +
+                                      "): its owner could replace the socket");
+  }
   const mode_t mode = options_.socket_group.empty() ? 0700 : 0750;
   if (created) {  // only a directory we made is ours to restrict
     if (chmod(dir.c_str(), mode) != 0) return Status::FromErrno(errno, "chmod " + dir.string());
     if (gid != static_cast<gid_t>(-1) && chown(dir.c_str(), static_cast<uid_t>(-1), gid) != 0) {
       return Status::FromErrno(errno, "chown " + dir.string());
     }
-  } else if (struct stat st {}; stat(dir.c_str(), &st) == 0 && (st.st_mode & 0777 & ~mode) != 0) {
+  } else if ((st.st_mode & 0777 & ~mode) != 0) {
     spdlog::warn("socket directory {} has mode {:o}, wider than {:o}: other users may be able to "
                  "connect; use a directory of its own", dir.string(), st.st_mode & 07777, mode);
   }
@@ -105,7 +133,14 @@ Status Daemon::PrepareSocketDir() {
     }
     return Status::FromErrno(errno, "flock " + lock_path);
   }
-  // We hold the lock: any socket files left are from a dead daemon.
+  // We hold the lock: socket files left behind are from a dead daemon. Anything
+  // else at those paths is not ours to remove.
+  for (const std::string& p : {options_.socket_path, ArenaSocketPath(options_.socket_path)}) {
+    struct stat ps {};
+    if (lstat(p.c_str(), &ps) == 0 && !S_ISSOCK(ps.st_mode)) {
+      return Status::FailedPrecondition(p + " exists and is not a socket; refusing to replace it");
+    }
+  }
   owns_socket_ = true;
   unlink(options_.socket_path.c_str());
   unlink(ArenaSocketPath(options_.socket_path).c_str());

@@ -24,6 +24,7 @@ namespace {
 struct RawOptions {
   std::string socket, socket_group, log_level, dram_bytes;
   int64_t lease_ttl_ms = 0, reservation_ttl_ms = 0;
+  std::string dram_bytes_from = "--dram-bytes";  // where dram_bytes came from, for errors
 };
 
 Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) {
@@ -44,6 +45,7 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
     }();
     const CLI::Option* given = app.get_option_no_throw(flag);
     const bool flag_given = given != nullptr && given->count() > 0;
+    const char* expected = "a string";
     try {
       if (key == "socket") {
         if (!flag_given) raw->socket = kv.second.as<std::string>();
@@ -52,18 +54,26 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
       } else if (key == "log_level") {
         if (!flag_given) raw->log_level = kv.second.as<std::string>();
       } else if (key == "dram_bytes") {
-        if (!flag_given) raw->dram_bytes = kv.second.as<std::string>();
-      } else if (key == "lease_ttl_ms") {
-        if (!flag_given) raw->lease_ttl_ms = kv.second.as<int64_t>();
-      } else if (key == "reservation_ttl_ms") {
-        if (!flag_given) raw->reservation_ttl_ms = kv.second.as<int64_t>();
+        expected = "a byte size such as 4GiB";
+        if (!flag_given) {
+          raw->dram_bytes = kv.second.as<std::string>();
+          raw->dram_bytes_from = "config " + path + ": dram_bytes";
+        }
+      } else if (key == "lease_ttl_ms" || key == "reservation_ttl_ms") {
+        expected = "an integer number of milliseconds";
+        if (!flag_given) {
+          (key == "lease_ttl_ms" ? raw->lease_ttl_ms : raw->reservation_ttl_ms) =
+              kv.second.as<int64_t>();
+        }
       } else {
         return Status::InvalidArgument("config " + path + ": unknown key '" + key +
                                        "' (socket, socket_group, log_level, dram_bytes, "
                                        "lease_ttl_ms, reservation_ttl_ms)");
       }
     } catch (const YAML::Exception& e) {
-      return Status::InvalidArgument("config " + path + ": key '" + key + "': " + e.what());
+      return Status::InvalidArgument("config " + path + ": key '" + key + "' must be " +
+                                     expected + " (line " + std::to_string(e.mark.line + 1) +
+                                     ")");
     }
   }
   return Status::Ok();
@@ -113,14 +123,8 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   if (!config.empty()) KVTIER_RETURN_IF_ERROR(ApplyYaml(config, app, &raw));
 
   auto dram = ParseBytes(raw.dram_bytes);
-  if (!dram.ok()) return Status::InvalidArgument("--dram-bytes: " + dram.status().message());
-  if (raw.lease_ttl_ms <= 0) {
-    return Status::InvalidArgument("--lease-ttl-ms " + std::to_string(raw.lease_ttl_ms) +
-                                   " must be positive");
-  }
-  if (raw.reservation_ttl_ms <= 0) {
-    return Status::InvalidArgument("--reservation-ttl-ms " +
-                                   std::to_string(raw.reservation_ttl_ms) + " must be positive");
+  if (!dram.ok()) {
+    return Status::InvalidArgument(raw.dram_bytes_from + ": " + dram.status().message());
   }
   opts.socket_path = raw.socket;
   opts.socket_group = raw.socket_group;

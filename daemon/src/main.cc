@@ -1,6 +1,7 @@
 // kvtierd: the kvtier daemon. See `kvtierd --help` and README.md.
 #include <malloc.h>
 #include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
 
+  spdlog::set_default_logger(spdlog::stderr_color_mt("kvtierd"));  // logs go to stderr
   int exit_code = -1;
   auto options = kvtier::ParseDaemonOptions(argc, argv, &exit_code);
   if (exit_code >= 0) return exit_code;
@@ -35,13 +37,13 @@ int main(int argc, char** argv) {
   }
   auto daemon = kvtier::Daemon::Start(*options);
   if (!daemon.ok()) {
-    spdlog::error("kvtierd: {}", daemon.status().ToString());
+    spdlog::error("{}", daemon.status().ToString());
     return 1;
   }
   int sig = 0;
   sigwait(&stop, &sig);
-  spdlog::info("kvtierd: {} received, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  spdlog::info("{} received, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
   (*daemon)->Shutdown();
-  spdlog::info("kvtierd: stopped");
+  spdlog::info("stopped");
   return 0;
 }

@@ -86,6 +86,36 @@ TEST_F(CacheCoreExpiryTest, ExpiredLeaseNoLongerPinsItsChunks) {
   EXPECT_EQ(Lookup(tokens, false).num_chunks(), 0u);
 }
 
+// A reader whose lease lapsed (past its TTL) while it was still copying must be
+// able to tell: the slot's header sequence changes as soon as the slot is
+// handed to a new writer, before that writer can touch the payload.
+TEST_F(CacheCoreExpiryTest, SlotReusedAfterALapsedLeaseNoLongerShowsTheLeasedSequence) {
+  Start(Options(/*num_slots=*/2));
+  const auto tokens = Tokens(8);
+  ASSERT_EQ(Store(tokens), 2u);
+  const v1::LookupResponse lease = Lookup(tokens, true);
+  ASSERT_EQ(lease.chunks_size(), 2);
+  const auto slot_of = [&](int i) {
+    return client_arena_->base() + lease.chunks(i).payload_offset() - kHeaderBytes;
+  };
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_NE(lease.chunks(i).sequence(), 0u);
+    EXPECT_EQ(SlotSequence(slot_of(i)), lease.chunks(i).sequence()) << "chunk " << i;
+  }
+  clock_.Advance(milliseconds(1000));
+  core_->ExpireNow();
+  const v1::ReserveWriteResponse r = Reserve(Tokens(8, 100));  // evicts both, reuses the slots
+  ASSERT_EQ(r.chunks_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_NE(SlotSequence(slot_of(i)), lease.chunks(i).sequence()) << "chunk " << i;
+  }
+  WritePayloads(Tokens(8, 100), r);
+  ASSERT_TRUE(Commit(r.reservation_id()).ok());
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_NE(SlotSequence(slot_of(i)), lease.chunks(i).sequence()) << "chunk " << i;
+  }
+}
+
 TEST_F(CacheCoreExpiryTest, EachLeaseHasItsOwnExpiry) {
   const auto tokens = Tokens(4);
   ASSERT_EQ(Store(tokens), 1u);

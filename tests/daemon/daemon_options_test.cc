@@ -119,10 +119,15 @@ TEST_F(DaemonOptionsTest, DramBytesNotAPageMultipleIsRejected) {
   EXPECT_TRUE(Names(ErrorOf({"--dram-bytes", "5000"}), "dram"));
 }
 
-TEST_F(DaemonOptionsTest, NonPositiveTtlsNameTheirFlag) {
-  EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "0"}), "--lease-ttl-ms"));
-  EXPECT_TRUE(Names(ErrorOf({"--reservation-ttl-ms", "-5"}), "--reservation-ttl-ms"));
+TEST_F(DaemonOptionsTest, TtlsOutsideTheirRangeAreNamed) {
+  EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "0"}), "lease_ttl_ms"));
+  EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "99"}), "lease_ttl_ms"));
+  EXPECT_TRUE(Names(ErrorOf({"--reservation-ttl-ms", "-5"}), "reservation_ttl_ms"));
+  // Past a day: no backstop any more, and large values overflowed the clock.
+  EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "86400001"}), "lease_ttl_ms"));
+  EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "10000000000000"}), "lease_ttl_ms"));
   EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "soon"}), "lease-ttl-ms"));
+  EXPECT_TRUE(Parse({"--lease-ttl-ms", "100", "--reservation-ttl-ms", "86400000"}).ok());
 }
 
 TEST_F(DaemonOptionsTest, UnknownFlagIsNamed) {

@@ -537,13 +537,13 @@ TEST_F(DaemonTest, StartupRejectsConfigWithBadValueButAcceptsAGoodOne) {
 }
 
 TEST_F(DaemonTest, SocketDirectoryIsCreatedWithMode0700) {
-  const std::string nested = dir_.Sub("a/b/kvtierd.sock");
+  const std::string nested = dir_.Sub("a/kvtierd.sock");
   DaemonProcess::Options o = Opts();
   o.socket_path = nested;
   DaemonProcess daemon(o);
   ASSERT_EQ(daemon.Start(), "");
   struct stat st;
-  ASSERT_EQ(stat(dir_.Sub("a/b").c_str(), &st), 0);
+  ASSERT_EQ(stat(dir_.Sub("a").c_str(), &st), 0);
   EXPECT_TRUE(S_ISDIR(st.st_mode));
   EXPECT_EQ(st.st_mode & 07777, 0700u) << std::oct << (st.st_mode & 07777);
   EXPECT_EQ(st.st_uid, geteuid());
@@ -551,6 +551,27 @@ TEST_F(DaemonTest, SocketDirectoryIsCreatedWithMode0700) {
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   ASSERT_EQ(lstat((nested + ".arena").c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
+}
+
+// kvtierd creates the socket's own directory, not a chain of missing parents
+// (a typo in --socket must not create directories all over the file system).
+TEST_F(DaemonTest, MissingParentOfTheSocketDirectoryIsAnError) {
+  CommandResult r = RunCommand({BinPath("kvtierd"), "--socket", dir_.Sub("x/y/kvtierd.sock")},
+                               10s);
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.err.find("does not exist"), std::string::npos) << r.Describe();
+  struct stat st;
+  EXPECT_NE(stat(dir_.Sub("x").c_str(), &st), 0) << "a parent directory was created";
+}
+
+// Whatever sits at the socket path and is not a socket is not kvtierd's to delete.
+TEST_F(DaemonTest, FileAtTheSocketPathIsNeverRemoved) {
+  const std::string path = dir_.Sub("notes.txt");
+  ASSERT_TRUE(kvtier::testing::WriteFile(path, "precious"));
+  CommandResult r = RunCommand({BinPath("kvtierd"), "--socket", path}, 10s);
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.err.find("not a socket"), std::string::npos) << r.Describe();
+  EXPECT_EQ(ReadFileOrEmpty(path), "precious");
 }
 
 // A socket placed directly in an existing shared directory (think --socket

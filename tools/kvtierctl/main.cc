@@ -85,7 +85,9 @@ int main(int argc, char** argv) {
   CLI::App app{"kvtierctl: admin CLI of kvtierd", "kvtierctl"};
   app.add_option("--socket", socket_path, "kvtierd socket")->capture_default_str();
   app.add_flag("--json", as_json, "print JSON instead of a table");
-  app.add_option("--timeout-ms", timeout_ms, "deadline of the RPC")->capture_default_str();
+  app.add_option("--timeout-ms", timeout_ms, "deadline of the RPC")
+      ->check(CLI::Range(1, 600000))
+      ->capture_default_str();
   app.require_subcommand(1);
   auto* stats = app.add_subcommand("stats", "tier capacities, hits, evictions, bytes moved");
   auto* health = app.add_subcommand("health", "exit 0 when the daemon is serving");

@@ -76,6 +76,12 @@ struct StoreResult {
   Status fail_open;                    // non-OK when the write was dropped by a failure
 };
 
+// Reads chunk `chunk_index` (0-based) of a load: `payload` (layout.payload_bytes)
+// lies in the shared arena and is valid only during the call. A non-OK return
+// ends the load and is returned by Load.
+using ChunkReader =
+    std::function<Status(size_t chunk_index, std::span<const std::byte> payload)>;
+
 // Writes chunk `chunk_index` (0-based over the prompt's full chunks) into
 // `payload` (exactly layout.payload_bytes, in the shared arena). A non-OK
 // return aborts the whole write.
@@ -105,9 +111,17 @@ class Client {
 
   // Loads the cached prefix of `tokens`: leases it, copies chunk i's payload to
   // destination[i * payload_bytes, (i + 1) * payload_bytes), then releases.
-  // Loads at most destination.size() / payload_bytes chunks.
+  // Loads at most destination.size() / payload_bytes chunks. Only the first
+  // LoadResult::num_chunks chunks of `destination` are valid.
   Result<LoadResult> Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
                           std::span<std::byte> destination);
+  // The same without a staging buffer: calls `reader` for each leased chunk,
+  // in order, on its bytes in the shared arena, then releases. At most
+  // `max_chunks`. Chunks at index >= LoadResult::num_chunks turned out invalid
+  // after the read (their lease lapsed and the slot was reused): the caller
+  // must discard what it took from them.
+  Result<LoadResult> Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                          const ChunkReader& reader, size_t max_chunks = SIZE_MAX);
 
   // Stores the full chunks of `tokens` from index `first_chunk` on (chunks
   // before it are known to be cached): reserves slots, calls `writer` for each

@@ -84,6 +84,17 @@ void SealPayloadChecksum(std::byte* slot, const SlotLayout& layout);
 Status VerifySlotHeader(const std::byte* slot, const SlotLayout& layout, const SlotIdentity& id,
                         bool check_header_checksum = true);
 
+// Seqlock-style guard for readers whose lease may have lapsed mid-copy:
+// InvalidateSlot clears magic and sequence before a slot is handed to a new
+// writer (then a release fence); a reader copies the payload, then (after an
+// acquire fence, done here) checks that SlotSequence still returns the sequence
+// it was given at lookup. A nonzero match means the copy saw the leased bytes.
+// REQUIRES: `slot` is 8-byte aligned (slots are 4 KiB aligned).
+void InvalidateSlot(std::byte* slot);
+// The header's sequence when the magic is valid, else 0. Reads with an acquire
+// fence first, so a payload copied before the call is covered.
+uint64_t SlotSequence(const std::byte* slot);
+
 // Checks the payload checksum stored in the header. Errors: DATA_LOSS, also
 // when the checksum is still pending.
 Status VerifySlotPayload(const std::byte* slot, const SlotLayout& layout);

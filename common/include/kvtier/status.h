@@ -60,6 +60,7 @@ class [[nodiscard]] Status {
     return {StatusCode::kDeadlineExceeded, std::move(m)};
   }
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+  static Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
   static Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
   static Status IOError(std::string m) { return {StatusCode::kIOError, std::move(m)}; }
   // An I/O error from a failed system call: `what` plus strerror(errnum).

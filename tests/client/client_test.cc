@@ -504,3 +504,58 @@ TEST_F(ClientNoDaemonTest, ConnectSucceedsAndCallsFailOpenUntilADaemonAppears) {
 
 }  // namespace
 }  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+// A reader that stalls past its lease's TTL while another client reuses the
+// slots must not be told the bytes it copied are valid (DESIGN.md failure
+// model: never wrong bytes). Arena of exactly two slots, lease TTL 100 ms.
+TEST(ClientLeaseLapse, CopyThatOutlivesItsLeaseIsReportedInvalidNotServed) {
+  TempDir dir("kvtier-lapse");
+  const NamespaceSpec spec = TinySpec();
+  const uint64_t slot = SlotLayout::For(spec).slot_bytes;
+  DaemonProcess::Options o;
+  o.socket_path = dir.Sub("kvtierd.sock");
+  o.dram_bytes = std::to_string(2 * slot);
+  o.extra_args = {"--lease-ttl-ms", "100"};
+  DaemonProcess daemon(o);
+  ASSERT_EQ(daemon.Start(), "");
+  ClientOptions co;
+  co.socket_path = o.socket_path;
+  co.deadline = 2000ms;
+  auto a = Client::Connect(co);
+  auto b = Client::Connect(co);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto ns_a = (*a)->OpenNamespace(spec);
+  auto ns_b = (*b)->OpenNamespace(spec);
+  ASSERT_TRUE(ns_a.ok() && ns_b.ok());
+
+  const auto p = Tokens(1, 2 * kChunkTokens);
+  const auto q = Tokens(2, 2 * kChunkTokens);
+  auto stored = (*a)->Store(*ns_a, p, Payloads(*ns_a, p));
+  ASSERT_TRUE(stored.ok());
+  ASSERT_EQ(stored->stored_chunks, 2u);
+
+  uint32_t calls = 0;
+  auto load = (*a)->Load(*ns_a, p, [&](size_t i, std::span<const std::byte>) {
+    ++calls;
+    if (i == 0) {
+      std::this_thread::sleep_for(400ms);  // the lease (100 ms) lapses; the sweeper ends it
+      auto q_stored = (*b)->Store(*ns_b, q, Payloads(*ns_b, q));  // evicts p, reuses its slots
+      EXPECT_TRUE(q_stored.ok());
+      EXPECT_EQ(q_stored->stored_chunks, 2u) << q_stored->fail_open.ToString();
+    }
+    return Status::Ok();
+  });
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  EXPECT_EQ(calls, 2u);
+  EXPECT_EQ(load->num_chunks, 0u) << "bytes of a reused slot were reported valid";
+  EXPECT_EQ(load->fail_open.code(), StatusCode::kAborted) << load->fail_open.ToString();
+  auto again = (*a)->Lookup(*ns_a, p);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->num_chunks, 0u);
+}
+
+}  // namespace
+}  // namespace kvtier

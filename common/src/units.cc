@@ -25,14 +25,18 @@ Result<uint64_t> ParseBytes(std::string_view text) {
   uint64_t unit = 1;
   if (suffix.empty() || suffix == "B") {
     unit = 1;
-  } else if (suffix == "K" || suffix == "KB" || suffix == "KIB") {
+  } else if (suffix == "K" || suffix == "KIB") {
     unit = kKiB;
-  } else if (suffix == "M" || suffix == "MB" || suffix == "MIB") {
+  } else if (suffix == "M" || suffix == "MIB") {
     unit = kMiB;
-  } else if (suffix == "G" || suffix == "GB" || suffix == "GIB") {
+  } else if (suffix == "G" || suffix == "GIB") {
     unit = kGiB;
-  } else if (suffix == "T" || suffix == "TB" || suffix == "TIB") {
+  } else if (suffix == "T" || suffix == "TIB") {
     unit = kTiB;
+  } else if (suffix == "KB" || suffix == "MB" || suffix == "GB" || suffix == "TB") {
+    // Decimal or binary? Both are in use; refuse rather than guess.
+    return Status::InvalidArgument("byte size " + quoted +
+                                   " is ambiguous: write KiB, MiB, GiB or TiB (powers of 1024)");
   } else {
     return Status::InvalidArgument("byte size " + quoted +
                                    " has an unknown unit (use B, KiB, MiB, GiB or TiB)");

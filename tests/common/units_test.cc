@@ -27,11 +27,20 @@ TEST(ParseBytes, PlainNumberIsBytes) {
   EXPECT_EQ(MustParse("0"), 0u);
 }
 
-TEST(ParseBytes, ShortAndDecimalLookingSuffixesArePowersOf1024) {
+TEST(ParseBytes, ShortSuffixesArePowersOf1024) {
   EXPECT_EQ(MustParse("2G"), 2 * kGiB);
-  EXPECT_EQ(MustParse("2GB"), 2 * kGiB);
   EXPECT_EQ(MustParse("3m"), 3 * kMiB);
   EXPECT_EQ(MustParse("5 KiB"), 5 * kKiB);
+}
+
+TEST(ParseBytes, DecimalLookingSuffixesAreRefusedAsAmbiguous) {
+  for (const char* text : {"2GB", "64MB", "1kb", "3TB"}) {
+    auto r = ParseBytes(text);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("ambiguous"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find(text), std::string::npos) << r.status().message();
+  }
 }
 
 TEST(ParseBytes, EmptyIsAnError) {

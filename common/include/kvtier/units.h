@@ -14,10 +14,10 @@ inline constexpr uint64_t kMiB = 1024 * kKiB;
 inline constexpr uint64_t kGiB = 1024 * kMiB;
 inline constexpr uint64_t kTiB = 1024 * kGiB;
 
-// Parses "1073741824", "512MiB", "4GiB", "64KiB", "1TiB" (binary units; also
-// "K"/"M"/"G"/"T" and "KB"/"MB"/"GB"/"TB", all taken as powers of 1024). Errors:
-// INVALID_ARGUMENT naming the text when it is empty, has an unknown suffix, or
-// overflows 64 bits.
+// Parses "1073741824", "512MiB", "4GiB", "64KiB", "1TiB" (powers of 1024; also
+// "K", "M", "G", "T"; case-insensitive). Errors: INVALID_ARGUMENT naming the
+// text when it is empty, has an unknown or ambiguous suffix ("GB": decimal or
+// binary?), or overflows 64 bits.
 Result<uint64_t> ParseBytes(std::string_view text);
 
 // "1.5 GiB", "256 KiB", "512 B".

@@ -9,8 +9,6 @@
 //                        empty RPC (Health) in the same run.
 //   kvtier-bench memory  1,000,000 chunks of a small namespace: the daemon's
 //                        anonymous resident memory (RssAnon) per chunk.
-#include <grpcpp/grpcpp.h>
-
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -18,17 +16,16 @@
 #include <fstream>
 #include <vector>
 
+#include "kvtier/admin_client.h"
 #include "kvtier/client.h"
 #include "kvtier/tools/percentiles.h"
 #include "kvtier/tools/synthetic_kv.h"
 #include "kvtier/units.h"
-#include "kvtier/v1/kvtier.grpc.pb.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using kvtier::tools::Percentile;
-namespace v1 = kvtier::v1;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 double Micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
@@ -74,20 +71,15 @@ kvtier::NamespaceSpec BenchSpec(uint64_t payload_bytes, const std::string& model
   return s;
 }
 
-std::unique_ptr<v1::Admin::Stub> AdminStub(const std::string& socket) {
-  return v1::Admin::NewStub(
-      grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+std::unique_ptr<kvtier::AdminClient> AdminStub(const std::string& socket) {
+  return Must(kvtier::AdminClient::Connect(socket, std::chrono::milliseconds(10000)), "admin");
 }
 
 int RunDram(const std::string& socket, int iterations, int num_chunks) {
   auto client = ConnectOrDie(socket);
   auto admin = AdminStub(socket);
-  v1::StatsResponse stats;
-  {
-    grpc::ClientContext ctx;
-    if (!admin->Stats(&ctx, v1::StatsRequest(), &stats).ok()) Die("Stats RPC failed");
-  }
-  const uint64_t arena_bytes = stats.tiers(0).capacity_bytes();
+  const kvtier::DaemonStats stats = Must(admin->Stats(), "Stats RPC");
+  const uint64_t arena_bytes = stats.tiers.at(0).capacity_bytes;
   std::printf("kvtier-bench dram: one request of %d chunks, Store then Load, vs memcpy in + out\n",
               num_chunks);
   std::printf("%-10s %10s %12s %12s %12s %12s %8s\n", "payload", "iters", "store GB/s",
@@ -174,9 +166,7 @@ int RunLookup(const std::string& socket, int iterations, uint64_t prompt_tokens)
     if (r.num_chunks != chunks) Die("lookup found " + std::to_string(r.num_chunks) + " chunks");
     auto keys = kvtier::Client::ChunkKeys(ns, tokens);
     const auto t2 = Clock::now();
-    grpc::ClientContext ctx;
-    v1::HealthResponse h;
-    if (!admin->Health(&ctx, v1::HealthRequest(), &h).ok()) Die("Health RPC failed");
+    Must(admin->Health(), "Health RPC");
     const auto t3 = Clock::now();
     if (keys.size() != chunks) Die("hashing gave the wrong number of keys");
     lookup_us.push_back(Micros(t1 - t0));
@@ -215,21 +205,15 @@ int RunMemory(const std::string& socket, uint64_t num_chunks) {
   spec.head_dim = 16;
   spec.chunk_tokens = 16;
   auto ns = Must(client->OpenNamespace(spec), "open namespace");
-  v1::HealthResponse health;
-  v1::StatsResponse stats;
-  {
-    grpc::ClientContext ctx;
-    if (!admin->Health(&ctx, v1::HealthRequest(), &health).ok()) Die("Health RPC failed");
-    grpc::ClientContext ctx2;
-    if (!admin->Stats(&ctx2, v1::StatsRequest(), &stats).ok()) Die("Stats RPC failed");
-  }
-  const uint64_t capacity = stats.tiers(0).capacity_bytes() / ns.layout.slot_bytes;
+  const kvtier::DaemonHealth health = Must(admin->Health(), "Health RPC");
+  const kvtier::DaemonStats stats = Must(admin->Stats(), "Stats RPC");
+  const uint64_t capacity = stats.tiers.at(0).capacity_bytes / ns.layout.slot_bytes;
   if (capacity < num_chunks) {
     Die("the arena holds " + std::to_string(capacity) + " chunks of this namespace, fewer than " +
         std::to_string(num_chunks) + "; raise --dram-bytes to at least " +
         kvtier::FormatBytes(num_chunks * ns.layout.slot_bytes));
   }
-  const uint64_t before = RssAnonBytes(health.pid());
+  const uint64_t before = RssAnonBytes(health.pid);
   const uint64_t per_request = 1024;  // chunks per Store call
   uint64_t stored = 0, seed = 7;
   const auto t0 = Clock::now();
@@ -246,7 +230,7 @@ int RunMemory(const std::string& socket, uint64_t num_chunks) {
     stored += n;
   }
   const double secs = Seconds(Clock::now() - t0);
-  const uint64_t after = RssAnonBytes(health.pid());
+  const uint64_t after = RssAnonBytes(health.pid);
   const double per_chunk = static_cast<double>(after - before) / static_cast<double>(num_chunks);
   std::printf("kvtier-bench memory: %llu chunks of 16 tokens x 64 B indexed in %.1f s\n",
               static_cast<unsigned long long>(num_chunks), secs);

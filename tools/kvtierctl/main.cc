@@ -2,78 +2,68 @@
 //   kvtierctl [--socket PATH] [--json] stats | health | namespaces
 // Human tables by default, --json for scripts. Exit codes: 0 OK (health:
 // serving), 1 daemon unreachable or not serving, 2 usage error.
-#include <grpcpp/grpcpp.h>
-
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "kvtier/chunk_key.h"
-#include "kvtier/proto/convert.h"
+#include "kvtier/admin_client.h"
 #include "kvtier/socket_path.h"
 #include "kvtier/units.h"
-#include "kvtier/v1/kvtier.grpc.pb.h"
 
 namespace {
 
-namespace v1 = kvtier::v1;
 using nlohmann::json;
 
-json StatsJson(const v1::StatsResponse& s) {
+json StatsJson(const kvtier::DaemonStats& s) {
   json tiers = json::array();
-  for (const auto& t : s.tiers()) {
-    tiers.push_back({{"name", t.name()},
-                     {"capacity_bytes", t.capacity_bytes()},
-                     {"used_bytes", t.used_bytes()},
-                     {"capacity_chunks", t.capacity_chunks()},
-                     {"chunks", t.chunks()},
-                     {"hits", t.hits()},
-                     {"misses", t.misses()},
-                     {"evictions", t.evictions()},
-                     {"read_bytes", t.read_bytes()},
-                     {"write_bytes", t.write_bytes()}});
+  for (const auto& t : s.tiers) {
+    tiers.push_back({{"name", t.name},
+                     {"capacity_bytes", t.capacity_bytes},
+                     {"used_bytes", t.used_bytes},
+                     {"capacity_chunks", t.capacity_chunks},
+                     {"chunks", t.chunks},
+                     {"hits", t.hits},
+                     {"misses", t.misses},
+                     {"evictions", t.evictions},
+                     {"read_bytes", t.read_bytes},
+                     {"write_bytes", t.write_bytes}});
   }
   return {{"tiers", tiers},
-          {"lookups", s.lookups()},
-          {"lookup_tokens", s.lookup_tokens()},
-          {"hit_tokens", s.hit_tokens()},
-          {"token_hit_rate", s.lookup_tokens() ? double(s.hit_tokens()) / s.lookup_tokens() : 0.0},
-          {"sessions", s.sessions()},
-          {"active_leases", s.active_leases()},
-          {"active_reservations", s.active_reservations()},
-          {"uptime_s", s.uptime_s()}};
+          {"lookups", s.lookups},
+          {"lookup_tokens", s.lookup_tokens},
+          {"hit_tokens", s.hit_tokens},
+          {"token_hit_rate", s.lookup_tokens ? double(s.hit_tokens) / s.lookup_tokens : 0.0},
+          {"sessions", s.sessions},
+          {"active_leases", s.active_leases},
+          {"active_reservations", s.active_reservations},
+          {"uptime_s", s.uptime_s}};
 }
 
-void PrintStats(const v1::StatsResponse& s) {
+void PrintStats(const kvtier::DaemonStats& s) {
   std::printf("%-6s %12s %12s %10s %10s %10s %10s %10s %12s %12s\n", "tier", "capacity", "used",
               "cap_chunks", "chunks", "hits", "misses", "evictions", "read", "written");
-  for (const auto& t : s.tiers()) {
-    std::printf("%-6s %12s %12s %10llu %10llu %10llu %10llu %10llu %12s %12s\n", t.name().c_str(),
-                kvtier::FormatBytes(t.capacity_bytes()).c_str(),
-                kvtier::FormatBytes(t.used_bytes()).c_str(),
-                static_cast<unsigned long long>(t.capacity_chunks()),
-                static_cast<unsigned long long>(t.chunks()),
-                static_cast<unsigned long long>(t.hits()),
-                static_cast<unsigned long long>(t.misses()),
-                static_cast<unsigned long long>(t.evictions()),
-                kvtier::FormatBytes(t.read_bytes()).c_str(),
-                kvtier::FormatBytes(t.write_bytes()).c_str());
+  for (const auto& t : s.tiers) {
+    std::printf("%-6s %12s %12s %10llu %10llu %10llu %10llu %10llu %12s %12s\n", t.name.c_str(),
+                kvtier::FormatBytes(t.capacity_bytes).c_str(),
+                kvtier::FormatBytes(t.used_bytes).c_str(),
+                static_cast<unsigned long long>(t.capacity_chunks),
+                static_cast<unsigned long long>(t.chunks),
+                static_cast<unsigned long long>(t.hits),
+                static_cast<unsigned long long>(t.misses),
+                static_cast<unsigned long long>(t.evictions),
+                kvtier::FormatBytes(t.read_bytes).c_str(),
+                kvtier::FormatBytes(t.write_bytes).c_str());
   }
   std::printf("lookups %llu, lookup tokens %llu, hit tokens %llu (token hit rate %.4f)\n",
-              static_cast<unsigned long long>(s.lookups()),
-              static_cast<unsigned long long>(s.lookup_tokens()),
-              static_cast<unsigned long long>(s.hit_tokens()),
-              s.lookup_tokens() ? double(s.hit_tokens()) / s.lookup_tokens() : 0.0);
+              static_cast<unsigned long long>(s.lookups),
+              static_cast<unsigned long long>(s.lookup_tokens),
+              static_cast<unsigned long long>(s.hit_tokens),
+              s.lookup_tokens ? double(s.hit_tokens) / s.lookup_tokens : 0.0);
   std::printf("sessions %llu, active leases %llu, active reservations %llu, uptime %llu s\n",
-              static_cast<unsigned long long>(s.sessions()),
-              static_cast<unsigned long long>(s.active_leases()),
-              static_cast<unsigned long long>(s.active_reservations()),
-              static_cast<unsigned long long>(s.uptime_s()));
-}
-
-std::string Hex(const std::string& id) {
-  auto key = kvtier::KeyFromWire(id);
-  return key ? key->ToHex() : "?";
+              static_cast<unsigned long long>(s.sessions),
+              static_cast<unsigned long long>(s.active_leases),
+              static_cast<unsigned long long>(s.active_reservations),
+              static_cast<unsigned long long>(s.uptime_s));
 }
 
 }  // namespace
@@ -95,55 +85,54 @@ int main(int argc, char** argv) {
   for (auto* sub : {stats, health, namespaces}) sub->add_flag("--json", as_json, "print JSON");
   CLI11_PARSE(app, argc, argv);
 
-  auto channel = grpc::CreateChannel("unix:" + socket_path, grpc::InsecureChannelCredentials());
-  auto stub = v1::Admin::NewStub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
-  auto fail = [&](const grpc::Status& st) {
+  auto admin_or = kvtier::AdminClient::Connect(socket_path, std::chrono::milliseconds(timeout_ms));
+  if (!admin_or.ok()) {
+    std::fprintf(stderr, "kvtierctl: %s\n", admin_or.status().message().c_str());
+    return 2;
+  }
+  auto& admin = *admin_or;
+  auto fail = [&](const kvtier::Status& st) {
     if (as_json) {
-      std::printf("%s\n", json{{"serving", false}, {"error", st.error_message()}}.dump().c_str());
+      std::printf("%s\n", json{{"serving", false}, {"error", st.message()}}.dump().c_str());
     } else {
       std::fprintf(stderr, "kvtierctl: kvtierd at %s: %s\n", socket_path.c_str(),
-                   st.error_message().c_str());
+                   st.message().c_str());
     }
     return 1;
   };
 
   if (stats->parsed()) {
-    v1::StatsResponse resp;
-    grpc::Status st = stub->Stats(&ctx, v1::StatsRequest(), &resp);
-    if (!st.ok()) return fail(st);
+    auto s = admin->Stats();
+    if (!s.ok()) return fail(s.status());
     if (as_json) {
-      std::printf("%s\n", StatsJson(resp).dump(2).c_str());
+      std::printf("%s\n", StatsJson(*s).dump(2).c_str());
     } else {
-      PrintStats(resp);
+      PrintStats(*s);
     }
   } else if (health->parsed()) {
-    v1::HealthResponse resp;
-    grpc::Status st = stub->Health(&ctx, v1::HealthRequest(), &resp);
-    if (!st.ok()) return fail(st);
+    auto h = admin->Health();
+    if (!h.ok()) return fail(h.status());
     if (as_json) {
-      std::printf("%s\n", json{{"serving", resp.serving()},
-                               {"version", resp.version()},
-                               {"pid", resp.pid()},
-                               {"epoch", resp.epoch()}}
+      std::printf("%s\n", json{{"serving", h->serving},
+                               {"version", h->version},
+                               {"pid", h->pid},
+                               {"epoch", h->epoch}}
                               .dump(2)
                               .c_str());
     } else {
       std::printf("%s (kvtierd %s, pid %u, epoch %016llx)\n",
-                  resp.serving() ? "serving" : "not serving", resp.version().c_str(), resp.pid(),
-                  static_cast<unsigned long long>(resp.epoch()));
+                  h->serving ? "serving" : "not serving", h->version.c_str(), h->pid,
+                  static_cast<unsigned long long>(h->epoch));
     }
-    return resp.serving() ? 0 : 1;
+    return h->serving ? 0 : 1;
   } else if (namespaces->parsed()) {
-    v1::NamespacesResponse resp;
-    grpc::Status st = stub->Namespaces(&ctx, v1::NamespacesRequest(), &resp);
-    if (!st.ok()) return fail(st);
+    auto list = admin->Namespaces();
+    if (!list.ok()) return fail(list.status());
     if (as_json) {
       json arr = json::array();
-      for (const auto& n : resp.namespaces()) {
-        const auto s = kvtier::FromProto(n.spec());
-        arr.push_back({{"namespace_id", Hex(n.namespace_id())},
+      for (const auto& n : *list) {
+        const auto& s = n.spec;
+        arr.push_back({{"namespace_id", n.id.ToHex()},
                        {"model_id", s.model_id},
                        {"lora_id", s.lora_id},
                        {"kv_dtype", s.kv_dtype},
@@ -156,21 +145,21 @@ int main(int argc, char** argv) {
                        {"tp_rank", s.tp_rank},
                        {"tp_size", s.tp_size},
                        {"cache_salt", s.cache_salt.empty() ? "" : "(set)"},
-                       {"chunks", n.chunks()},
-                       {"slot_bytes", n.slot_bytes()}});
+                       {"chunks", n.chunks},
+                       {"slot_bytes", n.slot_bytes}});
       }
       std::printf("%s\n", json{{"namespaces", arr}}.dump(2).c_str());
     } else {
       std::printf("%-32s %-28s %-5s %-4s %6s %6s %6s %6s %5s %10s %10s\n", "namespace_id", "model",
                   "dtype", "lay", "layers", "heads", "dim", "chunk", "tp", "chunks", "slot");
-      for (const auto& n : resp.namespaces()) {
-        const auto s = kvtier::FromProto(n.spec());
+      for (const auto& n : *list) {
+        const auto& s = n.spec;
         std::printf("%-32s %-28s %-5s %-4s %6u %6u %6u %6u %2u/%-2u %10llu %10s\n",
-                    Hex(n.namespace_id()).c_str(), s.model_id.substr(0, 28).c_str(),
-                    s.kv_dtype.c_str(), s.layout.c_str(), s.num_layers, s.num_kv_heads,
+                    n.id.ToHex().c_str(), s.model_id.substr(0, 28).c_str(), s.kv_dtype.c_str(),
+                    s.layout.c_str(), s.num_layers, s.num_kv_heads,
                     s.layout == "mla" ? s.latent_dim : s.head_dim, s.chunk_tokens, s.tp_rank,
-                    s.tp_size, static_cast<unsigned long long>(n.chunks()),
-                    kvtier::FormatBytes(n.slot_bytes()).c_str());
+                    s.tp_size, static_cast<unsigned long long>(n.chunks),
+                    kvtier::FormatBytes(n.slot_bytes).c_str());
       }
     }
   }

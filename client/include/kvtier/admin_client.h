@@ -1,0 +1,78 @@
+// AdminClient: the operator's view of a kvtierd (what kvtierctl prints).
+//
+// Unlike Client it does not fail open: an unreachable daemon is an error
+// (UNAVAILABLE or DEADLINE_EXCEEDED), because the operator asked.
+//
+// Thread-safety: thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvtier/chunk_key.h"
+#include "kvtier/namespace_spec.h"
+#include "kvtier/status.h"
+
+namespace kvtier {
+
+struct TierStats {
+  std::string name;              // "dram"
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;       // slots in use (committed or reserved)
+  uint64_t capacity_chunks = 0;  // capacity_bytes / the smallest slot size opened
+  uint64_t chunks = 0;           // committed chunks resident
+  uint64_t hits = 0;             // chunks hit by lookups
+  uint64_t misses = 0;           // full chunks looked up and not hit
+  uint64_t evictions = 0;
+  uint64_t read_bytes = 0;       // payload bytes leased out to clients
+  uint64_t write_bytes = 0;      // payload bytes committed
+};
+
+struct DaemonStats {
+  std::vector<TierStats> tiers;
+  uint64_t lookups = 0;
+  uint64_t lookup_tokens = 0;  // all prompt tokens looked up, partial tails included
+  uint64_t hit_tokens = 0;
+  uint64_t sessions = 0;
+  uint64_t active_leases = 0;
+  uint64_t active_reservations = 0;
+  uint64_t uptime_s = 0;
+};
+
+struct DaemonHealth {
+  bool serving = false;
+  std::string version;
+  uint64_t epoch = 0;  // arena epoch; changes on every daemon start
+  uint32_t pid = 0;
+};
+
+struct NamespaceInfo {
+  NamespaceId id;
+  NamespaceSpec spec;
+  uint64_t chunks = 0;      // resident in DRAM
+  uint64_t slot_bytes = 0;
+};
+
+class AdminClient {
+ public:
+  // Opens a channel to the daemon's socket (no RPC yet). `deadline` bounds
+  // each call. Errors: INVALID_ARGUMENT for an empty path or a nonpositive
+  // deadline.
+  static Result<std::unique_ptr<AdminClient>> Connect(const std::string& socket_path,
+                                                      std::chrono::milliseconds deadline);
+  ~AdminClient();
+
+  Result<DaemonStats> Stats();
+  Result<DaemonHealth> Health();
+  Result<std::vector<NamespaceInfo>> Namespaces();
+
+ private:
+  class Impl;
+  explicit AdminClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvtier

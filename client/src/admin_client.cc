@@ -1,0 +1,78 @@
+#include "kvtier/admin_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "kvtier/proto/convert.h"
+#include "kvtier/proto/status_mapping.h"
+#include "kvtier/v1/kvtier.grpc.pb.h"
+
+namespace kvtier {
+
+class AdminClient::Impl {
+ public:
+  Impl(const std::string& socket_path, std::chrono::milliseconds deadline)
+      : stub_(v1::Admin::NewStub(
+            grpc::CreateChannel("unix:" + socket_path, grpc::InsecureChannelCredentials()))),
+        deadline_(deadline) {}
+
+  template <typename Req, typename Resp, typename Method>
+  Status Call(Method method, Resp* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + deadline_);
+    return FromGrpcStatus((stub_.get()->*method)(&ctx, Req(), resp));
+  }
+
+ private:
+  std::unique_ptr<v1::Admin::Stub> stub_;
+  std::chrono::milliseconds deadline_;
+};
+
+AdminClient::AdminClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+AdminClient::~AdminClient() = default;
+
+Result<std::unique_ptr<AdminClient>> AdminClient::Connect(const std::string& socket_path,
+                                                          std::chrono::milliseconds deadline) {
+  if (socket_path.empty()) return Status::InvalidArgument("socket path is empty");
+  if (deadline.count() <= 0) return Status::InvalidArgument("deadline must be positive");
+  return std::unique_ptr<AdminClient>(
+      new AdminClient(std::make_unique<Impl>(socket_path, deadline)));
+}
+
+Result<DaemonStats> AdminClient::Stats() {
+  v1::StatsResponse r;
+  KVTIER_RETURN_IF_ERROR((impl_->Call<v1::StatsRequest>(&v1::Admin::Stub::Stats, &r)));
+  DaemonStats s;
+  for (const auto& t : r.tiers()) {
+    s.tiers.push_back({t.name(), t.capacity_bytes(), t.used_bytes(), t.capacity_chunks(),
+                       t.chunks(), t.hits(), t.misses(), t.evictions(), t.read_bytes(),
+                       t.write_bytes()});
+  }
+  s.lookups = r.lookups();
+  s.lookup_tokens = r.lookup_tokens();
+  s.hit_tokens = r.hit_tokens();
+  s.sessions = r.sessions();
+  s.active_leases = r.active_leases();
+  s.active_reservations = r.active_reservations();
+  s.uptime_s = r.uptime_s();
+  return s;
+}
+
+Result<DaemonHealth> AdminClient::Health() {
+  v1::HealthResponse r;
+  KVTIER_RETURN_IF_ERROR((impl_->Call<v1::HealthRequest>(&v1::Admin::Stub::Health, &r)));
+  return DaemonHealth{r.serving(), r.version(), r.epoch(), r.pid()};
+}
+
+Result<std::vector<NamespaceInfo>> AdminClient::Namespaces() {
+  v1::NamespacesResponse r;
+  KVTIER_RETURN_IF_ERROR((impl_->Call<v1::NamespacesRequest>(&v1::Admin::Stub::Namespaces, &r)));
+  std::vector<NamespaceInfo> out;
+  for (const auto& n : r.namespaces()) {
+    auto id = KeyFromWire(n.namespace_id());
+    if (!id) return Status::DataLoss("daemon returned a namespace_id that is not 16 bytes");
+    out.push_back({*id, FromProto(n.spec()), n.chunks(), n.slot_bytes()});
+  }
+  return out;
+}
+
+}  // namespace kvtier

@@ -38,6 +38,11 @@ Result<std::vector<TraceRequest>> LoadMooncakeTrace(const std::string& path, uin
     }
     r.timestamp_ms = j["timestamp"].get<double>();
     r.input_length = j["input_length"].get<uint64_t>();
+    if (r.input_length > kMaxTraceInputTokens) {
+      return Status::InvalidArgument(where + "input_length " + std::to_string(r.input_length) +
+                                     " exceeds " + std::to_string(kMaxTraceInputTokens) +
+                                     " tokens (kvtierd's longest prompt)");
+    }
     r.output_length = j["output_length"].get<uint64_t>();
     for (const auto& id : j["hash_ids"]) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0) {

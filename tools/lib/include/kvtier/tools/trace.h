@@ -11,6 +11,9 @@
 
 namespace kvtier::tools {
 
+// Longest prompt a trace line may hold: kvtierd's default limit (4M tokens).
+inline constexpr uint64_t kMaxTraceInputTokens = uint64_t{1} << 22;
+
 struct TraceRequest {
   double timestamp_ms = 0;
   uint64_t input_length = 0;   // prompt tokens
@@ -20,8 +23,8 @@ struct TraceRequest {
 
 // Reads at most `limit` requests (0 = all). Errors: NOT_FOUND for a missing
 // file; INVALID_ARGUMENT "FILE:LINE: ..." for a malformed line (bad JSON, a
-// missing or mistyped field, a negative length, a hash_ids count that is not
-// ceil(input_length / 512)).
+// missing or mistyped field, a negative length, a prompt longer than
+// kMaxTraceInputTokens, a hash_ids count that is not ceil(input_length / 512)).
 Result<std::vector<TraceRequest>> LoadMooncakeTrace(const std::string& path, uint64_t limit);
 
 // A built-in multi-turn chat workload in the same format, for machines without

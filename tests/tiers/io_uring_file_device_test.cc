@@ -1,0 +1,186 @@
+// IoUringFileDevice on real files with O_DIRECT: round trips, batches deeper
+// than the queue, start-up errors, and faults injected by wrapping the device.
+#include "kvtier/tiers/io_uring_file_device.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "testing/fault_injection_device.h"
+
+namespace kvtier {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A 4 KiB-aligned buffer.
+struct Aligned {
+  explicit Aligned(size_t n)
+      : bytes(static_cast<std::byte*>(std::aligned_alloc(kBlockBytes, n))), size(n) {}
+  ~Aligned() { std::free(bytes); }
+  std::span<std::byte> span() { return {bytes, size}; }
+  std::byte* bytes;
+  size_t size;
+};
+
+void Fill(std::span<std::byte> s, uint8_t seed) {
+  for (size_t i = 0; i < s.size(); ++i) s[i] = std::byte(static_cast<uint8_t>(seed + i * 13));
+}
+
+class IoUringFileDeviceTest : public ::testing::Test {
+ protected:
+  // Under the build tree's file system (a disk), not /tmp (it may be tmpfs).
+  IoUringFileDeviceTest() : dir_(fs::current_path() / ("nvme-test-" + std::to_string(getpid()))) {
+    fs::create_directories(dir_);
+  }
+  ~IoUringFileDeviceTest() override { fs::remove_all(dir_); }
+
+  std::unique_ptr<IoUringFileDevice> OpenOrDie(uint64_t bytes, uint32_t depth = 4) {
+    auto d = IoUringFileDevice::Open({(dir_ / "slots.dat").string(), bytes, depth});
+    EXPECT_TRUE(d.ok()) << d.status().ToString();
+    return d.ok() ? std::move(d).value() : nullptr;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(IoUringFileDeviceTest, WrittenBlocksReadBackIdentically) {
+  auto dev = OpenOrDie(1 << 20);
+  ASSERT_TRUE(dev);
+  EXPECT_EQ(fs::file_size(dir_ / "slots.dat"), 1u << 20);
+  Aligned out(3 * kBlockBytes), in(3 * kBlockBytes);
+  Fill(out.span(), 7);
+  ASSERT_TRUE(dev->Submit(std::vector<IoRequest>{{IoRequest::Op::kWrite, 8192, out.span()}}).ok());
+  ASSERT_TRUE(dev->Sync().ok());
+  std::memset(in.bytes, 0, in.size);
+  ASSERT_TRUE(dev->Submit(std::vector<IoRequest>{{IoRequest::Op::kRead, 8192, in.span()}}).ok());
+  EXPECT_EQ(std::memcmp(out.bytes, in.bytes, in.size), 0);
+  EXPECT_EQ(dev->counters().write_bytes.load(), 3 * kBlockBytes);
+  EXPECT_EQ(dev->counters().read_bytes.load(), 3 * kBlockBytes);
+}
+
+TEST_F(IoUringFileDeviceTest, BatchDeeperThanTheQueueCompletesEveryRequest) {
+  auto dev = OpenOrDie(1 << 20, /*depth=*/4);
+  ASSERT_TRUE(dev);
+  constexpr int kN = 37;
+  std::vector<std::unique_ptr<Aligned>> bufs;
+  std::vector<IoRequest> writes, reads;
+  for (int i = 0; i < kN; ++i) {
+    bufs.push_back(std::make_unique<Aligned>(kBlockBytes));
+    Fill(bufs.back()->span(), static_cast<uint8_t>(i));
+    writes.push_back({IoRequest::Op::kWrite, uint64_t(i) * kBlockBytes, bufs.back()->span()});
+  }
+  ASSERT_TRUE(dev->Submit(writes).ok());
+  Aligned back(kN * kBlockBytes);
+  for (int i = 0; i < kN; ++i) {
+    reads.push_back({IoRequest::Op::kRead, uint64_t(i) * kBlockBytes,
+                     std::span<std::byte>(back.bytes + i * kBlockBytes, kBlockBytes)});
+  }
+  ASSERT_TRUE(dev->Submit(reads).ok());
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_EQ(std::memcmp(back.bytes + i * kBlockBytes, bufs[i]->bytes, kBlockBytes), 0) << i;
+  }
+}
+
+TEST_F(IoUringFileDeviceTest, ThreadsSubmitConcurrentlyOnTheirOwnRings) {
+  auto dev = OpenOrDie(1 << 20);
+  ASSERT_TRUE(dev);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      Aligned out(kBlockBytes), in(kBlockBytes);
+      for (int i = 0; i < 20; ++i) {
+        const uint64_t off = uint64_t(t * 20 + i) * kBlockBytes;
+        Fill(out.span(), static_cast<uint8_t>(t * 31 + i));
+        if (!dev->Submit(std::vector<IoRequest>{{IoRequest::Op::kWrite, off, out.span()}}).ok() ||
+            !dev->Submit(std::vector<IoRequest>{{IoRequest::Op::kRead, off, in.span()}}).ok() ||
+            std::memcmp(out.bytes, in.bytes, kBlockBytes) != 0) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST_F(IoUringFileDeviceTest, MisalignedOrOutOfRangeRequestsAreRejectedBeforeAnyIo) {
+  auto dev = OpenOrDie(64 * kBlockBytes);
+  ASSERT_TRUE(dev);
+  Aligned buf(2 * kBlockBytes);
+  const std::vector<std::vector<IoRequest>> bad = {
+      {{IoRequest::Op::kWrite, 100, buf.span().first(kBlockBytes)}},
+      {{IoRequest::Op::kWrite, 0, buf.span().first(100)}},
+      {{IoRequest::Op::kWrite, 0, buf.span().subspan(8, kBlockBytes)}},
+      {{IoRequest::Op::kRead, 63 * kBlockBytes, buf.span()}},
+  };
+  for (const auto& b : bad) {
+    EXPECT_EQ(dev->Submit(b).code(), StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(dev->counters().writes.load() + dev->counters().reads.load(), 0u);
+}
+
+TEST_F(IoUringFileDeviceTest, StartUpErrorsNameTheProblem) {
+  auto missing = IoUringFileDevice::Open({(dir_ / "nope" / "slots.dat").string(), 1 << 20, 4});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("does not exist"), std::string::npos);
+
+  std::FILE* f = std::fopen((dir_ / "plain").c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  auto not_dir = IoUringFileDevice::Open({(dir_ / "plain" / "slots.dat").string(), 1 << 20, 4});
+  ASSERT_FALSE(not_dir.ok());
+  EXPECT_NE(not_dir.status().message().find("not a directory"), std::string::npos);
+
+  struct statvfs vfs {};
+  ASSERT_EQ(statvfs(dir_.c_str(), &vfs), 0);
+  const uint64_t too_big = (uint64_t{vfs.f_bavail} * vfs.f_frsize + (uint64_t{1} << 30)) & ~4095ULL;
+  auto full = IoUringFileDevice::Open({(dir_ / "huge.dat").string(), too_big, 4});
+  ASSERT_FALSE(full.ok());
+  EXPECT_NE(full.status().message().find("free"), std::string::npos) << full.status().message();
+  EXPECT_FALSE(fs::exists(dir_ / "huge.dat")) << "a refused file was left behind";
+
+  auto odd = IoUringFileDevice::Open({(dir_ / "odd.dat").string(), 1000, 4});
+  EXPECT_EQ(odd.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(IoUringFileDeviceTest, FileSystemWithoutODirectIsRefused) {
+  // /dev/shm is tmpfs on Linux, which refuses O_DIRECT.
+  if (!fs::is_directory("/dev/shm")) GTEST_SKIP() << "no /dev/shm";
+  const std::string path = "/dev/shm/kvtier-odirect-" + std::to_string(getpid());
+  auto d = IoUringFileDevice::Open({path, 1 << 20, 4});
+  if (d.ok()) {
+    fs::remove(path);
+    GTEST_SKIP() << "/dev/shm accepts O_DIRECT here";
+  }
+  EXPECT_NE(d.status().message().find("O_DIRECT"), std::string::npos) << d.status().message();
+  EXPECT_FALSE(fs::exists(path));
+}
+
+TEST_F(IoUringFileDeviceTest, InjectedWriteFaultIsAnIoErrorAndLaterReadsStillWork) {
+  auto dev = OpenOrDie(1 << 20);
+  ASSERT_TRUE(dev);
+  testing::FaultInjectionDevice faulty(*dev, /*good_writes=*/2);
+  Aligned a(kBlockBytes), back(kBlockBytes);
+  Fill(a.span(), 1);
+  std::vector<IoRequest> three = {{IoRequest::Op::kWrite, 0, a.span()},
+                                  {IoRequest::Op::kWrite, kBlockBytes, a.span()},
+                                  {IoRequest::Op::kWrite, 2 * kBlockBytes, a.span()}};
+  const Status st = faulty.Submit(three);
+  EXPECT_EQ(st.code(), StatusCode::kIOError);
+  EXPECT_EQ(faulty.counters().errors.load(), 1u);
+  ASSERT_TRUE(faulty.Submit(std::vector<IoRequest>{{IoRequest::Op::kRead, kBlockBytes, back.span()}}).ok());
+  EXPECT_EQ(std::memcmp(a.bytes, back.bytes, kBlockBytes), 0) << "the second write had succeeded";
+}
+
+}  // namespace
+}  // namespace kvtier

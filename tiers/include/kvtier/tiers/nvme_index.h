@@ -1,0 +1,68 @@
+// NvmeIndex: the NVMe tier's durable index in RocksDB: chunk key -> where its
+// slot image lives, with the facts needed to rebuild the in-memory index at
+// start (parent key, namespace, slot size, sequence, checksum) and the last
+// access time for LRU order.
+//
+// Records are written only after their slot's data is durable (the caller
+// syncs the device first); access times are written in batches, not per hit.
+// Keys: 'c' + 16-byte chunk key -> record; 'a' + 16-byte chunk key -> access ms.
+//
+// Thread-safety: thread-safe (RocksDB is).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "kvtier/chunk_key.h"
+#include "kvtier/status.h"
+
+namespace rocksdb {
+class DB;
+}
+
+namespace kvtier {
+
+struct NvmeRecord {
+  ChunkKey key;
+  ChunkKey parent;            // the namespace id for chunk 0
+  NamespaceId ns;
+  uint32_t device = 0;        // index into the tier's --nvme-path list
+  uint64_t offset = 0;        // byte offset of the slot image in that file
+  uint64_t slot_bytes = 0;
+  uint64_t sequence = 0;      // the slot header's sequence
+  uint64_t payload_checksum = 0;
+  uint64_t last_access_ms = 0;  // unix ms; 0 = never read since written
+
+  friend bool operator==(const NvmeRecord&, const NvmeRecord&) = default;
+};
+
+class NvmeIndex {
+ public:
+  // Opens (creating when missing) the RocksDB database in `dir`. Errors:
+  // DATA_LOSS when RocksDB reports corruption (start kvtierd with
+  // --rebuild-index), IO_ERROR otherwise, both naming `dir`.
+  static Result<std::unique_ptr<NvmeIndex>> Open(const std::string& dir);
+  ~NvmeIndex();
+
+  // Adds or replaces records in one synced write batch. Errors: IO_ERROR.
+  Status Put(std::span<const NvmeRecord> records);
+  // Removes records (and their access times) in one write batch.
+  Status Delete(std::span<const ChunkKey> keys);
+  // Persists access times (unix ms) in one unsynced batch: losing the last
+  // batch in a crash only ages a few chunks.
+  Status PutAccessTimes(std::span<const std::pair<ChunkKey, uint64_t>> times);
+  // Calls `fn` for every record, with its access time merged in. Errors:
+  // DATA_LOSS naming the first malformed value (iteration stops), IO_ERROR.
+  Status ForEach(const std::function<void(const NvmeRecord&)>& fn) const;
+
+ private:
+  NvmeIndex(std::unique_ptr<rocksdb::DB> db, std::string dir);
+  std::unique_ptr<rocksdb::DB> db_;
+  std::string dir_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,149 @@
+#include "kvtier/tiers/nvme_index.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/write_batch.h>
+
+#include <cstring>
+
+namespace kvtier {
+namespace {
+
+constexpr char kRecordPrefix = 'c';
+constexpr char kAccessPrefix = 'a';
+constexpr uint8_t kRecordVersion = 1;
+// version(1) + parent(16) + ns(16) + device(4) + offset, slot_bytes, sequence, checksum (4 x 8)
+constexpr size_t kRecordBytes = 1 + 16 + 16 + 4 + 8 * 4;
+
+std::string DbKey(char prefix, const ChunkKey& key) {
+  std::string k(1 + ChunkKey::kBytes, prefix);
+  key.ToBytes(reinterpret_cast<std::byte*>(k.data() + 1));
+  return k;
+}
+
+template <typename T>
+void Put(std::string& out, const T& v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+template <typename T>
+T Get(const char*& p) {
+  T v;
+  std::memcpy(&v, p, sizeof(v));
+  p += sizeof(v);
+  return v;
+}
+
+std::string EncodeRecord(const NvmeRecord& r) {
+  std::string v;
+  v.reserve(kRecordBytes);
+  v.push_back(static_cast<char>(kRecordVersion));
+  v += r.parent.ToBytes();
+  v += r.ns.ToBytes();
+  Put(v, r.device);
+  Put(v, r.offset);
+  Put(v, r.slot_bytes);
+  Put(v, r.sequence);
+  Put(v, r.payload_checksum);
+  return v;
+}
+
+Status ToStatus(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return Status::Ok();
+  if (s.IsCorruption()) {
+    return Status::DataLoss(what + ": " + s.ToString() + " (start kvtierd with --rebuild-index)");
+  }
+  return Status::IOError(what + ": " + s.ToString());
+}
+
+}  // namespace
+
+NvmeIndex::NvmeIndex(std::unique_ptr<rocksdb::DB> db, std::string dir)
+    : db_(std::move(db)), dir_(std::move(dir)) {}
+NvmeIndex::~NvmeIndex() = default;
+
+Result<std::unique_ptr<NvmeIndex>> NvmeIndex::Open(const std::string& dir) {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  options.paranoid_checks = true;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s;
+  try {
+    s = rocksdb::DB::Open(options, dir, &raw);
+  } catch (const std::exception& e) {
+    return Status::IOError("open NVMe index " + dir + ": " + e.what());
+  }
+  KVTIER_RETURN_IF_ERROR(ToStatus(s, "open NVMe index " + dir));
+  return std::unique_ptr<NvmeIndex>(new NvmeIndex(std::unique_ptr<rocksdb::DB>(raw), dir));
+}
+
+Status NvmeIndex::Put(std::span<const NvmeRecord> records) {
+  rocksdb::WriteBatch batch;
+  for (const NvmeRecord& r : records) {
+    batch.Put(DbKey(kRecordPrefix, r.key), EncodeRecord(r));
+    if (r.last_access_ms != 0) {
+      std::string t;
+      kvtier::Put(t, r.last_access_ms);
+      batch.Put(DbKey(kAccessPrefix, r.key), t);
+    }
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  return ToStatus(db_->Write(wo, &batch), "write NVMe index " + dir_);
+}
+
+Status NvmeIndex::Delete(std::span<const ChunkKey> keys) {
+  rocksdb::WriteBatch batch;
+  for (const ChunkKey& k : keys) {
+    batch.Delete(DbKey(kRecordPrefix, k));
+    batch.Delete(DbKey(kAccessPrefix, k));
+  }
+  return ToStatus(db_->Write(rocksdb::WriteOptions(), &batch), "delete from NVMe index " + dir_);
+}
+
+Status NvmeIndex::PutAccessTimes(std::span<const std::pair<ChunkKey, uint64_t>> times) {
+  rocksdb::WriteBatch batch;
+  for (const auto& [key, ms] : times) {
+    std::string t;
+    kvtier::Put(t, ms);
+    batch.Put(DbKey(kAccessPrefix, key), t);
+  }
+  return ToStatus(db_->Write(rocksdb::WriteOptions(), &batch),
+                  "write access times to NVMe index " + dir_);
+}
+
+Status NvmeIndex::ForEach(const std::function<void(const NvmeRecord&)>& fn) const {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(std::string(1, kRecordPrefix)); it->Valid(); it->Next()) {
+    const rocksdb::Slice k = it->key();
+    if (k.size() == 0 || k[0] != kRecordPrefix) break;
+    const rocksdb::Slice v = it->value();
+    if (k.size() != 1 + ChunkKey::kBytes || v.size() != kRecordBytes ||
+        static_cast<uint8_t>(v[0]) != kRecordVersion) {
+      return Status::DataLoss("NVMe index " + dir_ + ": malformed record (key " +
+                              std::to_string(k.size()) + " bytes, value " +
+                              std::to_string(v.size()) + " bytes)");
+    }
+    NvmeRecord r;
+    r.key = ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(k.data() + 1));
+    const char* p = v.data() + 1;
+    r.parent = ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(p));
+    p += 16;
+    r.ns = ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(p));
+    p += 16;
+    r.device = Get<uint32_t>(p);
+    r.offset = Get<uint64_t>(p);
+    r.slot_bytes = Get<uint64_t>(p);
+    r.sequence = Get<uint64_t>(p);
+    r.payload_checksum = Get<uint64_t>(p);
+    std::string t;
+    if (db_->Get(rocksdb::ReadOptions(), DbKey(kAccessPrefix, r.key), &t).ok() &&
+        t.size() == sizeof(uint64_t)) {
+      const char* q = t.data();
+      r.last_access_ms = Get<uint64_t>(q);
+    }
+    fn(r);
+  }
+  return ToStatus(it->status(), "read NVMe index " + dir_);
+}
+
+}  // namespace kvtier

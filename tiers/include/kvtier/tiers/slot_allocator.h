@@ -29,6 +29,10 @@ class SlotAllocator {
   // Returns a range obtained from Allocate(slot_bytes).
   void Free(uint64_t offset, uint64_t slot_bytes);
 
+  // Marks [offset, offset + slot_bytes) allocated (rebuilding from a durable
+  // index). False, changing nothing, when any of it is not free.
+  bool Reserve(uint64_t offset, uint64_t slot_bytes);
+
   uint64_t capacity_bytes() const { return arena_bytes_; }
   // Bytes of slots currently allocated.
   uint64_t used_bytes() const { return used_bytes_; }

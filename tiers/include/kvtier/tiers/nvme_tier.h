@@ -1,0 +1,116 @@
+// NvmeTier: the NVMe tier's mechanism: slot images in preallocated O_DIRECT
+// files (one BlockDevice per --nvme-path), a slot allocator per device, the
+// in-memory index with leaf-first LRU eviction, and the durable RocksDB index
+// (NvmeIndex) it is rebuilt from at start.
+//
+// Durability order: image data is written and fdatasync'ed before its record
+// enters RocksDB, so after a crash every record points at a complete image.
+// Every read verifies the header (namespace, key, parent, tokens) and the
+// payload checksum; a mismatch frees the slot, drops the record, counts a
+// corrupt read and returns DATA_LOSS: never served.
+//
+// Not wired into kvtierd yet (issue 3 continues: write policies, promotion,
+// prefetch, stats).
+//
+// Thread-safety: thread-safe. mu_ guards the metadata; device I/O runs
+// without it (a slot being written is not yet indexed; a slot being read is
+// pinned).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvtier/slot_image.h"
+#include "kvtier/status.h"
+#include "kvtier/tiers/block_device.h"
+#include "kvtier/tiers/chunk_index.h"
+#include "kvtier/tiers/eviction_policy.h"
+#include "kvtier/tiers/nvme_index.h"
+#include "kvtier/tiers/slot_allocator.h"
+
+namespace kvtier {
+
+struct NvmeTierOptions {
+  // Directories, one slot file ("kvtier-slots.dat") each. Default: none.
+  std::vector<std::string> paths;
+  // Size of each slot file, a multiple of 4096. Default: 8 GiB.
+  uint64_t bytes_per_path = uint64_t{8} << 30;
+  // io_uring queue depth per I/O thread. Default: 32.
+  uint32_t queue_depth = 32;
+  // RocksDB directory of the durable index. Default: "" = paths[0]/index.
+  std::string index_dir;
+};
+
+struct NvmeTierCounters {
+  uint64_t chunks = 0;
+  uint64_t used_bytes = 0;
+  uint64_t capacity_bytes = 0;
+  uint64_t evictions = 0;
+  uint64_t corrupt_reads = 0;     // images that failed verification (dropped)
+  uint64_t dropped_at_start = 0;  // records that pointed outside a device or overlapped
+};
+
+// One slot image to write: exactly the namespace's slot_bytes, 4 KiB aligned,
+// sealed with its payload checksum (SealPayloadChecksum).
+struct NvmeImage {
+  ChunkKey key;
+  ChunkKey parent;
+  NamespaceId ns;
+  std::span<const std::byte> image;
+};
+
+class NvmeTier {
+ public:
+  // Opens the files and the index (see IoUringFileDevice::Open and
+  // NvmeIndex::Open for the start-up errors) and rebuilds the in-memory index.
+  static Result<std::unique_ptr<NvmeTier>> Open(const NvmeTierOptions& options);
+  // The same over devices built by the caller (tests wrap them to inject faults).
+  static Result<std::unique_ptr<NvmeTier>> Create(std::vector<std::unique_ptr<BlockDevice>> devices,
+                                                  std::unique_ptr<NvmeIndex> index);
+  ~NvmeTier();
+
+  // Writes `images` durably (data, fdatasync, then the index), evicting
+  // leaf-first LRU chunks to make room. An image whose parent is neither its
+  // namespace nor resident here, or that is already stored, is skipped.
+  // Returns how many were stored. Errors: IO_ERROR (nothing of the failed
+  // batch is indexed; slots are freed).
+  Result<size_t> Write(std::span<const NvmeImage> images);
+
+  // Reads the image of `id.key` into `buffer` (layout.slot_bytes, 4 KiB
+  // aligned) and verifies it. Errors: NOT_FOUND when not stored; DATA_LOSS
+  // when it fails verification (then it is dropped); IO_ERROR.
+  Status Read(const SlotIdentity& id, const SlotLayout& layout, std::span<std::byte> buffer);
+
+  bool Contains(const ChunkKey& key) const;
+  NvmeTierCounters counters() const;
+
+ private:
+  struct Location {
+    uint32_t device;
+    uint64_t offset;
+  };
+  NvmeTier(std::vector<std::unique_ptr<BlockDevice>> devices, std::unique_ptr<NvmeIndex> index);
+  Status Rebuild();
+  // REQUIRES: mu_ held.
+  std::optional<Location> AllocateLocked(uint64_t slot_bytes);
+  bool EvictOneLocked(uint64_t same_size);
+  void EraseLocked(uint32_t handle);
+
+  std::vector<std::unique_ptr<BlockDevice>> devices_;
+  std::unique_ptr<NvmeIndex> index_;
+
+  mutable std::mutex mu_;
+  std::vector<SlotAllocator> allocators_;                // GUARDED_BY(mu_), one per device
+  ChunkIndex chunks_;                                    // GUARDED_BY(mu_)
+  std::vector<uint64_t> slot_bytes_;                     // GUARDED_BY(mu_), per handle
+  std::vector<NamespaceId> ns_;                          // GUARDED_BY(mu_), per handle
+  std::unique_ptr<EvictionPolicy> policy_;               // GUARDED_BY(mu_)
+  NvmeTierCounters counters_;                            // GUARDED_BY(mu_)
+};
+
+}  // namespace kvtier

@@ -1,0 +1,300 @@
+#include "kvtier/tiers/nvme_tier.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "kvtier/tiers/io_uring_file_device.h"
+
+namespace kvtier {
+
+NvmeTier::NvmeTier(std::vector<std::unique_ptr<BlockDevice>> devices,
+                   std::unique_ptr<NvmeIndex> index)
+    : devices_(std::move(devices)), index_(std::move(index)), policy_(NewLeafFirstLruPolicy()) {
+  for (const auto& d : devices_) {
+    allocators_.emplace_back(d->bytes());
+    counters_.capacity_bytes += d->bytes();
+  }
+}
+
+NvmeTier::~NvmeTier() = default;
+
+Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options) {
+  if (options.paths.empty()) return Status::InvalidArgument("no NVMe path given");
+  std::vector<std::unique_ptr<BlockDevice>> devices;
+  for (const std::string& path : options.paths) {
+    auto d = IoUringFileDevice::Open(
+        {path + "/kvtier-slots.dat", options.bytes_per_path, options.queue_depth});
+    if (!d.ok()) return d.status();
+    devices.push_back(std::move(d).value());
+  }
+  auto index = NvmeIndex::Open(options.index_dir.empty() ? options.paths[0] + "/index"
+                                                         : options.index_dir);
+  if (!index.ok()) return index.status();
+  return Create(std::move(devices), std::move(index).value());
+}
+
+Result<std::unique_ptr<NvmeTier>> NvmeTier::Create(
+    std::vector<std::unique_ptr<BlockDevice>> devices, std::unique_ptr<NvmeIndex> index) {
+  if (devices.empty()) return Status::InvalidArgument("no NVMe device given");
+  std::unique_ptr<NvmeTier> tier(new NvmeTier(std::move(devices), std::move(index)));
+  KVTIER_RETURN_IF_ERROR(tier->Rebuild());
+  return tier;
+}
+
+Status NvmeTier::Rebuild() {
+  std::vector<NvmeRecord> records;
+  KVTIER_RETURN_IF_ERROR(index_->ForEach([&](const NvmeRecord& r) { records.push_back(r); }));
+  // Oldest first: each insert becomes the most recent, so LRU order follows
+  // the persisted access times.
+  std::sort(records.begin(), records.end(), [](const NvmeRecord& a, const NvmeRecord& b) {
+    return a.last_access_ms < b.last_access_ms;
+  });
+  std::lock_guard lock(mu_);
+  std::vector<ChunkKey> dropped;
+  for (const NvmeRecord& r : records) {
+    if (r.device >= devices_.size() || r.slot_bytes == 0 || chunks_.Find(r.key) != ChunkIndex::kNone ||
+        !allocators_[r.device].Reserve(r.offset, r.slot_bytes)) {
+      dropped.push_back(r.key);
+      continue;
+    }
+    ChunkEntry e;
+    e.key = r.key;
+    e.parent = r.parent;
+    e.slot_offset = r.offset;
+    e.ns_index = r.device;
+    const uint32_t h = chunks_.Insert(e);
+    if (h >= slot_bytes_.size()) {
+      slot_bytes_.resize(h + 1);
+      ns_.resize(h + 1);
+    }
+    slot_bytes_[h] = r.slot_bytes;
+    ns_[h] = r.ns;
+    policy_->OnInsert(h);
+    counters_.used_bytes += r.slot_bytes;
+    ++counters_.chunks;
+  }
+  // Children counts, then drop every chunk whose prefix is gone (no orphans).
+  std::unordered_map<ChunkKey, std::vector<uint32_t>, ChunkKeyHash> children;
+  std::vector<uint32_t> orphans;
+  for (const NvmeRecord& r : records) {
+    const uint32_t h = chunks_.Find(r.key);
+    if (h == ChunkIndex::kNone || chunks_.Get(h).slot_offset != r.offset) continue;
+    if (r.parent == r.ns) continue;
+    const uint32_t ph = chunks_.Find(r.parent);
+    if (ph == ChunkIndex::kNone) {
+      orphans.push_back(h);
+    } else {
+      ++chunks_.Get(ph).resident_children;
+      children[r.parent].push_back(h);
+    }
+  }
+  while (!orphans.empty()) {
+    const uint32_t h = orphans.back();
+    orphans.pop_back();
+    const ChunkKey key = chunks_.Get(h).key;
+    if (auto it = children.find(key); it != children.end()) {
+      for (uint32_t c : it->second) orphans.push_back(c);
+      chunks_.Get(h).resident_children = 0;  // its children go too
+    }
+    dropped.push_back(key);
+    EraseLocked(h);
+  }
+  counters_.dropped_at_start = dropped.size();
+  if (!dropped.empty()) {
+    spdlog::warn("NVMe tier: dropped {} index records that were unusable (outside a device, "
+                 "overlapping, or whose prefix is gone)", dropped.size());
+    KVTIER_RETURN_IF_ERROR(index_->Delete(dropped));
+  }
+  return Status::Ok();
+}
+
+void NvmeTier::EraseLocked(uint32_t h) {
+  const ChunkEntry e = chunks_.Get(h);
+  policy_->OnRemove(h);
+  if (e.parent != ns_[h]) {
+    if (uint32_t ph = chunks_.Find(e.parent); ph != ChunkIndex::kNone) {
+      auto& pc = chunks_.Get(ph).resident_children;
+      if (pc > 0) --pc;
+    }
+  }
+  allocators_[e.ns_index].Free(e.slot_offset, slot_bytes_[h]);
+  counters_.used_bytes -= slot_bytes_[h];
+  --counters_.chunks;
+  chunks_.Erase(h);
+}
+
+bool NvmeTier::EvictOneLocked(uint64_t same_size) {
+  auto victim = policy_->PickVictim([&](uint32_t h) {
+    const ChunkEntry& e = chunks_.Get(h);
+    return e.leases == 0 && e.resident_children == 0 &&
+           (same_size == 0 || slot_bytes_[h] == same_size);
+  });
+  if (!victim) return false;
+  // The record goes before the slot is reused; a crash in between leaves at
+  // most a record whose header no longer matches, which a read rejects.
+  std::vector<ChunkKey> key = {chunks_.Get(*victim).key};
+  if (!index_->Delete(key).ok()) return false;
+  EraseLocked(*victim);
+  ++counters_.evictions;
+  return true;
+}
+
+std::optional<NvmeTier::Location> NvmeTier::AllocateLocked(uint64_t slot_bytes) {
+  for (;;) {
+    for (uint32_t d = 0; d < allocators_.size(); ++d) {
+      if (auto off = allocators_[d].Allocate(slot_bytes)) {
+        counters_.used_bytes += slot_bytes;
+        return Location{d, *off};
+      }
+    }
+    if (!EvictOneLocked(slot_bytes) && !EvictOneLocked(0)) return std::nullopt;
+  }
+}
+
+Result<size_t> NvmeTier::Write(std::span<const NvmeImage> images) {
+  struct Planned {
+    const NvmeImage* image;
+    Location loc;
+  };
+  std::vector<Planned> planned;
+  std::vector<uint32_t> pinned;
+  {
+    std::lock_guard lock(mu_);
+    std::vector<ChunkKey> in_batch;
+    for (const NvmeImage& img : images) {
+      if (img.image.empty() || img.image.size() % kBlockBytes != 0) {
+        for (uint32_t h : pinned) --chunks_.Get(h).leases;
+        for (const Planned& p : planned) {
+          allocators_[p.loc.device].Free(p.loc.offset, p.image->image.size());
+          counters_.used_bytes -= p.image->image.size();
+        }
+        return Status::InvalidArgument("a slot image is not a positive multiple of 4096 bytes");
+      }
+      if (chunks_.Find(img.key) != ChunkIndex::kNone) continue;
+      const bool parent_in_batch =
+          std::find(in_batch.begin(), in_batch.end(), img.parent) != in_batch.end();
+      if (img.parent != img.ns && !parent_in_batch) {
+        const uint32_t ph = chunks_.Find(img.parent);
+        if (ph == ChunkIndex::kNone) continue;  // would be an orphan
+        ++chunks_.Get(ph).leases;               // keep it while making room
+        pinned.push_back(ph);
+      }
+      auto loc = AllocateLocked(img.image.size());
+      if (!loc) break;
+      planned.push_back({&img, *loc});
+      in_batch.push_back(img.key);
+    }
+  }
+  std::vector<IoRequest> reqs;
+  std::vector<std::vector<IoRequest>> per_device(devices_.size());
+  for (const Planned& p : planned) {
+    per_device[p.loc.device].push_back(
+        {IoRequest::Op::kWrite, p.loc.offset,
+         std::span<std::byte>(const_cast<std::byte*>(p.image->image.data()),
+                              p.image->image.size())});
+  }
+  Status st;
+  for (size_t d = 0; st.ok() && d < devices_.size(); ++d) {
+    if (per_device[d].empty()) continue;
+    st = devices_[d]->Submit(per_device[d]);
+    if (st.ok()) st = devices_[d]->Sync();
+  }
+  if (st.ok() && !planned.empty()) {
+    std::vector<NvmeRecord> records;
+    for (const Planned& p : planned) {
+      SlotHeader h;
+      std::memcpy(&h, p.image->image.data(), sizeof(h));
+      records.push_back({p.image->key, p.image->parent, p.image->ns, p.loc.device, p.loc.offset,
+                         p.image->image.size(), h.sequence, h.payload_checksum, 0});
+    }
+    st = index_->Put(records);
+  }
+  std::lock_guard lock(mu_);
+  for (uint32_t h : pinned) --chunks_.Get(h).leases;
+  if (!st.ok()) {
+    for (const Planned& p : planned) {
+      allocators_[p.loc.device].Free(p.loc.offset, p.image->image.size());
+      counters_.used_bytes -= p.image->image.size();
+    }
+    return st;
+  }
+  for (const Planned& p : planned) {
+    ChunkEntry e;
+    e.key = p.image->key;
+    e.parent = p.image->parent;
+    e.slot_offset = p.loc.offset;
+    e.ns_index = p.loc.device;
+    const uint32_t h = chunks_.Insert(e);
+    if (h >= slot_bytes_.size()) {
+      slot_bytes_.resize(h + 1);
+      ns_.resize(h + 1);
+    }
+    slot_bytes_[h] = p.image->image.size();
+    ns_[h] = p.image->ns;
+    if (e.parent != p.image->ns) {
+      if (uint32_t ph = chunks_.Find(e.parent); ph != ChunkIndex::kNone) {
+        ++chunks_.Get(ph).resident_children;
+      }
+    }
+    policy_->OnInsert(h);
+    ++counters_.chunks;
+  }
+  return planned.size();
+}
+
+Status NvmeTier::Read(const SlotIdentity& id, const SlotLayout& layout,
+                      std::span<std::byte> buffer) {
+  if (buffer.size() < layout.slot_bytes) {
+    return Status::InvalidArgument("read buffer of " + std::to_string(buffer.size()) +
+                                   " bytes is smaller than a slot of " +
+                                   std::to_string(layout.slot_bytes));
+  }
+  Location loc;
+  uint32_t h;
+  {
+    std::lock_guard lock(mu_);
+    h = chunks_.Find(id.key);
+    if (h == ChunkIndex::kNone) return Status::NotFound("chunk " + id.key.ToHex() + " is not on NVMe");
+    if (slot_bytes_[h] != layout.slot_bytes) {
+      return Status::DataLoss("chunk " + id.key.ToHex() + " is stored with another slot size");
+    }
+    ++chunks_.Get(h).leases;
+    loc = {chunks_.Get(h).ns_index, chunks_.Get(h).slot_offset};
+  }
+  std::vector<IoRequest> req = {{IoRequest::Op::kRead, loc.offset, buffer.first(layout.slot_bytes)}};
+  Status st = devices_[loc.device]->Submit(req);
+  Status verified = st;
+  if (st.ok()) {
+    verified = VerifySlotHeader(buffer.data(), layout, id, /*check_header_checksum=*/true);
+    if (verified.ok()) verified = VerifySlotPayload(buffer.data(), layout);
+  }
+  std::lock_guard lock(mu_);
+  --chunks_.Get(h).leases;
+  if (!st.ok()) return st;
+  if (!verified.ok()) {
+    ++counters_.corrupt_reads;
+    spdlog::warn("NVMe tier: chunk {} failed verification and is dropped: {}", id.key.ToHex(),
+                 verified.message());
+    std::vector<ChunkKey> key = {id.key};
+    (void)index_->Delete(key);
+    EraseLocked(h);
+    return verified;
+  }
+  policy_->OnAccess(h);
+  return Status::Ok();
+}
+
+bool NvmeTier::Contains(const ChunkKey& key) const {
+  std::lock_guard lock(mu_);
+  return chunks_.Find(key) != ChunkIndex::kNone;
+}
+
+NvmeTierCounters NvmeTier::counters() const {
+  std::lock_guard lock(mu_);
+  return counters_;
+}
+
+}  // namespace kvtier

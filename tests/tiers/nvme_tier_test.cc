@@ -208,3 +208,44 @@ TEST_F(NvmeTierTest, InjectedWriteErrorIndexesNothingAndFreesTheSlots) {
 
 }  // namespace
 }  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+TEST_F(NvmeTierTest, LostIndexIsRebuiltFromSlotHeaders) {
+  Chain a(spec_, 8, 4);
+  Chain big_spec_chain([] {
+    NamespaceSpec s = Spec();
+    s.chunk_tokens = 4096;  // ~1 MiB slots: the scan's 4 MiB windows end inside one of them
+    s.num_layers = 1;
+    return s;
+  }(), 9, 5);
+  {
+    auto tier = OpenTier(16 << 20);
+    ASSERT_TRUE(tier);
+    ASSERT_EQ(*tier->Write(a.Images()), 4u);
+    ASSERT_EQ(*tier->Write(big_spec_chain.Images()), 5u);
+  }
+  fs::remove_all(dir_ / "index");
+  {
+    auto dev = IoUringFileDevice::Open({(dir_ / "kvtier-slots.dat").string(), 16 << 20, 8});
+    ASSERT_TRUE(dev.ok());
+    auto index = NvmeIndex::Open((dir_ / "index").string());
+    ASSERT_TRUE(index.ok());
+    BlockDevice* devs[] = {dev->get()};
+    auto n = NvmeTier::RebuildIndexFromSlots(devs, **index);
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    EXPECT_EQ(*n, 9u);
+  }
+  auto tier = OpenTier(16 << 20);
+  ASSERT_TRUE(tier);
+  EXPECT_EQ(tier->counters().chunks, 9u);
+  AlignedBuf buf(big_spec_chain.layout.slot_bytes);
+  for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(tier->Read(a.Id(i), a.layout, buf.span()).ok()) << i;
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_TRUE(tier->Read(big_spec_chain.Id(i), big_spec_chain.layout, buf.span()).ok()) << i;
+  }
+}
+
+}  // namespace
+}  // namespace kvtier

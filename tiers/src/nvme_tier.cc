@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <cstdlib>
 #include <unordered_map>
+
+#include "kvtier/units.h"
 
 #include "kvtier/tiers/io_uring_file_device.h"
 
@@ -42,6 +45,88 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Create(
   std::unique_ptr<NvmeTier> tier(new NvmeTier(std::move(devices), std::move(index)));
   KVTIER_RETURN_IF_ERROR(tier->Rebuild());
   return tier;
+}
+
+Result<size_t> NvmeTier::RebuildIndexFromSlots(std::span<BlockDevice* const> devices,
+                                               NvmeIndex& index) {
+  constexpr uint64_t kScanBytes = uint64_t{4} << 20;  // read 4 MiB at a time
+  std::unique_ptr<std::byte, decltype(&std::free)> buf(
+      static_cast<std::byte*>(std::aligned_alloc(kBlockBytes, kScanBytes)), &std::free);
+  std::unordered_map<ChunkKey, NvmeRecord, ChunkKeyHash> found;
+  for (uint32_t d = 0; d < devices.size(); ++d) {
+    BlockDevice& dev = *devices[d];
+    uint64_t pos = 0;
+    std::vector<std::byte> image;  // a slot larger than the window is read whole
+    while (pos < dev.bytes()) {
+      const uint64_t window = std::min(kScanBytes, dev.bytes() - pos);
+      std::vector<IoRequest> req = {{IoRequest::Op::kRead, pos, {buf.get(), window}}};
+      KVTIER_RETURN_IF_ERROR(dev.Submit(req));
+      uint64_t off = 0;
+      while (off < window) {
+        SlotHeader h;
+        std::memcpy(&h, buf.get() + off, sizeof(h));
+        const uint64_t slot_bytes = AlignUp(uint64_t{h.header_bytes} + h.payload_bytes, kSlotAlignment);
+        const bool plausible = h.magic == kSlotMagic && h.format_version == kSlotFormatVersion &&
+                               h.header_bytes >= sizeof(SlotHeader) + 4ULL * h.num_tokens &&
+                               h.header_bytes % kPayloadAlignment == 0 && h.payload_bytes > 0 &&
+                               h.payload_bytes <= kMaxPayloadBytes &&
+                               pos + off + slot_bytes <= dev.bytes();
+        if (!plausible) {
+          off += kBlockBytes;
+          continue;
+        }
+        const std::byte* slot = buf.get() + off;
+        if (off + slot_bytes > window) {  // read the whole image on its own
+          if (off == 0) {
+            auto* big = static_cast<std::byte*>(std::aligned_alloc(kBlockBytes, slot_bytes));
+            std::unique_ptr<std::byte, decltype(&std::free)> hold(big, &std::free);
+            std::vector<IoRequest> r2 = {{IoRequest::Op::kRead, pos, {big, slot_bytes}}};
+            KVTIER_RETURN_IF_ERROR(dev.Submit(r2));
+            SlotLayout l{h.num_tokens, h.header_bytes, h.payload_bytes, slot_bytes};
+            SlotIdentity big_id{ChunkKey::FromBytes(h.namespace_digest), ChunkKey::FromBytes(h.key),
+                                ChunkKey::FromBytes(h.parent_key),
+                                std::span<const int32_t>(
+                                    reinterpret_cast<const int32_t*>(big + sizeof(SlotHeader)),
+                                    h.num_tokens)};
+            if (VerifySlotHeader(big, l, big_id).ok() && VerifySlotPayload(big, l).ok()) {
+              NvmeRecord r{big_id.key, big_id.parent, big_id.ns, d, pos, slot_bytes,
+                           h.sequence, h.payload_checksum, 0};
+              auto [it, fresh] = found.emplace(r.key, r);
+              if (!fresh && it->second.sequence < r.sequence) it->second = r;
+              off += slot_bytes;
+            } else {
+              off += kBlockBytes;
+            }
+          }
+          break;  // continue the scan from this slot's start (or past it)
+        }
+        SlotLayout l{h.num_tokens, h.header_bytes, h.payload_bytes, slot_bytes};
+        SlotIdentity id{ChunkKey::FromBytes(h.namespace_digest), ChunkKey::FromBytes(h.key),
+                        ChunkKey::FromBytes(h.parent_key),
+                        std::span<const int32_t>(
+                            reinterpret_cast<const int32_t*>(slot + sizeof(SlotHeader)),
+                            h.num_tokens)};
+        if (VerifySlotHeader(slot, l, id).ok() && VerifySlotPayload(slot, l).ok()) {
+          NvmeRecord r{id.key, id.parent, id.ns, d, pos + off, slot_bytes, h.sequence,
+                       h.payload_checksum, 0};
+          auto [it, fresh] = found.emplace(r.key, r);
+          if (!fresh && it->second.sequence < r.sequence) it->second = r;
+          off += slot_bytes;
+        } else {
+          off += kBlockBytes;
+        }
+      }
+      pos += off;
+    }
+  }
+  std::vector<NvmeRecord> records;
+  records.reserve(found.size());
+  for (auto& [k, r] : found) records.push_back(r);
+  for (size_t i = 0; i < records.size(); i += 4096) {
+    const size_t n = std::min<size_t>(4096, records.size() - i);
+    KVTIER_RETURN_IF_ERROR(index.Put(std::span<const NvmeRecord>(records.data() + i, n)));
+  }
+  return records.size();
 }
 
 Status NvmeTier::Rebuild() {

@@ -69,6 +69,14 @@ class NvmeTier {
   // Opens the files and the index (see IoUringFileDevice::Open and
   // NvmeIndex::Open for the start-up errors) and rebuilds the in-memory index.
   static Result<std::unique_ptr<NvmeTier>> Open(const NvmeTierOptions& options);
+  // Rebuilds the durable index by scanning every device's slot headers (for
+  // `kvtierd --rebuild-index` when the RocksDB files are missing or corrupt):
+  // `index` is expected empty; every image whose header and payload checksum
+  // verify is recorded (the newest sequence wins for a key). Returns the
+  // number of images recorded. Errors: IO_ERROR.
+  static Result<size_t> RebuildIndexFromSlots(std::span<BlockDevice* const> devices,
+                                              NvmeIndex& index);
+
   // The same over devices built by the caller (tests wrap them to inject faults).
   static Result<std::unique_ptr<NvmeTier>> Create(std::vector<std::unique_ptr<BlockDevice>> devices,
                                                   std::unique_ptr<NvmeIndex> index);

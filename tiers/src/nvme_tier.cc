@@ -332,44 +332,72 @@ Result<size_t> NvmeTier::Write(std::span<const NvmeImage> images) {
 
 Status NvmeTier::Read(const SlotIdentity& id, const SlotLayout& layout,
                       std::span<std::byte> buffer) {
-  if (buffer.size() < layout.slot_bytes) {
-    return Status::InvalidArgument("read buffer of " + std::to_string(buffer.size()) +
-                                   " bytes is smaller than a slot of " +
-                                   std::to_string(layout.slot_bytes));
-  }
-  Location loc;
-  uint32_t h;
+  ReadRequest r{id, &layout, buffer, Status::Ok()};
+  KVTIER_RETURN_IF_ERROR(ReadMany(std::span<ReadRequest>(&r, 1)));
+  return r.result;
+}
+
+Status NvmeTier::ReadMany(std::span<ReadRequest> requests) {
+  std::vector<uint32_t> handles(requests.size(), ChunkIndex::kNone);
+  std::vector<std::vector<IoRequest>> per_device(devices_.size());
   {
     std::lock_guard lock(mu_);
-    h = chunks_.Find(id.key);
-    if (h == ChunkIndex::kNone) return Status::NotFound("chunk " + id.key.ToHex() + " is not on NVMe");
-    if (slot_bytes_[h] != layout.slot_bytes) {
-      return Status::DataLoss("chunk " + id.key.ToHex() + " is stored with another slot size");
+    for (size_t i = 0; i < requests.size(); ++i) {
+      ReadRequest& r = requests[i];
+      const uint64_t slot_bytes = r.layout->slot_bytes;
+      const uint32_t h = chunks_.Find(r.id.key);
+      if (r.buffer.size() < slot_bytes) {
+        r.result = Status::InvalidArgument("read buffer of " + std::to_string(r.buffer.size()) +
+                                           " bytes is smaller than a slot of " +
+                                           std::to_string(slot_bytes));
+      } else if (h == ChunkIndex::kNone) {
+        r.result = Status::NotFound("chunk " + r.id.key.ToHex() + " is not on NVMe");
+      } else if (slot_bytes_[h] != slot_bytes) {
+        r.result = Status::DataLoss("chunk " + r.id.key.ToHex() + " is stored with another slot size");
+      } else {
+        r.result = Status::Ok();
+        ++chunks_.Get(h).leases;  // pinned while read
+        handles[i] = h;
+        per_device[chunks_.Get(h).ns_index].push_back(
+            {IoRequest::Op::kRead, chunks_.Get(h).slot_offset, r.buffer.first(slot_bytes)});
+      }
     }
-    ++chunks_.Get(h).leases;
-    loc = {chunks_.Get(h).ns_index, chunks_.Get(h).slot_offset};
   }
-  std::vector<IoRequest> req = {{IoRequest::Op::kRead, loc.offset, buffer.first(layout.slot_bytes)}};
-  Status st = devices_[loc.device]->Submit(req);
-  Status verified = st;
-  if (st.ok()) {
-    verified = VerifySlotHeader(buffer.data(), layout, id, /*check_header_checksum=*/true);
-    if (verified.ok()) verified = VerifySlotPayload(buffer.data(), layout);
+  Status io;
+  for (size_t d = 0; io.ok() && d < devices_.size(); ++d) {
+    if (!per_device[d].empty()) io = devices_[d]->Submit(per_device[d]);
+  }
+  for (size_t i = 0; io.ok() && i < requests.size(); ++i) {
+    ReadRequest& r = requests[i];
+    if (handles[i] == ChunkIndex::kNone) continue;
+    r.result = VerifySlotHeader(r.buffer.data(), *r.layout, r.id, /*check_header_checksum=*/true);
+    if (r.result.ok()) r.result = VerifySlotPayload(r.buffer.data(), *r.layout);
   }
   std::lock_guard lock(mu_);
-  --chunks_.Get(h).leases;
-  if (!st.ok()) return st;
-  if (!verified.ok()) {
-    ++counters_.corrupt_reads;
-    spdlog::warn("NVMe tier: chunk {} failed verification and is dropped: {}", id.key.ToHex(),
-                 verified.message());
-    std::vector<ChunkKey> key = {id.key};
-    (void)index_->Delete(key);
-    EraseLocked(h);
-    return verified;
+  std::vector<ChunkKey> bad;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const uint32_t h = handles[i];
+    if (h == ChunkIndex::kNone) continue;
+    if (std::find(bad.begin(), bad.end(), requests[i].id.key) != bad.end()) {
+      requests[i].result = Status::DataLoss("chunk " + requests[i].id.key.ToHex() +
+                                            " failed verification");
+      continue;  // already dropped (the same key twice in one batch)
+    }
+    --chunks_.Get(h).leases;
+    if (!io.ok()) {
+      requests[i].result = io;
+    } else if (!requests[i].result.ok()) {
+      ++counters_.corrupt_reads;
+      spdlog::warn("NVMe tier: chunk {} failed verification and is dropped: {}",
+                   requests[i].id.key.ToHex(), requests[i].result.message());
+      bad.push_back(requests[i].id.key);
+      EraseLocked(h);
+    } else {
+      policy_->OnAccess(h);
+    }
   }
-  policy_->OnAccess(h);
-  return Status::Ok();
+  if (!bad.empty()) (void)index_->Delete(bad);
+  return io;
 }
 
 bool NvmeTier::Contains(const ChunkKey& key) const {

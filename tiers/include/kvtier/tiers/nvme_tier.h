@@ -94,6 +94,18 @@ class NvmeTier {
   // when it fails verification (then it is dropped); IO_ERROR.
   Status Read(const SlotIdentity& id, const SlotLayout& layout, std::span<std::byte> buffer);
 
+  // One read of ReadMany.
+  struct ReadRequest {
+    SlotIdentity id;
+    const SlotLayout* layout = nullptr;
+    std::span<std::byte> buffer;  // layout->slot_bytes, 4 KiB aligned
+    Status result;                // set by ReadMany, as Read would return it
+  };
+  // Reads several images with one batch per device (up to the queue depth in
+  // flight). Each request's `result` says how it went; returns IO_ERROR only
+  // when the batch itself failed (then every result is that error).
+  Status ReadMany(std::span<ReadRequest> requests);
+
   bool Contains(const ChunkKey& key) const;
   NvmeTierCounters counters() const;
 

@@ -9,15 +9,24 @@
 //                        empty RPC (Health) in the same run.
 //   kvtier-bench memory  1,000,000 chunks of a small namespace: the daemon's
 //                        anonymous resident memory (RssAnon) per chunk.
+//   kvtier-bench nvme    chunk writes and reads through the NVMe tier (256 KiB,
+//                        1 MiB, 4 MiB payloads, queue depth 32), vs fio with
+//                        io_uring and O_DIRECT on the same file, same block
+//                        size and depth (writes: fdatasync every 32, as the
+//                        tier syncs each batch before indexing it).
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
 #include <vector>
 
 #include "kvtier/admin_client.h"
 #include "kvtier/client.h"
+#include "kvtier/tiers/nvme_tier.h"
 #include "kvtier/tools/percentiles.h"
 #include "kvtier/tools/synthetic_kv.h"
 #include "kvtier/units.h"
@@ -241,6 +250,109 @@ int RunMemory(const std::string& socket, uint64_t num_chunks) {
   return 0;
 }
 
+
+// Runs fio on `file` and returns its bandwidth in bytes/s, or -1.
+double Fio(const std::string& file, const char* rw, uint64_t block_bytes, uint64_t file_bytes,
+           int seconds) {
+  const std::string out = file + ".fio.json";
+  std::string cmd = "fio --name=kvtier --filename=" + file + " --rw=" + rw +
+                    " --bs=" + std::to_string(block_bytes) + " --iodepth=32 --ioengine=io_uring" +
+                    " --direct=1 --size=" + std::to_string(file_bytes) +
+                    " --runtime=" + std::to_string(seconds) + " --time_based --group_reporting" +
+                    (std::string(rw) == "randwrite" ? " --fdatasync=32" : "") +
+                    " --output-format=json --output=" + out + " > /dev/null 2>&1";
+  if (std::system(cmd.c_str()) != 0) return -1;
+  std::ifstream in(out);
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  std::filesystem::remove(out);
+  if (j.is_discarded()) return -1;
+  const char* side = std::string(rw) == "randwrite" ? "write" : "read";
+  return j["jobs"][0][side]["bw_bytes"].get<double>();
+}
+
+int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds) {
+  namespace fs = std::filesystem;
+  std::printf("kvtier-bench nvme: NvmeTier writes (batches of 32) and reads (batches up to 256 MiB), "
+              "queue depth 32, vs "
+              "fio io_uring O_DIRECT on the same %s file in %s\n",
+              kvtier::FormatBytes(file_bytes).c_str(), dir.c_str());
+  std::printf("%-10s %12s %12s %8s %12s %12s %8s\n", "payload", "write GB/s", "fio GB/s", "ratio",
+              "read GB/s", "fio GB/s", "ratio");
+  for (uint64_t payload : {256 * kvtier::kKiB, kvtier::kMiB, 4 * kvtier::kMiB}) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    kvtier::NvmeTierOptions o;
+    o.paths = {dir};
+    o.bytes_per_path = file_bytes;
+    o.queue_depth = 32;
+    auto tier = Must(kvtier::NvmeTier::Open(o), "open NVMe tier");
+    const auto spec = BenchSpec(payload, "bench-nvme");
+    const kvtier::SlotLayout layout = kvtier::SlotLayout::For(spec);
+    const kvtier::NamespaceId ns = spec.Digest();
+    const uint64_t num_chunks = file_bytes * 8 / 10 / layout.slot_bytes;
+    constexpr size_t kBatch = 32;  // writes: one durable batch (data, fdatasync, index)
+    // Reads: up to 256 MiB of images per ReadMany, so the 32-deep queue stays full.
+    const size_t read_batch = std::max<size_t>(kBatch, std::min<uint64_t>(256, (256 << 20) / layout.slot_bytes));
+    std::vector<std::unique_ptr<std::byte, decltype(&std::free)>> bufs;
+    for (size_t i = 0; i < read_batch; ++i) {
+      bufs.emplace_back(static_cast<std::byte*>(std::aligned_alloc(4096, layout.slot_bytes)),
+                        &std::free);
+      std::memset(bufs.back().get(), static_cast<int>(i), layout.slot_bytes);
+    }
+    std::vector<std::vector<int32_t>> tokens(num_chunks);
+    std::vector<kvtier::ChunkKey> keys(num_chunks);
+    double write_s = 0;
+    for (uint64_t first = 0; first < num_chunks; first += kBatch) {
+      const size_t n = std::min<uint64_t>(kBatch, num_chunks - first);
+      std::vector<kvtier::NvmeImage> images;
+      for (size_t i = 0; i < n; ++i) {
+        const uint64_t c = first + i;
+        tokens[c] = UniquePrompt(c + 1, spec.chunk_tokens);
+        keys[c] = kvtier::ComputeChunkKey(ns, tokens[c]);
+        kvtier::SealSlot(bufs[i].get(), layout, {ns, keys[c], ns, tokens[c]}, c + 1);
+        images.push_back({keys[c], ns, ns, {bufs[i].get(), layout.slot_bytes}});
+      }
+      const auto t0 = Clock::now();
+      auto stored = Must(tier->Write(images), "NVMe write");
+      write_s += Seconds(Clock::now() - t0);
+      if (stored != n) Die("the NVMe tier stored " + std::to_string(stored) + " of " + std::to_string(n));
+    }
+    std::mt19937_64 rng(42);
+    double read_s = 0;
+    uint64_t reads = 0;
+    std::vector<kvtier::NvmeTier::ReadRequest> reqs(read_batch);
+    while (reads < num_chunks) {
+      for (size_t i = 0; i < read_batch; ++i) {
+        const uint64_t c = rng() % num_chunks;
+        reqs[i] = {{ns, keys[c], ns, tokens[c]}, &layout, {bufs[i].get(), layout.slot_bytes},
+                   kvtier::Status::Ok()};
+      }
+      const auto t0 = Clock::now();
+      kvtier::Status st = tier->ReadMany(reqs);
+      read_s += Seconds(Clock::now() - t0);
+      if (!st.ok()) Die("NVMe read: " + st.ToString());
+      for (const auto& r : reqs) {
+        if (!r.result.ok()) Die("NVMe read verification: " + r.result.ToString());
+      }
+      reads += read_batch;
+    }
+    tier.reset();
+    const std::string file = dir + "/kvtier-slots.dat";
+    const double fio_read = Fio(file, "randread", layout.slot_bytes, file_bytes, seconds);
+    const double fio_write = Fio(file, "randwrite", layout.slot_bytes, file_bytes, seconds);
+    const double w = num_chunks * layout.slot_bytes / write_s;
+    const double r = reads * layout.slot_bytes / read_s;
+    std::printf("%-10s %12.2f %12.2f %8.2f %12.2f %12.2f %8.2f\n",
+                kvtier::FormatBytes(payload).c_str(), w / 1e9, fio_write / 1e9,
+                fio_write > 0 ? w / fio_write : 0.0, r / 1e9, fio_read / 1e9,
+                fio_read > 0 ? r / fio_read : 0.0);
+  }
+  fs::remove_all(dir);
+  std::printf("(GB/s = 1e9 bytes/s of whole slot images; reads verify header and XXH3 checksum; "
+              "fio -1 = fio failed; goal ratio >= 0.9)\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -248,7 +360,7 @@ int main(int argc, char** argv) {
   int iterations = 15, num_chunks = 64, lookup_iterations = 300;
   uint64_t prompt_tokens = 131072, memory_chunks = 1000000;
   CLI::App app{"kvtier-bench: kvtier benchmarks with same-run baselines", "kvtier-bench"};
-  app.add_option("--socket", socket, "kvtierd socket")->required();
+  app.add_option("--socket", socket, "kvtierd socket (all but nvme)");
   app.require_subcommand(1);
   auto* dram = app.add_subcommand("dram", "Store + Load through the SDK vs memcpy in + out");
   dram->add_option("--iterations", iterations, "measured requests per payload size")
@@ -268,7 +380,31 @@ int main(int argc, char** argv) {
   memory->add_option("--chunks", memory_chunks, "chunks to index")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  std::string nvme_dir = "./kvtier-bench-nvme";
+  std::string nvme_file_bytes = "1GiB";
+  int fio_seconds = 3;
+  auto* nvme = app.add_subcommand("nvme", "NVMe tier chunk I/O vs fio on the same file");
+  nvme->add_option("--dir", nvme_dir, "directory for the test file (removed afterwards)")
+      ->capture_default_str();
+  nvme->add_option("--file-bytes", nvme_file_bytes, "test file size, e.g. 1GiB (at least 64MiB)")
+      ->capture_default_str();
+  nvme->add_option("--fio-seconds", fio_seconds, "fio runtime per measurement")
+      ->check(CLI::Range(1, 600))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (nvme->parsed()) {
+    auto bytes = kvtier::ParseBytes(nvme_file_bytes);
+    if (!bytes.ok() || *bytes < (uint64_t{64} << 20)) {
+      std::fprintf(stderr, "kvtier-bench: --file-bytes: %s\n",
+                   bytes.ok() ? "at least 64MiB" : bytes.status().message().c_str());
+      return 2;
+    }
+    return RunNvme(nvme_dir, *bytes & ~uint64_t{4095}, fio_seconds);
+  }
+  if (socket.empty()) {
+    std::fprintf(stderr, "kvtier-bench: --socket is required for this benchmark\n");
+    return 2;
+  }
   if (dram->parsed()) return RunDram(socket, iterations, num_chunks);
   if (lookup->parsed()) return RunLookup(socket, lookup_iterations, prompt_tokens);
   return RunMemory(socket, memory_chunks);

@@ -35,3 +35,6 @@ GLIBC_TUNABLES=$CLIENT_TUNABLES "$BIN/kvtier-bench" --socket "$WORK/dram.sock" l
 echo
 start_daemon memory 4000MiB
 "$BIN/kvtier-bench" --socket "$WORK/memory.sock" memory
+echo
+# The NVMe tier's I/O path (not yet serving kvtierd's requests) vs fio on the same file.
+"$BIN/kvtier-bench" nvme --dir "${KVTIER_BENCH_NVME_DIR:-./kvtier-bench-nvme}" --file-bytes 1GiB

@@ -148,19 +148,35 @@ Status CacheCore::OpenNamespace(const v1::OpenNamespaceRequest& req,
                                      " bytes does not fit in the DRAM arena of " +
                                      std::to_string(dram_->capacity_bytes()) + " bytes");
     }
+    NamespaceState* state = nullptr;
     if (namespaces_.size() >= options_.max_namespaces) {
-      spdlog::warn("namespace refused: the daemon already holds {} namespaces ({})",
-                   namespaces_.size(), spec.CanonicalString());
-      return Status::ResourceExhausted("the daemon already holds " +
-                                       std::to_string(namespaces_.size()) + " namespaces");
+      // Reuse an idle namespace: nothing resident, nothing being written.
+      for (auto& ns : namespaces_) {
+        if (ns->active_reservations == 0 && dram_->num_chunks(ns->ns_index) == 0) {
+          spdlog::info("namespace {} is idle and makes room for {}", ns->id.ToHex(), id.ToHex());
+          ns_by_id_.erase(ns->id);
+          state = ns.get();
+          break;
+        }
+      }
+      if (state == nullptr) {
+        spdlog::warn("namespace refused: the daemon holds {} namespaces, none idle ({})",
+                     namespaces_.size(), spec.CanonicalString());
+        return Status::ResourceExhausted("the daemon already holds " +
+                                         std::to_string(namespaces_.size()) +
+                                         " namespaces with cached chunks");
+      }
+      dram_->ReuseNamespace(state->ns_index, layout.slot_bytes);
+    } else {
+      namespaces_.push_back(std::make_unique<NamespaceState>());
+      state = namespaces_.back().get();
+      state->ns_index = dram_->AddNamespace(layout.slot_bytes);
     }
-    auto state = std::make_unique<NamespaceState>();
     state->spec = spec;
     state->id = id;
     state->layout = layout;
-    state->ns_index = dram_->AddNamespace(layout.slot_bytes);
-    it = ns_by_id_.emplace(id, state.get()).first;
-    namespaces_.push_back(std::move(state));
+    state->active_reservations = 0;
+    it = ns_by_id_.emplace(id, state).first;
     spdlog::info("namespace {} opened: {}", id.ToHex(), spec.CanonicalString());
   }
   resp->set_namespace_id(id.ToBytes());
@@ -183,17 +199,17 @@ Status CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp)
   }
   // Viewed in place: std::string storage is aligned for int32.
   const std::span<const int32_t> all(reinterpret_cast<const int32_t*>(raw.data()), raw.size() / 4);
-  const NamespaceState* ns;
-  uint32_t chunk_tokens;
+  NamespaceState snap;  // a copy: the state may be given to another namespace when idle
   {
     std::lock_guard lock(mu_);
     KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
     KVTIER_RETURN_IF_ERROR(CheckEpoch(req.epoch()));
     auto found = FindNamespace(req.namespace_id());
     if (!found.ok()) return found.status();
-    ns = *found;  // NamespaceState objects live as long as the core
-    chunk_tokens = ns->spec.chunk_tokens;
+    snap = **found;
   }
+  const NamespaceState* ns = &snap;
+  const uint32_t chunk_tokens = snap.spec.chunk_tokens;
   // Hash outside the lock: it is the bulk of a long prompt's lookup.
   const std::vector<ChunkKey> keys = ComputeChunkKeys(ns->id, all, chunk_tokens);
 
@@ -273,17 +289,16 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
                                    " entries, more than the limit of " +
                                    std::to_string(options_.max_chunks_per_request));
   }
-  const NamespaceState* ns;
+  uint32_t chunk_tokens;
   {
     std::lock_guard lock(mu_);
     KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
     KVTIER_RETURN_IF_ERROR(CheckEpoch(req.epoch()));
     auto found = FindNamespace(req.namespace_id());
     if (!found.ok()) return found.status();
-    ns = *found;
+    chunk_tokens = (*found)->spec.chunk_tokens;
   }
   // Validate every chunk before touching any state.
-  const uint32_t chunk_tokens = ns->spec.chunk_tokens;
   std::vector<ReservedChunk> chunks(n);
   for (int i = 0; i < n; ++i) {
     const v1::ChunkToWrite& c = req.chunks(i);
@@ -314,6 +329,11 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
 
   std::lock_guard lock(mu_);
   KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
+  // Found again under this lock: an idle namespace's state may have been given
+  // to another namespace while the keys were checked (then this is NOT_FOUND).
+  auto found = FindNamespace(req.namespace_id());
+  if (!found.ok()) return found.status();
+  NamespaceState* ns = const_cast<NamespaceState*>(*found);
   Reservation r;
   r.session_id = req.session_id();
   r.expiry = clock_.Now() + options_.reservation_ttl;
@@ -359,6 +379,7 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
     for (uint32_t h : r.pinned) dram_->Unpin(h);
     return Status::Ok();
   }
+  ++ns->active_reservations;
   const uint64_t id = next_id_++;
   reservations_.emplace(id, std::move(r));
   resp->set_reservation_id(id);
@@ -366,6 +387,7 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
 }
 
 void CacheCore::FreeReservation(const Reservation& r) {
+  --r.ns->active_reservations;
   for (uint32_t h : r.pinned) dram_->Unpin(h);
   for (const ReservedChunk& c : r.chunks) {
     dram_->FreeSlot(r.ns->ns_index, c.slot_offset);
@@ -398,6 +420,7 @@ Status CacheCore::CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWrite
   }
   std::lock_guard lock(mu_);
   for (uint32_t h : r.pinned) dram_->Unpin(h);
+  --r.ns->active_reservations;
   uint32_t committed = 0, dropped = 0;
   for (const ReservedChunk& c : r.chunks) {
     reserved_keys_.erase(c.key);

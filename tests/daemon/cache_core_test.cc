@@ -318,3 +318,69 @@ TEST_F(CacheCoreTest, ReserveWriteNeverEvictsItsOwnParent) {
 
 }  // namespace
 }  // namespace kvtier::testing
+
+namespace kvtier::testing {
+namespace {
+
+// At the namespace limit, an idle namespace (no resident chunk, no pending
+// write) makes room for a new one; busy ones are never taken.
+TEST_F(CacheCoreHarness, IdleNamespaceMakesRoomAtTheLimitBusyOnesDoNot) {
+  CacheCoreOptions o = Options(/*num_slots=*/8);
+  o.max_namespaces = 2;
+  Start(o);  // the harness namespace (tiny, salt "") is #1
+  const auto open = [&](const std::string& salt) {
+    v1::OpenNamespaceRequest req;
+    req.set_session_id(session_);
+    *req.mutable_spec() = TinyProtoSpec();
+    req.mutable_spec()->set_cache_salt(salt);
+    v1::OpenNamespaceResponse resp;
+    return core_->OpenNamespace(req, &resp);
+  };
+  const auto count = [&] {
+    v1::NamespacesResponse r;
+    core_->Namespaces(&r);
+    return r.namespaces_size();
+  };
+  ASSERT_EQ(Store(Tokens(8)), 2u);        // #1 holds chunks
+  ASSERT_TRUE(open("tenant-b").ok());    // #2, idle
+  EXPECT_TRUE(open("tenant-c").ok());    // takes #2's place
+  EXPECT_EQ(count(), 2);
+  // A pending write keeps a namespace busy: reserve in the harness namespace's
+  // place is not possible, so make tenant-c busy through a reservation.
+  NamespaceSpec c = TinySpec();
+  c.cache_salt = "tenant-c";
+  const NamespaceId c_id = c.Digest();
+  v1::ReserveWriteRequest req;
+  req.set_session_id(session_);
+  req.set_epoch(kEpoch);
+  req.set_namespace_id(c_id.ToBytes());
+  const auto tokens = Tokens(4, 500);
+  auto* chunk = req.add_chunks();
+  chunk->set_key(ComputeChunkKey(c_id, tokens).ToBytes());
+  chunk->set_parent_key(c_id.ToBytes());
+  chunk->set_tokens(PackTokens(tokens));
+  v1::ReserveWriteResponse resp;
+  ASSERT_TRUE(core_->ReserveWrite(req, &resp).ok());
+  ASSERT_NE(resp.reservation_id(), 0u);
+  const Status refused = open("tenant-d");
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.ToString();
+  EXPECT_EQ(count(), 2);
+  // The harness namespace still serves its chunks.
+  EXPECT_EQ(Lookup(Tokens(8), false).num_chunks(), 2u);
+  v1::AbortWriteRequest abort;
+  abort.set_session_id(session_);
+  abort.set_reservation_id(resp.reservation_id());
+  ASSERT_TRUE(core_->AbortWrite(abort).ok());
+  EXPECT_TRUE(open("tenant-d").ok()) << "tenant-c is idle again";
+  // The replaced namespace is unknown now: a clear NOT_FOUND, not another's KV.
+  v1::LookupRequest lookup;
+  lookup.set_session_id(session_);
+  lookup.set_epoch(kEpoch);
+  lookup.set_namespace_id(c_id.ToBytes());
+  lookup.set_tokens(PackTokens(tokens));
+  v1::LookupResponse lr;
+  EXPECT_EQ(core_->Lookup(lookup, &lr).code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kvtier::testing

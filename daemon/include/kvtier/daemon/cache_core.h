@@ -39,7 +39,8 @@ struct CacheCoreOptions {
   uint64_t max_prompt_tokens = uint64_t{1} << 22;
   // Most chunks in one ReserveWrite. Default: 65,536.
   uint32_t max_chunks_per_request = 65536;
-  // Most namespaces the daemon keeps. Default: 1,024.
+  // Most namespaces the daemon keeps at once; when full, a namespace with no
+  // resident chunk and no pending write makes room for a new one. Default: 1,024.
   uint32_t max_namespaces = 1024;
 
   Status Validate() const;
@@ -82,6 +83,7 @@ class CacheCore {
     NamespaceId id;
     SlotLayout layout;
     uint32_t ns_index = 0;  // DramTier's namespace number
+    uint32_t active_reservations = 0;  // reservations holding a pointer to this state
   };
   struct Lease {
     uint64_t session_id = 0;
@@ -97,7 +99,7 @@ class CacheCore {
   struct Reservation {
     uint64_t session_id = 0;
     Clock::TimePoint expiry;
-    const NamespaceState* ns = nullptr;
+    NamespaceState* ns = nullptr;  // kept from reuse by active_reservations
     std::vector<ReservedChunk> chunks;
     // Resident chunks this write builds on (the first chunk's parent and the
     // request's already stored chunks), pinned until commit, abort or expiry

@@ -39,6 +39,11 @@ class DramTier {
   // Registers a namespace whose slots are `slot_bytes`; returns its ns_index
   // (0, 1, 2, ... in registration order).
   uint32_t AddNamespace(uint64_t slot_bytes);
+  // Gives namespace number `ns_index` to another namespace with `slot_bytes`.
+  // REQUIRES: num_chunks(ns_index) == 0 and no slot of it is allocated.
+  void ReuseNamespace(uint32_t ns_index, uint64_t slot_bytes) {
+    ns_slot_bytes_[ns_index] = slot_bytes;
+  }
 
   // A free slot for a chunk of namespace `ns_index`, evicting as needed.
   // Returns nullopt when no slot is free and no chunk is evictable.

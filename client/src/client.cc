@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
+#include <thread>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -94,7 +96,7 @@ class SessionStream final : public grpc::ClientBidiReactor<v1::SessionHello, v1:
 // One live connection: channel, session and the arena it maps.
 struct Connection {
   std::shared_ptr<grpc::Channel> channel;
-  std::shared_ptr<v1::KvCache::Stub> stub;  // shared with in-flight async releases
+  std::unique_ptr<v1::KvCache::Stub> stub;
   std::unique_ptr<SessionStream> session;
   std::shared_ptr<Arena> arena;
   uint64_t session_id = 0;
@@ -119,6 +121,67 @@ bool BreaksConnection(const Status& st) {
       return false;
   }
 }
+
+// Releases leases off the load path: Load hands the lease to this worker and
+// returns; the worker makes the (synchronous, deadline-bounded) ReleaseRead
+// call. Its own thread, not a gRPC callback thread, so that a connection it
+// holds the last reference to is torn down safely. Stop() drains the queue.
+class Releaser {
+ public:
+  ~Releaser() { Stop(); }
+
+  void Enqueue(std::shared_ptr<Connection> conn, uint64_t lease_id,
+               std::chrono::milliseconds deadline) {
+    std::lock_guard lock(mu_);
+    if (stopped_) return;  // the session's end releases it
+    queue_.push_back({std::move(conn), lease_id, deadline});
+    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+    cv_.notify_one();
+  }
+
+  void Stop() {
+    {
+      std::lock_guard lock(mu_);
+      stopped_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct Item {
+    std::shared_ptr<Connection> conn;
+    uint64_t lease_id;
+    std::chrono::milliseconds deadline;
+  };
+
+  void Loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stopped_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopped and drained
+      Item item = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      v1::ReleaseReadRequest req;
+      req.set_session_id(item.conn->session_id);
+      req.set_lease_id(item.lease_id);
+      v1::ReleaseReadResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + item.deadline);
+      // A failed release is not the engine's problem: the session or TTL ends the lease.
+      (void)item.conn->stub->ReleaseRead(&ctx, req, &resp);
+      item.conn.reset();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;  // GUARDED_BY(mu_)
+  bool stopped_ = false;    // GUARDED_BY(mu_)
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -213,9 +276,14 @@ class Client::Impl {
   }
 
   void Close() {
+    releaser_.Stop();  // pending releases first, while their session is open
     std::lock_guard lock(mu_);
     conn_.reset();
     closed_ = true;
+  }
+
+  void ReleaseLater(std::shared_ptr<Connection> conn, uint64_t lease_id) {
+    releaser_.Enqueue(std::move(conn), lease_id, options_.deadline);
   }
   bool closed() {
     std::lock_guard lock(mu_);
@@ -271,6 +339,7 @@ class Client::Impl {
   Clock::time_point last_attempt_{};                           // GUARDED_BY(mu_)
   std::string last_error_ = "never connected";                 // GUARDED_BY(mu_)
   bool closed_ = false;                                        // GUARDED_BY(mu_)
+  Releaser releaser_;
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -320,23 +389,6 @@ std::vector<ChunkKey> Client::ChunkKeys(const NamespaceHandle& ns,
 
 namespace {
 
-// Releases a lease without waiting for the answer: the copies are done, and a
-// release that fails is ended by the session or the TTL anyway.
-void ReleaseAsync(const Connection& c, uint64_t lease_id, std::chrono::milliseconds deadline) {
-  struct Call {
-    std::shared_ptr<v1::KvCache::Stub> stub;
-    grpc::ClientContext ctx;
-    v1::ReleaseReadRequest req;
-    v1::ReleaseReadResponse resp;
-  };
-  auto* call = new Call;
-  call->stub = c.stub;
-  call->req.set_session_id(c.session_id);
-  call->req.set_lease_id(lease_id);
-  call->ctx.set_deadline(std::chrono::system_clock::now() + deadline);
-  call->stub->async()->ReleaseRead(&call->ctx, &call->req, &call->resp,
-                                   [call](const grpc::Status&) { delete call; });
-}
 
 // Lends this thread's reusable buffer to a LookupRequest's `tokens` for one
 // RPC. A long prompt's ids (512 KiB for 128K tokens) would otherwise be a fresh
@@ -445,7 +497,7 @@ Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32
     }
     Status st = reader(read, std::span<const std::byte>(c.arena->base() + loc.payload_offset(), pb));
     if (!st.ok()) {  // the reader's own error: not a fail-open
-      if (resp.lease_id() != 0) ReleaseAsync(c, resp.lease_id(), impl_->options().deadline);
+      if (resp.lease_id() != 0) impl_->ReleaseLater(*conn, resp.lease_id());
       return st;
     }
   }
@@ -458,7 +510,7 @@ Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32
     const std::byte* slot = c.arena->base() + loc.payload_offset() - ns.layout.header_bytes;
     if (loc.sequence() == 0 || SlotSequence(slot) != loc.sequence()) break;
   }
-  if (resp.lease_id() != 0) ReleaseAsync(c, resp.lease_id(), impl_->options().deadline);
+  if (resp.lease_id() != 0) impl_->ReleaseLater(*conn, resp.lease_id());
   if (status.ok() && valid < static_cast<uint32_t>(read)) {
     status = Status::Aborted("the lease on chunk " + std::to_string(valid) +
                              " lapsed during the copy and its slot was reused");

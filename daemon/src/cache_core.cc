@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 
 #include "kvtier/proto/convert.h"
 
@@ -68,7 +69,12 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
   KVTIER_RETURN_IF_ERROR(options.Validate());
   auto dram = DramTier::Create(options.dram_bytes, epoch);
   if (!dram.ok()) return dram.status();
-  return std::unique_ptr<CacheCore>(new CacheCore(options, std::move(dram).value(), clock));
+  std::unique_ptr<CacheCore> core(new CacheCore(options, std::move(dram).value(), clock));
+  // Session, lease and reservation ids start at a random point, so that an id
+  // from before a daemon restart is not valid after it.
+  std::random_device rd;
+  core->next_id_ = ((uint64_t{rd()} << 32 | rd()) >> 2) | (uint64_t{1} << 32);
+  return core;
 }
 
 uint64_t CacheCore::OpenSession(const std::string& client_name, uint32_t pid) {
@@ -98,6 +104,11 @@ void CacheCore::EndSession(uint64_t session_id) {
     } else {
       ++it;
     }
+  }
+  if (auto q = quarantined_.find(session_id); q != quarantined_.end()) {
+    for (const Reservation& r : q->second) FreeReservationSlots(r);
+    reservations += q->second.size();
+    quarantined_.erase(q);
   }
   spdlog::debug("session {} ended: freed {} leases and {} reservations", session_id, leases,
                 reservations);
@@ -386,13 +397,19 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
   return Status::Ok();
 }
 
-void CacheCore::FreeReservation(const Reservation& r) {
-  --r.ns->active_reservations;
+void CacheCore::ReleaseReservationHolds(const Reservation& r) {
   for (uint32_t h : r.pinned) dram_->Unpin(h);
-  for (const ReservedChunk& c : r.chunks) {
-    dram_->FreeSlot(r.ns->ns_index, c.slot_offset);
-    reserved_keys_.erase(c.key);
-  }
+  for (const ReservedChunk& c : r.chunks) reserved_keys_.erase(c.key);
+}
+
+void CacheCore::FreeReservationSlots(const Reservation& r) {
+  for (const ReservedChunk& c : r.chunks) dram_->FreeSlot(r.ns->ns_index, c.slot_offset);
+  --r.ns->active_reservations;
+}
+
+void CacheCore::FreeReservation(const Reservation& r) {
+  ReleaseReservationHolds(r);
+  FreeReservationSlots(r);
 }
 
 Status CacheCore::CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWriteResponse* resp) {
@@ -462,7 +479,8 @@ void CacheCore::ExpireNow() {
   }
   for (auto it = reservations_.begin(); it != reservations_.end();) {
     if (it->second.expiry <= now) {
-      FreeReservation(it->second);
+      ReleaseReservationHolds(it->second);
+      quarantined_[it->second.session_id].push_back(std::move(it->second));
       it = reservations_.erase(it);
       ++reservations;
     } else {
@@ -470,7 +488,8 @@ void CacheCore::ExpireNow() {
     }
   }
   if (leases + reservations > 0) {
-    spdlog::info("expired {} leases and {} reservations past their TTL", leases, reservations);
+    spdlog::info("expired {} leases and {} reservations past their TTL (the reservations' slots "
+                 "return when their sessions end)", leases, reservations);
   }
 }
 

@@ -27,11 +27,16 @@ TEST_F(CacheCoreExpiryTest, ReservationExpiresAfterItsTtl) {
 
   clock_.Advance(milliseconds(1));
   core_->ExpireNow();
-  EXPECT_EQ(UsedBytes(), 0u);
   EXPECT_EQ(Stats().active_reservations(), 0u);
   EXPECT_EQ(Commit(r.reservation_id()).code(), StatusCode::kNotFound);
   EXPECT_EQ(Lookup(tokens, false).num_chunks(), 0u);
-  EXPECT_EQ(Store(tokens), 3u);  // keys and slots are free again
+  // The writer's session is alive, so it may still be writing: its slots stay
+  // out of use (never handed to another writer) until the session ends.
+  EXPECT_EQ(UsedBytes(), 3 * kSlotBytes);
+  EXPECT_EQ(Store(tokens), 3u);  // the keys are free again, in other slots
+  EXPECT_EQ(UsedBytes(), 6 * kSlotBytes);
+  core_->EndSession(session_);
+  EXPECT_EQ(UsedBytes(), 3 * kSlotBytes) << "only the committed chunks stay";
 }
 
 TEST_F(CacheCoreExpiryTest, ReservationCommittedBeforeItsTtlStays) {
@@ -46,13 +51,18 @@ TEST_F(CacheCoreExpiryTest, ReservationCommittedBeforeItsTtlStays) {
   EXPECT_EQ(UsedBytes(), 2 * kSlotBytes);
 }
 
-TEST_F(CacheCoreExpiryTest, ExpiredReservationSlotsAreReusable) {
+TEST_F(CacheCoreExpiryTest, ExpiredReservationSlotsReturnWhenTheirSessionEnds) {
   Start(Options(/*num_slots=*/2));
-  ASSERT_EQ(Reserve(Tokens(8)).chunks_size(), 2);
+  const uint64_t writer = core_->OpenSession("slow-writer", 2);
+  ASSERT_EQ(Reserve(Tokens(8), writer).chunks_size(), 2);
   const v1::ReserveWriteResponse full = Reserve(Tokens(8, 100));
   EXPECT_EQ(full.reservation_id(), 0u);  // reserved slots are never evicted
   clock_.Advance(milliseconds(2000));
   core_->ExpireNow();
+  // Expired, but the writer's session is alive: a late write could still land
+  // in those slots, so no other writer gets them.
+  EXPECT_EQ(Reserve(Tokens(8, 100)).reservation_id(), 0u);
+  core_->EndSession(writer);
   EXPECT_EQ(Store(Tokens(8, 100)), 2u);
 }
 

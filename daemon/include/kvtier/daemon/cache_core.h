@@ -69,7 +69,9 @@ class CacheCore {
   void Stats(v1::StatsResponse* resp);
   void Namespaces(v1::NamespacesResponse* resp);
 
-  // Ends every lease and reservation whose TTL has passed on the clock.
+  // Ends every lease and reservation whose TTL has passed on the clock. An
+  // expired reservation can no longer be committed; its slots stay out of use
+  // until its session ends, since a live writer may still be writing them.
   // Called periodically by the daemon; tests call it after advancing the clock.
   void ExpireNow();
 
@@ -126,6 +128,10 @@ class CacheCore {
   Result<const NamespaceState*> FindNamespace(const std::string& namespace_id) const;
   void EndLease(std::unordered_map<uint64_t, Lease>::iterator it);
   void FreeReservation(const Reservation& r);
+  // The two halves of FreeReservation: drop its pins and in-flight keys; give
+  // back its slots.
+  void ReleaseReservationHolds(const Reservation& r);
+  void FreeReservationSlots(const Reservation& r);
 
   const CacheCoreOptions options_;
   const Clock& clock_;
@@ -137,6 +143,10 @@ class CacheCore {
   std::unordered_map<uint64_t, std::string> sessions_;                // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Lease> leases_;                        // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Reservation> reservations_;            // GUARDED_BY(mu_)
+  // Reservations that expired while their session was alive: the writer may
+  // still be copying into those slots, so they are reused only when the
+  // session ends (session id -> reservations).
+  std::unordered_map<uint64_t, std::vector<Reservation>> quarantined_;  // GUARDED_BY(mu_)
   std::unordered_set<ChunkKey, ChunkKeyHash> reserved_keys_;          // GUARDED_BY(mu_)
   uint64_t next_id_ = 1;                                              // GUARDED_BY(mu_)
   uint64_t next_sequence_ = 1;                                        // GUARDED_BY(mu_)

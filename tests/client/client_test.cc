@@ -95,6 +95,17 @@ class ClientTest : public ::testing::Test {
     return nlohmann::json::parse(r.out, nullptr, false);
   }
 
+  // Stats once the client's queued lease releases (asynchronous, off the load
+  // path) have reached the daemon: active_leases 0, or the last stats after 5 s.
+  nlohmann::json StatsAfterReleases() {
+    nlohmann::json s = Stats();
+    for (auto until = Clock::now() + 5s; Clock::now() < until; s = Stats()) {
+      if (!s.is_discarded() && s["active_leases"] == 0) break;
+      std::this_thread::sleep_for(20ms);
+    }
+    return s;
+  }
+
   TempDir dir_{"kvtier-client"};
   std::string socket_;
   DaemonProcess daemon_;
@@ -141,7 +152,7 @@ TEST_F(ClientTest, StoreThenLoadReturnsTheSameBytes) {
   EXPECT_EQ(again->stored_bytes, 0u);
 
   // The loads released their leases.
-  auto s = Stats();
+  auto s = StatsAfterReleases();
   ASSERT_FALSE(s.is_discarded());
   EXPECT_EQ(s["active_leases"], 0);
   EXPECT_EQ(s["active_reservations"], 0);
@@ -400,7 +411,7 @@ TEST_F(ClientTest, ConcurrentStoreAndLoadFromFourThreadsOfOneClient) {
   // The arena holds everything: every load after a store finds at least the
   // shared prefix (another thread may still be writing a shared chunk).
   EXPECT_GE(loaded.load(), uint64_t{kThreads} * kIterations);
-  auto s = Stats();
+  auto s = StatsAfterReleases();
   ASSERT_FALSE(s.is_discarded());
   EXPECT_EQ(s["active_leases"], 0);
   EXPECT_EQ(s["active_reservations"], 0);

@@ -4,6 +4,7 @@
 
 #include "kvtier/proto/convert.h"
 #include "kvtier/proto/status_mapping.h"
+#include "kvtier/socket_path.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
 
 namespace kvtier {
@@ -32,7 +33,7 @@ AdminClient::~AdminClient() = default;
 
 Result<std::unique_ptr<AdminClient>> AdminClient::Connect(const std::string& socket_path,
                                                           std::chrono::milliseconds deadline) {
-  if (socket_path.empty()) return Status::InvalidArgument("socket path is empty");
+  KVTIER_RETURN_IF_ERROR(CheckSocketPath(socket_path));
   if (deadline.count() <= 0) return Status::InvalidArgument("deadline must be positive");
   return std::unique_ptr<AdminClient>(
       new AdminClient(std::make_unique<Impl>(socket_path, deadline)));

@@ -353,6 +353,8 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.reconnect_interval.count() < 0) {
     return Status::InvalidArgument("reconnect_interval must not be negative");
   }
+  KVTIER_RETURN_IF_ERROR(
+      CheckSocketPath(options.socket_path.empty() ? DefaultSocketPath() : options.socket_path));
   std::unique_ptr<Client> client(new Client(std::make_unique<Impl>(options)));
   auto conn = client->impl_->Get(options.connect_timeout);
   if (!conn.ok()) {

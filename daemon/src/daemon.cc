@@ -12,6 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -137,8 +138,20 @@ Status Daemon::PrepareSocketDir() {
   // else at those paths is not ours to remove.
   for (const std::string& p : {options_.socket_path, ArenaSocketPath(options_.socket_path)}) {
     struct stat ps {};
-    if (lstat(p.c_str(), &ps) == 0 && !S_ISSOCK(ps.st_mode)) {
+    if (lstat(p.c_str(), &ps) != 0) continue;
+    if (!S_ISSOCK(ps.st_mode)) {
       return Status::FailedPrecondition(p + " exists and is not a socket; refusing to replace it");
+    }
+    // A socket someone still listens on belongs to a live program, not to a dead daemon.
+    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, p.c_str(), std::min(p.size() + 1, sizeof(addr.sun_path) - 1));
+    const bool live = probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    if (probe >= 0) close(probe);
+    if (live) {
+      return Status::FailedPrecondition("another program is listening on " + p +
+                                        "; refusing to replace it");
     }
   }
   owns_socket_ = true;

@@ -46,6 +46,9 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
     const CLI::Option* given = app.get_option_no_throw(flag);
     const bool flag_given = given != nullptr && given->count() > 0;
     const char* expected = "a string";
+    if (!kv.second.IsScalar()) {
+      return Status::InvalidArgument("config " + path + ": key '" + key + "' needs a value");
+    }
     try {
       if (key == "socket") {
         if (!flag_given) raw->socket = kv.second.as<std::string>();

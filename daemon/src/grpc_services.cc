@@ -64,16 +64,32 @@ grpc::ServerUnaryReactor* KvCacheService::OpenNamespace(grpc::CallbackServerCont
   return Done(ctx, core_.OpenNamespace(*req, resp));
 }
 
+// A client that gave up (deadline passed, call cancelled) never learns of a
+// lease or reservation granted to it: end it now instead of at its TTL.
 grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ctx,
                                                  const v1::LookupRequest* req,
                                                  v1::LookupResponse* resp) {
-  return Done(ctx, core_.Lookup(*req, resp));
+  Status st = core_.Lookup(*req, resp);
+  if (st.ok() && resp->lease_id() != 0 && ctx->IsCancelled()) {
+    v1::ReleaseReadRequest release;
+    release.set_session_id(req->session_id());
+    release.set_lease_id(resp->lease_id());
+    (void)core_.ReleaseRead(release);
+  }
+  return Done(ctx, st);
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ReserveWrite(grpc::CallbackServerContext* ctx,
                                                        const v1::ReserveWriteRequest* req,
                                                        v1::ReserveWriteResponse* resp) {
-  return Done(ctx, core_.ReserveWrite(*req, resp));
+  Status st = core_.ReserveWrite(*req, resp);
+  if (st.ok() && resp->reservation_id() != 0 && ctx->IsCancelled()) {
+    v1::AbortWriteRequest abort;
+    abort.set_session_id(req->session_id());
+    abort.set_reservation_id(resp->reservation_id());
+    (void)core_.AbortWrite(abort);
+  }
+  return Done(ctx, st);
 }
 
 grpc::ServerUnaryReactor* KvCacheService::CommitWrite(grpc::CallbackServerContext* ctx,

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGHUP);  // no reload yet: a hang-up stops cleanly too
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   signal(SIGPIPE, SIG_IGN);
   // Requests carry up to a few MiB of token ids: keep freed heap memory instead
@@ -32,7 +33,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (auto st = kvtier::SetLogLevel(options->log_level); !st.ok()) {
-    std::fprintf(stderr, "kvtierd: --log-level: %s\n", st.message().c_str());
+    std::fprintf(stderr, "kvtierd: log_level (--log-level): %s\n", st.message().c_str());
     return 2;
   }
   auto daemon = kvtier::Daemon::Start(*options);
@@ -42,7 +43,8 @@ int main(int argc, char** argv) {
   }
   int sig = 0;
   sigwait(&stop, &sig);
-  spdlog::info("{} received, shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  spdlog::info("{} received, shutting down",
+               sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM");
   (*daemon)->Shutdown();
   spdlog::info("stopped");
   return 0;

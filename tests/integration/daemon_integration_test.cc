@@ -5,6 +5,8 @@
 // what they started even when an assertion fails.
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -572,6 +574,24 @@ TEST_F(DaemonTest, FileAtTheSocketPathIsNeverRemoved) {
   EXPECT_FALSE(r.ok());
   EXPECT_NE(r.err.find("not a socket"), std::string::npos) << r.Describe();
   EXPECT_EQ(ReadFileOrEmpty(path), "precious");
+}
+
+// A socket some other program is listening on is not a dead daemon's leftover.
+TEST_F(DaemonTest, LiveSocketOfAnotherProgramIsNeverReplaced) {
+  const std::string path = dir_.Sub("other.sock");
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  CommandResult r = RunCommand({BinPath("kvtierd"), "--socket", path}, 10s);
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.err.find("listening"), std::string::npos) << r.Describe();
+  struct stat st;
+  EXPECT_EQ(lstat(path.c_str(), &st), 0) << "the other program's socket was removed";
+  close(fd);
 }
 
 // A socket placed directly in an existing shared directory (think --socket

@@ -364,21 +364,21 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   auto* dram = app.add_subcommand("dram", "Store + Load through the SDK vs memcpy in + out");
   dram->add_option("--iterations", iterations, "measured requests per payload size")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 1 << 30))
       ->capture_default_str();
   dram->add_option("--chunks", num_chunks, "chunks per request")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 1 << 30))
       ->capture_default_str();
   auto* lookup = app.add_subcommand("lookup", "Lookup latency of a long cached prompt");
   lookup->add_option("--iterations", lookup_iterations, "lookups")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 1 << 30))
       ->capture_default_str();
   lookup->add_option("--prompt-tokens", prompt_tokens, "prompt length (at least one chunk, 256)")
       ->check(CLI::Range(uint64_t{256}, uint64_t{1} << 22))
       ->capture_default_str();
   auto* memory = app.add_subcommand("memory", "daemon anonymous memory per indexed chunk");
   memory->add_option("--chunks", memory_chunks, "chunks to index")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 1 << 30))
       ->capture_default_str();
   std::string nvme_dir = "./kvtier-bench-nvme";
   std::string nvme_file_bytes = "1GiB";

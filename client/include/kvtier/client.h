@@ -91,7 +91,8 @@ class Client {
  public:
   // Connects to the daemon. A daemon that is down is not an error: the client
   // starts disconnected, fails open and keeps trying to reconnect. Errors:
-  // INVALID_ARGUMENT for bad options.
+  // INVALID_ARGUMENT for bad options (a deadline that is not positive, a socket
+  // path too long for a Unix socket or that is not a socket).
   static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   ~Client();
   Client(const Client&) = delete;

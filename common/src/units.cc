@@ -19,6 +19,10 @@ Result<uint64_t> ParseBytes(std::string_view text) {
     return Status::InvalidArgument("byte size " + quoted + " does not start with a number");
   }
   std::string_view rest(end, static_cast<size_t>(text.data() + text.size() - end));
+  if (!rest.empty() && (rest.front() == '.' || rest.front() == ',')) {
+    return Status::InvalidArgument("byte size " + quoted +
+                                   " is not a whole number (write 1536MiB, not 1.5GiB)");
+  }
   while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
   std::string suffix;
   for (char c : rest) suffix.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));

@@ -43,6 +43,13 @@ TEST(ParseBytes, DecimalLookingSuffixesAreRefusedAsAmbiguous) {
   }
 }
 
+TEST(ParseBytes, FractionsAreRefusedWithAHint) {
+  auto r = ParseBytes("1.5GiB");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("whole number"), std::string::npos) << r.status().message();
+}
+
 TEST(ParseBytes, EmptyIsAnError) {
   auto r = ParseBytes("");
   ASSERT_FALSE(r.ok());

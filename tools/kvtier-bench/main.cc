@@ -391,7 +391,11 @@ int main(int argc, char** argv) {
   nvme->add_option("--fio-seconds", fio_seconds, "fio runtime per measurement")
       ->check(CLI::Range(1, 600))
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help exits 0; usage errors exit 2
+  }
   if (nvme->parsed()) {
     auto bytes = kvtier::ParseBytes(nvme_file_bytes);
     if (!bytes.ok() || *bytes < (uint64_t{64} << 20)) {

@@ -57,7 +57,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{600000}))
       ->capture_default_str();
   app.add_flag("--quiet", quiet, "no progress line");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help exits 0; usage errors exit 2
+  }
 
   if (trace_path.empty() && generate == 0) {
     std::fprintf(stderr, "kvtier-replay: give --trace FILE or --generate N\n");

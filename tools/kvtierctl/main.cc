@@ -83,7 +83,11 @@ int main(int argc, char** argv) {
   auto* health = app.add_subcommand("health", "exit 0 when the daemon is serving");
   auto* namespaces = app.add_subcommand("namespaces", "namespaces the daemon holds");
   for (auto* sub : {stats, health, namespaces}) sub->add_flag("--json", as_json, "print JSON");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help exits 0; usage errors exit 2
+  }
 
   auto admin_or = kvtier::AdminClient::Connect(socket_path, std::chrono::milliseconds(timeout_ms));
   if (!admin_or.ok()) {

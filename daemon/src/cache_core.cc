@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -70,12 +71,22 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
   auto dram = DramTier::Create(options.dram_bytes, epoch);
   if (!dram.ok()) return dram.status();
   std::unique_ptr<CacheCore> core(new CacheCore(options, std::move(dram).value(), clock));
+  if (!options.nvme.paths.empty()) {
+    auto nvme = NvmeTier::Open(options.nvme);
+    if (!nvme.ok()) return nvme.status();
+    core->nvme_ = std::move(nvme).value();
+    spdlog::info("NVMe tier: {} chunks indexed at start over {} path(s) of {} bytes",
+                 core->nvme_->counters().chunks, options.nvme.paths.size(),
+                 options.nvme.bytes_per_path);
+  }
   // Session, lease and reservation ids start at a random point, so that an id
   // from before a daemon restart is not valid after it.
   std::random_device rd;
   core->next_id_ = ((uint64_t{rd()} << 32 | rd()) >> 2) | (uint64_t{1} << 32);
   return core;
 }
+
+CacheCore::~CacheCore() = default;
 
 uint64_t CacheCore::OpenSession(const std::string& client_name, uint32_t pid) {
   std::lock_guard lock(mu_);
@@ -224,7 +235,7 @@ Status CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp)
   // Hash outside the lock: it is the bulk of a long prompt's lookup.
   const std::vector<ChunkKey> keys = ComputeChunkKeys(ns->id, all, chunk_tokens);
 
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));  // it may have ended meanwhile
   std::vector<uint32_t> hits;
   hits.reserve(keys.size());
@@ -245,16 +256,35 @@ Status CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp)
     }
     hits.push_back(h);
   }
+  const size_t dram_hits = hits.size();
+  size_t nvme_hits = 0;
+  if (nvme_ && hits.size() < max_hits && hits.size() < keys.size()) {
+    if (req.acquire()) {
+      for (uint32_t h : hits) dram_->Pin(h);  // keep them while the lock is dropped
+      nvme_hits = PromoteFromNvme(lock, req.namespace_id(), snap, keys, all,
+                                  std::min(max_hits, keys.size()), &hits);
+      for (size_t i = 0; i < dram_hits; ++i) dram_->Unpin(hits[i]);
+      KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));  // may have ended meanwhile
+    } else {
+      // Without a lease nothing is read: NVMe chunks are checked when read.
+      for (size_t i = hits.size(); i < std::min(max_hits, keys.size()); ++i) {
+        if (!nvme_->Contains(keys[i])) break;
+        ++nvme_hits;
+      }
+    }
+  }
   // Children first, so a prefix's inner chunks stay more recent than its leaves.
   for (auto it = hits.rbegin(); it != hits.rend(); ++it) dram_->Touch(*it);
-  const uint64_t num_hits = hits.size();
+  const uint64_t num_hits = req.acquire() ? hits.size() : dram_hits + nvme_hits;
   ++counters_.lookups;
   counters_.lookup_tokens += all.size();
   counters_.hit_tokens += num_hits * chunk_tokens;
-  counters_.hits += num_hits;
+  counters_.hits += dram_hits;
+  counters_.nvme_hits += nvme_hits;
   if (num_hits < max_hits) counters_.misses += keys.size() - num_hits;  // stopped by a miss
 
   resp->set_num_chunks(static_cast<uint32_t>(num_hits));
+  resp->set_nvme_chunks(static_cast<uint32_t>(nvme_hits));
   resp->set_cached_tokens(num_hits * chunk_tokens);
   resp->set_lease_ttl_ms(static_cast<uint64_t>(options_.lease_ttl.count()));
   if (req.acquire() && num_hits > 0) {
@@ -275,6 +305,60 @@ Status CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp)
     resp->set_lease_id(lease_id);
   }
   return Status::Ok();
+}
+
+size_t CacheCore::PromoteFromNvme(std::unique_lock<std::mutex>& lock,
+                                  const std::string& namespace_id, const NamespaceState& snap,
+                                  const std::vector<ChunkKey>& keys,
+                                  std::span<const int32_t> tokens, size_t limit,
+                                  std::vector<uint32_t>* hits) {
+  auto found = FindNamespace(namespace_id);
+  if (!found.ok()) return 0;
+  NamespaceState* ns = const_cast<NamespaceState*>(*found);
+  const uint32_t ct = snap.spec.chunk_tokens;
+  struct Promotion {
+    size_t index;
+    uint64_t slot_offset;
+  };
+  std::vector<Promotion> promotions;
+  for (size_t i = hits->size(); i < limit; ++i) {
+    if (!nvme_->Contains(keys[i])) break;
+    auto offset = dram_->AllocateSlot(ns->ns_index);  // the hits so far are pinned
+    if (!offset) break;
+    InvalidateSlot(dram_->SlotAddress(*offset));
+    promotions.push_back({i, *offset});
+  }
+  if (promotions.empty()) return 0;
+  ++ns->active_reservations;  // the namespace keeps its slot class while the lock is dropped
+  std::vector<NvmeTier::ReadRequest> reads;
+  for (const Promotion& p : promotions) {
+    reads.push_back({{snap.id, keys[p.index], p.index == 0 ? snap.id : keys[p.index - 1],
+                      tokens.subspan(p.index * ct, ct)},
+                     &snap.layout,
+                     {dram_->SlotAddress(p.slot_offset), snap.layout.slot_bytes},
+                     Status::Ok()});
+  }
+  lock.unlock();
+  const Status io = nvme_->ReadMany(reads);
+  lock.lock();
+  --ns->active_reservations;
+  size_t promoted = 0;
+  for (size_t k = 0; k < promotions.size(); ++k) {
+    const Promotion& p = promotions[k];
+    const bool ok = io.ok() && reads[k].result.ok() && promoted == k;
+    const uint32_t h = ok ? dram_->Insert(keys[p.index],
+                                          p.index == 0 ? snap.id : keys[p.index - 1], snap.id,
+                                          ns->ns_index, p.slot_offset)
+                          : ChunkIndex::kNone;
+    if (h == ChunkIndex::kNone) {
+      dram_->FreeSlot(ns->ns_index, p.slot_offset);
+      continue;
+    }
+    hits->push_back(h);  // the caller leases it before the lock is dropped again
+    ++promoted;
+  }
+  counters_.nvme_read_bytes += promoted * snap.layout.payload_bytes;
+  return promoted;
 }
 
 void CacheCore::EndLease(std::unordered_map<uint64_t, Lease>::iterator it) {
@@ -449,6 +533,14 @@ Status CacheCore::CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWrite
     }
   }
   counters_.write_bytes += uint64_t{committed} * ns.layout.payload_bytes;
+  if (nvme_) {  // write-through: queued for the NVMe worker, never waited for here
+    for (const ReservedChunk& c : r.chunks) {
+      const uint32_t h = dram_->Find(c.key);
+      if (h == ChunkIndex::kNone || dram_->Get(h).slot_offset != c.slot_offset) continue;
+      dram_->Pin(h);  // not evicted before it is on NVMe (backpressure when NVMe lags)
+      nvme_queue_.push_back(c.key);
+    }
+  }
   resp->set_committed_chunks(committed);
   resp->set_dropped_chunks(dropped);
   return Status::Ok();
@@ -493,6 +585,67 @@ void CacheCore::ExpireNow() {
   }
 }
 
+size_t CacheCore::WriteThroughOnce() {
+  if (!nvme_) return 0;
+  constexpr size_t kBatch = 32;
+  struct Item {
+    uint32_t handle;
+    ChunkKey key, parent;
+    NamespaceId ns;
+    SlotLayout layout;
+    const std::byte* slot;
+  };
+  std::vector<Item> items;
+  size_t taken = 0;
+  {
+    std::lock_guard lock(mu_);
+    while (!nvme_queue_.empty() && taken < kBatch) {
+      const ChunkKey key = nvme_queue_.front();
+      nvme_queue_.pop_front();
+      ++taken;
+      const uint32_t h = dram_->Find(key);  // pinned since CommitWrite queued it
+      if (h == ChunkIndex::kNone) continue;
+      if (nvme_->Contains(key)) {
+        dram_->Unpin(h);
+        continue;
+      }
+      const ChunkEntry& e = dram_->Get(h);
+      const NamespaceState& ns = *namespaces_[e.ns_index];
+      items.push_back({h, key, e.parent, ns.id, ns.layout, dram_->SlotAddress(e.slot_offset)});
+    }
+    nvme_in_flight_ += items.size();
+  }
+  if (taken == 0) return 0;
+  std::vector<std::unique_ptr<std::byte, decltype(&std::free)>> copies;
+  std::vector<NvmeImage> images;
+  for (const Item& it : items) {
+    copies.emplace_back(static_cast<std::byte*>(std::aligned_alloc(kBlockBytes, it.layout.slot_bytes)),
+                        &std::free);
+    std::memcpy(copies.back().get(), it.slot, it.layout.slot_bytes);
+    SealPayloadChecksum(copies.back().get(), it.layout);
+    images.push_back({it.key, it.parent, it.ns, {copies.back().get(), it.layout.slot_bytes}});
+  }
+  Result<size_t> stored = images.empty() ? Result<size_t>(size_t{0}) : nvme_->Write(images);
+  if (!stored.ok()) {
+    spdlog::warn("NVMe write-through of {} chunks failed: {}", images.size(),
+                 stored.status().ToString());
+  }
+  std::lock_guard lock(mu_);
+  for (const Item& it : items) dram_->Unpin(it.handle);
+  nvme_in_flight_ -= items.size();
+  if (stored.ok()) {
+    for (size_t i = 0; i < *stored && i < items.size(); ++i) {
+      counters_.nvme_write_bytes += items[i].layout.payload_bytes;
+    }
+  }
+  return taken;
+}
+
+uint64_t CacheCore::nvme_pending_writes() const {
+  std::lock_guard lock(mu_);
+  return nvme_queue_.size() + nvme_in_flight_;
+}
+
 void CacheCore::Stats(v1::StatsResponse* resp) {
   std::lock_guard lock(mu_);
   auto* t = resp->add_tiers();
@@ -512,6 +665,21 @@ void CacheCore::Stats(v1::StatsResponse* resp) {
   t->set_evictions(dram_->counters().evictions);
   t->set_read_bytes(counters_.read_bytes);
   t->set_write_bytes(counters_.write_bytes);
+  if (nvme_) {
+    const NvmeTierCounters n = nvme_->counters();
+    auto* nt = resp->add_tiers();
+    nt->set_name("nvme");
+    nt->set_capacity_bytes(n.capacity_bytes);
+    nt->set_used_bytes(n.used_bytes);
+    nt->set_capacity_chunks(smallest_slot == 0 ? 0 : n.capacity_bytes / smallest_slot);
+    nt->set_chunks(n.chunks);
+    nt->set_hits(counters_.nvme_hits);
+    nt->set_evictions(n.evictions);
+    nt->set_read_bytes(counters_.nvme_read_bytes);
+    nt->set_write_bytes(counters_.nvme_write_bytes);
+    nt->set_pending_writes(nvme_queue_.size() + nvme_in_flight_);
+    nt->set_corrupt_reads(n.corrupt_reads);
+  }
   resp->set_lookups(counters_.lookups);
   resp->set_lookup_tokens(counters_.lookup_tokens);
   resp->set_hit_tokens(counters_.hit_tokens);

@@ -48,6 +48,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   }
   std::unique_ptr<Daemon> d(new Daemon(options));
   KVTIER_RETURN_IF_ERROR(d->PrepareSocketDir());
+  if (options.rebuild_index) {
+    auto n = NvmeTier::RebuildIndex(options.core.nvme);
+    if (!n.ok()) return n.status();
+    spdlog::info("NVMe index rebuilt from slot headers: {} chunks", *n);
+  }
   auto core = CacheCore::Create(options.core, NewEpoch(), SteadyClock::Instance());
   if (!core.ok()) return core.status();
   d->core_ = std::move(core).value();
@@ -76,6 +81,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   }
   d->arena_thread_ = std::thread([p = d.get()] { p->ArenaLoop(); });
   d->sweep_thread_ = std::thread([p = d.get()] { p->SweepLoop(); });
+  if (d->core_->nvme_enabled()) d->nvme_thread_ = std::thread([p = d.get()] { p->NvmeLoop(); });
   spdlog::info("kvtierd serving on {} (DRAM arena {} bytes, epoch {:016x})", options.socket_path,
                options.core.dram_bytes, d->core_->epoch());
   return d;
@@ -197,6 +203,13 @@ void Daemon::SweepLoop() {
   }
 }
 
+void Daemon::NvmeLoop() {
+  using namespace std::chrono_literals;
+  while (!stopping_.load()) {
+    if (core_->WriteThroughOnce() == 0) std::this_thread::sleep_for(5ms);
+  }
+}
+
 void Daemon::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
@@ -204,6 +217,11 @@ void Daemon::Shutdown() {
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   if (arena_thread_.joinable()) arena_thread_.join();
   if (sweep_thread_.joinable()) sweep_thread_.join();
+  if (nvme_thread_.joinable()) nvme_thread_.join();
+  if (core_ && core_->nvme_enabled()) {  // what was committed reaches NVMe before we exit
+    while (core_->WriteThroughOnce() > 0) {
+    }
+  }
   if (arena_listen_fd_ >= 0) close(arena_listen_fd_);
   if (owns_socket_) {  // a daemon refused by the lock must not remove the server's sockets
     unlink(options_.socket_path.c_str());

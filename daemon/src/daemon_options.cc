@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <map>
+#include <vector>
 
 #include "kvtier/units.h"
 
@@ -22,7 +23,9 @@ Status DaemonOptions::Validate() const {
 namespace {
 
 struct RawOptions {
-  std::string socket, socket_group, log_level, dram_bytes;
+  std::string socket, socket_group, log_level, dram_bytes, nvme_bytes = "8GiB";
+  std::vector<std::string> nvme_paths;
+  int64_t nvme_queue_depth = 32;
   int64_t lease_ttl_ms = 0, reservation_ttl_ms = 0;
   std::string dram_bytes_from = "--dram-bytes";  // where dram_bytes came from, for errors
 };
@@ -46,6 +49,21 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
     const CLI::Option* given = app.get_option_no_throw(flag);
     const bool flag_given = given != nullptr && given->count() > 0;
     const char* expected = "a string";
+    if (key == "nvme_paths") {  // a list of directories, or one
+      if (flag_given) continue;
+      try {
+        raw->nvme_paths.clear();
+        if (kv.second.IsSequence()) {
+          for (const auto& p : kv.second) raw->nvme_paths.push_back(p.as<std::string>());
+        } else {
+          raw->nvme_paths.push_back(kv.second.as<std::string>());
+        }
+      } catch (const YAML::Exception& e) {
+        return Status::InvalidArgument("config " + path + ": key 'nvme_paths' must be a directory "
+                                       "or a list of directories");
+      }
+      continue;
+    }
     if (!kv.second.IsScalar()) {
       return Status::InvalidArgument("config " + path + ": key '" + key + "' needs a value");
     }
@@ -62,6 +80,12 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
           raw->dram_bytes = kv.second.as<std::string>();
           raw->dram_bytes_from = "config " + path + ": dram_bytes";
         }
+      } else if (key == "nvme_bytes") {
+        expected = "a byte size such as 64GiB";
+        if (!flag_given) raw->nvme_bytes = kv.second.as<std::string>();
+      } else if (key == "nvme_queue_depth") {
+        expected = "an integer";
+        if (!flag_given) raw->nvme_queue_depth = kv.second.as<int64_t>();
       } else if (key == "lease_ttl_ms" || key == "reservation_ttl_ms") {
         expected = "an integer number of milliseconds";
         if (!flag_given) {
@@ -71,7 +95,8 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
       } else {
         return Status::InvalidArgument("config " + path + ": unknown key '" + key +
                                        "' (socket, socket_group, log_level, dram_bytes, "
-                                       "lease_ttl_ms, reservation_ttl_ms)");
+                                       "lease_ttl_ms, reservation_ttl_ms, nvme_paths, nvme_bytes, "
+                                       "nvme_queue_depth)");
       }
     } catch (const YAML::Exception& e) {
       return Status::InvalidArgument("config " + path + ": key '" + key + "' must be " +
@@ -112,6 +137,15 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   app.add_option("--reservation-ttl-ms", raw.reservation_ttl_ms,
                  "an uncommitted write is freed after this")
       ->capture_default_str();
+  app.add_option("--nvme-path", raw.nvme_paths,
+                 "directory for an NVMe slot file (repeatable); the NVMe tier is off without it");
+  app.add_option("--nvme-bytes", raw.nvme_bytes, "size of the slot file in each --nvme-path")
+      ->capture_default_str();
+  app.add_option("--nvme-queue-depth", raw.nvme_queue_depth, "io_uring queue depth per I/O thread")
+      ->capture_default_str();
+  bool rebuild_index = false;
+  app.add_flag("--rebuild-index", rebuild_index,
+               "rebuild the NVMe index from the slot headers before serving");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -134,6 +168,24 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   opts.log_level = raw.log_level;
   opts.core.dram_bytes = *dram;
   opts.core.lease_ttl = std::chrono::milliseconds(raw.lease_ttl_ms);
+  if (!raw.nvme_paths.empty()) {
+    auto nvme_bytes = ParseBytes(raw.nvme_bytes);
+    if (!nvme_bytes.ok()) return Status::InvalidArgument("nvme_bytes: " + nvme_bytes.status().message());
+    if (*nvme_bytes == 0 || *nvme_bytes % 4096 != 0) {
+      return Status::InvalidArgument("nvme_bytes " + std::to_string(*nvme_bytes) +
+                                     " is not a positive multiple of 4096");
+    }
+    if (raw.nvme_queue_depth < 1 || raw.nvme_queue_depth > 4096) {
+      return Status::InvalidArgument("nvme_queue_depth " + std::to_string(raw.nvme_queue_depth) +
+                                     " is outside 1..4096");
+    }
+    opts.core.nvme.paths = raw.nvme_paths;
+    opts.core.nvme.bytes_per_path = *nvme_bytes;
+    opts.core.nvme.queue_depth = static_cast<uint32_t>(raw.nvme_queue_depth);
+  } else if (rebuild_index) {
+    return Status::InvalidArgument("--rebuild-index needs --nvme-path");
+  }
+  opts.rebuild_index = rebuild_index;
   opts.core.reservation_ttl = std::chrono::milliseconds(raw.reservation_ttl_ms);
   KVTIER_RETURN_IF_ERROR(opts.Validate());
   return opts;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <cstdlib>
+#include <filesystem>
 #include <unordered_map>
 
 #include "kvtier/units.h"
@@ -127,6 +128,27 @@ Result<size_t> NvmeTier::RebuildIndexFromSlots(std::span<BlockDevice* const> dev
     KVTIER_RETURN_IF_ERROR(index.Put(std::span<const NvmeRecord>(records.data() + i, n)));
   }
   return records.size();
+}
+
+Result<size_t> NvmeTier::RebuildIndex(const NvmeTierOptions& options) {
+  if (options.paths.empty()) return Status::InvalidArgument("no NVMe path given");
+  const std::string index_dir =
+      options.index_dir.empty() ? options.paths[0] + "/index" : options.index_dir;
+  std::error_code ec;
+  std::filesystem::remove_all(index_dir, ec);
+  if (ec) return Status::IOError("remove NVMe index " + index_dir + ": " + ec.message());
+  std::vector<std::unique_ptr<IoUringFileDevice>> devices;
+  std::vector<BlockDevice*> raw;
+  for (const std::string& path : options.paths) {
+    auto d = IoUringFileDevice::Open(
+        {path + "/kvtier-slots.dat", options.bytes_per_path, options.queue_depth});
+    if (!d.ok()) return d.status();
+    raw.push_back(d->get());
+    devices.push_back(std::move(d).value());
+  }
+  auto index = NvmeIndex::Open(index_dir);
+  if (!index.ok()) return index.status();
+  return RebuildIndexFromSlots(raw, **index);
 }
 
 Status NvmeTier::Rebuild() {

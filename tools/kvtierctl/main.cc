@@ -26,7 +26,9 @@ json StatsJson(const kvtier::DaemonStats& s) {
                      {"misses", t.misses},
                      {"evictions", t.evictions},
                      {"read_bytes", t.read_bytes},
-                     {"write_bytes", t.write_bytes}});
+                     {"write_bytes", t.write_bytes},
+                     {"pending_writes", t.pending_writes},
+                     {"corrupt_reads", t.corrupt_reads}});
   }
   return {{"tiers", tiers},
           {"lookups", s.lookups},

@@ -19,7 +19,7 @@
 namespace kvtier {
 
 struct TierStats {
-  std::string name;              // "dram"
+  std::string name;              // "dram" or "nvme"
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;       // slots in use (committed or reserved)
   uint64_t capacity_chunks = 0;  // capacity_bytes / the smallest slot size opened
@@ -28,7 +28,9 @@ struct TierStats {
   uint64_t misses = 0;           // full chunks looked up and not hit
   uint64_t evictions = 0;
   uint64_t read_bytes = 0;       // payload bytes leased out to clients
-  uint64_t write_bytes = 0;      // payload bytes committed
+  uint64_t write_bytes = 0;      // payload bytes committed (dram) or written (nvme)
+  uint64_t pending_writes = 0;   // nvme: committed chunks queued for write-through
+  uint64_t corrupt_reads = 0;    // nvme: images that failed verification (dropped)
 };
 
 struct DaemonStats {

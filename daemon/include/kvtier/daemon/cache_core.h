@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -24,6 +25,7 @@
 #include "kvtier/slot_image.h"
 #include "kvtier/status.h"
 #include "kvtier/tiers/dram_tier.h"
+#include "kvtier/tiers/nvme_tier.h"
 #include "kvtier/v1/kvtier.pb.h"
 
 namespace kvtier {
@@ -39,6 +41,9 @@ struct CacheCoreOptions {
   uint64_t max_prompt_tokens = uint64_t{1} << 22;
   // Most chunks in one ReserveWrite. Default: 65,536.
   uint32_t max_chunks_per_request = 65536;
+  // NVMe tier: off when `nvme.paths` is empty (the default here; kvtierd's
+  // flags --nvme-path/--nvme-bytes turn it on). Write policy: write-through.
+  NvmeTierOptions nvme;
   // Most namespaces the daemon keeps at once; when full, a namespace with no
   // resident chunk and no pending write makes room for a new one. Default: 1,024.
   uint32_t max_namespaces = 1024;
@@ -51,6 +56,15 @@ class CacheCore {
   // `clock` must outlive the core. `epoch`: nonzero arena epoch.
   static Result<std::unique_ptr<CacheCore>> Create(const CacheCoreOptions& options,
                                                    uint64_t epoch, const Clock& clock);
+  ~CacheCore();
+
+  // Write-through to NVMe (when on): writes up to one batch of committed
+  // chunks queued by CommitWrite and returns how many it took from the queue.
+  // The daemon's NVMe worker calls it in a loop; tests call it directly.
+  size_t WriteThroughOnce();
+  // Committed chunks queued for NVMe and not yet written.
+  uint64_t nvme_pending_writes() const;
+  bool nvme_enabled() const { return nvme_ != nullptr; }
 
   // Sessions: opened by the Session stream, ended when it breaks. Ending a
   // session ends its leases and frees its reservations at once.
@@ -117,6 +131,9 @@ class CacheCore {
     uint64_t read_bytes = 0;
     uint64_t write_bytes = 0;
     uint64_t token_check_failures = 0;
+    uint64_t nvme_hits = 0;
+    uint64_t nvme_read_bytes = 0;
+    uint64_t nvme_write_bytes = 0;
   };
 
   CacheCore(const CacheCoreOptions& options, std::unique_ptr<DramTier> dram, const Clock& clock)
@@ -127,6 +144,13 @@ class CacheCore {
   Status CheckEpoch(uint64_t epoch) const;
   Result<const NamespaceState*> FindNamespace(const std::string& namespace_id) const;
   void EndLease(std::unordered_map<uint64_t, Lease>::iterator it);
+  // With `lock` held on entry and exit (dropped around the reads): reads the
+  // NVMe chunks that continue `hits` into fresh DRAM slots, verifies and
+  // indexes them, appends their handles. Returns how many were promoted.
+  size_t PromoteFromNvme(std::unique_lock<std::mutex>& lock, const std::string& namespace_id,
+                         const NamespaceState& snap, const std::vector<ChunkKey>& keys,
+                         std::span<const int32_t> tokens, size_t limit,
+                         std::vector<uint32_t>* hits);
   void FreeReservation(const Reservation& r);
   // The two halves of FreeReservation: drop its pins and in-flight keys; give
   // back its slots.
@@ -138,6 +162,9 @@ class CacheCore {
 
   mutable std::mutex mu_;
   std::unique_ptr<DramTier> dram_;                                    // GUARDED_BY(mu_)
+  std::unique_ptr<NvmeTier> nvme_;  // thread-safe itself; lock order: mu_, then its own
+  std::deque<ChunkKey> nvme_queue_;                                   // GUARDED_BY(mu_)
+  uint64_t nvme_in_flight_ = 0;                                       // GUARDED_BY(mu_)
   std::vector<std::unique_ptr<NamespaceState>> namespaces_;           // GUARDED_BY(mu_)
   std::unordered_map<NamespaceId, NamespaceState*, ChunkKeyHash> ns_by_id_;  // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, std::string> sessions_;                // GUARDED_BY(mu_)

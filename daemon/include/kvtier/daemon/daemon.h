@@ -48,6 +48,7 @@ class Daemon {
   Status StartArenaSocket();
   void ArenaLoop();
   void SweepLoop();
+  void NvmeLoop();  // write-through worker
 
   DaemonOptions options_;
   int lock_fd_ = -1;
@@ -60,6 +61,7 @@ class Daemon {
   std::atomic<bool> stopping_{false};
   std::thread arena_thread_;
   std::thread sweep_thread_;
+  std::thread nvme_thread_;
   bool shut_down_ = false;
 };
 

@@ -20,8 +20,12 @@ struct DaemonOptions {
   std::string socket_group;
   // trace, debug, info, warn, error, critical, off. Default: "info".
   std::string log_level = "info";
-  // Cache sizes, TTLs and limits (dram_bytes default 1 GiB; TTLs 30 s).
+  // Cache sizes, TTLs and limits (dram_bytes default 1 GiB; TTLs 30 s; NVMe off
+  // unless --nvme-path is given).
   CacheCoreOptions core;
+  // Rebuild the NVMe tier's RocksDB index from the slot headers before
+  // serving (when the index is missing or corrupt). Default: false.
+  bool rebuild_index = false;
 
   Status Validate() const;
 };

@@ -76,6 +76,9 @@ class NvmeTier {
   // number of images recorded. Errors: IO_ERROR.
   static Result<size_t> RebuildIndexFromSlots(std::span<BlockDevice* const> devices,
                                               NvmeIndex& index);
+  // `kvtierd --rebuild-index`: removes the index directory of `options` and
+  // rebuilds it from the slot files. Returns the number of images recorded.
+  static Result<size_t> RebuildIndex(const NvmeTierOptions& options);
 
   // The same over devices built by the caller (tests wrap them to inject faults).
   static Result<std::unique_ptr<NvmeTier>> Create(std::vector<std::unique_ptr<BlockDevice>> devices,

@@ -519,6 +519,8 @@ Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32
   }
   result.fail_open = status;
   result.num_chunks = valid;
+  const uint32_t dram_chunks = resp.num_chunks() - std::min(resp.num_chunks(), resp.nvme_chunks());
+  result.nvme_chunks = valid > dram_chunks ? valid - dram_chunks : 0;
   result.loaded_tokens = uint64_t{valid} * ns.spec.chunk_tokens;
   return result;
 }

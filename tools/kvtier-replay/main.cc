@@ -28,6 +28,7 @@ struct Totals {
   uint64_t requests = 0, prompt_tokens = 0, hit_tokens = 0, bytes_loaded = 0, bytes_stored = 0;
   uint64_t chunks_loaded = 0, chunks_stored = 0, chunks_dropped = 0, verify_errors = 0;
   uint64_t fail_open = 0;
+  uint64_t nvme_hit_tokens = 0, nvme_bytes_loaded = 0;
   std::vector<double> lookup_us, load_us, store_us;
 };
 
@@ -144,6 +145,8 @@ int main(int argc, char** argv) {
       if (chunk_errors[i] != 0) ++t.verify_errors;
     }
     t.hit_tokens += load->loaded_tokens;
+    t.nvme_hit_tokens += uint64_t{load->nvme_chunks} * chunk_tokens;
+    t.nvme_bytes_loaded += uint64_t{load->nvme_chunks} * pb;
     t.chunks_loaded += load->num_chunks;
     t.bytes_loaded += uint64_t{load->num_chunks} * pb;
 
@@ -188,7 +191,11 @@ int main(int argc, char** argv) {
       {"prompt_tokens", t.prompt_tokens},
       {"hit_tokens", t.hit_tokens},
       {"token_hit_rate", hit_rate},
-      {"tiers", {{"dram", {{"hit_tokens", t.hit_tokens}, {"bytes_loaded", t.bytes_loaded}}}}},
+      {"tiers",
+       {{"dram",
+         {{"hit_tokens", t.hit_tokens - t.nvme_hit_tokens},
+          {"bytes_loaded", t.bytes_loaded - t.nvme_bytes_loaded}}},
+        {"nvme", {{"hit_tokens", t.nvme_hit_tokens}, {"bytes_loaded", t.nvme_bytes_loaded}}}}},
       {"chunks_loaded", t.chunks_loaded},
       {"chunks_stored", t.chunks_stored},
       {"chunks_dropped", t.chunks_dropped},
@@ -205,7 +212,9 @@ int main(int argc, char** argv) {
               j["trace"].get<std::string>().c_str(), model.c_str(), chunk_tokens);
   std::printf("  %-22s %llu\n", "requests", static_cast<unsigned long long>(t.requests));
   std::printf("  %-22s %llu\n", "prompt tokens", static_cast<unsigned long long>(t.prompt_tokens));
-  std::printf("  %-22s %llu\n", "hit tokens (dram)", static_cast<unsigned long long>(t.hit_tokens));
+  std::printf("  %-22s %llu\n", "hit tokens (dram)",
+              static_cast<unsigned long long>(t.hit_tokens - t.nvme_hit_tokens));
+  std::printf("  %-22s %llu\n", "hit tokens (nvme)", static_cast<unsigned long long>(t.nvme_hit_tokens));
   std::printf("  %-22s %.4f\n", "token hit rate", hit_rate);
   std::printf("  %-22s %.1f MiB\n", "bytes loaded", t.bytes_loaded / 1048576.0);
   std::printf("  %-22s %.1f MiB\n", "bytes stored", t.bytes_stored / 1048576.0);

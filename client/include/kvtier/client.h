@@ -64,6 +64,7 @@ struct LookupResult {
 struct LoadResult {
   uint64_t loaded_tokens = 0;  // num_chunks * chunk_tokens, copied to the destination
   uint32_t num_chunks = 0;
+  uint32_t nvme_chunks = 0;    // of num_chunks, the trailing ones the daemon promoted from NVMe
   std::chrono::microseconds lookup_time{0};  // the Lookup-with-lease RPC alone
   Status fail_open;
 };

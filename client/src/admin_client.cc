@@ -46,7 +46,8 @@ Result<DaemonStats> AdminClient::Stats() {
   for (const auto& t : r.tiers()) {
     s.tiers.push_back({t.name(), t.capacity_bytes(), t.used_bytes(), t.capacity_chunks(),
                        t.chunks(), t.hits(), t.misses(), t.evictions(), t.read_bytes(),
-                       t.write_bytes(), t.pending_writes(), t.corrupt_reads()});
+                       t.write_bytes(), t.pending_writes(), t.corrupt_reads(), t.io_errors(),
+                       t.degraded()});
   }
   s.lookups = r.lookups();
   s.lookup_tokens = r.lookup_tokens();
@@ -61,7 +62,8 @@ Result<DaemonStats> AdminClient::Stats() {
 Result<DaemonHealth> AdminClient::Health() {
   v1::HealthResponse r;
   KVTIER_RETURN_IF_ERROR((impl_->Call<v1::HealthRequest>(&v1::Admin::Stub::Health, &r)));
-  return DaemonHealth{r.serving(), r.version(), r.epoch(), r.pid()};
+  return DaemonHealth{r.serving(), r.version(), r.epoch(), r.pid(),
+                      {r.degraded_tiers().begin(), r.degraded_tiers().end()}};
 }
 
 Result<std::vector<NamespaceInfo>> AdminClient::Namespaces() {

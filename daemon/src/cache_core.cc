@@ -68,13 +68,24 @@ Status CacheCoreOptions::Validate() const {
 Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& options,
                                                      uint64_t epoch, const Clock& clock) {
   KVTIER_RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<NvmeTier> nvme;
+  if (!options.nvme.paths.empty()) {
+    auto opened = NvmeTier::Open(options.nvme);
+    if (!opened.ok()) return opened.status();
+    nvme = std::move(opened).value();
+  }
+  return Create(options, epoch, clock, std::move(nvme));
+}
+
+Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& options,
+                                                     uint64_t epoch, const Clock& clock,
+                                                     std::unique_ptr<NvmeTier> nvme) {
+  KVTIER_RETURN_IF_ERROR(options.Validate());
   auto dram = DramTier::Create(options.dram_bytes, epoch);
   if (!dram.ok()) return dram.status();
   std::unique_ptr<CacheCore> core(new CacheCore(options, std::move(dram).value(), clock));
-  if (!options.nvme.paths.empty()) {
-    auto nvme = NvmeTier::Open(options.nvme);
-    if (!nvme.ok()) return nvme.status();
-    core->nvme_ = std::move(nvme).value();
+  if (nvme) {
+    core->nvme_ = std::move(nvme);
     spdlog::info("NVMe tier: {} chunks indexed at start over {} path(s) of {} bytes",
                  core->nvme_->counters().chunks, options.nvme.paths.size(),
                  options.nvme.bytes_per_path);
@@ -342,6 +353,7 @@ size_t CacheCore::PromoteFromNvme(std::unique_lock<std::mutex>& lock,
   const Status io = nvme_->ReadMany(reads);
   lock.lock();
   --ns->active_reservations;
+  NoteNvmeIo(io.ok());
   size_t promoted = 0;
   for (size_t k = 0; k < promotions.size(); ++k) {
     const Promotion& p = promotions[k];
@@ -631,6 +643,7 @@ size_t CacheCore::WriteThroughOnce() {
                  stored.status().ToString());
   }
   std::lock_guard lock(mu_);
+  if (!images.empty()) NoteNvmeIo(stored.ok());
   for (const Item& it : items) dram_->Unpin(it.handle);
   nvme_in_flight_ -= items.size();
   if (stored.ok()) {
@@ -639,6 +652,27 @@ size_t CacheCore::WriteThroughOnce() {
     }
   }
   return taken;
+}
+
+void CacheCore::NoteNvmeIo(bool ok) {
+  if (ok) {
+    if (counters_.nvme_failure_streak >= kNvmeDegradedAfter) {
+      spdlog::info("NVMe tier: I/O succeeds again; no longer degraded");
+    }
+    counters_.nvme_failure_streak = 0;
+    return;
+  }
+  ++counters_.nvme_io_errors;
+  if (++counters_.nvme_failure_streak == kNvmeDegradedAfter) {
+    spdlog::error("NVMe tier degraded: {} I/O batches failed in a row; DRAM keeps serving",
+                  kNvmeDegradedAfter);
+  }
+}
+
+std::vector<std::string> CacheCore::DegradedTiers() const {
+  std::lock_guard lock(mu_);
+  if (nvme_ && counters_.nvme_failure_streak >= kNvmeDegradedAfter) return {"nvme"};
+  return {};
 }
 
 uint64_t CacheCore::nvme_pending_writes() const {
@@ -679,6 +713,8 @@ void CacheCore::Stats(v1::StatsResponse* resp) {
     nt->set_write_bytes(counters_.nvme_write_bytes);
     nt->set_pending_writes(nvme_queue_.size() + nvme_in_flight_);
     nt->set_corrupt_reads(n.corrupt_reads);
+    nt->set_io_errors(counters_.nvme_io_errors);
+    nt->set_degraded(counters_.nvme_failure_streak >= kNvmeDegradedAfter);
   }
   resp->set_lookups(counters_.lookups);
   resp->set_lookup_tokens(counters_.lookup_tokens);

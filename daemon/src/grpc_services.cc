@@ -124,6 +124,7 @@ grpc::ServerUnaryReactor* AdminService::Health(grpc::CallbackServerContext* ctx,
   resp->set_version("0.1.0");
   resp->set_epoch(core_.epoch());
   resp->set_pid(static_cast<uint32_t>(getpid()));
+  for (const std::string& t : core_.DegradedTiers()) resp->add_degraded_tiers(t);
   return Done(ctx, Status::Ok());
 }
 

@@ -83,8 +83,9 @@ class CacheCoreDriver {
     return o;
   }
 
-  void Start(const CacheCoreOptions& options) {
-    auto core = CacheCore::Create(options, kEpoch, clock_);
+  void Start(const CacheCoreOptions& options, std::unique_ptr<NvmeTier> nvme = nullptr) {
+    auto core = nvme ? CacheCore::Create(options, kEpoch, clock_, std::move(nvme))
+                     : CacheCore::Create(options, kEpoch, clock_);
     ASSERT_TRUE(core.ok()) << core.status().ToString();
     core_ = std::move(core).value();
     auto mapped = Arena::Map(dup(core_->arena().fd()), core_->arena().bytes(), core_->epoch());

@@ -28,7 +28,9 @@ json StatsJson(const kvtier::DaemonStats& s) {
                      {"read_bytes", t.read_bytes},
                      {"write_bytes", t.write_bytes},
                      {"pending_writes", t.pending_writes},
-                     {"corrupt_reads", t.corrupt_reads}});
+                     {"corrupt_reads", t.corrupt_reads},
+                     {"io_errors", t.io_errors},
+                     {"degraded", t.degraded}});
   }
   return {{"tiers", tiers},
           {"lookups", s.lookups},
@@ -122,13 +124,17 @@ int main(int argc, char** argv) {
       std::printf("%s\n", json{{"serving", h->serving},
                                {"version", h->version},
                                {"pid", h->pid},
-                               {"epoch", h->epoch}}
+                               {"epoch", h->epoch},
+                               {"degraded_tiers", h->degraded_tiers}}
                               .dump(2)
                               .c_str());
     } else {
-      std::printf("%s (kvtierd %s, pid %u, epoch %016llx)\n",
-                  h->serving ? "serving" : "not serving", h->version.c_str(), h->pid,
-                  static_cast<unsigned long long>(h->epoch));
+      std::string degraded;
+      for (const auto& t : h->degraded_tiers) degraded += (degraded.empty() ? "" : ", ") + t;
+      std::printf("%s%s (kvtierd %s, pid %u, epoch %016llx)\n",
+                  h->serving ? "serving" : "not serving",
+                  degraded.empty() ? "" : (", degraded: " + degraded).c_str(), h->version.c_str(),
+                  h->pid, static_cast<unsigned long long>(h->epoch));
     }
     return h->serving ? 0 : 1;
   } else if (namespaces->parsed()) {

@@ -31,6 +31,8 @@ struct TierStats {
   uint64_t write_bytes = 0;      // payload bytes committed (dram) or written (nvme)
   uint64_t pending_writes = 0;   // nvme: committed chunks queued for write-through
   uint64_t corrupt_reads = 0;    // nvme: images that failed verification (dropped)
+  uint64_t io_errors = 0;        // nvme: failed read or write batches
+  bool degraded = false;         // repeated I/O failures: the other tiers serve
 };
 
 struct DaemonStats {
@@ -49,6 +51,7 @@ struct DaemonHealth {
   std::string version;
   uint64_t epoch = 0;  // arena epoch; changes on every daemon start
   uint32_t pid = 0;
+  std::vector<std::string> degraded_tiers;  // tiers failing their I/O
 };
 
 struct NamespaceInfo {

@@ -56,7 +56,17 @@ class CacheCore {
   // `clock` must outlive the core. `epoch`: nonzero arena epoch.
   static Result<std::unique_ptr<CacheCore>> Create(const CacheCoreOptions& options,
                                                    uint64_t epoch, const Clock& clock);
+  // The same with an NVMe tier built by the caller (tests wrap its devices to
+  // inject faults); `options.nvme` is then ignored.
+  static Result<std::unique_ptr<CacheCore>> Create(const CacheCoreOptions& options,
+                                                   uint64_t epoch, const Clock& clock,
+                                                   std::unique_ptr<NvmeTier> nvme);
   ~CacheCore();
+
+  // Tiers whose I/O failed kNvmeDegradedAfter times in a row (until one
+  // succeeds again): "nvme". DRAM keeps serving; NVMe misses are misses.
+  std::vector<std::string> DegradedTiers() const;
+  static constexpr uint32_t kNvmeDegradedAfter = 3;
 
   // Write-through to NVMe (when on): writes up to one batch of committed
   // chunks queued by CommitWrite and returns how many it took from the queue.
@@ -134,7 +144,11 @@ class CacheCore {
     uint64_t nvme_hits = 0;
     uint64_t nvme_read_bytes = 0;
     uint64_t nvme_write_bytes = 0;
+    uint64_t nvme_io_errors = 0;
+    uint32_t nvme_failure_streak = 0;  // consecutive failed NVMe batches
   };
+  // REQUIRES: mu_ held.
+  void NoteNvmeIo(bool ok);
 
   CacheCore(const CacheCoreOptions& options, std::unique_ptr<DramTier> dram, const Clock& clock)
       : options_(options), clock_(clock), dram_(std::move(dram)) {}

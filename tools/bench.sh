@@ -38,3 +38,6 @@ start_daemon memory 4000MiB
 echo
 # The NVMe tier's I/O path (not yet serving kvtierd's requests) vs fio on the same file.
 "$BIN/kvtier-bench" nvme --dir "${KVTIER_BENCH_NVME_DIR:-./kvtier-bench-nvme}" --file-bytes 1GiB
+echo
+# kvtierd start-to-serving with 1,000,000 chunks on NVMe (vs an empty tier).
+"$BIN/kvtier-bench" restart --kvtierd "$BIN/kvtierd" --dir "${KVTIER_BENCH_RESTART_DIR:-./kvtier-bench-restart}"

@@ -161,9 +161,26 @@ Status NvmeTier::Rebuild() {
   });
   std::lock_guard lock(mu_);
   std::vector<ChunkKey> dropped;
-  for (const NvmeRecord& r : records) {
-    if (r.device >= devices_.size() || r.slot_bytes == 0 || chunks_.Find(r.key) != ChunkIndex::kNone ||
-        !allocators_[r.device].Reserve(r.offset, r.slot_bytes)) {
+  // Extents in one pass per device: sort the records' ranges by offset.
+  std::vector<bool> usable(records.size(), false);
+  for (uint32_t d = 0; d < devices_.size(); ++d) {
+    std::vector<size_t> order;
+    for (size_t i = 0; i < records.size(); ++i) {
+      if (records[i].device == d) order.push_back(i);
+    }
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return records[a].offset < records[b].offset; });
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    ranges.reserve(order.size());
+    for (size_t i : order) ranges.emplace_back(records[i].offset, records[i].slot_bytes);
+    const std::vector<bool> taken = allocators_[d].ReserveSorted(ranges);
+    for (size_t k = 0; k < order.size(); ++k) usable[order[k]] = taken[k];
+  }
+  chunks_.Reserve(records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    const NvmeRecord& r = records[i];
+    if (!usable[i] || chunks_.Find(r.key) != ChunkIndex::kNone) {
+      if (usable[i]) allocators_[r.device].Free(r.offset, r.slot_bytes);
       dropped.push_back(r.key);
       continue;
     }

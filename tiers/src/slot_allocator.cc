@@ -39,6 +39,26 @@ bool SlotAllocator::Reserve(uint64_t offset, uint64_t slot_bytes) {
   return true;
 }
 
+std::vector<bool> SlotAllocator::ReserveSorted(
+    const std::vector<std::pair<uint64_t, uint64_t>>& used) {
+  std::vector<bool> taken(used.size(), false);
+  by_offset_.clear();
+  by_size_.clear();
+  uint64_t cursor = 0;  // end of the last range taken
+  for (size_t i = 0; i < used.size(); ++i) {
+    const auto [offset, len] = used[i];
+    if (offset < cursor || len == 0 || offset > arena_bytes_ || len > arena_bytes_ - offset) {
+      continue;
+    }
+    if (offset > cursor) Insert(cursor, offset - cursor);
+    cursor = offset + len;
+    used_bytes_ += len;
+    taken[i] = true;
+  }
+  if (cursor < arena_bytes_) Insert(cursor, arena_bytes_ - cursor);
+  return taken;
+}
+
 void SlotAllocator::Free(uint64_t offset, uint64_t slot_bytes) {
   used_bytes_ -= slot_bytes;
   uint64_t start = offset, len = slot_bytes;

@@ -14,6 +14,9 @@
 //                        io_uring and O_DIRECT on the same file, same block
 //                        size and depth (writes: fdatasync every 32, as the
 //                        tier syncs each batch before indexing it).
+//   kvtier-bench restart time from starting kvtierd to serving with N chunks on
+//                        NVMe (default 1,000,000 small chunks), vs starting it
+//                        on an empty NVMe tier in the same run.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +25,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <signal.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include "kvtier/admin_client.h"
@@ -353,6 +360,97 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds) {
   return 0;
 }
 
+
+// Seconds from spawning `argv` until `kvtierctl health` (AdminClient) answers.
+double SecondsToServing(const std::vector<std::string>& argv, const std::string& socket,
+                        pid_t* pid_out) {
+  const auto t0 = Clock::now();
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  *pid_out = pid;
+  for (;;) {
+    if (auto admin = kvtier::AdminClient::Connect(socket, std::chrono::milliseconds(200));
+        admin.ok() && (*admin)->Health().ok()) {
+      return Seconds(Clock::now() - t0);
+    }
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) Die("kvtierd exited during start-up");
+    if (Seconds(Clock::now() - t0) > 600) Die("kvtierd did not serve within 600 s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+void StopDaemon(pid_t pid) {
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+}
+
+int RunRestart(const std::string& kvtierd, const std::string& dir, uint64_t num_chunks) {
+  namespace fs = std::filesystem;
+  kvtier::NamespaceSpec spec;  // 16 tokens x 64 B: 1 KiB payload, 4 KiB slots
+  spec.model_id = "bench-restart";
+  spec.num_layers = 1;
+  spec.num_kv_heads = 1;
+  spec.head_dim = 16;
+  spec.chunk_tokens = 16;
+  const kvtier::SlotLayout layout = kvtier::SlotLayout::For(spec);
+  const kvtier::NamespaceId ns = spec.Digest();
+  const uint64_t nvme_bytes = kvtier::AlignUp(num_chunks * layout.slot_bytes * 11 / 10, 4096);
+  fs::remove_all(dir);
+  fs::create_directories(dir + "/nvme");
+  fs::create_directories(dir + "/empty");
+  const auto f0 = Clock::now();
+  {
+    kvtier::NvmeTierOptions o;
+    o.paths = {dir + "/nvme"};
+    o.bytes_per_path = nvme_bytes;
+    auto tier = Must(kvtier::NvmeTier::Open(o), "open NVMe tier");
+    constexpr size_t kBatch = 4096;
+    std::unique_ptr<std::byte, decltype(&std::free)> images(
+        static_cast<std::byte*>(std::aligned_alloc(4096, kBatch * layout.slot_bytes)), &std::free);
+    std::memset(images.get(), 0x5A, kBatch * layout.slot_bytes);
+    for (uint64_t first = 0; first < num_chunks; first += kBatch) {
+      const size_t n = std::min<uint64_t>(kBatch, num_chunks - first);
+      std::vector<kvtier::NvmeImage> batch;
+      for (size_t i = 0; i < n; ++i) {
+        const auto tokens = UniquePrompt(first + i + 1, spec.chunk_tokens);
+        const kvtier::ChunkKey key = kvtier::ComputeChunkKey(ns, tokens);
+        std::byte* slot = images.get() + i * layout.slot_bytes;
+        kvtier::SealSlot(slot, layout, {ns, key, ns, tokens}, first + i + 1);
+        batch.push_back({key, ns, ns, {slot, layout.slot_bytes}});
+      }
+      if (Must(tier->Write(batch), "NVMe write") != n) Die("the NVMe tier did not store a batch");
+    }
+  }
+  const double fill_s = Seconds(Clock::now() - f0);
+  const std::string socket = dir + "/kvtierd.sock";
+  const auto start = [&](const std::string& path) {
+    pid_t pid = 0;
+    const double s = SecondsToServing({kvtierd, "--socket", socket, "--dram-bytes", "64MiB",
+                                       "--nvme-path", path, "--nvme-bytes",
+                                       std::to_string(nvme_bytes), "--log-level", "warn"},
+                                      socket, &pid);
+    StopDaemon(pid);
+    return s;
+  };
+  const double empty_s = start(dir + "/empty");
+  const double full_s = start(dir + "/nvme");
+  fs::remove_all(dir);
+  std::printf("kvtier-bench restart: %llu NVMe chunks (4 KiB slots) written in %.1f s\n",
+              static_cast<unsigned long long>(num_chunks), fill_s);
+  std::printf("  kvtierd start to serving, empty NVMe tier   %8.3f s\n", empty_s);
+  std::printf("  kvtierd start to serving, %llu chunks  %8.3f s   (goal <= 3 s; ratio to empty %.1f)\n",
+              static_cast<unsigned long long>(num_chunks), full_s, full_s / empty_s);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -383,6 +481,15 @@ int main(int argc, char** argv) {
   std::string nvme_dir = "./kvtier-bench-nvme";
   std::string nvme_file_bytes = "1GiB";
   int fio_seconds = 3;
+  std::string restart_kvtierd, restart_dir = "./kvtier-bench-restart";
+  uint64_t restart_chunks = 1000000;
+  auto* restart = app.add_subcommand("restart", "kvtierd start-to-serving with N NVMe chunks");
+  restart->add_option("--kvtierd", restart_kvtierd, "path of the kvtierd binary")->required();
+  restart->add_option("--dir", restart_dir, "directory for the NVMe files (removed afterwards)")
+      ->capture_default_str();
+  restart->add_option("--chunks", restart_chunks, "chunks on NVMe")
+      ->check(CLI::Range(1, 1 << 30))
+      ->capture_default_str();
   auto* nvme = app.add_subcommand("nvme", "NVMe tier chunk I/O vs fio on the same file");
   nvme->add_option("--dir", nvme_dir, "directory for the test file (removed afterwards)")
       ->capture_default_str();
@@ -396,6 +503,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;  // --help exits 0; usage errors exit 2
   }
+  if (restart->parsed()) return RunRestart(restart_kvtierd, restart_dir, restart_chunks);
   if (nvme->parsed()) {
     auto bytes = kvtier::ParseBytes(nvme_file_bytes);
     if (!bytes.ok() || *bytes < (uint64_t{64} << 20)) {

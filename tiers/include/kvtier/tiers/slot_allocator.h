@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <utility>
+#include <vector>
 
 namespace kvtier {
 
@@ -32,6 +33,12 @@ class SlotAllocator {
   // Marks [offset, offset + slot_bytes) allocated (rebuilding from a durable
   // index). False, changing nothing, when any of it is not free.
   bool Reserve(uint64_t offset, uint64_t slot_bytes);
+
+  // Rebuilds a fresh allocator's state from the ranges in use, in one pass:
+  // `used` is (offset, bytes) sorted by offset. Returns, for each range, whether
+  // it was taken (false: it overlaps an earlier one or passes the end).
+  // REQUIRES: nothing allocated yet.
+  std::vector<bool> ReserveSorted(const std::vector<std::pair<uint64_t, uint64_t>>& used);
 
   uint64_t capacity_bytes() const { return arena_bytes_; }
   // Bytes of slots currently allocated.

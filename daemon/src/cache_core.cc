@@ -46,7 +46,22 @@ constexpr const char* kReservationGone = "committed, aborted, expired or never g
 
 }  // namespace
 
+Result<NvmeWritePolicy> ParseNvmeWritePolicy(const std::string& name) {
+  if (name == "write_through") return NvmeWritePolicy::kWriteThrough;
+  if (name == "selective") return NvmeWritePolicy::kSelective;
+  if (name == "write_back") {
+    return Status::InvalidArgument("nvme_write_policy write_back is not implemented yet "
+                                   "(write_through, selective)");
+  }
+  return Status::InvalidArgument("nvme_write_policy '" + name +
+                                 "' is unknown (write_through, selective)");
+}
+
 Status CacheCoreOptions::Validate() const {
+  if (selective_min_hits < 1 || selective_min_hits > 1000000) {
+    return Status::InvalidArgument("selective_min_hits " + std::to_string(selective_min_hits) +
+                                   " is outside 1..1000000");
+  }
   if (dram_bytes < 4096 || dram_bytes % 4096 != 0) {
     return Status::InvalidArgument("dram_bytes " + std::to_string(dram_bytes) +
                                    " is not a positive multiple of 4096");
@@ -268,6 +283,14 @@ Status CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp)
     hits.push_back(h);
   }
   const size_t dram_hits = hits.size();
+  if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kSelective) {
+    for (uint32_t h : hits) {  // parents are hit at least as often: they go first
+      if (dram_->AddHit(h) == options_.selective_min_hits && !nvme_->Contains(dram_->Get(h).key)) {
+        dram_->Pin(h);  // until the NVMe worker has written it
+        nvme_queue_.push_back(dram_->Get(h).key);
+      }
+    }
+  }
   size_t nvme_hits = 0;
   if (nvme_ && hits.size() < max_hits && hits.size() < keys.size()) {
     if (req.acquire()) {
@@ -545,7 +568,8 @@ Status CacheCore::CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWrite
     }
   }
   counters_.write_bytes += uint64_t{committed} * ns.layout.payload_bytes;
-  if (nvme_) {  // write-through: queued for the NVMe worker, never waited for here
+  if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kWriteThrough) {
+    // Queued for the NVMe worker, never waited for here.
     for (const ReservedChunk& c : r.chunks) {
       const uint32_t h = dram_->Find(c.key);
       if (h == ChunkIndex::kNone || dram_->Get(h).slot_offset != c.slot_offset) continue;

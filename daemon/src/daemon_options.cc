@@ -24,6 +24,8 @@ namespace {
 
 struct RawOptions {
   std::string socket, socket_group, log_level, dram_bytes, nvme_bytes = "8GiB";
+  std::string nvme_write_policy = "write_through";
+  int64_t selective_min_hits = 2;
   std::vector<std::string> nvme_paths;
   int64_t nvme_queue_depth = 32;
   int64_t lease_ttl_ms = 0, reservation_ttl_ms = 0;
@@ -83,6 +85,12 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
       } else if (key == "nvme_bytes") {
         expected = "a byte size such as 64GiB";
         if (!flag_given) raw->nvme_bytes = kv.second.as<std::string>();
+      } else if (key == "nvme_write_policy") {
+        expected = "write_through or selective";
+        if (!flag_given) raw->nvme_write_policy = kv.second.as<std::string>();
+      } else if (key == "selective_min_hits") {
+        expected = "an integer";
+        if (!flag_given) raw->selective_min_hits = kv.second.as<int64_t>();
       } else if (key == "nvme_queue_depth") {
         expected = "an integer";
         if (!flag_given) raw->nvme_queue_depth = kv.second.as<int64_t>();
@@ -96,7 +104,7 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
         return Status::InvalidArgument("config " + path + ": unknown key '" + key +
                                        "' (socket, socket_group, log_level, dram_bytes, "
                                        "lease_ttl_ms, reservation_ttl_ms, nvme_paths, nvme_bytes, "
-                                       "nvme_queue_depth)");
+                                       "nvme_queue_depth, nvme_write_policy, selective_min_hits)");
       }
     } catch (const YAML::Exception& e) {
       return Status::InvalidArgument("config " + path + ": key '" + key + "' must be " +
@@ -143,6 +151,12 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
       ->capture_default_str();
   app.add_option("--nvme-queue-depth", raw.nvme_queue_depth, "io_uring queue depth per I/O thread")
       ->capture_default_str();
+  app.add_option("--nvme-write-policy", raw.nvme_write_policy,
+                 "write_through (every committed chunk) or selective (after N hits)")
+      ->capture_default_str();
+  app.add_option("--selective-min-hits", raw.selective_min_hits,
+                 "hits before a chunk goes to NVMe under the selective policy")
+      ->capture_default_str();
   bool rebuild_index = false;
   app.add_flag("--rebuild-index", rebuild_index,
                "rebuild the NVMe index from the slot headers before serving");
@@ -179,6 +193,15 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
       return Status::InvalidArgument("nvme_queue_depth " + std::to_string(raw.nvme_queue_depth) +
                                      " is outside 1..4096");
     }
+    auto policy = ParseNvmeWritePolicy(raw.nvme_write_policy);
+    if (!policy.ok()) return policy.status();
+    if (raw.selective_min_hits < 1 || raw.selective_min_hits > 1000000) {
+      return Status::InvalidArgument("selective_min_hits " +
+                                     std::to_string(raw.selective_min_hits) +
+                                     " is outside 1..1000000");
+    }
+    opts.core.nvme_write_policy = *policy;
+    opts.core.selective_min_hits = static_cast<uint32_t>(raw.selective_min_hits);
     opts.core.nvme.paths = raw.nvme_paths;
     opts.core.nvme.bytes_per_path = *nvme_bytes;
     opts.core.nvme.queue_depth = static_cast<uint32_t>(raw.nvme_queue_depth);

@@ -28,7 +28,8 @@ class CacheCoreNvmeTest : public CacheCoreHarness {
 
   // DRAM of `dram_slots` slots over an NVMe device whose writes fail after
   // `good_writes`.
-  void StartWithNvme(uint64_t dram_slots, uint64_t good_writes) {
+  void StartWithNvme(uint64_t dram_slots, uint64_t good_writes,
+                     NvmeWritePolicy policy = NvmeWritePolicy::kWriteThrough) {
     auto inner = IoUringFileDevice::Open({(dir_ / "slots.dat").string(), 4 << 20, 8});
     ASSERT_TRUE(inner.ok()) << inner.status().ToString();
     inner_ = std::move(inner).value();
@@ -40,7 +41,10 @@ class CacheCoreNvmeTest : public CacheCoreHarness {
     ASSERT_TRUE(index.ok());
     auto nvme = NvmeTier::Create(std::move(devices), std::move(index).value());
     ASSERT_TRUE(nvme.ok()) << nvme.status().ToString();
-    Start(Options(dram_slots), std::move(nvme).value());
+    CacheCoreOptions o = Options(dram_slots);
+    o.nvme_write_policy = policy;
+    o.selective_min_hits = 2;
+    Start(o, std::move(nvme).value());
   }
 
   const v1::TierStats& NvmeStats(v1::StatsResponse& s) {
@@ -97,6 +101,27 @@ TEST_F(CacheCoreNvmeTest, FailingWritesDegradeTheTierWhileDramKeepsServing) {
   }
   EXPECT_FALSE(NvmeStats(s).degraded());
   EXPECT_TRUE(core_->DegradedTiers().empty());
+}
+
+TEST_F(CacheCoreNvmeTest, SelectivePolicyWritesAChunkOnlyAfterItsSecondHit) {
+  StartWithNvme(/*dram_slots=*/8, /*good_writes=*/1000, NvmeWritePolicy::kSelective);
+  const auto a = Tokens(8);  // 2 chunks
+  ASSERT_EQ(Store(a), 2u);
+  const auto drain = [&] {
+    while (core_->WriteThroughOnce() > 0) {
+    }
+  };
+  drain();
+  v1::StatsResponse s;
+  EXPECT_EQ(NvmeStats(s).chunks(), 0u) << "selective: nothing goes down at commit";
+  EXPECT_EQ(Lookup(a, false).num_chunks(), 2u);
+  drain();
+  EXPECT_EQ(NvmeStats(s).chunks(), 0u) << "one hit is not enough";
+  EXPECT_EQ(Lookup(a, false).num_chunks(), 2u);
+  drain();
+  EXPECT_EQ(NvmeStats(s).chunks(), 2u) << "the second hit sends both chunks, parent first";
+  EXPECT_EQ(NvmeStats(s).pending_writes(), 0u);
+  EXPECT_EQ(s.active_leases(), 0u);
 }
 
 }  // namespace

@@ -211,3 +211,28 @@ TEST_F(DaemonOptionsTest, MissingConfigFileIsAnError) {
 
 }  // namespace
 }  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+TEST_F(DaemonOptionsTest, NvmeFlagsAreCheckedAndNamed) {
+  auto ok = Parse({"--nvme-path", "/tmp", "--nvme-bytes", "64MiB", "--nvme-write-policy",
+                   "selective", "--selective-min-hits", "3"});
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->core.nvme.paths, std::vector<std::string>{"/tmp"});
+  EXPECT_EQ(ok->core.nvme.bytes_per_path, uint64_t{64} << 20);
+  EXPECT_EQ(ok->core.nvme_write_policy, NvmeWritePolicy::kSelective);
+  EXPECT_EQ(ok->core.selective_min_hits, 3u);
+  EXPECT_TRUE(Parse({}).value().core.nvme.paths.empty()) << "NVMe is off unless a path is given";
+  EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-write-policy", "write_back"}),
+                    "not implemented"));
+  EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-write-policy", "sometimes"}),
+                    "nvme_write_policy"));
+  EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-bytes", "5000"}), "nvme_bytes"));
+  EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--selective-min-hits", "0"}),
+                    "selective_min_hits"));
+  EXPECT_TRUE(Names(ErrorOf({"--rebuild-index"}), "--nvme-path"));
+}
+
+}  // namespace
+}  // namespace kvtier

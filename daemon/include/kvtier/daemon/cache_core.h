@@ -30,6 +30,16 @@
 
 namespace kvtier {
 
+// When a committed DRAM chunk goes to NVMe.
+enum class NvmeWritePolicy {
+  kWriteThrough,  // every committed chunk, in the background
+  kSelective,     // once it has been hit selective_min_hits times
+};
+
+// "write_through" or "selective"; INVALID_ARGUMENT otherwise (write_back is
+// not implemented yet and says so).
+Result<NvmeWritePolicy> ParseNvmeWritePolicy(const std::string& name);
+
 struct CacheCoreOptions {
   // DRAM arena size in bytes, a multiple of 4 KiB. Default: 1 GiB.
   uint64_t dram_bytes = uint64_t{1} << 30;
@@ -44,6 +54,11 @@ struct CacheCoreOptions {
   // NVMe tier: off when `nvme.paths` is empty (the default here; kvtierd's
   // flags --nvme-path/--nvme-bytes turn it on). Write policy: write-through.
   NvmeTierOptions nvme;
+  // Default: write-through.
+  NvmeWritePolicy nvme_write_policy = NvmeWritePolicy::kWriteThrough;
+  // Hits that make a chunk go to NVMe under the selective policy. Range
+  // 1..1,000,000. Default: 2.
+  uint32_t selective_min_hits = 2;
   // Most namespaces the daemon keeps at once; when full, a namespace with no
   // resident chunk and no pending write makes room for a new one. Default: 1,024.
   uint32_t max_namespaces = 1024;

@@ -22,6 +22,7 @@ struct ChunkEntry {
   uint32_t ns_index = 0;       // the tier's small namespace number
   uint32_t leases = 0;         // active leases pinning this chunk
   uint32_t resident_children = 0;  // chunks in this tier whose parent is this one
+  uint32_t hits = 0;               // lookups that hit it here (saturating)
 };
 
 class ChunkIndex {

@@ -61,6 +61,12 @@ class DramTier {
   const ChunkEntry& Get(uint32_t handle) const { return index_.Get(handle); }
   // Marks a chunk as just used.
   void Touch(uint32_t handle) { policy_->OnAccess(handle); }
+  // Counts a hit on the chunk; returns the new count (saturates).
+  uint32_t AddHit(uint32_t handle) {
+    uint32_t& h = index_.Get(handle).hits;
+    if (h != UINT32_MAX) ++h;
+    return h;
+  }
   // A pinned chunk is never evicted. Pins nest.
   void Pin(uint32_t handle) { ++index_.Get(handle).leases; }
   void Unpin(uint32_t handle) { --index_.Get(handle).leases; }

@@ -9,9 +9,7 @@
 #include <deque>
 #include <thread>
 #include <cstring>
-#include <map>
 #include <mutex>
-#include <set>
 #include <unordered_set>
 
 #include "kvtier/arena.h"
@@ -284,10 +282,6 @@ class Client::Impl {
 
   void ReleaseLater(std::shared_ptr<Connection> conn, uint64_t lease_id) {
     releaser_.Enqueue(std::move(conn), lease_id, options_.deadline);
-  }
-  bool closed() {
-    std::lock_guard lock(mu_);
-    return closed_;
   }
   bool connected() {
     std::lock_guard lock(mu_);

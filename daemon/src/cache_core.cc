@@ -699,11 +699,6 @@ std::vector<std::string> CacheCore::DegradedTiers() const {
   return {};
 }
 
-uint64_t CacheCore::nvme_pending_writes() const {
-  std::lock_guard lock(mu_);
-  return nvme_queue_.size() + nvme_in_flight_;
-}
-
 void CacheCore::Stats(v1::StatsResponse* resp) {
   std::lock_guard lock(mu_);
   auto* t = resp->add_tiers();

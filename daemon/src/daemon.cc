@@ -72,9 +72,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
     return Status::Unavailable("gRPC could not listen on unix:" + options.socket_path);
   }
   if (!options.socket_group.empty()) {
-    group* g = getgrnam(options.socket_group.c_str());
     for (const std::string& p : {options.socket_path, ArenaSocketPath(options.socket_path)}) {
-      if (chown(p.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0 || chmod(p.c_str(), 0660) != 0) {
+      if (chown(p.c_str(), static_cast<uid_t>(-1), d->socket_gid_) != 0 ||
+          chmod(p.c_str(), 0660) != 0) {
         return Status::FromErrno(errno, "chown/chmod " + p);
       }
     }
@@ -91,15 +91,15 @@ Status Daemon::PrepareSocketDir() {
   namespace fs = std::filesystem;
   const fs::path sock(options_.socket_path);
   const fs::path dir = sock.has_parent_path() ? sock.parent_path() : fs::path(".");
-  gid_t gid = static_cast<gid_t>(-1);
   if (!options_.socket_group.empty()) {
     group* g = getgrnam(options_.socket_group.c_str());
     if (g == nullptr) {
       return Status::InvalidArgument("--socket-group '" + options_.socket_group +
                                      "' is not a known group");
     }
-    gid = g->gr_gid;
+    socket_gid_ = g->gr_gid;
   }
+  const gid_t gid = socket_gid_;
   std::error_code ec;
   const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
   if (!fs::exists(dir, ec) && !fs::is_directory(parent, ec)) {

@@ -54,10 +54,28 @@ Result<size_t> NvmeTier::RebuildIndexFromSlots(std::span<BlockDevice* const> dev
   std::unique_ptr<std::byte, decltype(&std::free)> buf(
       static_cast<std::byte*>(std::aligned_alloc(kBlockBytes, kScanBytes)), &std::free);
   std::unordered_map<ChunkKey, NvmeRecord, ChunkKeyHash> found;
+  // Records the image at `slot` (device `d`, byte `offset`) when its header and
+  // payload verify; the newest sequence wins for a key.
+  const auto record = [&](const std::byte* slot, const SlotHeader& h, uint32_t d, uint64_t offset,
+                          uint64_t slot_bytes) {
+    const SlotLayout layout{h.num_tokens, h.header_bytes, h.payload_bytes, slot_bytes};
+    const SlotIdentity id{
+        ChunkKey::FromBytes(h.namespace_digest), ChunkKey::FromBytes(h.key),
+        ChunkKey::FromBytes(h.parent_key),
+        std::span<const int32_t>(reinterpret_cast<const int32_t*>(slot + sizeof(SlotHeader)),
+                                 h.num_tokens)};
+    if (!VerifySlotHeader(slot, layout, id).ok() || !VerifySlotPayload(slot, layout).ok()) {
+      return false;
+    }
+    const NvmeRecord r{id.key, id.parent, id.ns, d, offset, slot_bytes, h.sequence,
+                       h.payload_checksum, 0};
+    auto [it, fresh] = found.emplace(r.key, r);
+    if (!fresh && it->second.sequence < r.sequence) it->second = r;
+    return true;
+  };
   for (uint32_t d = 0; d < devices.size(); ++d) {
     BlockDevice& dev = *devices[d];
     uint64_t pos = 0;
-    std::vector<std::byte> image;  // a slot larger than the window is read whole
     while (pos < dev.bytes()) {
       const uint64_t window = std::min(kScanBytes, dev.bytes() - pos);
       std::vector<IoRequest> req = {{IoRequest::Op::kRead, pos, {buf.get(), window}}};
@@ -76,46 +94,18 @@ Result<size_t> NvmeTier::RebuildIndexFromSlots(std::span<BlockDevice* const> dev
           off += kBlockBytes;
           continue;
         }
-        const std::byte* slot = buf.get() + off;
-        if (off + slot_bytes > window) {  // read the whole image on its own
-          if (off == 0) {
-            auto* big = static_cast<std::byte*>(std::aligned_alloc(kBlockBytes, slot_bytes));
-            std::unique_ptr<std::byte, decltype(&std::free)> hold(big, &std::free);
-            std::vector<IoRequest> r2 = {{IoRequest::Op::kRead, pos, {big, slot_bytes}}};
-            KVTIER_RETURN_IF_ERROR(dev.Submit(r2));
-            SlotLayout l{h.num_tokens, h.header_bytes, h.payload_bytes, slot_bytes};
-            SlotIdentity big_id{ChunkKey::FromBytes(h.namespace_digest), ChunkKey::FromBytes(h.key),
-                                ChunkKey::FromBytes(h.parent_key),
-                                std::span<const int32_t>(
-                                    reinterpret_cast<const int32_t*>(big + sizeof(SlotHeader)),
-                                    h.num_tokens)};
-            if (VerifySlotHeader(big, l, big_id).ok() && VerifySlotPayload(big, l).ok()) {
-              NvmeRecord r{big_id.key, big_id.parent, big_id.ns, d, pos, slot_bytes,
-                           h.sequence, h.payload_checksum, 0};
-              auto [it, fresh] = found.emplace(r.key, r);
-              if (!fresh && it->second.sequence < r.sequence) it->second = r;
-              off += slot_bytes;
-            } else {
-              off += kBlockBytes;
-            }
-          }
-          break;  // continue the scan from this slot's start (or past it)
+        if (off + slot_bytes <= window) {
+          off += record(buf.get() + off, h, d, pos + off, slot_bytes) ? slot_bytes : kBlockBytes;
+          continue;
         }
-        SlotLayout l{h.num_tokens, h.header_bytes, h.payload_bytes, slot_bytes};
-        SlotIdentity id{ChunkKey::FromBytes(h.namespace_digest), ChunkKey::FromBytes(h.key),
-                        ChunkKey::FromBytes(h.parent_key),
-                        std::span<const int32_t>(
-                            reinterpret_cast<const int32_t*>(slot + sizeof(SlotHeader)),
-                            h.num_tokens)};
-        if (VerifySlotHeader(slot, l, id).ok() && VerifySlotPayload(slot, l).ok()) {
-          NvmeRecord r{id.key, id.parent, id.ns, d, pos + off, slot_bytes, h.sequence,
-                       h.payload_checksum, 0};
-          auto [it, fresh] = found.emplace(r.key, r);
-          if (!fresh && it->second.sequence < r.sequence) it->second = r;
-          off += slot_bytes;
-        } else {
-          off += kBlockBytes;
+        if (off == 0) {  // larger than the window: read the whole image on its own
+          std::unique_ptr<std::byte, decltype(&std::free)> big(
+              static_cast<std::byte*>(std::aligned_alloc(kBlockBytes, slot_bytes)), &std::free);
+          std::vector<IoRequest> whole = {{IoRequest::Op::kRead, pos, {big.get(), slot_bytes}}};
+          KVTIER_RETURN_IF_ERROR(dev.Submit(whole));
+          off = record(big.get(), h, d, pos, slot_bytes) ? slot_bytes : kBlockBytes;
         }
+        break;  // the next window starts at this image (or past it)
       }
       pos += off;
     }
@@ -184,21 +174,8 @@ Status NvmeTier::Rebuild() {
       dropped.push_back(r.key);
       continue;
     }
-    ChunkEntry e;
-    e.key = r.key;
-    e.parent = r.parent;
-    e.slot_offset = r.offset;
-    e.ns_index = r.device;
-    const uint32_t h = chunks_.Insert(e);
-    if (h >= slot_bytes_.size()) {
-      slot_bytes_.resize(h + 1);
-      ns_.resize(h + 1);
-    }
-    slot_bytes_[h] = r.slot_bytes;
-    ns_[h] = r.ns;
-    policy_->OnInsert(h);
-    counters_.used_bytes += r.slot_bytes;
-    ++counters_.chunks;
+    IndexLocked(r.key, r.parent, r.ns, {r.device, r.offset}, r.slot_bytes);
+    counters_.used_bytes += r.slot_bytes;  // reserved above, not by AllocateLocked
   }
   // Children counts, then drop every chunk whose prefix is gone (no orphans).
   std::unordered_map<ChunkKey, std::vector<uint32_t>, ChunkKeyHash> children;
@@ -233,6 +210,25 @@ Status NvmeTier::Rebuild() {
     KVTIER_RETURN_IF_ERROR(index_->Delete(dropped));
   }
   return Status::Ok();
+}
+
+uint32_t NvmeTier::IndexLocked(const ChunkKey& key, const ChunkKey& parent,
+                               const NamespaceId& ns, Location loc, uint64_t slot_bytes) {
+  ChunkEntry e;
+  e.key = key;
+  e.parent = parent;
+  e.slot_offset = loc.offset;
+  e.ns_index = loc.device;  // in this tier: the device
+  const uint32_t h = chunks_.Insert(e);
+  if (h >= slot_bytes_.size()) {
+    slot_bytes_.resize(h + 1);
+    ns_.resize(h + 1);
+  }
+  slot_bytes_[h] = slot_bytes;
+  ns_[h] = ns;
+  policy_->OnInsert(h);
+  ++counters_.chunks;
+  return h;
 }
 
 void NvmeTier::EraseLocked(uint32_t h) {
@@ -346,25 +342,13 @@ Result<size_t> NvmeTier::Write(std::span<const NvmeImage> images) {
     return st;
   }
   for (const Planned& p : planned) {
-    ChunkEntry e;
-    e.key = p.image->key;
-    e.parent = p.image->parent;
-    e.slot_offset = p.loc.offset;
-    e.ns_index = p.loc.device;
-    const uint32_t h = chunks_.Insert(e);
-    if (h >= slot_bytes_.size()) {
-      slot_bytes_.resize(h + 1);
-      ns_.resize(h + 1);
-    }
-    slot_bytes_[h] = p.image->image.size();
-    ns_[h] = p.image->ns;
-    if (e.parent != p.image->ns) {
-      if (uint32_t ph = chunks_.Find(e.parent); ph != ChunkIndex::kNone) {
+    const NvmeImage& img = *p.image;
+    IndexLocked(img.key, img.parent, img.ns, p.loc, img.image.size());
+    if (img.parent != img.ns) {
+      if (uint32_t ph = chunks_.Find(img.parent); ph != ChunkIndex::kNone) {
         ++chunks_.Get(ph).resident_children;
       }
     }
-    policy_->OnInsert(h);
-    ++counters_.chunks;
   }
   return planned.size();
 }

@@ -26,19 +26,6 @@ std::optional<uint64_t> SlotAllocator::Allocate(uint64_t slot_bytes) {
   return offset;
 }
 
-bool SlotAllocator::Reserve(uint64_t offset, uint64_t slot_bytes) {
-  auto it = by_offset_.upper_bound(offset);
-  if (it == by_offset_.begin()) return false;
-  --it;
-  const uint64_t start = it->first, len = it->second;
-  if (offset + slot_bytes < offset || offset + slot_bytes > start + len) return false;
-  Erase(it);
-  if (offset > start) Insert(start, offset - start);
-  if (start + len > offset + slot_bytes) Insert(offset + slot_bytes, start + len - offset - slot_bytes);
-  used_bytes_ += slot_bytes;
-  return true;
-}
-
 std::vector<bool> SlotAllocator::ReserveSorted(
     const std::vector<std::pair<uint64_t, uint64_t>>& used) {
   std::vector<bool> taken(used.size(), false);

@@ -87,8 +87,6 @@ class CacheCore {
   // chunks queued by CommitWrite and returns how many it took from the queue.
   // The daemon's NVMe worker calls it in a loop; tests call it directly.
   size_t WriteThroughOnce();
-  // Committed chunks queued for NVMe and not yet written.
-  uint64_t nvme_pending_writes() const;
   bool nvme_enabled() const { return nvme_ != nullptr; }
 
   // Sessions: opened by the Session stream, ended when it breaks. Ending a

@@ -12,6 +12,8 @@
 // from a signal-waiting thread.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <memory>
 #include <thread>
@@ -52,7 +54,8 @@ class Daemon {
 
   DaemonOptions options_;
   int lock_fd_ = -1;
-  bool owns_socket_ = false;  // holds the lock: the socket files are ours
+  bool owns_socket_ = false;
+  gid_t socket_gid_ = static_cast<gid_t>(-1);  // --socket-group, looked up once  // holds the lock: the socket files are ours
   int arena_listen_fd_ = -1;
   std::unique_ptr<CacheCore> core_;
   std::unique_ptr<KvCacheService> kv_service_;

@@ -123,6 +123,9 @@ class NvmeTier {
   std::optional<Location> AllocateLocked(uint64_t slot_bytes);
   bool EvictOneLocked(uint64_t same_size);
   void EraseLocked(uint32_t handle);
+  // Indexes a chunk whose slot is already taken in its allocator.
+  uint32_t IndexLocked(const ChunkKey& key, const ChunkKey& parent, const NamespaceId& ns,
+                       Location loc, uint64_t slot_bytes);
 
   std::vector<std::unique_ptr<BlockDevice>> devices_;
   std::unique_ptr<NvmeIndex> index_;

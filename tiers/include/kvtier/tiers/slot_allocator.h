@@ -30,10 +30,6 @@ class SlotAllocator {
   // Returns a range obtained from Allocate(slot_bytes).
   void Free(uint64_t offset, uint64_t slot_bytes);
 
-  // Marks [offset, offset + slot_bytes) allocated (rebuilding from a durable
-  // index). False, changing nothing, when any of it is not free.
-  bool Reserve(uint64_t offset, uint64_t slot_bytes);
-
   // Rebuilds a fresh allocator's state from the ranges in use, in one pass:
   // `used` is (offset, bytes) sorted by offset. Returns, for each range, whether
   // it was taken (false: it overlaps an earlier one or passes the end).

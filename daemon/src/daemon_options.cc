@@ -128,7 +128,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   raw.reservation_ttl_ms = opts.core.reservation_ttl.count();
   std::string config;
 
-  CLI::App app{"kvtierd: tiered KV-cache offload daemon (DRAM tier)", "kvtierd"};
+  CLI::App app{"kvtierd: tiered KV-cache offload daemon (DRAM tier, opt-in NVMe tier)", "kvtierd"};
   app.set_version_flag("--version", "kvtierd 0.1.0");
   app.add_option("--config", config, "YAML config file; flags win over it")->check(CLI::ExistingFile);
   app.add_option("--socket", raw.socket, "gRPC Unix socket path")

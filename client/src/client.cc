@@ -390,9 +390,10 @@ namespace {
 // RPC. A long prompt's ids (512 KiB for 128K tokens) would otherwise be a fresh
 // allocation per call, which glibc hands back to the kernel on free and faults
 // in again on the next call: measured, half of a 128K-token lookup's latency.
+template <typename Request>
 class LentTokens {
  public:
-  LentTokens(v1::LookupRequest& req, std::span<const int32_t> tokens) : req_(req) {
+  LentTokens(Request& req, std::span<const int32_t> tokens) : req_(req) {
     std::string* buf = spare_ ? spare_.release() : new std::string;
     buf->assign(reinterpret_cast<const char*>(tokens.data()), tokens.size_bytes());
     req_.set_allocated_tokens(buf);
@@ -407,9 +408,10 @@ class LentTokens {
  private:
   static constexpr size_t kMaxKeptBytes = 16 << 20;  // 4M tokens
   static thread_local std::unique_ptr<std::string> spare_;
-  v1::LookupRequest& req_;
+  Request& req_;
 };
-thread_local std::unique_ptr<std::string> LentTokens::spare_;
+template <typename Request>
+thread_local std::unique_ptr<std::string> LentTokens<Request>::spare_;
 
 v1::LookupRequest MakeLookup(const Connection& c, const NamespaceHandle& ns, bool acquire) {
   v1::LookupRequest req;
@@ -446,8 +448,105 @@ Result<LookupResult> Client::Lookup(const NamespaceHandle& ns, std::span<const i
   return result;
 }
 
+Result<PrefetchTicket> Client::Prefetch(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                                        const PrefetchOptions& options) {
+  if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
+  if (options.deadline.count() < 1 || options.deadline.count() > 600000) {
+    return Status::InvalidArgument("PrefetchOptions.deadline " +
+                                   std::to_string(options.deadline.count()) +
+                                   " ms is outside 1..600000");
+  }
+  if (options.timeout_base.count() < 0 || options.timeout_per_1k_tokens.count() < 0) {
+    return Status::InvalidArgument("PrefetchOptions timeouts must not be negative");
+  }
+  PrefetchTicket ticket;
+  ticket.options = options;
+  const auto now = Clock::now();
+  switch (options.policy) {
+    case PrefetchPolicy::kBestEffort: ticket.wait_until = now; break;
+    case PrefetchPolicy::kWaitComplete: ticket.wait_until = now + options.deadline; break;
+    case PrefetchPolicy::kTimeout:
+      ticket.wait_until = now + std::min<Clock::duration>(
+          options.deadline, options.timeout_base + options.timeout_per_1k_tokens *
+                                                       static_cast<int64_t>(tokens.size()) / 1000);
+      break;
+  }
+  auto conn = impl_->GetFor(ns);
+  if (!conn.ok()) {
+    ticket.fail_open = conn.status();
+    return ticket;
+  }
+  v1::PrefetchRequest req;
+  req.set_session_id((*conn)->session_id);
+  req.set_epoch((*conn)->epoch);
+  req.set_namespace_id(ns.id.ToBytes());
+  req.set_deadline_ms(static_cast<uint64_t>(options.deadline.count()));
+  LentTokens lent(req, tokens);
+  v1::PrefetchResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
+  Status st = FromGrpcStatus((*conn)->stub->Prefetch(&ctx, req, &resp));
+  impl_->Report(*conn, st, &ns.id);
+  if (!st.ok()) {
+    ticket.fail_open = st;
+    return ticket;
+  }
+  ticket.id = resp.ticket();
+  ticket.total_chunks = resp.total_chunks();
+  ticket.nvme_chunks = resp.nvme_chunks();
+  ticket.ready_chunks = resp.ready_chunks();
+  ticket.session_id = (*conn)->session_id;
+  return ticket;
+}
+
+PrefetchProgress Client::PrefetchStatus(const PrefetchTicket& ticket) {
+  PrefetchProgress progress;
+  if (ticket.id == 0) {
+    progress.fail_open = ticket.fail_open.ok() ? Status::NotFound("no prefetch ticket")
+                                               : ticket.fail_open;
+    return progress;
+  }
+  auto conn = impl_->Get(impl_->options().deadline);
+  if (!conn.ok() || (*conn)->session_id != ticket.session_id) {
+    progress.fail_open = conn.ok() ? Status::NotFound("the ticket's session ended (reconnected)")
+                                   : conn.status();
+    return progress;
+  }
+  v1::PrefetchStatusRequest req;
+  req.set_session_id(ticket.session_id);
+  req.set_ticket(ticket.id);
+  v1::PrefetchStatusResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
+  Status st = FromGrpcStatus((*conn)->stub->PrefetchStatus(&ctx, req, &resp));
+  impl_->Report(*conn, st);
+  if (!st.ok()) {
+    progress.fail_open = st;
+    return progress;
+  }
+  progress.ready_chunks = resp.ready_chunks();
+  progress.total_chunks = resp.total_chunks();
+  progress.done = resp.done();
+  return progress;
+}
+
+// Before a Load with `ticket`: waits as its policy says (polling the daemon),
+// and returns whether the ticket can be handed to the Lookup.
+static bool WaitForPrefetch(Client& client, const PrefetchTicket& ticket, uint64_t session_id) {
+  if (ticket.id == 0 || ticket.session_id != session_id) return false;
+  while (Clock::now() < ticket.wait_until) {
+    const PrefetchProgress p = client.PrefetchStatus(ticket);
+    if (!p.fail_open.ok()) return p.fail_open.code() != StatusCode::kNotFound;
+    if (p.done) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  return true;
+}
+
+
 Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
-                                const ChunkReader& reader, size_t max_chunks) {
+                                const ChunkReader& reader, size_t max_chunks,
+                                const PrefetchTicket* ticket) {
   if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
   const uint64_t pb = ns.layout.payload_bytes;
   max_chunks = std::min<size_t>(max_chunks, tokens.size() / ns.spec.chunk_tokens);
@@ -461,10 +560,12 @@ Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32
   Connection& c = **conn;
   v1::LookupResponse resp;
   {
+    const bool take_over = ticket != nullptr && WaitForPrefetch(*this, *ticket, c.session_id);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
     v1::LookupRequest req = MakeLookup(c, ns, /*acquire=*/true);
     req.set_max_chunks(static_cast<uint32_t>(std::min<size_t>(max_chunks, UINT32_MAX)));
+    if (take_over) req.set_prefetch_ticket(ticket->id);
     LentTokens lent(req, tokens);
     const auto start = Clock::now();
     Status st = FromGrpcStatus(c.stub->Lookup(&ctx, req, &resp));
@@ -515,12 +616,13 @@ Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32
   result.num_chunks = valid;
   const uint32_t dram_chunks = resp.num_chunks() - std::min(resp.num_chunks(), resp.nvme_chunks());
   result.nvme_chunks = valid > dram_chunks ? valid - dram_chunks : 0;
+  result.prefetched_chunks = std::min(valid, resp.prefetched_chunks());
   result.loaded_tokens = uint64_t{valid} * ns.spec.chunk_tokens;
   return result;
 }
 
 Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
-                                std::span<std::byte> destination) {
+                                std::span<std::byte> destination, const PrefetchTicket* ticket) {
   const uint64_t pb = ns.layout.payload_bytes;
   return Load(
       ns, tokens,
@@ -528,7 +630,7 @@ Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32
         std::memcpy(destination.data() + i * pb, payload.data(), pb);
         return Status::Ok();
       },
-      destination.size() / pb);
+      destination.size() / pb, ticket);
 }
 
 Result<StoreResult> Client::Store(const NamespaceHandle& ns, std::span<const int32_t> tokens,

@@ -5,12 +5,18 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <future>
+#include <optional>
 #include <random>
 
 #include "kvtier/proto/convert.h"
+#include "request_checks.h"
 
 namespace kvtier {
 namespace {
+
+using request_checks::FindOwned;
+using request_checks::PromptTokens;
 
 // Token ids of a packed little-endian int32 byte string.
 std::vector<int32_t> UnpackTokens(const std::string& bytes) {
@@ -21,24 +27,6 @@ std::vector<int32_t> UnpackTokens(const std::string& bytes) {
 
 std::string Field(const char* name, size_t i, const char* sub) {
   return std::string(name) + "[" + std::to_string(i) + "]." + sub;
-}
-
-// The entry `id` of `map` (leases or reservations) when it belongs to
-// `session_id`. Errors: NOT_FOUND (`gone` says how it may have ended),
-// PERMISSION_DENIED for another session's id.
-template <typename Map>
-Result<typename Map::iterator> FindOwned(Map& map, uint64_t id, uint64_t session_id,
-                                         const char* field, const char* gone) {
-  auto it = map.find(id);
-  if (it == map.end()) {
-    return Status::NotFound(std::string(field) + " " + std::to_string(id) + " is unknown (" +
-                            gone + ")");
-  }
-  if (it->second.session_id != session_id) {
-    return Status::PermissionDenied(std::string(field) + " " + std::to_string(id) +
-                                    " belongs to another session");
-  }
-  return it;
 }
 
 constexpr const char* kLeaseGone = "released, expired or never granted";
@@ -58,6 +46,10 @@ Result<NvmeWritePolicy> ParseNvmeWritePolicy(const std::string& name) {
 }
 
 Status CacheCoreOptions::Validate() const {
+  if (nvme_workers < 1 || nvme_workers > 64) {
+    return Status::InvalidArgument("nvme_workers " + std::to_string(nvme_workers) +
+                                   " is outside 1..64");
+  }
   if (selective_min_hits < 1 || selective_min_hits > 1000000) {
     return Status::InvalidArgument("selective_min_hits " + std::to_string(selective_min_hits) +
                                    " is outside 1..1000000");
@@ -104,6 +96,7 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
     spdlog::info("NVMe tier: {} chunks indexed at start over {} path(s) of {} bytes",
                  core->nvme_->counters().chunks, options.nvme.paths.size(),
                  options.nvme.bytes_per_path);
+    core->StartWorkers();
   }
   // Session, lease and reservation ids start at a random point, so that an id
   // from before a daemon restart is not valid after it.
@@ -112,7 +105,7 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
   return core;
 }
 
-CacheCore::~CacheCore() = default;
+CacheCore::~CacheCore() { StopWorkers(); }
 
 uint64_t CacheCore::OpenSession(const std::string& client_name, uint32_t pid) {
   std::lock_guard lock(mu_);
@@ -141,6 +134,12 @@ void CacheCore::EndSession(uint64_t session_id) {
     } else {
       ++it;
     }
+  }
+  for (auto it = promotions_.begin(); it != promotions_.end();) {
+    auto next = std::next(it);
+    // A Lookup's own promotion finishes on its worker, which then sees the session gone.
+    if (it->second.session_id == session_id && !it->second.on_done) EndPromotion(it);
+    it = next;
   }
   if (auto q = quarantined_.find(session_id); q != quarantined_.end()) {
     for (const Reservation& r : q->second) FreeReservationSlots(r);
@@ -234,55 +233,84 @@ Status CacheCore::OpenNamespace(const v1::OpenNamespaceRequest& req,
   return Status::Ok();
 }
 
-Status CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp) {
-  const std::string& raw = req.tokens();
-  if (raw.size() % 4 != 0) {
-    return Status::InvalidArgument("tokens is " + std::to_string(raw.size()) +
-                                   " bytes, not a multiple of 4 (packed int32)");
-  }
-  if (raw.size() / 4 > options_.max_prompt_tokens) {
-    return Status::InvalidArgument("tokens holds " + std::to_string(raw.size() / 4) +
-                                   " ids, more than the limit of " +
-                                   std::to_string(options_.max_prompt_tokens));
-  }
-  // Viewed in place: std::string storage is aligned for int32.
-  const std::span<const int32_t> all(reinterpret_cast<const int32_t*>(raw.data()), raw.size() / 4);
-  NamespaceState snap;  // a copy: the state may be given to another namespace when idle
-  {
-    std::lock_guard lock(mu_);
-    KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
-    KVTIER_RETURN_IF_ERROR(CheckEpoch(req.epoch()));
-    auto found = FindNamespace(req.namespace_id());
-    if (!found.ok()) return found.status();
-    snap = **found;
-  }
-  const NamespaceState* ns = &snap;
-  const uint32_t chunk_tokens = snap.spec.chunk_tokens;
-  // Hash outside the lock: it is the bulk of a long prompt's lookup.
-  const std::vector<ChunkKey> keys = ComputeChunkKeys(ns->id, all, chunk_tokens);
+Result<CacheCore::NamespaceState> CacheCore::ResolveRequest(uint64_t session_id, uint64_t epoch,
+                                                          const std::string& namespace_id) const {
+  std::lock_guard lock(mu_);
+  KVTIER_RETURN_IF_ERROR(CheckSession(session_id));
+  KVTIER_RETURN_IF_ERROR(CheckEpoch(epoch));
+  auto found = FindNamespace(namespace_id);
+  if (!found.ok()) return found.status();
+  return **found;  // a copy: the state may be given to another namespace when idle
+}
 
-  std::unique_lock lock(mu_);
-  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));  // it may have ended meanwhile
+std::vector<uint32_t> CacheCore::DramPrefix(const NamespaceState& ns,
+                                            const std::vector<ChunkKey>& keys,
+                                            std::span<const int32_t> tokens, size_t limit) {
+  const uint32_t ct = ns.spec.chunk_tokens;
   std::vector<uint32_t> hits;
-  hits.reserve(keys.size());
-  const size_t max_hits = req.max_chunks() == 0 ? keys.size() : req.max_chunks();
-  for (size_t i = 0; i < keys.size() && hits.size() < max_hits; ++i) {
+  hits.reserve(std::min(limit, keys.size()));
+  for (size_t i = 0; i < keys.size() && hits.size() < limit; ++i) {
     const uint32_t h = dram_->Find(keys[i]);
     if (h == ChunkIndex::kNone) break;
-    const ChunkEntry& e = dram_->Get(h);
-    SlotIdentity id{ns->id, keys[i], i == 0 ? ns->id : keys[i - 1],
-                    all.subspan(i * chunk_tokens, chunk_tokens)};
-    Status st = VerifySlotHeader(dram_->SlotAddress(e.slot_offset), ns->layout, id,
+    const SlotIdentity id{ns.id, keys[i], i == 0 ? ns.id : keys[i - 1],
+                          tokens.subspan(i * ct, ct)};
+    Status st = VerifySlotHeader(dram_->SlotAddress(dram_->Get(h).slot_offset), ns.layout, id,
                                  /*check_header_checksum=*/false);
     if (!st.ok()) {
       ++counters_.token_check_failures;
       spdlog::warn("token check failed for chunk {} of namespace {}: {}", keys[i].ToHex(),
-                   ns->id.ToHex(), st.message());
+                   ns.id.ToHex(), st.message());
       break;
     }
     hits.push_back(h);
   }
-  const size_t dram_hits = hits.size();
+  return hits;
+}
+
+size_t CacheCore::ContinuationRun(const std::vector<ChunkKey>& keys, size_t from,
+                                  size_t limit) const {
+  if (!nvme_) return 0;
+  size_t n = 0;
+  for (size_t i = from; i < limit; ++i, ++n) {
+    if (!nvme_->Contains(keys[i]) && dram_->Find(keys[i]) == ChunkIndex::kNone) break;
+  }
+  return n;
+}
+
+void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, Done done) {
+  auto prompt = PromptTokens(req.tokens(), options_.max_prompt_tokens);
+  if (!prompt.ok()) return done(prompt.status());
+  if (req.prefetch_ticket() != 0 && !req.acquire()) {
+    return done(Status::InvalidArgument("prefetch_ticket is set without acquire (a ticket's "
+                                        "chunks are taken over by a Lookup that leases them)"));
+  }
+  auto resolved = ResolveRequest(req.session_id(), req.epoch(), req.namespace_id());
+  if (!resolved.ok()) return done(resolved.status());
+  const NamespaceState ns = *resolved;
+  const std::span<const int32_t> all = *prompt;
+  // Hash outside the lock: it is the bulk of a long prompt's lookup.
+  const std::vector<ChunkKey> keys = ComputeChunkKeys(ns.id, all, ns.spec.chunk_tokens);
+  LookupTally tally{req.session_id(), req.acquire(), all.size(), keys.size(),
+                    req.max_chunks() == 0 ? keys.size()
+                                          : std::min<size_t>(keys.size(), req.max_chunks())};
+
+  std::unique_lock lock(mu_);
+  Status st = CheckSession(req.session_id());  // it may have ended meanwhile
+  std::optional<std::unordered_map<uint64_t, Promotion>::iterator> ticket;
+  if (st.ok() && req.prefetch_ticket() != 0) {
+    auto found = FindTicket(req.prefetch_ticket(), req.session_id());
+    if (found.ok()) {
+      ticket = *found;
+    } else if (found.status().code() != StatusCode::kNotFound) {  // expired: no error
+      st = found.status();
+    }
+  }
+  if (!st.ok()) {
+    lock.unlock();
+    return done(st);
+  }
+  std::vector<uint32_t> hits = DramPrefix(ns, keys, all, tally.max_hits);
+  tally.dram_hits = hits.size();
   if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kSelective) {
     for (uint32_t h : hits) {  // parents are hit at least as often: they go first
       if (dram_->AddHit(h) == options_.selective_min_hits && !nvme_->Contains(dram_->Get(h).key)) {
@@ -291,109 +319,101 @@ Status CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp)
       }
     }
   }
-  size_t nvme_hits = 0;
-  if (nvme_ && hits.size() < max_hits && hits.size() < keys.size()) {
+  if (ticket) {
+    // Its ready chunks are resident and pinned: the DRAM prefix above found
+    // them. Count those it promoted, lease them, then end the ticket.
+    const Promotion& p = (*ticket)->second;
+    for (size_t i = p.dram_at_start; i < std::min(hits.size(), p.ready.size()); ++i) {
+      if (hits[i] == p.ready[i]) ++tally.prefetched;
+    }
+    for (uint32_t h : hits) dram_->Pin(h);
+    EndPromotion(*ticket);
+    GrantLookup(tally, ns, hits, resp);
+    lock.unlock();
+    return done(Status::Ok());
+  }
+  // With a ticket (even one that expired) NVMe is not read: the prefetch was the time for it.
+  const size_t run = req.prefetch_ticket() != 0
+                         ? 0
+                         : ContinuationRun(keys, hits.size(), tally.max_hits);
+  if (!req.acquire() || run == 0) {
+    // Without a lease nothing is read: NVMe chunks are checked when read.
+    if (!req.acquire()) tally.nvme_hits = run;
     if (req.acquire()) {
-      for (uint32_t h : hits) dram_->Pin(h);  // keep them while the lock is dropped
-      nvme_hits = PromoteFromNvme(lock, req.namespace_id(), snap, keys, all,
-                                  std::min(max_hits, keys.size()), &hits);
-      for (size_t i = 0; i < dram_hits; ++i) dram_->Unpin(hits[i]);
-      KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));  // may have ended meanwhile
-    } else {
-      // Without a lease nothing is read: NVMe chunks are checked when read.
-      for (size_t i = hits.size(); i < std::min(max_hits, keys.size()); ++i) {
-        if (!nvme_->Contains(keys[i])) break;
-        ++nvme_hits;
+      for (uint32_t h : hits) dram_->Pin(h);
+    }
+    GrantLookup(tally, ns, hits, resp);
+    lock.unlock();
+    return done(Status::Ok());
+  }
+  // Promote the NVMe continuation on an I/O worker; the lookup completes there.
+  Promotion p;
+  p.session_id = req.session_id();
+  p.expiry = clock_.Now() + options_.lease_ttl;
+  p.ns = ns;
+  p.keys.assign(keys.begin(), keys.begin() + static_cast<ptrdiff_t>(hits.size() + run));
+  p.tokens.assign(all.begin(), all.begin() + static_cast<ptrdiff_t>(p.keys.size() *
+                                                                    ns.spec.chunk_tokens));
+  for (uint32_t h : hits) dram_->Pin(h);
+  p.ready = std::move(hits);
+  p.dram_at_start = static_cast<uint32_t>(p.ready.size());
+  p.on_done = [this, tally, ns, resp, done = std::move(done)](Promotion& promoted) mutable {
+    Status result;
+    {
+      std::lock_guard relock(mu_);
+      result = CheckSession(tally.session_id);
+      if (result.ok()) {
+        tally.nvme_hits = promoted.ready.size() - tally.dram_hits;
+        GrantLookup(tally, ns, promoted.ready, resp);  // its pins become the lease's
+      } else {
+        for (uint32_t h : promoted.ready) dram_->Unpin(h);
       }
     }
-  }
-  // Children first, so a prefix's inner chunks stay more recent than its leaves.
-  for (auto it = hits.rbegin(); it != hits.rend(); ++it) dram_->Touch(*it);
-  const uint64_t num_hits = req.acquire() ? hits.size() : dram_hits + nvme_hits;
-  ++counters_.lookups;
-  counters_.lookup_tokens += all.size();
-  counters_.hit_tokens += num_hits * chunk_tokens;
-  counters_.hits += dram_hits;
-  counters_.nvme_hits += nvme_hits;
-  if (num_hits < max_hits) counters_.misses += keys.size() - num_hits;  // stopped by a miss
-
-  resp->set_num_chunks(static_cast<uint32_t>(num_hits));
-  resp->set_nvme_chunks(static_cast<uint32_t>(nvme_hits));
-  resp->set_cached_tokens(num_hits * chunk_tokens);
-  resp->set_lease_ttl_ms(static_cast<uint64_t>(options_.lease_ttl.count()));
-  if (req.acquire() && num_hits > 0) {
-    const uint64_t lease_id = next_id_++;
-    Lease lease;
-    lease.session_id = req.session_id();
-    lease.expiry = clock_.Now() + options_.lease_ttl;
-    lease.handles = hits;
-    for (uint32_t h : hits) {
-      dram_->Pin(h);
-      auto* loc = resp->add_chunks();
-      loc->set_payload_offset(dram_->Get(h).slot_offset + ns->layout.header_bytes);
-      loc->set_payload_bytes(ns->layout.payload_bytes);
-      loc->set_sequence(SlotSequence(dram_->SlotAddress(dram_->Get(h).slot_offset)));
-    }
-    counters_.read_bytes += num_hits * ns->layout.payload_bytes;
-    leases_.emplace(lease_id, std::move(lease));
-    resp->set_lease_id(lease_id);
-  }
-  return Status::Ok();
+    done(result);
+  };
+  StartPromotion(std::move(p));
 }
 
-size_t CacheCore::PromoteFromNvme(std::unique_lock<std::mutex>& lock,
-                                  const std::string& namespace_id, const NamespaceState& snap,
-                                  const std::vector<ChunkKey>& keys,
-                                  std::span<const int32_t> tokens, size_t limit,
-                                  std::vector<uint32_t>* hits) {
-  auto found = FindNamespace(namespace_id);
-  if (!found.ok()) return 0;
-  NamespaceState* ns = const_cast<NamespaceState*>(*found);
-  const uint32_t ct = snap.spec.chunk_tokens;
-  struct Promotion {
-    size_t index;
-    uint64_t slot_offset;
-  };
-  std::vector<Promotion> promotions;
-  for (size_t i = hits->size(); i < limit; ++i) {
-    if (!nvme_->Contains(keys[i])) break;
-    auto offset = dram_->AllocateSlot(ns->ns_index);  // the hits so far are pinned
-    if (!offset) break;
-    InvalidateSlot(dram_->SlotAddress(*offset));
-    promotions.push_back({i, *offset});
+Status CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp) {
+  std::promise<Status> finished;
+  std::future<Status> result = finished.get_future();
+  Lookup(req, resp, [&finished](Status st) { finished.set_value(std::move(st)); });
+  return result.get();
+}
+
+void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
+                            const std::vector<uint32_t>& hits, v1::LookupResponse* resp) {
+  // Children first, so a prefix's inner chunks stay more recent than its leaves.
+  for (auto it = hits.rbegin(); it != hits.rend(); ++it) dram_->Touch(*it);
+  const uint32_t ct = ns.spec.chunk_tokens;
+  const uint64_t num_hits = t.acquire ? hits.size() : t.dram_hits + t.nvme_hits;
+  ++counters_.lookups;
+  counters_.lookup_tokens += t.prompt_tokens;
+  counters_.hit_tokens += num_hits * ct;
+  counters_.hits += t.dram_hits;
+  counters_.nvme_hits += t.nvme_hits;
+  if (num_hits < t.max_hits) counters_.misses += t.num_keys - num_hits;  // stopped by a miss
+
+  resp->set_num_chunks(static_cast<uint32_t>(num_hits));
+  resp->set_nvme_chunks(static_cast<uint32_t>(t.nvme_hits));
+  resp->set_prefetched_chunks(static_cast<uint32_t>(t.prefetched));
+  resp->set_cached_tokens(num_hits * ct);
+  resp->set_lease_ttl_ms(static_cast<uint64_t>(options_.lease_ttl.count()));
+  if (!t.acquire || num_hits == 0) return;
+  const uint64_t lease_id = next_id_++;
+  Lease lease;
+  lease.session_id = t.session_id;
+  lease.expiry = clock_.Now() + options_.lease_ttl;
+  lease.handles = hits;  // pinned by the caller
+  for (uint32_t h : hits) {
+    auto* loc = resp->add_chunks();
+    loc->set_payload_offset(dram_->Get(h).slot_offset + ns.layout.header_bytes);
+    loc->set_payload_bytes(ns.layout.payload_bytes);
+    loc->set_sequence(SlotSequence(dram_->SlotAddress(dram_->Get(h).slot_offset)));
   }
-  if (promotions.empty()) return 0;
-  ++ns->active_reservations;  // the namespace keeps its slot class while the lock is dropped
-  std::vector<NvmeTier::ReadRequest> reads;
-  for (const Promotion& p : promotions) {
-    reads.push_back({{snap.id, keys[p.index], p.index == 0 ? snap.id : keys[p.index - 1],
-                      tokens.subspan(p.index * ct, ct)},
-                     &snap.layout,
-                     {dram_->SlotAddress(p.slot_offset), snap.layout.slot_bytes},
-                     Status::Ok()});
-  }
-  lock.unlock();
-  const Status io = nvme_->ReadMany(reads);
-  lock.lock();
-  --ns->active_reservations;
-  NoteNvmeIo(io.ok());
-  size_t promoted = 0;
-  for (size_t k = 0; k < promotions.size(); ++k) {
-    const Promotion& p = promotions[k];
-    const bool ok = io.ok() && reads[k].result.ok() && promoted == k;
-    const uint32_t h = ok ? dram_->Insert(keys[p.index],
-                                          p.index == 0 ? snap.id : keys[p.index - 1], snap.id,
-                                          ns->ns_index, p.slot_offset)
-                          : ChunkIndex::kNone;
-    if (h == ChunkIndex::kNone) {
-      dram_->FreeSlot(ns->ns_index, p.slot_offset);
-      continue;
-    }
-    hits->push_back(h);  // the caller leases it before the lock is dropped again
-    ++promoted;
-  }
-  counters_.nvme_read_bytes += promoted * snap.layout.payload_bytes;
-  return promoted;
+  counters_.read_bytes += num_hits * ns.layout.payload_bytes;
+  leases_.emplace(lease_id, std::move(lease));
+  resp->set_lease_id(lease_id);
 }
 
 void CacheCore::EndLease(std::unordered_map<uint64_t, Lease>::iterator it) {
@@ -596,12 +616,20 @@ Status CacheCore::AbortWrite(const v1::AbortWriteRequest& req) {
 void CacheCore::ExpireNow() {
   const Clock::TimePoint now = clock_.Now();
   std::lock_guard lock(mu_);
-  size_t leases = 0, reservations = 0;
+  size_t leases = 0, reservations = 0, tickets = 0;
   for (auto it = leases_.begin(); it != leases_.end();) {
     auto next = std::next(it);
     if (it->second.expiry <= now) {
       EndLease(it);
       ++leases;
+    }
+    it = next;
+  }
+  for (auto it = promotions_.begin(); it != promotions_.end();) {
+    auto next = std::next(it);
+    if (it->second.expiry <= now && !it->second.on_done) {  // a ticket past its deadline
+      EndPromotion(it);
+      ++tickets;
     }
     it = next;
   }
@@ -615,88 +643,11 @@ void CacheCore::ExpireNow() {
       ++it;
     }
   }
-  if (leases + reservations > 0) {
-    spdlog::info("expired {} leases and {} reservations past their TTL (the reservations' slots "
-                 "return when their sessions end)", leases, reservations);
+  if (leases + reservations + tickets > 0) {
+    spdlog::info("expired {} leases, {} prefetch tickets and {} reservations past their TTL or "
+                 "deadline (the reservations' slots return when their sessions end)",
+                 leases, tickets, reservations);
   }
-}
-
-size_t CacheCore::WriteThroughOnce() {
-  if (!nvme_) return 0;
-  constexpr size_t kBatch = 32;
-  struct Item {
-    uint32_t handle;
-    ChunkKey key, parent;
-    NamespaceId ns;
-    SlotLayout layout;
-    const std::byte* slot;
-  };
-  std::vector<Item> items;
-  size_t taken = 0;
-  {
-    std::lock_guard lock(mu_);
-    while (!nvme_queue_.empty() && taken < kBatch) {
-      const ChunkKey key = nvme_queue_.front();
-      nvme_queue_.pop_front();
-      ++taken;
-      const uint32_t h = dram_->Find(key);  // pinned since CommitWrite queued it
-      if (h == ChunkIndex::kNone) continue;
-      if (nvme_->Contains(key)) {
-        dram_->Unpin(h);
-        continue;
-      }
-      const ChunkEntry& e = dram_->Get(h);
-      const NamespaceState& ns = *namespaces_[e.ns_index];
-      items.push_back({h, key, e.parent, ns.id, ns.layout, dram_->SlotAddress(e.slot_offset)});
-    }
-    nvme_in_flight_ += items.size();
-  }
-  if (taken == 0) return 0;
-  std::vector<std::unique_ptr<std::byte, decltype(&std::free)>> copies;
-  std::vector<NvmeImage> images;
-  for (const Item& it : items) {
-    copies.emplace_back(static_cast<std::byte*>(std::aligned_alloc(kBlockBytes, it.layout.slot_bytes)),
-                        &std::free);
-    std::memcpy(copies.back().get(), it.slot, it.layout.slot_bytes);
-    SealPayloadChecksum(copies.back().get(), it.layout);
-    images.push_back({it.key, it.parent, it.ns, {copies.back().get(), it.layout.slot_bytes}});
-  }
-  Result<size_t> stored = images.empty() ? Result<size_t>(size_t{0}) : nvme_->Write(images);
-  if (!stored.ok()) {
-    spdlog::warn("NVMe write-through of {} chunks failed: {}", images.size(),
-                 stored.status().ToString());
-  }
-  std::lock_guard lock(mu_);
-  if (!images.empty()) NoteNvmeIo(stored.ok());
-  for (const Item& it : items) dram_->Unpin(it.handle);
-  nvme_in_flight_ -= items.size();
-  if (stored.ok()) {
-    for (size_t i = 0; i < *stored && i < items.size(); ++i) {
-      counters_.nvme_write_bytes += items[i].layout.payload_bytes;
-    }
-  }
-  return taken;
-}
-
-void CacheCore::NoteNvmeIo(bool ok) {
-  if (ok) {
-    if (counters_.nvme_failure_streak >= kNvmeDegradedAfter) {
-      spdlog::info("NVMe tier: I/O succeeds again; no longer degraded");
-    }
-    counters_.nvme_failure_streak = 0;
-    return;
-  }
-  ++counters_.nvme_io_errors;
-  if (++counters_.nvme_failure_streak == kNvmeDegradedAfter) {
-    spdlog::error("NVMe tier degraded: {} I/O batches failed in a row; DRAM keeps serving",
-                  kNvmeDegradedAfter);
-  }
-}
-
-std::vector<std::string> CacheCore::DegradedTiers() const {
-  std::lock_guard lock(mu_);
-  if (nvme_ && counters_.nvme_failure_streak >= kNvmeDegradedAfter) return {"nvme"};
-  return {};
 }
 
 void CacheCore::Stats(v1::StatsResponse* resp) {
@@ -741,6 +692,10 @@ void CacheCore::Stats(v1::StatsResponse* resp) {
   resp->set_sessions(sessions_.size());
   resp->set_active_leases(leases_.size());
   resp->set_active_reservations(reservations_.size());
+  resp->set_active_prefetches(static_cast<uint64_t>(
+      std::count_if(promotions_.begin(), promotions_.end(),
+                    [](const auto& entry) { return !entry.second.on_done; })));
+  resp->set_prefetched_chunks(counters_.prefetched_chunks);
   resp->set_uptime_s(static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_)
           .count()));

@@ -66,17 +66,33 @@ grpc::ServerUnaryReactor* KvCacheService::OpenNamespace(grpc::CallbackServerCont
 
 // A client that gave up (deadline passed, call cancelled) never learns of a
 // lease or reservation granted to it: end it now instead of at its TTL.
+// A Lookup that promotes from NVMe finishes later, on the core's I/O worker.
 grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ctx,
                                                  const v1::LookupRequest* req,
                                                  v1::LookupResponse* resp) {
-  Status st = core_.Lookup(*req, resp);
-  if (st.ok() && resp->lease_id() != 0 && ctx->IsCancelled()) {
-    v1::ReleaseReadRequest release;
-    release.set_session_id(req->session_id());
-    release.set_lease_id(resp->lease_id());
-    (void)core_.ReleaseRead(release);
-  }
-  return Done(ctx, st);
+  auto* reactor = ctx->DefaultReactor();
+  core_.Lookup(*req, resp, [this, ctx, reactor, req, resp](Status st) {
+    if (st.ok() && resp->lease_id() != 0 && ctx->IsCancelled()) {
+      v1::ReleaseReadRequest release;
+      release.set_session_id(req->session_id());
+      release.set_lease_id(resp->lease_id());
+      (void)core_.ReleaseRead(release);
+    }
+    reactor->Finish(ToGrpcStatus(st));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KvCacheService::Prefetch(grpc::CallbackServerContext* ctx,
+                                                   const v1::PrefetchRequest* req,
+                                                   v1::PrefetchResponse* resp) {
+  return Done(ctx, core_.Prefetch(*req, resp));
+}
+
+grpc::ServerUnaryReactor* KvCacheService::PrefetchStatus(grpc::CallbackServerContext* ctx,
+                                                         const v1::PrefetchStatusRequest* req,
+                                                         v1::PrefetchStatusResponse* resp) {
+  return Done(ctx, core_.PrefetchStatus(*req, resp));
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ReserveWrite(grpc::CallbackServerContext* ctx,

@@ -32,6 +32,12 @@ class KvCacheService final : public v1::KvCache::CallbackService {
   grpc::ServerUnaryReactor* ReleaseRead(grpc::CallbackServerContext* ctx,
                                         const v1::ReleaseReadRequest* req,
                                         v1::ReleaseReadResponse* resp) override;
+  grpc::ServerUnaryReactor* Prefetch(grpc::CallbackServerContext* ctx,
+                                     const v1::PrefetchRequest* req,
+                                     v1::PrefetchResponse* resp) override;
+  grpc::ServerUnaryReactor* PrefetchStatus(grpc::CallbackServerContext* ctx,
+                                           const v1::PrefetchStatusRequest* req,
+                                           v1::PrefetchStatusResponse* resp) override;
 
  private:
   CacheCore& core_;

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <gtest/gtest.h>
+
+#include <thread>
 #include <unistd.h>
 
 #include <cstring>
@@ -171,6 +173,59 @@ class CacheCoreDriver {
     v1::LookupResponse resp;
     const Status st = core_->Lookup(req, &resp);
     EXPECT_TRUE(st.ok()) << st.ToString();
+    return resp;
+  }
+
+  Status Prefetch(const std::vector<int32_t>& tokens, v1::PrefetchResponse* resp,
+                  uint64_t deadline_ms = 0, uint32_t max_chunks = 0, uint64_t session = 0) {
+    v1::PrefetchRequest req;
+    req.set_session_id(session ? session : session_);
+    req.set_epoch(kEpoch);
+    req.set_namespace_id(ns_wire_);
+    req.set_tokens(PackTokens(tokens));
+    req.set_deadline_ms(deadline_ms);
+    req.set_max_chunks(max_chunks);
+    return core_->Prefetch(req, resp);
+  }
+
+  Status PrefetchStatus(uint64_t ticket, v1::PrefetchStatusResponse* resp, uint64_t session = 0) {
+    v1::PrefetchStatusRequest req;
+    req.set_session_id(session ? session : session_);
+    req.set_ticket(ticket);
+    return core_->PrefetchStatus(req, resp);
+  }
+
+  // Polls until the prefetch is done (the I/O workers run in real time), for
+  // at most 10 s.
+  v1::PrefetchStatusResponse WaitPrefetchDone(uint64_t ticket) {
+    v1::PrefetchStatusResponse s;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < until) {
+      const Status st = PrefetchStatus(ticket, &s);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      if (!st.ok() || s.done()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_TRUE(s.done()) << "prefetch not done within 10 s";
+    return s;
+  }
+
+  v1::LookupResponse LookupWithTicket(const std::vector<int32_t>& tokens, uint64_t ticket,
+                                      Status* status = nullptr) {
+    v1::LookupRequest req;
+    req.set_session_id(session_);
+    req.set_epoch(kEpoch);
+    req.set_namespace_id(ns_wire_);
+    req.set_tokens(PackTokens(tokens));
+    req.set_acquire(true);
+    req.set_prefetch_ticket(ticket);
+    v1::LookupResponse resp;
+    const Status st = core_->Lookup(req, &resp);
+    if (status != nullptr) {
+      *status = st;
+    } else {
+      EXPECT_TRUE(st.ok()) << st.ToString();
+    }
     return resp;
   }
 

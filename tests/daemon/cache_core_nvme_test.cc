@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <future>
+#include <thread>
 
 #include "daemon/cache_core_harness.h"
 #include "kvtier/daemon/cache_core.h"
@@ -122,6 +124,174 @@ TEST_F(CacheCoreNvmeTest, SelectivePolicyWritesAChunkOnlyAfterItsSecondHit) {
   EXPECT_EQ(NvmeStats(s).chunks(), 2u) << "the second hit sends both chunks, parent first";
   EXPECT_EQ(NvmeStats(s).pending_writes(), 0u);
   EXPECT_EQ(s.active_leases(), 0u);
+}
+
+// Stores `a` (3 chunks) and then another prompt into a DRAM of 3 slots, with
+// write-through drained: `a` is on NVMe only.
+class CacheCorePrefetchTest : public CacheCoreNvmeTest {
+ protected:
+  void SetUp() override {
+    StartWithNvme(/*dram_slots=*/3, /*good_writes=*/1000);
+    ASSERT_EQ(Store(a_), 3u);
+    Drain();
+    ASSERT_EQ(Store(Tokens(12, 500)), 3u);
+    Drain();
+    ASSERT_EQ(Lookup(a_, false).nvme_chunks(), 3u);
+  }
+  void Drain() {
+    while (core_->WriteThroughOnce() > 0) {
+    }
+  }
+  const std::vector<int32_t> a_ = Tokens(12);
+};
+
+TEST_F(CacheCorePrefetchTest, PrefetchPromotesThePrefixAndALookupTakesItOver) {
+  v1::PrefetchResponse p;
+  ASSERT_TRUE(Prefetch(a_, &p).ok());
+  ASSERT_NE(p.ticket(), 0u);
+  EXPECT_EQ(p.total_chunks(), 3u);
+  EXPECT_EQ(p.nvme_chunks(), 3u);
+  EXPECT_EQ(p.ready_chunks(), 0u);
+  EXPECT_EQ(p.deadline_ms(), 10000u) << "0 asks for the default of 10 s";
+  const v1::PrefetchStatusResponse done = WaitPrefetchDone(p.ticket());
+  EXPECT_EQ(done.ready_chunks(), 3u);
+  EXPECT_EQ(done.total_chunks(), 3u);
+  EXPECT_EQ(Stats().active_prefetches(), 1u);
+  EXPECT_EQ(Stats().prefetched_chunks(), 3u);
+
+  const v1::LookupResponse l = LookupWithTicket(a_, p.ticket());
+  ASSERT_EQ(l.num_chunks(), 3u);
+  EXPECT_EQ(l.prefetched_chunks(), 3u);
+  EXPECT_EQ(l.nvme_chunks(), 0u) << "in DRAM when looked up: a DRAM hit";
+  EXPECT_TRUE(LeasedBytesMatch(a_, l)) << "prefetched bytes differ from what was stored";
+  EXPECT_EQ(Stats().active_prefetches(), 0u) << "the lookup ends the ticket";
+  v1::PrefetchStatusResponse gone;
+  EXPECT_EQ(PrefetchStatus(p.ticket(), &gone).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(Release(l.lease_id()).ok());
+  // Nothing stays pinned: a new prompt can take every slot.
+  EXPECT_EQ(Store(Tokens(12, 900)), 3u);
+}
+
+TEST_F(CacheCorePrefetchTest, ALookupWithATicketTakesOnlyWhatIsReadyAndReadsNoNvme) {
+  v1::PrefetchResponse p;
+  ASSERT_TRUE(Prefetch(a_, &p, /*deadline_ms=*/0, /*max_chunks=*/1).ok());
+  EXPECT_EQ(p.total_chunks(), 1u);
+  EXPECT_EQ(WaitPrefetchDone(p.ticket()).ready_chunks(), 1u);
+  const uint64_t read_before = Stats().tiers(1).read_bytes();
+  const v1::LookupResponse l = LookupWithTicket(a_, p.ticket());
+  EXPECT_EQ(l.num_chunks(), 1u) << "best effort: chunks 1 and 2 were not prefetched";
+  EXPECT_EQ(l.prefetched_chunks(), 1u);
+  EXPECT_EQ(Stats().tiers(1).read_bytes(), read_before);
+  EXPECT_TRUE(LeasedBytesMatch(a_, l));
+  ASSERT_TRUE(Release(l.lease_id()).ok());
+  // An expired or unknown ticket is no error; NVMe is still not read.
+  const v1::LookupResponse late = LookupWithTicket(a_, p.ticket());
+  EXPECT_EQ(late.num_chunks(), 1u);
+  EXPECT_EQ(Stats().tiers(1).read_bytes(), read_before);
+  ASSERT_TRUE(Release(late.lease_id()).ok());
+}
+
+TEST_F(CacheCorePrefetchTest, ATicketHoldsItsChunksUntilItsDeadlineThenLetsGo) {
+  v1::PrefetchResponse p;
+  ASSERT_TRUE(Prefetch(a_, &p, /*deadline_ms=*/500).ok());
+  ASSERT_EQ(WaitPrefetchDone(p.ticket()).ready_chunks(), 3u);
+  // All 3 DRAM slots are held for the ticket: nothing can be stored.
+  const v1::ReserveWriteResponse r = Reserve(Tokens(4, 700));
+  EXPECT_EQ(r.reservation_id(), 0u);
+  ASSERT_EQ(r.outcomes_size(), 1);
+  EXPECT_EQ(r.outcomes(0), v1::NO_SPACE);
+  clock_.Advance(std::chrono::milliseconds(499));
+  core_->ExpireNow();
+  EXPECT_EQ(Stats().active_prefetches(), 1u);
+  clock_.Advance(std::chrono::milliseconds(1));
+  core_->ExpireNow();
+  EXPECT_EQ(Stats().active_prefetches(), 0u);
+  v1::PrefetchStatusResponse gone;
+  EXPECT_EQ(PrefetchStatus(p.ticket(), &gone).code(), StatusCode::kNotFound);
+  EXPECT_EQ(Store(Tokens(4, 700)), 1u) << "the expired ticket's pins are gone";
+}
+
+TEST_F(CacheCorePrefetchTest, SessionEndEndsItsTickets) {
+  const uint64_t other = core_->OpenSession("other", 2);
+  v1::PrefetchResponse p;
+  ASSERT_TRUE(Prefetch(a_, &p, 0, 0, other).ok());
+  EXPECT_EQ(Stats().active_prefetches(), 1u);
+  core_->EndSession(other);
+  EXPECT_EQ(Stats().active_prefetches(), 0u);
+  // Whatever the worker promoted meanwhile is unpinned: all slots can be reused.
+  for (int i = 0; i < 100 && Store(Tokens(12, 800)) != 3u; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // a step may still be reading
+  }
+  EXPECT_EQ(Lookup(Tokens(12, 800), false).num_chunks(), 3u);
+}
+
+TEST_F(CacheCorePrefetchTest, BadPrefetchRequestsAreRefusedAndChangeNothing) {
+  const v1::StatsResponse before = Stats();
+  v1::PrefetchResponse p;
+  Status st = Prefetch(a_, &p, /*deadline_ms=*/600001);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("deadline_ms"), std::string::npos) << st.message();
+  v1::PrefetchRequest odd;
+  odd.set_session_id(session_);
+  odd.set_epoch(kEpoch);
+  odd.set_namespace_id(ns_wire_);
+  odd.set_tokens("abc");
+  st = core_->Prefetch(odd, &p);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("tokens"), std::string::npos) << st.message();
+  odd.set_tokens(PackTokens(a_));
+  odd.set_epoch(kEpoch + 1);
+  EXPECT_EQ(core_->Prefetch(odd, &p).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Stats().DebugString(), before.DebugString());
+
+  // Another session's ticket: neither its status nor its chunks.
+  const uint64_t other = core_->OpenSession("other", 2);
+  ASSERT_TRUE(Prefetch(a_, &p, 0, 0, other).ok());
+  v1::PrefetchStatusResponse s;
+  EXPECT_EQ(PrefetchStatus(p.ticket(), &s).code(), StatusCode::kPermissionDenied);
+  Status lookup_status;
+  LookupWithTicket(a_, p.ticket(), &lookup_status);
+  EXPECT_EQ(lookup_status.code(), StatusCode::kPermissionDenied);
+  // A ticket needs acquire.
+  v1::LookupRequest req;
+  req.set_session_id(session_);
+  req.set_epoch(kEpoch);
+  req.set_namespace_id(ns_wire_);
+  req.set_tokens(PackTokens(a_));
+  req.set_prefetch_ticket(p.ticket());
+  v1::LookupResponse l;
+  st = core_->Lookup(req, &l);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("prefetch_ticket"), std::string::npos) << st.message();
+  EXPECT_EQ(Stats().active_prefetches(), 1u) << "the other session's ticket is untouched";
+}
+
+TEST_F(CacheCoreNvmeTest, LookupPromotionCompletesThroughItsCallbackOnAWorker) {
+  StartWithNvme(/*dram_slots=*/3, /*good_writes=*/1000);
+  const auto a = Tokens(12);
+  ASSERT_EQ(Store(a), 3u);
+  while (core_->WriteThroughOnce() > 0) {
+  }
+  ASSERT_EQ(Store(Tokens(12, 500)), 3u);
+  while (core_->WriteThroughOnce() > 0) {
+  }
+  // The lookup completes through its callback once the worker promoted it.
+  v1::LookupRequest req;
+  req.set_session_id(session_);
+  req.set_epoch(kEpoch);
+  req.set_namespace_id(ns_wire_);
+  req.set_tokens(PackTokens(a));
+  req.set_acquire(true);
+  v1::LookupResponse resp;
+  std::promise<Status> finished;
+  core_->Lookup(req, &resp, [&](Status st) { finished.set_value(st); });
+  auto result = finished.get_future();
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  ASSERT_TRUE(result.get().ok());
+  EXPECT_EQ(resp.num_chunks(), 3u);
+  EXPECT_EQ(resp.nvme_chunks(), 3u);
+  EXPECT_TRUE(LeasedBytesMatch(a, resp));
+  ASSERT_TRUE(Release(resp.lease_id()).ok());
 }
 
 }  // namespace

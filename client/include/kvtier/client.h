@@ -65,6 +65,7 @@ struct LoadResult {
   uint64_t loaded_tokens = 0;  // num_chunks * chunk_tokens, copied to the destination
   uint32_t num_chunks = 0;
   uint32_t nvme_chunks = 0;    // of num_chunks, the trailing ones the daemon promoted from NVMe
+  uint32_t prefetched_chunks = 0;  // of num_chunks, those a Prefetch promoted from NVMe in time
   std::chrono::microseconds lookup_time{0};  // the Lookup-with-lease RPC alone
   Status fail_open;
 };
@@ -75,6 +76,46 @@ struct StoreResult {
   uint32_t dropped_chunks = 0;         // not stored: no space, or parent evicted meanwhile
   uint64_t stored_bytes = 0;           // payload bytes written into the arena
   Status fail_open;                    // non-OK when the write was dropped by a failure
+};
+
+// What a Load given a PrefetchTicket waits for (the prefetch policies of SGLang
+// HiCache). Whatever the policy, what is loaded is a contiguous prefix; the
+// rest is a miss that the engine recomputes.
+enum class PrefetchPolicy {
+  kBestEffort,    // take what is ready at load time; never wait
+  kWaitComplete,  // wait until the prefetch is done (all ready, or stopped early)
+  kTimeout,       // wait until done, or timeout_base + timeout_per_1k_tokens per 1,000
+                  // prompt tokens after the Prefetch call, whichever comes first
+};
+
+struct PrefetchOptions {
+  PrefetchPolicy policy = PrefetchPolicy::kBestEffort;
+  // The daemon holds the prefetched chunks this long at most (1 ms..600 s).
+  // Default: 10 s.
+  std::chrono::milliseconds deadline{10000};
+  // kTimeout: Default 1 s + 250 ms per 1,000 tokens (HiCache's defaults).
+  std::chrono::milliseconds timeout_base{1000};
+  std::chrono::milliseconds timeout_per_1k_tokens{250};
+};
+
+// A prefetch in progress, from Prefetch(); hand it to Load. Copyable. A ticket
+// is tied to the session it was issued on: after a reconnect, Load ignores it.
+struct PrefetchTicket {
+  uint64_t id = 0;             // 0 when nothing is cached or the call failed open
+  uint32_t total_chunks = 0;   // cached prefix: the DRAM chunks, then the NVMe chunks
+  uint32_t nvme_chunks = 0;    // of total_chunks, those being promoted from NVMe
+  uint32_t ready_chunks = 0;   // in DRAM at the call
+  PrefetchOptions options;
+  std::chrono::steady_clock::time_point wait_until;  // the latest a Load waits until
+  uint64_t session_id = 0;     // the session it belongs to
+  Status fail_open;            // non-OK when the cache failed open
+};
+
+struct PrefetchProgress {
+  uint32_t ready_chunks = 0;   // leading chunks in DRAM, held for the Load
+  uint32_t total_chunks = 0;
+  bool done = false;           // no more will become ready
+  Status fail_open;            // non-OK when the ticket is gone or the daemon did not answer
 };
 
 // Reads chunk `chunk_index` (0-based) of a load: `payload` (layout.payload_bytes)
@@ -111,19 +152,32 @@ class Client {
   // How many leading tokens of `tokens` are cached (full chunks only).
   Result<LookupResult> Lookup(const NamespaceHandle& ns, std::span<const int32_t> tokens);
 
+  // Prefetch on enqueue: call when a request is queued. The daemon starts
+  // promoting the NVMe chunks of the cached prefix into DRAM and holds the
+  // prefix until the Load that is given the ticket, or options.deadline.
+  // Errors: INVALID_ARGUMENT for bad options or a namespace not opened here.
+  Result<PrefetchTicket> Prefetch(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                                  const PrefetchOptions& options = {});
+  // How far a prefetch got (one RPC).
+  PrefetchProgress PrefetchStatus(const PrefetchTicket& ticket);
+
   // Loads the cached prefix of `tokens`: leases it, copies chunk i's payload to
   // destination[i * payload_bytes, (i + 1) * payload_bytes), then releases.
   // Loads at most destination.size() / payload_bytes chunks. Only the first
   // LoadResult::num_chunks chunks of `destination` are valid.
+  // With `ticket` (from Prefetch of the same tokens), Load first waits as its
+  // policy says, then takes over what it made ready without reading NVMe.
   Result<LoadResult> Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
-                          std::span<std::byte> destination);
+                          std::span<std::byte> destination,
+                          const PrefetchTicket* ticket = nullptr);
   // The same without a staging buffer: calls `reader` for each leased chunk,
   // in order, on its bytes in the shared arena, then releases. At most
   // `max_chunks`. Chunks at index >= LoadResult::num_chunks turned out invalid
   // after the read (their lease lapsed and the slot was reused): the caller
   // must discard what it took from them.
   Result<LoadResult> Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
-                          const ChunkReader& reader, size_t max_chunks = SIZE_MAX);
+                          const ChunkReader& reader, size_t max_chunks = SIZE_MAX,
+                          const PrefetchTicket* ticket = nullptr);
 
   // Stores the full chunks of `tokens` from index `first_chunk` on (chunks
   // before it are known to be cached): reserves slots, calls `writer` for each

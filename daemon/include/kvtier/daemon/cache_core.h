@@ -6,11 +6,19 @@
 // writes) over the DRAM tier. The gRPC services are thin adapters over it, and
 // tests drive it with proto messages and a clock they advance.
 //
+// NVMe reads (promotion on Lookup, Prefetch) run on the core's own I/O worker
+// threads, never on the caller's: a Lookup that must promote completes through
+// its callback once the worker is done.
+//
 // Thread-safety: thread-safe. One mutex (mu_) guards all state; payload
-// checksums at commit are computed outside it (the reservation owns its slots).
+// checksums at commit and NVMe I/O run outside it (the reservation or the
+// promotion owns its slots).
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <thread>
 #include <deque>
 #include <cstdint>
 #include <memory>
@@ -62,6 +70,9 @@ struct CacheCoreOptions {
   // Most namespaces the daemon keeps at once; when full, a namespace with no
   // resident chunk and no pending write makes room for a new one. Default: 1,024.
   uint32_t max_namespaces = 1024;
+  // Threads that read NVMe for promotion and prefetch (each with its own
+  // io_uring). Range 1..64. Default: 2.
+  uint32_t nvme_workers = 2;
 
   Status Validate() const;
 };
@@ -97,7 +108,14 @@ class CacheCore {
   // RPC bodies. Each returns the status the client sees; on error, `response`
   // is unspecified and no state changed.
   Status OpenNamespace(const v1::OpenNamespaceRequest& req, v1::OpenNamespaceResponse* resp);
+  // Lookup completes through `done` (with `resp` filled), at once or, when it
+  // promotes from NVMe, later on an I/O worker thread. `resp` must live until
+  // then. The second form waits for it.
+  using Done = std::function<void(Status)>;
+  void Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, Done done);
   Status Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp);
+  Status Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse* resp);
+  Status PrefetchStatus(const v1::PrefetchStatusRequest& req, v1::PrefetchStatusResponse* resp);
   Status ReleaseRead(const v1::ReleaseReadRequest& req);
   Status ReserveWrite(const v1::ReserveWriteRequest& req, v1::ReserveWriteResponse* resp);
   Status CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWriteResponse* resp);
@@ -106,7 +124,7 @@ class CacheCore {
   void Stats(v1::StatsResponse* resp);
   void Namespaces(v1::NamespacesResponse* resp);
 
-  // Ends every lease and reservation whose TTL has passed on the clock. An
+  // Ends every lease, reservation and prefetch whose TTL or deadline has passed on the clock. An
   // expired reservation can no longer be committed; its slots stay out of use
   // until its session ends, since a live writer may still be writing them.
   // Called periodically by the daemon; tests call it after advancing the clock.
@@ -145,6 +163,22 @@ class CacheCore {
     // so that making room for the new chunks cannot evict them.
     std::vector<uint32_t> pinned;
   };
+  // A prefix being promoted from NVMe into DRAM: a client's Prefetch ticket,
+  // or the promotion of a Lookup with acquire (`on_done` set; not visible to
+  // clients, never expired or ended early: the worker always finishes it).
+  struct Promotion {
+    uint64_t session_id = 0;
+    Clock::TimePoint expiry;
+    NamespaceState ns;                // a copy, as at the start
+    std::vector<ChunkKey> keys;       // the cached prefix to make ready
+    std::vector<int32_t> tokens;      // its tokens, keys.size() * chunk_tokens
+    std::vector<uint32_t> ready;      // pinned DRAM handles of keys[0, ready.size())
+    uint32_t dram_at_start = 0;       // of ready, how many were in DRAM at the start
+    bool done = false;                // no more will become ready
+    // A Lookup's continuation, run without mu_ once the promotion is done and
+    // out of promotions_; `ready` is still pinned then.
+    std::function<void(Promotion&)> on_done;
+  };
   struct Counters {
     uint64_t lookups = 0;
     uint64_t lookup_tokens = 0;
@@ -158,6 +192,7 @@ class CacheCore {
     uint64_t nvme_read_bytes = 0;
     uint64_t nvme_write_bytes = 0;
     uint64_t nvme_io_errors = 0;
+    uint64_t prefetched_chunks = 0;
     uint32_t nvme_failure_streak = 0;  // consecutive failed NVMe batches
   };
   // REQUIRES: mu_ held.
@@ -171,13 +206,50 @@ class CacheCore {
   Status CheckEpoch(uint64_t epoch) const;
   Result<const NamespaceState*> FindNamespace(const std::string& namespace_id) const;
   void EndLease(std::unordered_map<uint64_t, Lease>::iterator it);
-  // With `lock` held on entry and exit (dropped around the reads): reads the
-  // NVMe chunks that continue `hits` into fresh DRAM slots, verifies and
-  // indexes them, appends their handles. Returns how many were promoted.
-  size_t PromoteFromNvme(std::unique_lock<std::mutex>& lock, const std::string& namespace_id,
-                         const NamespaceState& snap, const std::vector<ChunkKey>& keys,
-                         std::span<const int32_t> tokens, size_t limit,
-                         std::vector<uint32_t>* hits);
+  // Validates the session, epoch and namespace of a Lookup or Prefetch and
+  // returns a copy of the namespace. REQUIRES: mu_ not held.
+  Result<NamespaceState> ResolveRequest(uint64_t session_id, uint64_t epoch,
+                                        const std::string& namespace_id) const;
+  // The DRAM-resident leading chunks of `keys` (at most `limit`), each checked
+  // against its tokens in the slot header.
+  std::vector<uint32_t> DramPrefix(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
+                                   std::span<const int32_t> tokens, size_t limit);
+  // How many chunks from keys[from] on (below `limit`) are on NVMe or in
+  // DRAM, in a row: what a promotion can make ready. 0 without NVMe.
+  size_t ContinuationRun(const std::vector<ChunkKey>& keys, size_t from, size_t limit) const;
+  // What a Lookup found, for its answer and the counters.
+  struct LookupTally {
+    uint64_t session_id = 0;
+    bool acquire = false;
+    size_t prompt_tokens = 0;
+    size_t num_keys = 0;   // full chunks of the prompt
+    size_t max_hits = 0;   // min(num_keys, max_chunks)
+    size_t dram_hits = 0;
+    size_t nvme_hits = 0;
+    size_t prefetched = 0;
+  };
+  // Answers a Lookup over `hits`; with acquire each is already pinned once,
+  // and those pins become the lease's.
+  void GrantLookup(const LookupTally& tally, const NamespaceState& ns,
+                   const std::vector<uint32_t>& hits, v1::LookupResponse* resp);
+  // Starts a promotion (its `ready` already pinned); returns its id.
+  uint64_t StartPromotion(Promotion p);
+  void EndPromotion(std::unordered_map<uint64_t, Promotion>::iterator it);
+  // A client's prefetch ticket. Errors as FindOwned.
+  Result<std::unordered_map<uint64_t, Promotion>::iterator> FindTicket(uint64_t ticket,
+                                                                       uint64_t session_id);
+  // REQUIRES: mu_ not held. One step of promotion `id` (up to one batch of
+  // reads), then queues it again or finishes it.
+  void PromoteStep(uint64_t id);
+  // Marks it done; a Lookup's promotion leaves the map and its continuation
+  // runs (with `lock` dropped).
+  void FinishPromotion(std::unique_lock<std::mutex>& lock,
+                       std::unordered_map<uint64_t, Promotion>::iterator it);
+  void WorkerLoop();
+  void StartWorkers();
+  // Lets the workers finish every queued promotion (so every Lookup waiting
+  // on one completes), then joins them.
+  void StopWorkers();
   void FreeReservation(const Reservation& r);
   // The two halves of FreeReservation: drop its pins and in-flight keys; give
   // back its slots.
@@ -192,6 +264,11 @@ class CacheCore {
   std::unique_ptr<NvmeTier> nvme_;  // thread-safe itself; lock order: mu_, then its own
   std::deque<ChunkKey> nvme_queue_;                                   // GUARDED_BY(mu_)
   uint64_t nvme_in_flight_ = 0;                                       // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, Promotion> promotions_;                // GUARDED_BY(mu_)
+  std::deque<uint64_t> promotion_queue_;                              // GUARDED_BY(mu_)
+  std::condition_variable work_cv_;
+  bool stopping_ = false;                                             // GUARDED_BY(mu_)
+  std::vector<std::thread> workers_;
   std::vector<std::unique_ptr<NamespaceState>> namespaces_;           // GUARDED_BY(mu_)
   std::unordered_map<NamespaceId, NamespaceState*, ChunkKeyHash> ns_by_id_;  // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, std::string> sessions_;                // GUARDED_BY(mu_)

@@ -1,0 +1,308 @@
+// CacheCore's NVMe side: promotion into DRAM on I/O worker threads (for a
+// Lookup with acquire, and for Prefetch tickets), write-through, and the
+// degraded state.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "kvtier/daemon/cache_core.h"
+#include "request_checks.h"
+
+namespace kvtier {
+namespace {
+
+constexpr uint64_t kDefaultPrefetchDeadlineMs = 10'000;
+constexpr uint64_t kMaxPrefetchDeadlineMs = 600'000;
+constexpr const char* kTicketGone = "taken over by a Lookup, expired or never granted";
+
+}  // namespace
+
+void CacheCore::StartWorkers() {
+  for (uint32_t i = 0; i < options_.nvme_workers; ++i) {
+    workers_.emplace_back([this] { WorkerLoop(); });
+  }
+}
+
+void CacheCore::StopWorkers() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+}
+
+void CacheCore::WorkerLoop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    work_cv_.wait(lock, [&] { return stopping_ || !promotion_queue_.empty(); });
+    if (promotion_queue_.empty()) return;  // stopping, and every promotion finished
+    const uint64_t id = promotion_queue_.front();
+    promotion_queue_.pop_front();
+    lock.unlock();
+    PromoteStep(id);
+    lock.lock();
+  }
+}
+
+uint64_t CacheCore::StartPromotion(Promotion p) {
+  const uint64_t id = next_id_++;
+  const bool work = !p.done;
+  promotions_.emplace(id, std::move(p));
+  if (work) {
+    promotion_queue_.push_back(id);
+    work_cv_.notify_one();
+  }
+  return id;
+}
+
+void CacheCore::EndPromotion(std::unordered_map<uint64_t, Promotion>::iterator it) {
+  for (uint32_t h : it->second.ready) dram_->Unpin(h);
+  promotions_.erase(it);  // a step in flight finds it gone and keeps its chunks unpinned
+}
+
+void CacheCore::FinishPromotion(std::unique_lock<std::mutex>& lock,
+                                std::unordered_map<uint64_t, Promotion>::iterator it) {
+  it->second.done = true;
+  if (!it->second.on_done) return;  // a ticket: held until taken over or expired
+  Promotion p = std::move(it->second);
+  promotions_.erase(it);
+  lock.unlock();
+  auto on_done = std::move(p.on_done);
+  on_done(p);
+}
+
+Result<std::unordered_map<uint64_t, CacheCore::Promotion>::iterator> CacheCore::FindTicket(
+    uint64_t ticket, uint64_t session_id) {
+  auto it = request_checks::FindOwned(promotions_, ticket, session_id, "prefetch ticket",
+                                      kTicketGone);
+  if (it.ok() && (*it)->second.on_done) {  // a Lookup's own promotion, not a ticket
+    return Status::NotFound("prefetch ticket " + std::to_string(ticket) + " is unknown (" +
+                            kTicketGone + ")");
+  }
+  return it;
+}
+
+void CacheCore::PromoteStep(uint64_t id) {
+  constexpr size_t kBatch = 32;  // reads per step: a ticket's ready count grows batch by batch
+  std::unique_lock lock(mu_);
+  auto it = promotions_.find(id);
+  if (it == promotions_.end()) return;
+  Promotion& p = it->second;
+  // The live namespace (its DramTier number); gone when it was made room for.
+  auto live_ns = ns_by_id_.find(p.ns.id);
+  NamespaceState* ns = live_ns == ns_by_id_.end() ? nullptr : live_ns->second;
+  struct Read {
+    size_t index;
+    uint64_t slot_offset;
+  };
+  std::vector<Read> plan;
+  if (ns != nullptr) {
+    // Chunks in DRAM already (another request promoted or stored them) join at once.
+    while (p.ready.size() < p.keys.size()) {
+      const uint32_t h = dram_->Find(p.keys[p.ready.size()]);
+      if (h == ChunkIndex::kNone) break;
+      dram_->Pin(h);
+      p.ready.push_back(h);
+    }
+    for (size_t i = p.ready.size(); i < p.keys.size() && plan.size() < kBatch; ++i) {
+      if (dram_->Find(p.keys[i]) != ChunkIndex::kNone || !nvme_->Contains(p.keys[i])) break;
+      auto offset = dram_->AllocateSlot(ns->ns_index);  // the ready chunks are pinned
+      if (!offset) break;
+      InvalidateSlot(dram_->SlotAddress(*offset));
+      plan.push_back({i, *offset});
+    }
+  }
+  if (plan.empty()) return FinishPromotion(lock, it);
+  // What the reads need, copied: the promotion may end while the lock is dropped.
+  const NamespaceState snap = p.ns;
+  const uint32_t ct = snap.spec.chunk_tokens;
+  std::vector<ChunkKey> keys, parents;
+  std::vector<int32_t> tokens;
+  for (const Read& r : plan) {
+    keys.push_back(p.keys[r.index]);
+    parents.push_back(r.index == 0 ? snap.id : p.keys[r.index - 1]);
+    tokens.insert(tokens.end(), p.tokens.begin() + static_cast<ptrdiff_t>(r.index * ct),
+                  p.tokens.begin() + static_cast<ptrdiff_t>((r.index + 1) * ct));
+  }
+  const bool is_ticket = !p.on_done;
+  ++ns->active_reservations;  // the namespace keeps its slot class while the lock is dropped
+  std::vector<NvmeTier::ReadRequest> reads;
+  for (size_t k = 0; k < plan.size(); ++k) {
+    reads.push_back({{snap.id, keys[k], parents[k],
+                      std::span<const int32_t>(tokens).subspan(k * ct, ct)},
+                     &snap.layout,
+                     {dram_->SlotAddress(plan[k].slot_offset), snap.layout.slot_bytes},
+                     Status::Ok()});
+  }
+  lock.unlock();
+  const Status io = nvme_->ReadMany(reads);
+  lock.lock();
+  --ns->active_reservations;
+  NoteNvmeIo(io.ok());
+  it = promotions_.find(id);
+  Promotion* live = it == promotions_.end() ? nullptr : &it->second;
+  bool stopped = false;
+  size_t promoted = 0;
+  for (size_t k = 0; k < plan.size(); ++k) {
+    uint32_t h = ChunkIndex::kNone;
+    if (!stopped && io.ok() && reads[k].result.ok()) {
+      h = dram_->Insert(keys[k], parents[k], snap.id, ns->ns_index, plan[k].slot_offset);
+    }
+    if (h == ChunkIndex::kNone) {
+      dram_->FreeSlot(ns->ns_index, plan[k].slot_offset);
+      stopped = true;  // a failed read, or its parent left DRAM (the ticket ended)
+      continue;
+    }
+    ++promoted;
+    if (live != nullptr && live->ready.size() == plan[k].index) {
+      dram_->Pin(h);
+      live->ready.push_back(h);
+    }
+  }
+  counters_.nvme_read_bytes += promoted * snap.layout.payload_bytes;
+  if (is_ticket) counters_.prefetched_chunks += promoted;
+  if (live == nullptr) return;
+  if (stopped || live->ready.size() == live->keys.size()) return FinishPromotion(lock, it);
+  promotion_queue_.push_back(id);
+  work_cv_.notify_one();
+}
+
+Status CacheCore::Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse* resp) {
+  auto prompt = request_checks::PromptTokens(req.tokens(), options_.max_prompt_tokens);
+  if (!prompt.ok()) return prompt.status();
+  if (req.deadline_ms() > kMaxPrefetchDeadlineMs) {
+    return Status::InvalidArgument("deadline_ms " + std::to_string(req.deadline_ms()) +
+                                   " is more than 600000 (10 min)");
+  }
+  const uint64_t deadline_ms = req.deadline_ms() == 0 ? kDefaultPrefetchDeadlineMs : req.deadline_ms();
+  auto resolved = ResolveRequest(req.session_id(), req.epoch(), req.namespace_id());
+  if (!resolved.ok()) return resolved.status();
+  const NamespaceState& ns = *resolved;
+  const std::span<const int32_t> all = *prompt;
+  const std::vector<ChunkKey> keys = ComputeChunkKeys(ns.id, all, ns.spec.chunk_tokens);
+  const size_t limit =
+      req.max_chunks() == 0 ? keys.size() : std::min<size_t>(keys.size(), req.max_chunks());
+
+  std::unique_lock lock(mu_);
+  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
+  std::vector<uint32_t> hits = DramPrefix(ns, keys, all, limit);
+  const size_t run = ContinuationRun(keys, hits.size(), limit);
+  resp->set_deadline_ms(deadline_ms);
+  resp->set_ready_chunks(static_cast<uint32_t>(hits.size()));
+  resp->set_total_chunks(static_cast<uint32_t>(hits.size() + run));
+  resp->set_nvme_chunks(static_cast<uint32_t>(run));
+  if (hits.size() + run == 0) return Status::Ok();
+  Promotion p;
+  p.session_id = req.session_id();
+  p.expiry = clock_.Now() + std::chrono::milliseconds(deadline_ms);
+  p.ns = ns;
+  p.keys.assign(keys.begin(), keys.begin() + static_cast<ptrdiff_t>(hits.size() + run));
+  p.tokens.assign(all.begin(), all.begin() + static_cast<ptrdiff_t>(p.keys.size() *
+                                                                    ns.spec.chunk_tokens));
+  for (uint32_t h : hits) {
+    dram_->Touch(h);
+    dram_->Pin(h);
+  }
+  p.ready = std::move(hits);
+  p.dram_at_start = static_cast<uint32_t>(p.ready.size());
+  p.done = run == 0;
+  resp->set_ticket(StartPromotion(std::move(p)));
+  return Status::Ok();
+}
+
+Status CacheCore::PrefetchStatus(const v1::PrefetchStatusRequest& req,
+                                 v1::PrefetchStatusResponse* resp) {
+  std::lock_guard lock(mu_);
+  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
+  auto it = FindTicket(req.ticket(), req.session_id());
+  if (!it.ok()) return it.status();
+  const Promotion& p = (*it)->second;
+  resp->set_ready_chunks(static_cast<uint32_t>(p.ready.size()));
+  resp->set_total_chunks(static_cast<uint32_t>(p.keys.size()));
+  resp->set_done(p.done);
+  return Status::Ok();
+}
+
+size_t CacheCore::WriteThroughOnce() {
+  if (!nvme_) return 0;
+  constexpr size_t kBatch = 32;
+  struct Item {
+    uint32_t handle;
+    ChunkKey key, parent;
+    NamespaceId ns;
+    SlotLayout layout;
+    const std::byte* slot;
+  };
+  std::vector<Item> items;
+  size_t taken = 0;
+  {
+    std::lock_guard lock(mu_);
+    while (!nvme_queue_.empty() && taken < kBatch) {
+      const ChunkKey key = nvme_queue_.front();
+      nvme_queue_.pop_front();
+      ++taken;
+      const uint32_t h = dram_->Find(key);  // pinned since CommitWrite queued it
+      if (h == ChunkIndex::kNone) continue;
+      if (nvme_->Contains(key)) {
+        dram_->Unpin(h);
+        continue;
+      }
+      const ChunkEntry& e = dram_->Get(h);
+      const NamespaceState& ns = *namespaces_[e.ns_index];
+      items.push_back({h, key, e.parent, ns.id, ns.layout, dram_->SlotAddress(e.slot_offset)});
+    }
+    nvme_in_flight_ += items.size();
+  }
+  if (taken == 0) return 0;
+  std::vector<std::unique_ptr<std::byte, decltype(&std::free)>> copies;
+  std::vector<NvmeImage> images;
+  for (const Item& it : items) {
+    copies.emplace_back(static_cast<std::byte*>(std::aligned_alloc(kBlockBytes, it.layout.slot_bytes)),
+                        &std::free);
+    std::memcpy(copies.back().get(), it.slot, it.layout.slot_bytes);
+    SealPayloadChecksum(copies.back().get(), it.layout);
+    images.push_back({it.key, it.parent, it.ns, {copies.back().get(), it.layout.slot_bytes}});
+  }
+  Result<size_t> stored = images.empty() ? Result<size_t>(size_t{0}) : nvme_->Write(images);
+  if (!stored.ok()) {
+    spdlog::warn("NVMe write-through of {} chunks failed: {}", images.size(),
+                 stored.status().ToString());
+  }
+  std::lock_guard lock(mu_);
+  if (!images.empty()) NoteNvmeIo(stored.ok());
+  for (const Item& it : items) dram_->Unpin(it.handle);
+  nvme_in_flight_ -= items.size();
+  if (stored.ok()) {
+    for (size_t i = 0; i < *stored && i < items.size(); ++i) {
+      counters_.nvme_write_bytes += items[i].layout.payload_bytes;
+    }
+  }
+  return taken;
+}
+
+void CacheCore::NoteNvmeIo(bool ok) {
+  if (ok) {
+    if (counters_.nvme_failure_streak >= kNvmeDegradedAfter) {
+      spdlog::info("NVMe tier: I/O succeeds again; no longer degraded");
+    }
+    counters_.nvme_failure_streak = 0;
+    return;
+  }
+  ++counters_.nvme_io_errors;
+  if (++counters_.nvme_failure_streak == kNvmeDegradedAfter) {
+    spdlog::error("NVMe tier degraded: {} I/O batches failed in a row; DRAM keeps serving",
+                  kNvmeDegradedAfter);
+  }
+}
+
+std::vector<std::string> CacheCore::DegradedTiers() const {
+  std::lock_guard lock(mu_);
+  if (nvme_ && counters_.nvme_failure_streak >= kNvmeDegradedAfter) return {"nvme"};
+  return {};
+}
+
+}  // namespace kvtier

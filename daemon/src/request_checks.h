@@ -1,0 +1,43 @@
+// Checks shared by CacheCore's request handlers (cache_core.cc, cache_core_nvme.cc).
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "kvtier/status.h"
+
+namespace kvtier::request_checks {
+
+// The prompt of a Lookup or Prefetch, viewed in place (std::string storage is
+// aligned for int32). Errors: INVALID_ARGUMENT naming `tokens`.
+inline Result<std::span<const int32_t>> PromptTokens(const std::string& raw, uint64_t max_tokens) {
+  if (raw.size() % 4 != 0) {
+    return Status::InvalidArgument("tokens is " + std::to_string(raw.size()) +
+                                   " bytes, not a multiple of 4 (packed int32)");
+  }
+  if (raw.size() / 4 > max_tokens) {
+    return Status::InvalidArgument("tokens holds " + std::to_string(raw.size() / 4) +
+                                   " ids, more than the limit of " + std::to_string(max_tokens));
+  }
+  return std::span<const int32_t>(reinterpret_cast<const int32_t*>(raw.data()), raw.size() / 4);
+}
+
+// The entry `id` of `map` (leases or reservations) when it belongs to
+// `session_id`. Errors: NOT_FOUND (`gone` says how it may have ended),
+// PERMISSION_DENIED for another session's id.
+template <typename Map>
+inline Result<typename Map::iterator> FindOwned(Map& map, uint64_t id, uint64_t session_id,
+                                         const char* field, const char* gone) {
+  auto it = map.find(id);
+  if (it == map.end()) {
+    return Status::NotFound(std::string(field) + " " + std::to_string(id) + " is unknown (" +
+                            gone + ")");
+  }
+  if (it->second.session_id != session_id) {
+    return Status::PermissionDenied(std::string(field) + " " + std::to_string(id) +
+                                    " belongs to another session");
+  }
+  return it;
+}
+
+}  // namespace kvtier::request_checks

@@ -56,6 +56,8 @@ Result<DaemonStats> AdminClient::Stats() {
   s.active_leases = r.active_leases();
   s.active_reservations = r.active_reservations();
   s.uptime_s = r.uptime_s();
+  s.active_prefetches = r.active_prefetches();
+  s.prefetched_chunks = r.prefetched_chunks();
   return s;
 }
 

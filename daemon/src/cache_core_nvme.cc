@@ -87,7 +87,7 @@ Result<std::unordered_map<uint64_t, CacheCore::Promotion>::iterator> CacheCore::
 }
 
 void CacheCore::PromoteStep(uint64_t id) {
-  constexpr size_t kBatch = 32;  // reads per step: a ticket's ready count grows batch by batch
+  constexpr size_t kBatch = 8;  // reads per step: a ticket's ready count grows batch by batch
   std::unique_lock lock(mu_);
   auto it = promotions_.find(id);
   if (it == promotions_.end()) return;

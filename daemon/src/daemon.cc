@@ -48,12 +48,29 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   }
   std::unique_ptr<Daemon> d(new Daemon(options));
   KVTIER_RETURN_IF_ERROR(d->PrepareSocketDir());
+  if (options.nvme_default_path) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.core.nvme.paths[0], ec);
+    if (ec) {
+      return Status::InvalidArgument("cannot create the default NVMe directory ./" +
+                                     options.core.nvme.paths[0] + ": " + ec.message() +
+                                     " (give --nvme-path DIR, or --nvme-bytes 0 for DRAM only)");
+    }
+  }
   if (options.rebuild_index) {
     auto n = NvmeTier::RebuildIndex(options.core.nvme);
     if (!n.ok()) return n.status();
     spdlog::info("NVMe index rebuilt from slot headers: {} chunks", *n);
   }
   auto core = CacheCore::Create(options.core, NewEpoch(), SteadyClock::Instance());
+  if (!core.ok() && options.nvme_default_path) {
+    return Status(core.status().code(),
+                  "NVMe tier (default: " + std::to_string(options.core.nvme.bytes_per_path >> 20) +
+                      " MiB under ./" + options.core.nvme.paths[0] + "): " +
+                      core.status().message() +
+                      " (give --nvme-path DIR and --nvme-bytes SIZE, or --nvme-bytes 0 for "
+                      "DRAM only)");
+  }
   if (!core.ok()) return core.status();
   d->core_ = std::move(core).value();
   KVTIER_RETURN_IF_ERROR(d->StartArenaSocket());

@@ -28,6 +28,7 @@ struct RawOptions {
   int64_t selective_min_hits = 2;
   std::vector<std::string> nvme_paths;
   int64_t nvme_queue_depth = 32;
+  int64_t nvme_workers = 2;
   int64_t lease_ttl_ms = 0, reservation_ttl_ms = 0;
   std::string dram_bytes_from = "--dram-bytes";  // where dram_bytes came from, for errors
 };
@@ -94,6 +95,9 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
       } else if (key == "nvme_queue_depth") {
         expected = "an integer";
         if (!flag_given) raw->nvme_queue_depth = kv.second.as<int64_t>();
+      } else if (key == "nvme_workers") {
+        expected = "an integer";
+        if (!flag_given) raw->nvme_workers = kv.second.as<int64_t>();
       } else if (key == "lease_ttl_ms" || key == "reservation_ttl_ms") {
         expected = "an integer number of milliseconds";
         if (!flag_given) {
@@ -104,7 +108,8 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
         return Status::InvalidArgument("config " + path + ": unknown key '" + key +
                                        "' (socket, socket_group, log_level, dram_bytes, "
                                        "lease_ttl_ms, reservation_ttl_ms, nvme_paths, nvme_bytes, "
-                                       "nvme_queue_depth, nvme_write_policy, selective_min_hits)");
+                                       "nvme_queue_depth, nvme_workers, nvme_write_policy, "
+                                       "selective_min_hits)");
       }
     } catch (const YAML::Exception& e) {
       return Status::InvalidArgument("config " + path + ": key '" + key + "' must be " +
@@ -128,7 +133,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   raw.reservation_ttl_ms = opts.core.reservation_ttl.count();
   std::string config;
 
-  CLI::App app{"kvtierd: tiered KV-cache offload daemon (DRAM tier, opt-in NVMe tier)", "kvtierd"};
+  CLI::App app{"kvtierd: tiered KV-cache offload daemon (DRAM and NVMe tiers)", "kvtierd"};
   app.set_version_flag("--version", "kvtierd 0.1.0");
   app.add_option("--config", config, "YAML config file; flags win over it")->check(CLI::ExistingFile);
   app.add_option("--socket", raw.socket, "gRPC Unix socket path")
@@ -146,10 +151,15 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
                  "an uncommitted write is freed after this")
       ->capture_default_str();
   app.add_option("--nvme-path", raw.nvme_paths,
-                 "directory for an NVMe slot file (repeatable); the NVMe tier is off without it");
-  app.add_option("--nvme-bytes", raw.nvme_bytes, "size of the slot file in each --nvme-path")
+                 "directory for an NVMe slot file (repeatable; it must exist). Default: "
+                 "./kvtier-data, created when missing");
+  app.add_option("--nvme-bytes", raw.nvme_bytes,
+                 "size of the slot file in each --nvme-path; 0 turns the NVMe tier off")
       ->capture_default_str();
   app.add_option("--nvme-queue-depth", raw.nvme_queue_depth, "io_uring queue depth per I/O thread")
+      ->capture_default_str();
+  app.add_option("--nvme-workers", raw.nvme_workers,
+                 "threads reading NVMe for promotion and prefetch, one io_uring each")
       ->capture_default_str();
   app.add_option("--nvme-write-policy", raw.nvme_write_policy,
                  "write_through (every committed chunk) or selective (after N hits)")
@@ -182,16 +192,28 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   opts.log_level = raw.log_level;
   opts.core.dram_bytes = *dram;
   opts.core.lease_ttl = std::chrono::milliseconds(raw.lease_ttl_ms);
-  if (!raw.nvme_paths.empty()) {
-    auto nvme_bytes = ParseBytes(raw.nvme_bytes);
-    if (!nvme_bytes.ok()) return Status::InvalidArgument("nvme_bytes: " + nvme_bytes.status().message());
-    if (*nvme_bytes == 0 || *nvme_bytes % 4096 != 0) {
+  auto nvme_bytes = ParseBytes(raw.nvme_bytes);
+  if (!nvme_bytes.ok()) return Status::InvalidArgument("nvme_bytes: " + nvme_bytes.status().message());
+  if (*nvme_bytes == 0) {  // DRAM only
+    if (!raw.nvme_paths.empty()) {
+      return Status::InvalidArgument("nvme_bytes 0 turns the NVMe tier off, but nvme_paths are "
+                                     "given: drop them or give a size");
+    }
+    if (rebuild_index) {
+      return Status::InvalidArgument("--rebuild-index needs the NVMe tier (nvme_bytes is 0)");
+    }
+  } else {
+    if (*nvme_bytes % 4096 != 0) {
       return Status::InvalidArgument("nvme_bytes " + std::to_string(*nvme_bytes) +
-                                     " is not a positive multiple of 4096");
+                                     " is not a multiple of 4096");
     }
     if (raw.nvme_queue_depth < 1 || raw.nvme_queue_depth > 4096) {
       return Status::InvalidArgument("nvme_queue_depth " + std::to_string(raw.nvme_queue_depth) +
                                      " is outside 1..4096");
+    }
+    if (raw.nvme_workers < 1 || raw.nvme_workers > 64) {
+      return Status::InvalidArgument("nvme_workers " + std::to_string(raw.nvme_workers) +
+                                     " is outside 1..64");
     }
     auto policy = ParseNvmeWritePolicy(raw.nvme_write_policy);
     if (!policy.ok()) return policy.status();
@@ -200,13 +222,14 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
                                      std::to_string(raw.selective_min_hits) +
                                      " is outside 1..1000000");
     }
+    opts.nvme_default_path = raw.nvme_paths.empty();
+    opts.core.nvme_workers = static_cast<uint32_t>(raw.nvme_workers);
     opts.core.nvme_write_policy = *policy;
     opts.core.selective_min_hits = static_cast<uint32_t>(raw.selective_min_hits);
-    opts.core.nvme.paths = raw.nvme_paths;
+    opts.core.nvme.paths = raw.nvme_paths.empty() ? std::vector<std::string>{kDefaultNvmePath}
+                                                  : raw.nvme_paths;
     opts.core.nvme.bytes_per_path = *nvme_bytes;
     opts.core.nvme.queue_depth = static_cast<uint32_t>(raw.nvme_queue_depth);
-  } else if (rebuild_index) {
-    return Status::InvalidArgument("--rebuild-index needs --nvme-path");
   }
   opts.rebuild_index = rebuild_index;
   opts.core.reservation_ttl = std::chrono::milliseconds(raw.reservation_ttl_ms);

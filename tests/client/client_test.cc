@@ -111,6 +111,59 @@ class ClientTest : public ::testing::Test {
   DaemonProcess daemon_;
 };
 
+TEST_F(ClientTest, PrefetchHoldsTheCachedPrefixForTheLoadThatTakesItOver) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  const NamespaceHandle ns = Open(*client, TinySpec());
+  const auto tokens = Tokens(7, 4 * kChunkTokens);
+  const auto source = Payloads(ns, tokens);
+  ASSERT_EQ(client->Store(ns, tokens, std::span<const std::byte>(source))->stored_chunks, 4u);
+
+  for (PrefetchPolicy policy : {PrefetchPolicy::kBestEffort, PrefetchPolicy::kWaitComplete,
+                                PrefetchPolicy::kTimeout}) {
+    PrefetchOptions po;
+    po.policy = policy;
+    auto ticket = client->Prefetch(ns, tokens, po);
+    ASSERT_TRUE(ticket.ok()) << ticket.status().ToString();
+    ASSERT_TRUE(ticket->fail_open.ok()) << ticket->fail_open.ToString();
+    ASSERT_NE(ticket->id, 0u);
+    EXPECT_EQ(ticket->total_chunks, 4u);
+    EXPECT_EQ(ticket->ready_chunks, 4u) << "in DRAM already";
+    EXPECT_EQ(ticket->nvme_chunks, 0u) << "this daemon has no NVMe tier";
+    const PrefetchProgress progress = client->PrefetchStatus(*ticket);
+    EXPECT_TRUE(progress.fail_open.ok()) << progress.fail_open.ToString();
+    EXPECT_TRUE(progress.done);
+    EXPECT_EQ(progress.ready_chunks, 4u);
+    EXPECT_EQ(Stats()["active_prefetches"], 1);
+
+    std::vector<std::byte> dest(source.size());
+    auto ld = client->Load(ns, tokens, dest, &*ticket);
+    ASSERT_TRUE(ld.ok()) << ld.status().ToString();
+    EXPECT_TRUE(ld->fail_open.ok()) << ld->fail_open.ToString();
+    EXPECT_EQ(ld->num_chunks, 4u);
+    EXPECT_EQ(ld->prefetched_chunks, 0u) << "nothing had to come from NVMe";
+    EXPECT_EQ(std::memcmp(dest.data(), source.data(), source.size()), 0);
+    EXPECT_EQ(Stats()["active_prefetches"], 0) << "the load took the ticket over";
+    EXPECT_EQ(client->PrefetchStatus(*ticket).fail_open.code(), StatusCode::kNotFound);
+  }
+  // Nothing cached: no ticket, and a Load given it is a plain load.
+  const auto fresh = Tokens(8, 2 * kChunkTokens);
+  auto none = client->Prefetch(ns, fresh);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->id, 0u);
+  EXPECT_EQ(none->total_chunks, 0u);
+  std::vector<std::byte> dest(2 * ns.layout.payload_bytes);
+  EXPECT_EQ(client->Load(ns, fresh, dest, &*none)->num_chunks, 0u);
+  // Bad options are the caller's error, and nothing reaches the daemon.
+  PrefetchOptions bad;
+  bad.deadline = 0ms;
+  EXPECT_EQ(client->Prefetch(ns, tokens, bad).status().code(), StatusCode::kInvalidArgument);
+  bad.deadline = 1000ms;
+  bad.timeout_base = -1ms;
+  EXPECT_EQ(client->Prefetch(ns, tokens, bad).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(StatsAfterReleases()["active_prefetches"], 0);
+}
+
 TEST_F(ClientTest, StoreThenLoadReturnsTheSameBytes) {
   auto client = Connect();
   ASSERT_NE(client, nullptr);

@@ -223,7 +223,19 @@ TEST_F(DaemonOptionsTest, NvmeFlagsAreCheckedAndNamed) {
   EXPECT_EQ(ok->core.nvme.bytes_per_path, uint64_t{64} << 20);
   EXPECT_EQ(ok->core.nvme_write_policy, NvmeWritePolicy::kSelective);
   EXPECT_EQ(ok->core.selective_min_hits, 3u);
-  EXPECT_TRUE(Parse({}).value().core.nvme.paths.empty()) << "NVMe is off unless a path is given";
+  EXPECT_FALSE(ok->nvme_default_path);
+  const DaemonOptions defaults = Parse({}).value();
+  EXPECT_EQ(defaults.core.nvme.paths, std::vector<std::string>{"kvtier-data"})
+      << "NVMe is on by default, under ./kvtier-data";
+  EXPECT_EQ(defaults.core.nvme.bytes_per_path, uint64_t{8} << 30);
+  EXPECT_TRUE(defaults.nvme_default_path);
+  EXPECT_EQ(defaults.core.nvme_workers, 2u);
+  EXPECT_EQ(defaults.core.nvme.queue_depth, 32u);
+  EXPECT_TRUE(Parse({"--nvme-bytes", "0"}).value().core.nvme.paths.empty()) << "0 turns it off";
+  EXPECT_EQ(Parse({"--nvme-workers", "4"}).value().core.nvme_workers, 4u);
+  EXPECT_TRUE(Names(ErrorOf({"--nvme-workers", "0"}), "nvme_workers"));
+  EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-bytes", "0"}), "nvme_paths"));
+  EXPECT_TRUE(Names(ErrorOf({"--nvme-bytes", "0", "--rebuild-index"}), "--rebuild-index"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-write-policy", "write_back"}),
                     "not implemented"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-write-policy", "sometimes"}),
@@ -231,7 +243,6 @@ TEST_F(DaemonOptionsTest, NvmeFlagsAreCheckedAndNamed) {
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-bytes", "5000"}), "nvme_bytes"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--selective-min-hits", "0"}),
                     "selective_min_hits"));
-  EXPECT_TRUE(Names(ErrorOf({"--rebuild-index"}), "--nvme-path"));
 }
 
 }  // namespace

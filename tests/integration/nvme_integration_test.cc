@@ -31,12 +31,13 @@ class NvmeDaemonTest : public ::testing::Test {
     return o;
   }
 
-  json Replay(const std::string& name) {
+  json Replay(const std::string& name, const std::vector<std::string>& extra = {}) {
     const std::string out = dir_.Sub(name + ".json");
-    CommandResult r = RunCommand({BinPath("kvtier-replay"), "--socket", dir_.Sub("kvtierd.sock"),
-                                  "--generate", "60", "--quiet", "--deadline-ms", "5000",
-                                  "--json", out},
-                                 120s);
+    std::vector<std::string> argv = {BinPath("kvtier-replay"), "--socket",
+                                     dir_.Sub("kvtierd.sock"), "--generate", "60", "--quiet",
+                                     "--deadline-ms", "5000", "--json", out};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    CommandResult r = RunCommand(argv, 120s);
     EXPECT_TRUE(r.ok()) << r.Describe();
     return json::parse(ReadFileOrEmpty(out), nullptr, false);
   }
@@ -65,6 +66,31 @@ class NvmeDaemonTest : public ::testing::Test {
   std::filesystem::path nvme_dir_;
 };
 
+TEST_F(NvmeDaemonTest, TheNvmeTierIsOnByDefaultUnderKvtierData) {
+  DaemonProcess::Options o = Opts();
+  o.extra_args = {"--nvme-bytes", "64MiB"};  // the default path, a small file
+  o.working_dir = nvme_dir_.string();
+  DaemonProcess daemon(o);
+  ASSERT_EQ(daemon.Start(), "");
+  const json t = Tier(daemon, "nvme");
+  ASSERT_FALSE(t.is_null()) << "no nvme tier in the stats";
+  EXPECT_EQ(t["capacity_bytes"], uint64_t{64} << 20);
+  EXPECT_TRUE(std::filesystem::exists(nvme_dir_ / "kvtier-data" / "kvtier-slots.dat"));
+}
+
+TEST_F(NvmeDaemonTest, ADefaultNvmeTierThatCannotStartSaysHowToSizeOrTurnItOff) {
+  DaemonProcess::Options o = Opts();
+  o.extra_args = {"--nvme-bytes", "1024TiB"};  // more than this disk holds
+  o.working_dir = nvme_dir_.string();
+  o.start_timeout = 10s;
+  DaemonProcess daemon(o);
+  const std::string error = daemon.Start();
+  EXPECT_NE(error.find("kvtier-data"), std::string::npos) << error;
+  EXPECT_NE(error.find("--nvme-bytes 0"), std::string::npos) << error;
+  EXPECT_FALSE(std::filesystem::exists(nvme_dir_ / "kvtier-data" / "kvtier-slots.dat"))
+      << "a refused start leaves no slot file";
+}
+
 TEST_F(NvmeDaemonTest, ChunksComeBackFromNvmeWithTheRightBytesAfterARestart) {
   json first;
   {
@@ -88,6 +114,36 @@ TEST_F(NvmeDaemonTest, ChunksComeBackFromNvmeWithTheRightBytesAfterARestart) {
   json nvme = Tier(daemon, "nvme");
   EXPECT_GT(nvme["hits"].get<uint64_t>(), 0u);
   EXPECT_EQ(nvme["corrupt_reads"], 0);
+}
+
+TEST_F(NvmeDaemonTest, PrefetchOnArrivalMakesNvmeChunksReadyBeforeTheLoad) {
+  json first;
+  {
+    DaemonProcess daemon(Opts());
+    ASSERT_EQ(daemon.Start(), "");
+    first = Replay("first");
+    ASSERT_TRUE(WaitForWriteThrough(daemon));
+    EXPECT_EQ(daemon.Stop().exit_code, 0);
+  }
+  // After a restart DRAM is empty: every prefix is on NVMe, and wait_complete
+  // loads only once the prefetch is done.
+  DaemonProcess daemon(Opts());
+  ASSERT_EQ(daemon.Start(), "");
+  json second = Replay("second", {"--prefetch", "wait_complete"});
+  ASSERT_FALSE(second.is_discarded());
+  EXPECT_EQ(second["verify_errors"], 0);
+  EXPECT_EQ(second["fail_open"], 0);
+  const uint64_t ready = second["prefetch"]["ready_in_time_chunks"].get<uint64_t>();
+  EXPECT_GT(ready, 0u);
+  EXPECT_LE(ready, second["prefetch"]["nvme_chunks_requested"].get<uint64_t>());
+  EXPECT_GT(second["nvme_bytes_read"].get<uint64_t>(), 0u);
+  EXPECT_GT(second["hit_tokens"].get<uint64_t>(), first["hit_tokens"].get<uint64_t>());
+  CommandResult r = daemon.Ctl({"--json", "stats"});
+  ASSERT_TRUE(r.ok()) << r.Describe();
+  json stats = json::parse(r.out, nullptr, false);
+  EXPECT_GE(stats["prefetched_chunks"].get<uint64_t>(), ready);
+  EXPECT_EQ(stats["active_prefetches"], 0) << "every ticket was taken over by its load";
+  EXPECT_EQ(stats["active_leases"], 0);
 }
 
 TEST_F(NvmeDaemonTest, KillNineAfterWriteThroughLosesNothingAndServesNoWrongBytes) {

@@ -1,5 +1,7 @@
 #include "testing/daemon_process.h"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -37,7 +39,8 @@ ExitInfo FromWaitStatus(int status) {
 
 // Forks and execs argv with stdout/stderr on `out_fd`/`err_fd` (-1: /dev/null).
 // The child dies with the parent (PR_SET_PDEATHSIG). Returns the pid or -errno.
-pid_t ForkExec(const std::vector<std::string>& argv, int out_fd, int err_fd) {
+pid_t ForkExec(const std::vector<std::string>& argv, int out_fd, int err_fd,
+               const std::string& cwd = "") {
   // Everything the child needs is prepared before fork: after it, only
   // async-signal-safe calls.
   std::vector<char*> args;
@@ -61,6 +64,7 @@ pid_t ForkExec(const std::vector<std::string>& argv, int out_fd, int err_fd) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(126);
     execv(args[0], args.data());
     _exit(127);
   }
@@ -172,7 +176,8 @@ ChildProcess::~ChildProcess() {
 }
 
 bool ChildProcess::Spawn(const std::vector<std::string>& argv, const std::string& stdout_path,
-                         const std::string& stderr_path, std::string* error) {
+                         const std::string& stderr_path, std::string* error,
+                         const std::string& cwd) {
   if (pid_ > 0) {
     *error = "a child is already running";
     return false;
@@ -187,7 +192,7 @@ bool ChildProcess::Spawn(const std::vector<std::string>& argv, const std::string
     if (err_fd >= 0 && err_fd != out_fd) close(err_fd);
     return false;
   }
-  const pid_t pid = ForkExec(argv, out_fd, err_fd);
+  const pid_t pid = ForkExec(argv, out_fd, err_fd, cwd);
   close(out_fd);
   if (err_fd != out_fd) close(err_fd);
   if (pid < 0) {
@@ -254,6 +259,13 @@ std::vector<std::string> DaemonProcess::Argv() const {
   std::vector<std::string> argv = {BinPath("kvtierd"), "--socket", options_.socket_path,
                                    "--dram-bytes", options_.dram_bytes};
   argv.insert(argv.end(), options_.extra_args.begin(), options_.extra_args.end());
+  // kvtierd's NVMe tier is on by default (8 GiB under ./kvtier-data): tests
+  // that want it say where and how big.
+  const bool nvme_given = std::any_of(options_.extra_args.begin(), options_.extra_args.end(),
+                                      [](const std::string& a) {
+                                        return a == "--nvme-path" || a == "--nvme-bytes";
+                                      });
+  if (!nvme_given) argv.insert(argv.end(), {"--nvme-bytes", "0"});
   return argv;
 }
 
@@ -267,7 +279,9 @@ CommandResult DaemonProcess::Ctl(const std::vector<std::string>& args,
 std::string DaemonProcess::Start() {
   if (child_.running()) return "kvtierd is already running";
   std::string error;
-  if (!child_.Spawn(Argv(), options_.log_path, options_.log_path, &error)) return error;
+  if (!child_.Spawn(Argv(), options_.log_path, options_.log_path, &error, options_.working_dir)) {
+    return error;
+  }
   const auto deadline = Clock::now() + options_.start_timeout;
   std::string last;
   while (Clock::now() < deadline) {

@@ -87,8 +87,9 @@ class ChildProcess {
   // Starts argv (argv[0] is a path); stdout/stderr are appended to the given
   // files. Returns false (and sets *error) when fork fails or the program
   // cannot be executed (exit code 127 seen at once is reported by Wait()).
+  // `cwd`: the child's working directory ("" = ours).
   bool Spawn(const std::vector<std::string>& argv, const std::string& stdout_path,
-             const std::string& stderr_path, std::string* error);
+             const std::string& stderr_path, std::string* error, const std::string& cwd = "");
 
   pid_t pid() const { return pid_; }
   bool running();  // reaps the child when it has exited
@@ -115,8 +116,11 @@ class DaemonProcess {
     std::string socket_path;
     // Default: "64MiB".
     std::string dram_bytes = "64MiB";
-    // More kvtierd flags, e.g. {"--lease-ttl-ms", "600000"}.
+    // More kvtierd flags, e.g. {"--lease-ttl-ms", "600000"}. Without
+    // --nvme-path or --nvme-bytes among them, "--nvme-bytes 0" is added (DRAM only).
     std::vector<std::string> extra_args;
+    // The daemon's working directory (where ./kvtier-data goes). Default: ours.
+    std::string working_dir;
     // Where the daemon's stdout+stderr go. Default: socket_path + ".log".
     std::string log_path;
     // Longest wait for `kvtierctl health` to succeed. Default: 20 s.

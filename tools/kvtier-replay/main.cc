@@ -2,7 +2,9 @@
 // real bytes, and reports token hit rate, bytes moved, latencies and verify
 // errors. Closed loop: one request at a time, in trace order.
 //
-// Per request: Load (Lookup with lease + copy of the hit chunks + release),
+// Per request: with --prefetch, Prefetch when the request arrives, then wait
+// --schedule-delay-ms (the time it spends queued in an engine) before its Load;
+// Load (Lookup with lease + copy of the hit chunks + release),
 // verify every loaded byte against the deterministic payload of its chunk key,
 // then Store the missing full chunks (payload written straight into the arena).
 #include <unistd.h>
@@ -11,9 +13,12 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
+#include "kvtier/admin_client.h"
 #include "kvtier/client.h"
+#include "kvtier/socket_path.h"
 #include "kvtier/tools/model_presets.h"
 #include "kvtier/tools/percentiles.h"
 #include "kvtier/tools/synthetic_kv.h"
@@ -29,6 +34,8 @@ struct Totals {
   uint64_t chunks_loaded = 0, chunks_stored = 0, chunks_dropped = 0, verify_errors = 0;
   uint64_t fail_open = 0;
   uint64_t nvme_hit_tokens = 0, nvme_bytes_loaded = 0;
+  uint64_t prefetch_nvme_chunks = 0;   // NVMe chunks the prefetches set out to promote
+  uint64_t prefetch_ready_chunks = 0;  // of those, ready in DRAM when the load came
   std::vector<double> lookup_us, load_us, store_us;
 };
 
@@ -42,6 +49,8 @@ int main(int argc, char** argv) {
   uint64_t limit = 0, generate = 0;
   int64_t deadline_ms = 100;
   bool quiet = false;
+  std::string prefetch = "off";
+  int64_t schedule_delay_ms = 0;
   CLI::App app{"kvtier-replay: replay a Mooncake-format trace through kvtierd with real bytes",
                "kvtier-replay"};
   app.add_option("--socket", socket_path, "kvtierd socket (default: the daemon's default)");
@@ -56,6 +65,14 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write the summary as JSON here");
   app.add_option("--deadline-ms", deadline_ms, "client deadline per RPC")
       ->check(CLI::Range(int64_t{1}, int64_t{600000}))
+      ->capture_default_str();
+  app.add_option("--prefetch", prefetch,
+                 "prefetch on arrival with this policy: off, best_effort, wait_complete, timeout")
+      ->check(CLI::IsMember({"off", "best_effort", "wait_complete", "timeout"}))
+      ->capture_default_str();
+  app.add_option("--schedule-delay-ms", schedule_delay_ms,
+                 "time from a request's arrival (and prefetch) to its load")
+      ->check(CLI::Range(int64_t{0}, int64_t{60000}))
       ->capture_default_str();
   app.add_flag("--quiet", quiet, "no progress line");
   try {
@@ -110,6 +127,23 @@ int main(int argc, char** argv) {
     return 2;
   }
   const kvtier::NamespaceHandle ns = *ns_or;
+  kvtier::PrefetchOptions popts;
+  popts.policy = prefetch == "wait_complete" ? kvtier::PrefetchPolicy::kWaitComplete
+                 : prefetch == "timeout"     ? kvtier::PrefetchPolicy::kTimeout
+                                             : kvtier::PrefetchPolicy::kBestEffort;
+  // NVMe bytes moved during the replay, from the daemon's counters.
+  auto admin = kvtier::AdminClient::Connect(
+      socket_path.empty() ? kvtier::DefaultSocketPath() : socket_path, std::chrono::seconds(5));
+  const auto nvme_counters = [&]() -> std::pair<uint64_t, uint64_t> {
+    if (!admin.ok()) return {0, 0};
+    auto s = (*admin)->Stats();
+    if (!s.ok()) return {0, 0};
+    for (const auto& tier : s->tiers) {
+      if (tier.name == "nvme") return {tier.read_bytes, tier.write_bytes};
+    }
+    return {0, 0};
+  };
+  const auto [nvme_read0, nvme_written0] = nvme_counters();
   const uint64_t pb = ns.layout.payload_bytes;
   const uint32_t layers = spec->num_layers;
 
@@ -125,6 +159,18 @@ int main(int argc, char** argv) {
     // of the trace holds up to 15 GiB of KV). The verification time is taken
     // out of the load latency; only chunks Load reports valid are counted.
     chunk_errors.assign(keys.size(), 0);
+    kvtier::PrefetchTicket ticket;
+    if (prefetch != "off") {
+      auto issued = client->Prefetch(ns, tokens, popts);
+      if (!issued.ok()) {
+        std::fprintf(stderr, "\nkvtier-replay: prefetch: %s\n", issued.status().ToString().c_str());
+        return 1;
+      }
+      ticket = *issued;
+      if (!ticket.fail_open.ok()) ++t.fail_open;
+      t.prefetch_nvme_chunks += ticket.nvme_chunks;
+    }
+    if (schedule_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(schedule_delay_ms));
     Clock::duration verify_time{};
     const auto l0 = Clock::now();
     auto load = client->Load(ns, tokens, [&](size_t i, std::span<const std::byte> payload) {
@@ -132,7 +178,7 @@ int main(int argc, char** argv) {
       chunk_errors[i] = kvtier::tools::CountPayloadErrors(keys[i], layers, payload);
       verify_time += Clock::now() - v0;
       return kvtier::Status::Ok();
-    });
+    }, SIZE_MAX, prefetch != "off" ? &ticket : nullptr);
     const auto l1 = Clock::now();
     if (!load.ok()) {
       std::fprintf(stderr, "\nkvtier-replay: load: %s\n", load.status().ToString().c_str());
@@ -147,6 +193,7 @@ int main(int argc, char** argv) {
     t.hit_tokens += load->loaded_tokens;
     t.nvme_hit_tokens += uint64_t{load->nvme_chunks} * chunk_tokens;
     t.nvme_bytes_loaded += uint64_t{load->nvme_chunks} * pb;
+    t.prefetch_ready_chunks += load->prefetched_chunks;
     t.chunks_loaded += load->num_chunks;
     t.bytes_loaded += uint64_t{load->num_chunks} * pb;
 
@@ -182,6 +229,8 @@ int main(int argc, char** argv) {
   const double wall_s = std::chrono::duration<double>(Clock::now() - start).count();
   if (show_progress) std::fprintf(stderr, "\n");
 
+  const auto [nvme_read1, nvme_written1] = nvme_counters();
+  const uint64_t nvme_read = nvme_read1 - nvme_read0, nvme_written = nvme_written1 - nvme_written0;
   const double hit_rate = t.prompt_tokens ? static_cast<double>(t.hit_tokens) / t.prompt_tokens : 0;
   nlohmann::json j = {
       {"trace", trace_path.empty() ? "built-in multi-turn generator" : trace_path},
@@ -196,6 +245,12 @@ int main(int argc, char** argv) {
          {{"hit_tokens", t.hit_tokens - t.nvme_hit_tokens},
           {"bytes_loaded", t.bytes_loaded - t.nvme_bytes_loaded}}},
         {"nvme", {{"hit_tokens", t.nvme_hit_tokens}, {"bytes_loaded", t.nvme_bytes_loaded}}}}},
+      {"prefetch", {{"policy", prefetch},
+                    {"schedule_delay_ms", schedule_delay_ms},
+                    {"nvme_chunks_requested", t.prefetch_nvme_chunks},
+                    {"ready_in_time_chunks", t.prefetch_ready_chunks}}},
+      {"nvme_bytes_read", nvme_read},
+      {"nvme_bytes_written", nvme_written},
       {"chunks_loaded", t.chunks_loaded},
       {"chunks_stored", t.chunks_stored},
       {"chunks_dropped", t.chunks_dropped},
@@ -216,6 +271,14 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(t.hit_tokens - t.nvme_hit_tokens));
   std::printf("  %-22s %llu\n", "hit tokens (nvme)", static_cast<unsigned long long>(t.nvme_hit_tokens));
   std::printf("  %-22s %.4f\n", "token hit rate", hit_rate);
+  if (prefetch != "off") {
+    std::printf("  %-22s %llu of %llu NVMe chunks (%s, schedule delay %lld ms)\n",
+                "prefetched in time", static_cast<unsigned long long>(t.prefetch_ready_chunks),
+                static_cast<unsigned long long>(t.prefetch_nvme_chunks), prefetch.c_str(),
+                static_cast<long long>(schedule_delay_ms));
+  }
+  std::printf("  %-22s %.1f MiB read, %.1f MiB written\n", "nvme bytes", nvme_read / 1048576.0,
+              nvme_written / 1048576.0);
   std::printf("  %-22s %.1f MiB\n", "bytes loaded", t.bytes_loaded / 1048576.0);
   std::printf("  %-22s %.1f MiB\n", "bytes stored", t.bytes_stored / 1048576.0);
   std::printf("  %-22s %llu\n", "chunks dropped", static_cast<unsigned long long>(t.chunks_dropped));

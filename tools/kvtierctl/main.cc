@@ -40,6 +40,8 @@ json StatsJson(const kvtier::DaemonStats& s) {
           {"sessions", s.sessions},
           {"active_leases", s.active_leases},
           {"active_reservations", s.active_reservations},
+          {"active_prefetches", s.active_prefetches},
+          {"prefetched_chunks", s.prefetched_chunks},
           {"uptime_s", s.uptime_s}};
 }
 
@@ -68,6 +70,9 @@ void PrintStats(const kvtier::DaemonStats& s) {
               static_cast<unsigned long long>(s.active_leases),
               static_cast<unsigned long long>(s.active_reservations),
               static_cast<unsigned long long>(s.uptime_s));
+  std::printf("active prefetches %llu, chunks prefetched from NVMe %llu\n",
+              static_cast<unsigned long long>(s.active_prefetches),
+              static_cast<unsigned long long>(s.prefetched_chunks));
 }
 
 }  // namespace

@@ -44,6 +44,8 @@ struct DaemonStats {
   uint64_t active_leases = 0;
   uint64_t active_reservations = 0;
   uint64_t uptime_s = 0;
+  uint64_t active_prefetches = 0;  // prefetch tickets not yet taken over or expired
+  uint64_t prefetched_chunks = 0;  // chunks prefetches promoted from NVMe into DRAM
 };
 
 struct DaemonHealth {

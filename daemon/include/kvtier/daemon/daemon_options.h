@@ -12,6 +12,9 @@
 
 namespace kvtier {
 
+// The NVMe tier's directory when none is given, relative to kvtierd's cwd.
+inline constexpr const char* kDefaultNvmePath = "kvtier-data";
+
 struct DaemonOptions {
   // gRPC Unix socket; its directory is created 0700 (0750 with socket_group).
   // Default: DefaultSocketPath().
@@ -20,9 +23,13 @@ struct DaemonOptions {
   std::string socket_group;
   // trace, debug, info, warn, error, critical, off. Default: "info".
   std::string log_level = "info";
-  // Cache sizes, TTLs and limits (dram_bytes default 1 GiB; TTLs 30 s; NVMe off
-  // unless --nvme-path is given).
+  // Cache sizes, TTLs and limits (dram_bytes default 1 GiB; TTLs 30 s). The
+  // NVMe tier is on by default: 8 GiB under ./kvtier-data; --nvme-bytes 0
+  // turns it off.
   CacheCoreOptions core;
+  // True when core.nvme.paths is the default, kDefaultNvmePath: kvtierd
+  // creates that directory when it is missing (a path given must exist).
+  bool nvme_default_path = false;
   // Rebuild the NVMe tier's RocksDB index from the slot headers before
   // serving (when the index is missing or corrupt). Default: false.
   bool rebuild_index = false;

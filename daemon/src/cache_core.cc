@@ -314,8 +314,7 @@ void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, D
   if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kSelective) {
     for (uint32_t h : hits) {  // parents are hit at least as often: they go first
       if (dram_->AddHit(h) == options_.selective_min_hits && !nvme_->Contains(dram_->Get(h).key)) {
-        dram_->Pin(h);  // until the NVMe worker has written it
-        nvme_queue_.push_back(dram_->Get(h).key);
+        QueueNvmeWrite(h);
       }
     }
   }
@@ -593,8 +592,7 @@ Status CacheCore::CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWrite
     for (const ReservedChunk& c : r.chunks) {
       const uint32_t h = dram_->Find(c.key);
       if (h == ChunkIndex::kNone || dram_->Get(h).slot_offset != c.slot_offset) continue;
-      dram_->Pin(h);  // not evicted before it is on NVMe (backpressure when NVMe lags)
-      nvme_queue_.push_back(c.key);
+      QueueNvmeWrite(h);
     }
   }
   resp->set_committed_chunks(committed);
@@ -684,6 +682,7 @@ void CacheCore::Stats(v1::StatsResponse* resp) {
     nt->set_pending_writes(nvme_queue_.size() + nvme_in_flight_);
     nt->set_corrupt_reads(n.corrupt_reads);
     nt->set_io_errors(counters_.nvme_io_errors);
+    nt->set_skipped_writes(counters_.nvme_skipped_writes);
     nt->set_degraded(counters_.nvme_failure_streak >= kNvmeDegradedAfter);
   }
   resp->set_lookups(counters_.lookups);

@@ -227,6 +227,18 @@ Status CacheCore::PrefetchStatus(const v1::PrefetchStatusRequest& req,
   return Status::Ok();
 }
 
+void CacheCore::QueueNvmeWrite(uint32_t handle) {
+  const ChunkEntry& e = dram_->Get(handle);
+  const uint64_t bytes = namespaces_[e.ns_index]->layout.slot_bytes;
+  PendingWrite w{e.key, 0};
+  if (nvme_pinned_bytes_ + bytes <= dram_->capacity_bytes() / 2) {
+    dram_->Pin(handle);  // not evicted before it is on NVMe
+    nvme_pinned_bytes_ += bytes;
+    w.pinned_bytes = bytes;
+  }
+  nvme_queue_.push_back(w);
+}
+
 size_t CacheCore::WriteThroughOnce() {
   if (!nvme_) return 0;
   constexpr size_t kBatch = 32;
@@ -242,11 +254,17 @@ size_t CacheCore::WriteThroughOnce() {
   {
     std::lock_guard lock(mu_);
     while (!nvme_queue_.empty() && taken < kBatch) {
-      const ChunkKey key = nvme_queue_.front();
+      const PendingWrite w = nvme_queue_.front();
+      const ChunkKey& key = w.key;
       nvme_queue_.pop_front();
+      nvme_pinned_bytes_ -= w.pinned_bytes;
       ++taken;
-      const uint32_t h = dram_->Find(key);  // pinned since CommitWrite queued it
-      if (h == ChunkIndex::kNone) continue;
+      const uint32_t h = dram_->Find(key);  // resident when pinned at queueing
+      if (h == ChunkIndex::kNone) {
+        ++counters_.nvme_skipped_writes;  // evicted while waiting unpinned: NVMe lagged
+        continue;
+      }
+      if (w.pinned_bytes == 0) dram_->Pin(h);  // held while it is copied
       if (nvme_->Contains(key)) {
         dram_->Unpin(h);
         continue;

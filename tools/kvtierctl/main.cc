@@ -30,6 +30,7 @@ json StatsJson(const kvtier::DaemonStats& s) {
                      {"pending_writes", t.pending_writes},
                      {"corrupt_reads", t.corrupt_reads},
                      {"io_errors", t.io_errors},
+                     {"skipped_writes", t.skipped_writes},
                      {"degraded", t.degraded}});
   }
   return {{"tiers", tiers},

@@ -33,6 +33,7 @@ struct TierStats {
   uint64_t corrupt_reads = 0;    // nvme: images that failed verification (dropped)
   uint64_t io_errors = 0;        // nvme: failed read or write batches
   bool degraded = false;         // repeated I/O failures: the other tiers serve
+  uint64_t skipped_writes = 0;   // nvme: evicted from DRAM before write-through reached them
 };
 
 struct DaemonStats {

@@ -193,6 +193,7 @@ class CacheCore {
     uint64_t nvme_write_bytes = 0;
     uint64_t nvme_io_errors = 0;
     uint64_t prefetched_chunks = 0;
+    uint64_t nvme_skipped_writes = 0;
     uint32_t nvme_failure_streak = 0;  // consecutive failed NVMe batches
   };
   // REQUIRES: mu_ held.
@@ -262,7 +263,17 @@ class CacheCore {
   mutable std::mutex mu_;
   std::unique_ptr<DramTier> dram_;                                    // GUARDED_BY(mu_)
   std::unique_ptr<NvmeTier> nvme_;  // thread-safe itself; lock order: mu_, then its own
-  std::deque<ChunkKey> nvme_queue_;                                   // GUARDED_BY(mu_)
+  // Committed chunks waiting for the NVMe writer. Up to half the arena's
+  // bytes are pinned until written; past that (NVMe lags) a chunk waits
+  // unpinned, and one evicted before its turn is a skipped write.
+  struct PendingWrite {
+    ChunkKey key;
+    uint64_t pinned_bytes = 0;  // slot bytes pinned for it, or 0
+  };
+  // REQUIRES: mu_ held. Queues resident chunk `handle` for the NVMe writer.
+  void QueueNvmeWrite(uint32_t handle);
+  std::deque<PendingWrite> nvme_queue_;                               // GUARDED_BY(mu_)
+  uint64_t nvme_pinned_bytes_ = 0;                                    // GUARDED_BY(mu_)
   uint64_t nvme_in_flight_ = 0;                                       // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Promotion> promotions_;                // GUARDED_BY(mu_)
   std::deque<uint64_t> promotion_queue_;                              // GUARDED_BY(mu_)

@@ -81,6 +81,23 @@ TEST_F(CacheCoreNvmeTest, WriteThroughThenPromotionServesTheSameBytes) {
   EXPECT_GT(NvmeStats(s).hits(), 0u);
 }
 
+TEST_F(CacheCoreNvmeTest, WhenNvmeLagsNewStoresStillFitAndUnwrittenEvictionsAreCounted) {
+  StartWithNvme(/*dram_slots=*/4, /*good_writes=*/1000);
+  // 4 chunks committed, none written yet: the first 2 (half the arena) are
+  // pinned until written, the other 2 wait unpinned.
+  ASSERT_EQ(Store(Tokens(16)), 4u);
+  v1::StatsResponse s;
+  EXPECT_EQ(NvmeStats(s).pending_writes(), 4u);
+  // A new prompt still finds room: the unpinned leaves make way.
+  ASSERT_EQ(Store(Tokens(8, 500)), 2u) << "stores are not refused while NVMe lags";
+  while (core_->WriteThroughOnce() > 0) {
+  }
+  EXPECT_EQ(NvmeStats(s).skipped_writes(), 2u) << "chunks 2 and 3 left DRAM unwritten";
+  EXPECT_EQ(NvmeStats(s).chunks(), 4u) << "chunks 0 and 1, and the new prompt's 2";
+  EXPECT_EQ(NvmeStats(s).pending_writes(), 0u);
+  EXPECT_EQ(Lookup(Tokens(16), false).num_chunks(), 2u);
+}
+
 TEST_F(CacheCoreNvmeTest, FailingWritesDegradeTheTierWhileDramKeepsServing) {
   StartWithNvme(/*dram_slots=*/8, /*good_writes=*/0);
   for (int i = 0; i < 4; ++i) {

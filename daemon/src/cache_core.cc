@@ -37,12 +37,9 @@ constexpr const char* kReservationGone = "committed, aborted, expired or never g
 Result<NvmeWritePolicy> ParseNvmeWritePolicy(const std::string& name) {
   if (name == "write_through") return NvmeWritePolicy::kWriteThrough;
   if (name == "selective") return NvmeWritePolicy::kSelective;
-  if (name == "write_back") {
-    return Status::InvalidArgument("nvme_write_policy write_back is not implemented yet "
-                                   "(write_through, selective)");
-  }
+  if (name == "write_back") return NvmeWritePolicy::kWriteBack;
   return Status::InvalidArgument("nvme_write_policy '" + name +
-                                 "' is unknown (write_through, selective)");
+                                 "' is unknown (write_through, write_back, selective)");
 }
 
 Status CacheCoreOptions::Validate() const {
@@ -97,6 +94,10 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
                  core->nvme_->counters().chunks, options.nvme.paths.size(),
                  options.nvme.bytes_per_path);
     core->StartWorkers();
+    if (options.nvme_write_policy == NvmeWritePolicy::kWriteBack) {
+      CacheCore* self = core.get();
+      core->dram_->SetEvictionListener([self](uint32_t h) { self->Demote(h, true); });
+    }
   }
   // Session, lease and reservation ids start at a random point, so that an id
   // from before a daemon restart is not valid after it.
@@ -679,7 +680,7 @@ void CacheCore::Stats(v1::StatsResponse* resp) {
     nt->set_evictions(n.evictions);
     nt->set_read_bytes(counters_.nvme_read_bytes);
     nt->set_write_bytes(counters_.nvme_write_bytes);
-    nt->set_pending_writes(nvme_queue_.size() + nvme_in_flight_);
+    nt->set_pending_writes(nvme_queue_.size() + demotions_.size() + nvme_in_flight_);
     nt->set_corrupt_reads(n.corrupt_reads);
     nt->set_io_errors(counters_.nvme_io_errors);
     nt->set_skipped_writes(counters_.nvme_skipped_writes);

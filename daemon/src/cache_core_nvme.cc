@@ -239,9 +239,98 @@ void CacheCore::QueueNvmeWrite(uint32_t handle) {
   nvme_queue_.push_back(w);
 }
 
+void CacheCore::Demote(uint32_t handle, bool count_skips) {
+  // The victim and its ancestors not on NVMe yet: leaf-first eviction takes
+  // children first, and NVMe refuses a chunk whose parent it does not hold.
+  std::vector<uint32_t> chain;
+  for (uint32_t h = handle; h != ChunkIndex::kNone;) {
+    const ChunkEntry& e = dram_->Get(h);
+    if (nvme_->Contains(e.key) || demoting_.count(e.key) > 0) break;
+    chain.push_back(h);
+    h = dram_->Find(e.parent);  // kNone past the first chunk (its parent is the namespace)
+  }
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {  // parents first
+    const ChunkEntry& e = dram_->Get(*it);
+    const NamespaceState& ns = *namespaces_[e.ns_index];
+    if (demotion_bytes_ + ns.layout.slot_bytes > options_.write_back_buffer_bytes) {
+      // The victim is lost to NVMe; its ancestors stay in DRAM for a later try.
+      if (count_skips) ++counters_.nvme_skipped_writes;
+      return;
+    }
+    Demotion d{e.key, e.parent, ns.id, ns.layout,
+               {static_cast<std::byte*>(std::aligned_alloc(kBlockBytes, ns.layout.slot_bytes)),
+                &std::free}};
+    std::memcpy(d.image.get(), dram_->SlotAddress(e.slot_offset), ns.layout.slot_bytes);
+    demotion_bytes_ += ns.layout.slot_bytes;
+    demoting_.insert(e.key);
+    demotions_.push_back(std::move(d));
+  }
+}
+
+size_t CacheCore::FlushWriteBack() {
+  if (!nvme_ || options_.nvme_write_policy != NvmeWritePolicy::kWriteBack) return 0;
+  std::vector<ChunkKey> keys;
+  {
+    std::lock_guard lock(mu_);
+    dram_->ForEachChunk([&](uint32_t h) {
+      if (!nvme_->Contains(dram_->Get(h).key)) keys.push_back(dram_->Get(h).key);
+    });
+  }
+  size_t next = 0, queued = 0;
+  while (next < keys.size() && DegradedTiers().empty()) {
+    {
+      std::lock_guard lock(mu_);
+      while (next < keys.size() && demotion_bytes_ < options_.write_back_buffer_bytes) {
+        const uint32_t h = dram_->Find(keys[next++]);
+        if (h == ChunkIndex::kNone) continue;
+        Demote(h, /*count_skips=*/false);
+        if (demoting_.count(dram_->Get(h).key) == 0 && !nvme_->Contains(dram_->Get(h).key)) {
+          if (demotion_bytes_ == 0) continue;  // larger than the whole buffer: left out
+          --next;  // the buffer filled on its ancestors: again after the writes
+          break;
+        }
+        ++queued;
+      }
+    }
+    while (WriteThroughOnce() > 0) {
+    }
+  }
+  return queued;
+}
+
 size_t CacheCore::WriteThroughOnce() {
   if (!nvme_) return 0;
   constexpr size_t kBatch = 32;
+  std::vector<Demotion> demoted;
+  {
+    std::lock_guard lock(mu_);
+    while (!demotions_.empty() && demoted.size() < kBatch) {
+      demoted.push_back(std::move(demotions_.front()));
+      demotions_.pop_front();
+    }
+    nvme_in_flight_ += demoted.size();
+  }
+  if (!demoted.empty()) {  // write-back: the images were copied out at eviction
+    std::vector<NvmeImage> images;
+    for (Demotion& d : demoted) {
+      SealPayloadChecksum(d.image.get(), d.layout);
+      images.push_back({d.key, d.parent, d.ns, {d.image.get(), d.layout.slot_bytes}});
+    }
+    Result<size_t> stored = nvme_->Write(images);
+    if (!stored.ok()) {
+      spdlog::warn("NVMe write-back of {} chunks failed: {}", images.size(),
+                   stored.status().ToString());
+    }
+    std::lock_guard lock(mu_);
+    NoteNvmeIo(stored.ok());
+    nvme_in_flight_ -= demoted.size();
+    for (const Demotion& d : demoted) {
+      demoting_.erase(d.key);
+      demotion_bytes_ -= d.layout.slot_bytes;
+      if (nvme_->Contains(d.key)) counters_.nvme_write_bytes += d.layout.payload_bytes;
+    }
+    return demoted.size();
+  }
   struct Item {
     uint32_t handle;
     ChunkKey key, parent;

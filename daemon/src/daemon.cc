@@ -238,6 +238,10 @@ void Daemon::Shutdown() {
   if (core_ && core_->nvme_enabled()) {  // what was committed reaches NVMe before we exit
     while (core_->WriteThroughOnce() > 0) {
     }
+    // Write-back: what is only in DRAM goes down now (a kill -9 loses it).
+    if (const size_t n = core_->FlushWriteBack(); n > 0) {
+      spdlog::info("write-back: flushed {} chunks from DRAM to NVMe at shutdown", n);
+    }
   }
   if (arena_listen_fd_ >= 0) close(arena_listen_fd_);
   if (owns_socket_) {  // a daemon refused by the lock must not remove the server's sockets

@@ -87,7 +87,7 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
         expected = "a byte size such as 64GiB";
         if (!flag_given) raw->nvme_bytes = kv.second.as<std::string>();
       } else if (key == "nvme_write_policy") {
-        expected = "write_through or selective";
+        expected = "write_through, write_back or selective";
         if (!flag_given) raw->nvme_write_policy = kv.second.as<std::string>();
       } else if (key == "selective_min_hits") {
         expected = "an integer";
@@ -162,7 +162,8 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
                  "threads reading NVMe for promotion and prefetch, one io_uring each")
       ->capture_default_str();
   app.add_option("--nvme-write-policy", raw.nvme_write_policy,
-                 "write_through (every committed chunk) or selective (after N hits)")
+                 "write_through (every committed chunk), write_back (when DRAM evicts it) or "
+                 "selective (after N hits)")
       ->capture_default_str();
   app.add_option("--selective-min-hits", raw.selective_min_hits,
                  "hits before a chunk goes to NVMe under the selective policy")

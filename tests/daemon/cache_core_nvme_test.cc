@@ -31,7 +31,8 @@ class CacheCoreNvmeTest : public CacheCoreHarness {
   // DRAM of `dram_slots` slots over an NVMe device whose writes fail after
   // `good_writes`.
   void StartWithNvme(uint64_t dram_slots, uint64_t good_writes,
-                     NvmeWritePolicy policy = NvmeWritePolicy::kWriteThrough) {
+                     NvmeWritePolicy policy = NvmeWritePolicy::kWriteThrough,
+                     uint64_t write_back_buffer_bytes = uint64_t{256} << 20) {
     auto inner = IoUringFileDevice::Open({(dir_ / "slots.dat").string(), 4 << 20, 8});
     ASSERT_TRUE(inner.ok()) << inner.status().ToString();
     inner_ = std::move(inner).value();
@@ -46,6 +47,7 @@ class CacheCoreNvmeTest : public CacheCoreHarness {
     CacheCoreOptions o = Options(dram_slots);
     o.nvme_write_policy = policy;
     o.selective_min_hits = 2;
+    o.write_back_buffer_bytes = write_back_buffer_bytes;
     Start(o, std::move(nvme).value());
   }
 
@@ -96,6 +98,53 @@ TEST_F(CacheCoreNvmeTest, WhenNvmeLagsNewStoresStillFitAndUnwrittenEvictionsAreC
   EXPECT_EQ(NvmeStats(s).chunks(), 4u) << "chunks 0 and 1, and the new prompt's 2";
   EXPECT_EQ(NvmeStats(s).pending_writes(), 0u);
   EXPECT_EQ(Lookup(Tokens(16), false).num_chunks(), 2u);
+}
+
+TEST_F(CacheCoreNvmeTest, WriteBackDemotesOnEvictionParentsFirstAndFlushesTheRest) {
+  StartWithNvme(/*dram_slots=*/3, /*good_writes=*/1000, NvmeWritePolicy::kWriteBack);
+  const auto drain = [&] {
+    while (core_->WriteThroughOnce() > 0) {
+    }
+  };
+  const auto a = Tokens(12);  // 3 chunks
+  ASSERT_EQ(Store(a), 3u);
+  drain();
+  v1::StatsResponse s;
+  EXPECT_EQ(NvmeStats(s).chunks(), 0u) << "write-back: nothing goes down at commit";
+  // Another prompt evicts a's leaf first; its ancestors go down with it, parents first.
+  const auto b = Tokens(12, 500);
+  ASSERT_EQ(Store(b), 3u);
+  EXPECT_GT(NvmeStats(s).pending_writes(), 0u);
+  drain();
+  EXPECT_EQ(NvmeStats(s).chunks(), 3u);
+  EXPECT_EQ(NvmeStats(s).skipped_writes(), 0u);
+  const v1::LookupResponse l = Lookup(a, true);
+  ASSERT_EQ(l.num_chunks(), 3u);
+  EXPECT_EQ(l.nvme_chunks(), 3u);
+  EXPECT_TRUE(LeasedBytesMatch(a, l)) << "demoted bytes differ from what was stored";
+  ASSERT_TRUE(Release(l.lease_id()).ok());
+  drain();  // promoting a evicted b: b went down too
+  EXPECT_EQ(NvmeStats(s).chunks(), 6u);
+  // A clean shutdown flushes what is only in DRAM.
+  const auto c = Tokens(8, 900);
+  ASSERT_EQ(Store(c), 2u);
+  drain();
+  EXPECT_GT(core_->FlushWriteBack(), 0u);
+  EXPECT_EQ(NvmeStats(s).chunks(), 8u);
+  EXPECT_EQ(NvmeStats(s).pending_writes(), 0u);
+}
+
+TEST_F(CacheCoreNvmeTest, WriteBackPastItsBufferCountsTheLostVictims) {
+  StartWithNvme(/*dram_slots=*/3, /*good_writes=*/1000, NvmeWritePolicy::kWriteBack,
+                /*write_back_buffer_bytes=*/kSlotBytes);
+  ASSERT_EQ(Store(Tokens(12)), 3u);
+  ASSERT_EQ(Store(Tokens(12, 500)), 3u);  // evicts a2 (a0 fits the buffer), a1, then a0
+  while (core_->WriteThroughOnce() > 0) {
+  }
+  v1::StatsResponse s;
+  EXPECT_EQ(NvmeStats(s).chunks(), 1u) << "only the first chunk fit the buffer";
+  EXPECT_EQ(NvmeStats(s).skipped_writes(), 2u) << "a2 and a1 were evicted unwritten";
+  EXPECT_EQ(Lookup(Tokens(12), false).num_chunks(), 1u);
 }
 
 TEST_F(CacheCoreNvmeTest, FailingWritesDegradeTheTierWhileDramKeepsServing) {

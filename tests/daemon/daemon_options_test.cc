@@ -236,8 +236,8 @@ TEST_F(DaemonOptionsTest, NvmeFlagsAreCheckedAndNamed) {
   EXPECT_TRUE(Names(ErrorOf({"--nvme-workers", "0"}), "nvme_workers"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-bytes", "0"}), "nvme_paths"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-bytes", "0", "--rebuild-index"}), "--rebuild-index"));
-  EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-write-policy", "write_back"}),
-                    "not implemented"));
+  EXPECT_EQ(Parse({"--nvme-write-policy", "write_back"}).value().core.nvme_write_policy,
+            NvmeWritePolicy::kWriteBack);
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-write-policy", "sometimes"}),
                     "nvme_write_policy"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-bytes", "5000"}), "nvme_bytes"));

@@ -116,6 +116,28 @@ TEST_F(NvmeDaemonTest, ChunksComeBackFromNvmeWithTheRightBytesAfterARestart) {
   EXPECT_EQ(nvme["corrupt_reads"], 0);
 }
 
+TEST_F(NvmeDaemonTest, WriteBackFlushesAtACleanStopAndServesAfterTheRestart) {
+  DaemonProcess::Options o = Opts();
+  o.extra_args.insert(o.extra_args.end(), {"--nvme-write-policy", "write_back"});
+  json first;
+  {
+    DaemonProcess daemon(o);
+    ASSERT_EQ(daemon.Start(), "");
+    first = Replay("first");
+    ASSERT_FALSE(first.is_discarded());
+    EXPECT_EQ(first["verify_errors"], 0);
+    EXPECT_EQ(daemon.Stop().exit_code, 0);
+    EXPECT_NE(daemon.log().find("flushed"), std::string::npos) << daemon.log();
+  }
+  DaemonProcess daemon(o);
+  ASSERT_EQ(daemon.Start(), "");
+  EXPECT_GT(Tier(daemon, "nvme")["chunks"].get<uint64_t>(), 0u);
+  json second = Replay("second");
+  ASSERT_FALSE(second.is_discarded());
+  EXPECT_EQ(second["verify_errors"], 0);
+  EXPECT_GT(second["hit_tokens"].get<uint64_t>(), first["hit_tokens"].get<uint64_t>());
+}
+
 TEST_F(NvmeDaemonTest, PrefetchOnArrivalMakesNvmeChunksReadyBeforeTheLoad) {
   json first;
   {

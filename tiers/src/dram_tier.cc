@@ -58,6 +58,7 @@ bool DramTier::EvictOne(uint64_t same_size) {
            (same_size == 0 || ns_slot_bytes_[e.ns_index] == same_size);
   });
   if (!victim) return false;
+  if (on_evict_) on_evict_(*victim);
   const ChunkEntry e = index_.Get(*victim);
   policy_->OnRemove(*victim);
   uint32_t parent_handle = index_.Find(e.parent);

@@ -42,10 +42,10 @@ namespace kvtier {
 enum class NvmeWritePolicy {
   kWriteThrough,  // every committed chunk, in the background
   kSelective,     // once it has been hit selective_min_hits times
+  kWriteBack,     // when DRAM evicts it (with its ancestors not yet on NVMe)
 };
 
-// "write_through" or "selective"; INVALID_ARGUMENT otherwise (write_back is
-// not implemented yet and says so).
+// "write_through", "write_back" or "selective"; INVALID_ARGUMENT otherwise.
 Result<NvmeWritePolicy> ParseNvmeWritePolicy(const std::string& name);
 
 struct CacheCoreOptions {
@@ -73,6 +73,9 @@ struct CacheCoreOptions {
   // Threads that read NVMe for promotion and prefetch (each with its own
   // io_uring). Range 1..64. Default: 2.
   uint32_t nvme_workers = 2;
+  // Write-back: most bytes of evicted images held in memory until the NVMe
+  // writer takes them; past it an eviction is a skipped write. Default: 256 MiB.
+  uint64_t write_back_buffer_bytes = uint64_t{256} << 20;
 
   Status Validate() const;
 };
@@ -97,7 +100,11 @@ class CacheCore {
   // Write-through to NVMe (when on): writes up to one batch of committed
   // chunks queued by CommitWrite and returns how many it took from the queue.
   // The daemon's NVMe worker calls it in a loop; tests call it directly.
+  // Under write-back it writes the images copied out at eviction instead.
   size_t WriteThroughOnce();
+  // Write-back at a clean shutdown: writes every DRAM chunk not yet on NVMe
+  // (stops early when the tier is degraded). Returns how many it queued.
+  size_t FlushWriteBack();
   bool nvme_enabled() const { return nvme_ != nullptr; }
 
   // Sessions: opened by the Session stream, ended when it breaks. Ending a
@@ -273,6 +280,21 @@ class CacheCore {
   // REQUIRES: mu_ held. Queues resident chunk `handle` for the NVMe writer.
   void QueueNvmeWrite(uint32_t handle);
   std::deque<PendingWrite> nvme_queue_;                               // GUARDED_BY(mu_)
+  // Write-back: images copied out of DRAM at eviction, waiting for the writer.
+  struct Demotion {
+    ChunkKey key, parent;
+    NamespaceId ns;
+    SlotLayout layout;
+    std::unique_ptr<std::byte, void (*)(void*)> image{nullptr, nullptr};
+  };
+  // REQUIRES: mu_ held. The eviction listener under write-back: copies the
+  // victim's image, and those of its ancestors not on NVMe, parents first.
+  // Past write_back_buffer_bytes it stops; `count_skips`: count the victim
+  // as a skipped write (an eviction loses it).
+  void Demote(uint32_t handle, bool count_skips);
+  std::deque<Demotion> demotions_;                                    // GUARDED_BY(mu_)
+  std::unordered_set<ChunkKey, ChunkKeyHash> demoting_;               // GUARDED_BY(mu_)
+  uint64_t demotion_bytes_ = 0;                                       // GUARDED_BY(mu_)
   uint64_t nvme_pinned_bytes_ = 0;                                    // GUARDED_BY(mu_)
   uint64_t nvme_in_flight_ = 0;                                       // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Promotion> promotions_;                // GUARDED_BY(mu_)

@@ -42,6 +42,12 @@ class ChunkIndex {
   ChunkEntry& Get(uint32_t handle) { return entries_[handle]; }
   const ChunkEntry& Get(uint32_t handle) const { return entries_[handle]; }
   size_t size() const { return map_.size(); }
+  // Calls f(handle) for every chunk, in no particular order. `f` must not
+  // insert or erase.
+  template <typename F>
+  void ForEach(F&& f) const {
+    for (const auto& entry : map_) f(entry.second);
+  }
   void Reserve(size_t num_chunks) { map_.reserve(num_chunks); }
 
  private:

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -58,6 +59,8 @@ class DramTier {
                   uint32_t ns_index, uint64_t slot_offset);
 
   uint32_t Find(const ChunkKey& key) const { return index_.Find(key); }
+  template <typename F>
+  void ForEachChunk(F&& f) const { index_.ForEach(std::forward<F>(f)); }
   const ChunkEntry& Get(uint32_t handle) const { return index_.Get(handle); }
   // Marks a chunk as just used.
   void Touch(uint32_t handle) { policy_->OnAccess(handle); }
@@ -67,6 +70,11 @@ class DramTier {
     if (h != UINT32_MAX) ++h;
     return h;
   }
+  // Called with each victim just before eviction drops it (its slot still
+  // holds its image): the daemon demotes it to NVMe under write-back.
+  using EvictionListener = std::function<void(uint32_t handle)>;
+  void SetEvictionListener(EvictionListener listener) { on_evict_ = std::move(listener); }
+
   // A pinned chunk is never evicted. Pins nest.
   void Pin(uint32_t handle) { ++index_.Get(handle).leases; }
   void Unpin(uint32_t handle) { --index_.Get(handle).leases; }
@@ -96,6 +104,7 @@ class DramTier {
   std::vector<uint64_t> ns_slot_bytes_;
   std::vector<uint64_t> ns_chunks_;
   DramTierCounters counters_;
+  EvictionListener on_evict_;
 };
 
 }  // namespace kvtier

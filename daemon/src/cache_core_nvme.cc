@@ -61,6 +61,7 @@ uint64_t CacheCore::StartPromotion(Promotion p) {
 
 void CacheCore::EndPromotion(std::unordered_map<uint64_t, Promotion>::iterator it) {
   for (uint32_t h : it->second.ready) dram_->Unpin(h);
+  prefetch_held_bytes_ -= it->second.held_bytes;
   promotions_.erase(it);  // a step in flight finds it gone and keeps its chunks unpinned
 }
 
@@ -151,13 +152,17 @@ void CacheCore::PromoteStep(uint64_t id) {
     uint32_t h = ChunkIndex::kNone;
     if (!stopped && io.ok() && reads[k].result.ok()) {
       h = dram_->Insert(keys[k], parents[k], snap.id, ns->ns_index, plan[k].slot_offset);
+      if (h != ChunkIndex::kNone) {
+        ++promoted;
+      } else if ((h = dram_->Find(keys[k])) != ChunkIndex::kNone) {
+        dram_->FreeSlot(ns->ns_index, plan[k].slot_offset);  // promoted by another meanwhile
+      }
     }
     if (h == ChunkIndex::kNone) {
       dram_->FreeSlot(ns->ns_index, plan[k].slot_offset);
       stopped = true;  // a failed read, or its parent left DRAM (the ticket ended)
       continue;
     }
-    ++promoted;
     if (live != nullptr && live->ready.size() == plan[k].index) {
       dram_->Pin(h);
       live->ready.push_back(h);
@@ -189,8 +194,11 @@ Status CacheCore::Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse*
 
   std::unique_lock lock(mu_);
   KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
-  std::vector<uint32_t> hits = DramPrefix(ns, keys, all, limit);
-  const size_t run = ContinuationRun(keys, hits.size(), limit);
+  // A ticket holds at most what is left of the prefetch budget.
+  const uint64_t budget = dram_->capacity_bytes() / 2 - prefetch_held_bytes_;
+  const size_t affordable = std::min<uint64_t>(limit, budget / ns.layout.slot_bytes);
+  std::vector<uint32_t> hits = DramPrefix(ns, keys, all, affordable);
+  const size_t run = ContinuationRun(keys, hits.size(), affordable);
   resp->set_deadline_ms(deadline_ms);
   resp->set_ready_chunks(static_cast<uint32_t>(hits.size()));
   resp->set_total_chunks(static_cast<uint32_t>(hits.size() + run));
@@ -210,6 +218,8 @@ Status CacheCore::Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse*
   p.ready = std::move(hits);
   p.dram_at_start = static_cast<uint32_t>(p.ready.size());
   p.done = run == 0;
+  p.held_bytes = p.keys.size() * ns.layout.slot_bytes;
+  prefetch_held_bytes_ += p.held_bytes;
   resp->set_ticket(StartPromotion(std::move(p)));
   return Status::Ok();
 }

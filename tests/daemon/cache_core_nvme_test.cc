@@ -192,15 +192,15 @@ TEST_F(CacheCoreNvmeTest, SelectivePolicyWritesAChunkOnlyAfterItsSecondHit) {
   EXPECT_EQ(s.active_leases(), 0u);
 }
 
-// Stores `a` (3 chunks) and then another prompt into a DRAM of 3 slots, with
-// write-through drained: `a` is on NVMe only.
+// Stores `a` (3 chunks) and then a 6-chunk prompt into a DRAM of 6 slots
+// (tickets may hold 3), with write-through drained: `a` is on NVMe only.
 class CacheCorePrefetchTest : public CacheCoreNvmeTest {
  protected:
   void SetUp() override {
-    StartWithNvme(/*dram_slots=*/3, /*good_writes=*/1000);
+    StartWithNvme(/*dram_slots=*/6, /*good_writes=*/1000);
     ASSERT_EQ(Store(a_), 3u);
     Drain();
-    ASSERT_EQ(Store(Tokens(12, 500)), 3u);
+    ASSERT_EQ(Store(Tokens(24, 500)), 6u);
     Drain();
     ASSERT_EQ(Lookup(a_, false).nvme_chunks(), 3u);
   }
@@ -261,11 +261,8 @@ TEST_F(CacheCorePrefetchTest, ATicketHoldsItsChunksUntilItsDeadlineThenLetsGo) {
   v1::PrefetchResponse p;
   ASSERT_TRUE(Prefetch(a_, &p, /*deadline_ms=*/500).ok());
   ASSERT_EQ(WaitPrefetchDone(p.ticket()).ready_chunks(), 3u);
-  // All 3 DRAM slots are held for the ticket: nothing can be stored.
-  const v1::ReserveWriteResponse r = Reserve(Tokens(4, 700));
-  EXPECT_EQ(r.reservation_id(), 0u);
-  ASSERT_EQ(r.outcomes_size(), 1);
-  EXPECT_EQ(r.outcomes(0), v1::NO_SPACE);
+  // 3 of the 6 DRAM slots are held for the ticket: a 4-chunk prompt gets 3.
+  EXPECT_EQ(Store(Tokens(16, 700)), 3u);
   clock_.Advance(std::chrono::milliseconds(499));
   core_->ExpireNow();
   EXPECT_EQ(Stats().active_prefetches(), 1u);
@@ -274,7 +271,26 @@ TEST_F(CacheCorePrefetchTest, ATicketHoldsItsChunksUntilItsDeadlineThenLetsGo) {
   EXPECT_EQ(Stats().active_prefetches(), 0u);
   v1::PrefetchStatusResponse gone;
   EXPECT_EQ(PrefetchStatus(p.ticket(), &gone).code(), StatusCode::kNotFound);
-  EXPECT_EQ(Store(Tokens(4, 700)), 1u) << "the expired ticket's pins are gone";
+  EXPECT_EQ(Store(Tokens(16, 700)), 1u) << "the expired ticket's pins are gone: the 4th fits";
+}
+
+TEST_F(CacheCorePrefetchTest, TicketsTogetherHoldAtMostHalfOfDram) {
+  v1::PrefetchResponse first, second;
+  ASSERT_TRUE(Prefetch(a_, &first, 0, /*max_chunks=*/2).ok());
+  EXPECT_EQ(first.total_chunks(), 2u);
+  ASSERT_TRUE(Prefetch(a_, &second).ok());
+  EXPECT_EQ(second.total_chunks(), 1u) << "3 slots of budget, 2 held by the first ticket";
+  WaitPrefetchDone(first.ticket());
+  WaitPrefetchDone(second.ticket());
+  // The rest of DRAM stays usable: a 3-chunk prompt still fits.
+  EXPECT_EQ(Store(Tokens(12, 700)), 3u);
+  const v1::LookupResponse l = LookupWithTicket(a_, first.ticket());
+  EXPECT_EQ(l.num_chunks(), 2u);
+  EXPECT_EQ(l.prefetched_chunks(), 2u);
+  ASSERT_TRUE(Release(l.lease_id()).ok());
+  v1::PrefetchResponse third;
+  ASSERT_TRUE(Prefetch(a_, &third).ok());
+  EXPECT_EQ(third.total_chunks(), 2u) << "the first ticket's share came back";
 }
 
 TEST_F(CacheCorePrefetchTest, SessionEndEndsItsTickets) {

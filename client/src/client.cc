@@ -544,18 +544,68 @@ static bool WaitForPrefetch(Client& client, const PrefetchTicket& ticket, uint64
 }
 
 
-Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
-                                const ChunkReader& reader, size_t max_chunks,
-                                const PrefetchTicket* ticket) {
+// ---- ChunkLease -----------------------------------------------------------
+
+struct ChunkLease::State {
+  std::shared_ptr<Connection> conn;
+  std::function<void(std::shared_ptr<Connection>, uint64_t)> release;
+  uint64_t lease_id = 0;  // 0 once released
+  uint64_t payload_bytes = 0;
+  uint64_t header_bytes = 0;
+  std::vector<uint64_t> offsets;    // payload offsets in the arena
+  std::vector<uint64_t> sequences;  // slot sequence numbers at lookup
+};
+
+ChunkLease::ChunkLease() = default;
+ChunkLease::~ChunkLease() { Release(); }
+ChunkLease::ChunkLease(ChunkLease&&) noexcept = default;
+ChunkLease& ChunkLease::operator=(ChunkLease&& other) noexcept {
+  if (this != &other) {
+    Release();
+    state_ = std::move(other.state_);
+    nvme_chunks = other.nvme_chunks;
+    prefetched_chunks = other.prefetched_chunks;
+    lookup_time = other.lookup_time;
+    fail_open = std::move(other.fail_open);
+  }
+  return *this;
+}
+
+uint32_t ChunkLease::num_chunks() const {
+  return state_ ? static_cast<uint32_t>(state_->offsets.size()) : 0;
+}
+
+std::span<const std::byte> ChunkLease::payload(size_t i) const {
+  return {state_->conn->arena->base() + state_->offsets[i], state_->payload_bytes};
+}
+
+uint32_t ChunkLease::ValidChunks() const {
+  uint32_t valid = 0;
+  for (; valid < num_chunks(); ++valid) {
+    const std::byte* slot =
+        state_->conn->arena->base() + state_->offsets[valid] - state_->header_bytes;
+    if (state_->sequences[valid] == 0 || SlotSequence(slot) != state_->sequences[valid]) break;
+  }
+  return valid;
+}
+
+void ChunkLease::Release() {
+  if (!state_ || state_->lease_id == 0) return;
+  state_->release(state_->conn, state_->lease_id);
+  state_->lease_id = 0;
+}
+
+Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                                   size_t max_chunks, const PrefetchTicket* ticket) {
   if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
   const uint64_t pb = ns.layout.payload_bytes;
   max_chunks = std::min<size_t>(max_chunks, tokens.size() / ns.spec.chunk_tokens);
-  LoadResult result;
-  if (max_chunks == 0) return result;
+  ChunkLease lease;
+  if (max_chunks == 0) return lease;
   auto conn = impl_->GetFor(ns);
   if (!conn.ok()) {
-    result.fail_open = conn.status();
-    return result;
+    lease.fail_open = conn.status();
+    return lease;
   }
   Connection& c = **conn;
   v1::LookupResponse resp;
@@ -569,54 +619,80 @@ Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32
     LentTokens lent(req, tokens);
     const auto start = Clock::now();
     Status st = FromGrpcStatus(c.stub->Lookup(&ctx, req, &resp));
-    result.lookup_time =
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
+    lease.lookup_time = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
     impl_->Report(*conn, st, &ns.id);
     if (!st.ok()) {
-      result.fail_open = st;
-      return result;
+      lease.fail_open = st;
+      return lease;
     }
   }
-  Status status;
+  lease.state_ = std::make_unique<ChunkLease::State>();
+  ChunkLease::State& s = *lease.state_;
+  s.conn = *conn;
+  s.release = [impl = impl_.get()](std::shared_ptr<Connection> held, uint64_t id) {
+    impl->ReleaseLater(std::move(held), id);
+  };
+  s.lease_id = resp.lease_id();
+  s.payload_bytes = pb;
+  s.header_bytes = ns.layout.header_bytes;
+  // Every location is checked before any is used: a daemon that answers
+  // nonsense is a fail-open, never a read outside the arena.
+  Status bad;
   if (static_cast<uint32_t>(resp.chunks_size()) != resp.num_chunks() ||
       resp.num_chunks() > max_chunks) {
-    status = Status::DataLoss("daemon returned " + std::to_string(resp.chunks_size()) +
-                              " chunk locations for " + std::to_string(resp.num_chunks()) +
-                              " chunks");
+    bad = Status::DataLoss("daemon returned " + std::to_string(resp.chunks_size()) +
+                           " chunk locations for " + std::to_string(resp.num_chunks()) +
+                           " chunks");
   }
-  int read = 0;
-  for (; status.ok() && read < resp.chunks_size(); ++read) {
-    const v1::ChunkLocation& loc = resp.chunks(read);
+  for (int i = 0; bad.ok() && i < resp.chunks_size(); ++i) {
+    const v1::ChunkLocation& loc = resp.chunks(i);
     if (loc.payload_bytes() != pb || loc.payload_offset() < ns.layout.header_bytes ||
         !c.arena->Contains(loc.payload_offset(), pb)) {
-      status = Status::DataLoss("daemon returned a chunk location outside the arena");
+      bad = Status::DataLoss("daemon returned a chunk location outside the arena");
       break;
     }
-    Status st = reader(read, std::span<const std::byte>(c.arena->base() + loc.payload_offset(), pb));
-    if (!st.ok()) {  // the reader's own error: not a fail-open
-      if (resp.lease_id() != 0) impl_->ReleaseLater(*conn, resp.lease_id());
-      return st;
-    }
+    s.offsets.push_back(loc.payload_offset());
+    s.sequences.push_back(loc.sequence());
+  }
+  if (!bad.ok()) {
+    lease.Release();
+    s.offsets.clear();
+    s.sequences.clear();
+    lease.fail_open = bad;
+    return lease;
+  }
+  const uint32_t n = resp.num_chunks();
+  lease.nvme_chunks = std::min(n, resp.nvme_chunks());
+  lease.prefetched_chunks = std::min(n, resp.prefetched_chunks());
+  return lease;
+}
+
+Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                                const ChunkReader& reader, size_t max_chunks,
+                                const PrefetchTicket* ticket) {
+  auto acquired = Acquire(ns, tokens, max_chunks, ticket);
+  if (!acquired.ok()) return acquired.status();
+  ChunkLease& lease = *acquired;
+  LoadResult result;
+  result.lookup_time = lease.lookup_time;
+  result.fail_open = lease.fail_open;
+  const uint32_t n = lease.num_chunks();
+  for (uint32_t i = 0; i < n; ++i) {
+    Status st = reader(i, lease.payload(i));
+    if (!st.ok()) return st;  // the reader's own error, not a fail-open (the lease ends)
   }
   // The copies are done: a chunk counts only if its slot still holds the
-  // sequence it had at lookup (a lease that lapsed mid-copy, past its TTL, may
-  // have let the slot be rewritten). The first changed chunk ends the prefix.
-  uint32_t valid = 0;
-  for (; valid < static_cast<uint32_t>(read); ++valid) {
-    const v1::ChunkLocation& loc = resp.chunks(static_cast<int>(valid));
-    const std::byte* slot = c.arena->base() + loc.payload_offset() - ns.layout.header_bytes;
-    if (loc.sequence() == 0 || SlotSequence(slot) != loc.sequence()) break;
+  // sequence it had at lookup. The first changed chunk ends the prefix.
+  const uint32_t valid = lease.ValidChunks();
+  lease.Release();
+  if (valid < n) {
+    result.fail_open = Status::Aborted("the lease on chunk " + std::to_string(valid) +
+                                       " lapsed during the copy and its slot was reused");
   }
-  if (resp.lease_id() != 0) impl_->ReleaseLater(*conn, resp.lease_id());
-  if (status.ok() && valid < static_cast<uint32_t>(read)) {
-    status = Status::Aborted("the lease on chunk " + std::to_string(valid) +
-                             " lapsed during the copy and its slot was reused");
-  }
-  result.fail_open = status;
   result.num_chunks = valid;
-  const uint32_t dram_chunks = resp.num_chunks() - std::min(resp.num_chunks(), resp.nvme_chunks());
+  const uint32_t dram_chunks = n - lease.nvme_chunks;
   result.nvme_chunks = valid > dram_chunks ? valid - dram_chunks : 0;
-  result.prefetched_chunks = std::min(valid, resp.prefetched_chunks());
+  result.prefetched_chunks = std::min(valid, lease.prefetched_chunks);
   result.loaded_tokens = uint64_t{valid} * ns.spec.chunk_tokens;
   return result;
 }
@@ -633,18 +709,95 @@ Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32
       destination.size() / pb, ticket);
 }
 
-Result<StoreResult> Client::Store(const NamespaceHandle& ns, std::span<const int32_t> tokens,
-                                  const ChunkWriter& writer, size_t first_chunk) {
+// ---- ChunkReservation -----------------------------------------------------
+
+struct ChunkReservation::State {
+  std::shared_ptr<Connection> conn;
+  std::function<void(const std::shared_ptr<Connection>&, const Status&)> report;
+  std::chrono::milliseconds deadline{0};
+  uint64_t reservation_id = 0;
+  uint64_t payload_bytes = 0;
+  std::vector<size_t> indices;     // chunk index in the prompt, per reserved chunk
+  std::vector<uint64_t> offsets;   // payload offset in the arena, per reserved chunk
+  bool finished = false;           // committed or aborted
+};
+
+ChunkReservation::ChunkReservation() = default;
+ChunkReservation::~ChunkReservation() { Abort(); }
+ChunkReservation::ChunkReservation(ChunkReservation&&) noexcept = default;
+ChunkReservation& ChunkReservation::operator=(ChunkReservation&& other) noexcept {
+  if (this != &other) {
+    Abort();
+    state_ = std::move(other.state_);
+    already_stored_chunks = other.already_stored_chunks;
+    dropped_chunks = other.dropped_chunks;
+    fail_open = std::move(other.fail_open);
+  }
+  return *this;
+}
+
+size_t ChunkReservation::size() const { return state_ ? state_->indices.size() : 0; }
+size_t ChunkReservation::chunk_index(size_t k) const { return state_->indices[k]; }
+std::span<std::byte> ChunkReservation::payload(size_t k) const {
+  return {state_->conn->arena->base() + state_->offsets[k], state_->payload_bytes};
+}
+
+void ChunkReservation::Abort() {
+  if (!state_ || state_->finished) return;
+  state_->finished = true;
+  if (state_->reservation_id == 0) return;
+  v1::AbortWriteRequest req;
+  req.set_session_id(state_->conn->session_id);
+  req.set_reservation_id(state_->reservation_id);
+  v1::AbortWriteResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + state_->deadline);
+  // A failed abort is not the caller's problem: the session or TTL frees it.
+  state_->report(state_->conn, FromGrpcStatus(state_->conn->stub->AbortWrite(&ctx, req, &resp)));
+}
+
+Result<StoreResult> ChunkReservation::Commit() {
+  StoreResult result;
+  result.already_stored_chunks = already_stored_chunks;
+  result.dropped_chunks = dropped_chunks;
+  result.fail_open = fail_open;
+  if (!state_ || state_->reservation_id == 0) return result;  // nothing was reserved
+  if (state_->finished) {
+    return Status::FailedPrecondition("the reservation was already committed or aborted");
+  }
+  state_->finished = true;
+  v1::CommitWriteRequest req;
+  req.set_session_id(state_->conn->session_id);
+  req.set_reservation_id(state_->reservation_id);
+  v1::CommitWriteResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + state_->deadline);
+  Status st = FromGrpcStatus(state_->conn->stub->CommitWrite(&ctx, req, &resp));
+  state_->report(state_->conn, st);
+  if (!st.ok()) {
+    result.fail_open = st;
+    result.dropped_chunks += static_cast<uint32_t>(size());
+    return result;
+  }
+  result.stored_chunks = resp.committed_chunks();
+  result.dropped_chunks += resp.dropped_chunks();
+  result.stored_bytes = uint64_t{result.stored_chunks} * state_->payload_bytes;
+  return result;
+}
+
+Result<ChunkReservation> Client::Reserve(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                                         size_t first_chunk) {
   if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
   const uint32_t ct = ns.spec.chunk_tokens;
   const std::vector<ChunkKey> keys = ChunkKeys(ns, tokens);
-  StoreResult result;
-  if (first_chunk >= keys.size()) return result;
+  ChunkReservation r;
+  if (first_chunk >= keys.size()) return r;
+  const auto all_dropped = static_cast<uint32_t>(keys.size() - first_chunk);
   auto conn = impl_->GetFor(ns);
   if (!conn.ok()) {
-    result.fail_open = conn.status();
-    result.dropped_chunks = static_cast<uint32_t>(keys.size() - first_chunk);
-    return result;
+    r.fail_open = conn.status();
+    r.dropped_chunks = all_dropped;
+    return r;
   }
   Connection& c = **conn;
   v1::ReserveWriteRequest req;
@@ -664,72 +817,71 @@ Result<StoreResult> Client::Store(const NamespaceHandle& ns, std::span<const int
     Status st = FromGrpcStatus(c.stub->ReserveWrite(&ctx, req, &resp));
     impl_->Report(*conn, st, &ns.id);
     if (!st.ok()) {
-      result.fail_open = st;
-      result.dropped_chunks = static_cast<uint32_t>(keys.size() - first_chunk);
-      return result;
+      r.fail_open = st;
+      r.dropped_chunks = all_dropped;
+      return r;
     }
   }
-  const uint64_t pb = ns.layout.payload_bytes;
-  Status write_status;
+  r.state_ = std::make_unique<ChunkReservation::State>();
+  ChunkReservation::State& s = *r.state_;
+  s.conn = *conn;
+  s.report = [impl = impl_.get(), id = ns.id](const std::shared_ptr<Connection>& held,
+                                              const Status& st) { impl->Report(held, st, &id); };
+  s.deadline = impl_->options().deadline;
+  s.reservation_id = resp.reservation_id();
+  s.payload_bytes = ns.layout.payload_bytes;
+  // Every location is checked before any is handed out.
+  Status bad;
   if (resp.outcomes_size() != req.chunks_size()) {
-    write_status = Status::DataLoss("daemon returned " + std::to_string(resp.outcomes_size()) +
-                                    " outcomes for " + std::to_string(req.chunks_size()) +
-                                    " chunks");
+    bad = Status::DataLoss("daemon returned " + std::to_string(resp.outcomes_size()) +
+                           " outcomes for " + std::to_string(req.chunks_size()) + " chunks");
   }
   int loc_index = 0;
-  for (int i = 0; write_status.ok() && i < resp.outcomes_size(); ++i) {
+  for (int i = 0; bad.ok() && i < resp.outcomes_size(); ++i) {
     switch (resp.outcomes(i)) {
-      case v1::ALREADY_STORED: ++result.already_stored_chunks; break;
+      case v1::ALREADY_STORED: ++r.already_stored_chunks; break;
       case v1::RESERVED: {
         if (loc_index >= resp.chunks_size()) {
-          write_status = Status::DataLoss("daemon returned too few chunk locations");
+          bad = Status::DataLoss("daemon returned too few chunk locations");
           break;
         }
         const v1::ChunkLocation& loc = resp.chunks(loc_index++);
-        if (loc.payload_bytes() != pb || !c.arena->Contains(loc.payload_offset(), pb)) {
-          write_status = Status::DataLoss("daemon returned a slot outside the arena");
+        if (loc.payload_bytes() != s.payload_bytes ||
+            !c.arena->Contains(loc.payload_offset(), s.payload_bytes)) {
+          bad = Status::DataLoss("daemon returned a slot outside the arena");
           break;
         }
-        write_status = writer(first_chunk + i,
-                              std::span<std::byte>(c.arena->base() + loc.payload_offset(), pb));
-        result.stored_bytes += pb;
+        s.indices.push_back(first_chunk + static_cast<size_t>(i));
+        s.offsets.push_back(loc.payload_offset());
         break;
       }
-      default: ++result.dropped_chunks; break;
+      default: ++r.dropped_chunks; break;
     }
   }
-  if (resp.reservation_id() == 0) return result;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
-  if (!write_status.ok()) {
-    v1::AbortWriteRequest abort;
-    abort.set_session_id(c.session_id);
-    abort.set_reservation_id(resp.reservation_id());
-    v1::AbortWriteResponse abort_resp;
-    impl_->Report(*conn, FromGrpcStatus(c.stub->AbortWrite(&ctx, abort, &abort_resp)));
-    if (write_status.code() == StatusCode::kDataLoss) {  // the daemon's fault: fail open
-      result.fail_open = write_status;
-      result.stored_bytes = 0;
-      return result;
+  if (!bad.ok()) {  // the daemon's fault: fail open
+    r.Abort();
+    s.indices.clear();
+    s.offsets.clear();
+    r.fail_open = bad;
+    r.already_stored_chunks = 0;
+    r.dropped_chunks = all_dropped;
+  }
+  return r;
+}
+
+Result<StoreResult> Client::Store(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                                  const ChunkWriter& writer, size_t first_chunk) {
+  auto reserved = Reserve(ns, tokens, first_chunk);
+  if (!reserved.ok()) return reserved.status();
+  ChunkReservation& r = *reserved;
+  for (size_t k = 0; k < r.size(); ++k) {
+    Status st = writer(r.chunk_index(k), r.payload(k));
+    if (!st.ok()) {
+      r.Abort();
+      return st;  // the writer's own error
     }
-    return write_status;  // the writer's own error
   }
-  v1::CommitWriteRequest commit;
-  commit.set_session_id(c.session_id);
-  commit.set_reservation_id(resp.reservation_id());
-  v1::CommitWriteResponse commit_resp;
-  Status st = FromGrpcStatus(c.stub->CommitWrite(&ctx, commit, &commit_resp));
-  impl_->Report(*conn, st, &ns.id);
-  if (!st.ok()) {
-    result.fail_open = st;
-    result.dropped_chunks += static_cast<uint32_t>(loc_index);
-    result.stored_bytes = 0;
-    return result;
-  }
-  result.stored_chunks = commit_resp.committed_chunks();
-  result.dropped_chunks += commit_resp.dropped_chunks();
-  result.stored_bytes = uint64_t{result.stored_chunks} * pb;
-  return result;
+  return r.Commit();
 }
 
 Result<StoreResult> Client::Store(const NamespaceHandle& ns, std::span<const int32_t> tokens,

@@ -164,6 +164,55 @@ TEST_F(ClientTest, PrefetchHoldsTheCachedPrefixForTheLoadThatTakesItOver) {
   EXPECT_EQ(StatsAfterReleases()["active_prefetches"], 0);
 }
 
+TEST_F(ClientTest, ReserveAndAcquireHoldTheirSlotsAcrossCalls) {
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  const NamespaceHandle ns = Open(*client, TinySpec());
+  const auto tokens = Tokens(11, 3 * kChunkTokens + 5);
+  const auto source = Payloads(ns, tokens);
+  const uint64_t pb = ns.layout.payload_bytes;
+
+  // A reservation dropped without a commit leaves nothing visible.
+  {
+    auto r = client->Reserve(ns, tokens);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->size(), 3u);
+    EXPECT_EQ(Stats()["active_reservations"], 1);
+  }
+  EXPECT_EQ(Stats()["active_reservations"], 0) << "the destructor aborts";
+  EXPECT_EQ(client->Lookup(ns, tokens)->num_chunks, 0u);
+
+  // Written chunk by chunk, visible only at Commit.
+  auto r = client->Reserve(ns, tokens, /*first_chunk=*/1);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_EQ(r->chunk_index(0), 1u);
+  EXPECT_EQ(r->chunk_index(1), 2u);
+  for (size_t k = 0; k < r->size(); ++k) {
+    std::memcpy(r->payload(k).data(), source.data() + r->chunk_index(k) * pb, pb);
+  }
+  EXPECT_EQ(client->Lookup(ns, tokens)->num_chunks, 0u) << "nothing visible before Commit";
+  auto committed = r->Commit();
+  ASSERT_TRUE(committed.ok());
+  // Chunk 0 was never stored: its children are dropped, never orphans.
+  EXPECT_EQ(committed->stored_chunks, 0u);
+  EXPECT_EQ(committed->dropped_chunks, 2u);
+  EXPECT_EQ(r->Commit().status().code(), StatusCode::kFailedPrecondition);
+
+  ASSERT_EQ(client->Store(ns, tokens, std::span<const std::byte>(source))->stored_chunks, 3u);
+  auto lease = client->Acquire(ns, tokens);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(lease->fail_open.ok()) << lease->fail_open.ToString();
+  ASSERT_EQ(lease->num_chunks(), 3u);
+  EXPECT_EQ(Stats()["active_leases"], 1) << "held until released";
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(std::memcmp(lease->payload(i).data(), source.data() + i * pb, pb), 0) << i;
+  }
+  EXPECT_EQ(lease->ValidChunks(), 3u);
+  lease->Release();
+  EXPECT_EQ(StatsAfterReleases()["active_leases"], 0);
+}
+
 TEST_F(ClientTest, StoreThenLoadReturnsTheSameBytes) {
   auto client = Connect();
   ASSERT_NE(client, nullptr);

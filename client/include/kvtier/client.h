@@ -129,6 +129,74 @@ using ChunkReader =
 // return aborts the whole write.
 using ChunkWriter = std::function<Status(size_t chunk_index, std::span<std::byte> payload)>;
 
+class Client;
+
+// A lease on the cached prefix of a prompt, for copies that outlive one call
+// (a layerwise loader's GPU copies run while the engine computes). The chunks'
+// payloads stay in place in the shared arena until Release() (or the
+// destructor), which ends the lease in the background. After the copies, call
+// ValidChunks() before trusting them. Must not outlive its Client. Movable.
+class ChunkLease {
+ public:
+  ChunkLease();
+  ~ChunkLease();
+  ChunkLease(ChunkLease&&) noexcept;
+  ChunkLease& operator=(ChunkLease&&) noexcept;
+
+  // Leading chunks leased (0 on a miss or a fail-open).
+  uint32_t num_chunks() const;
+  // Chunk i's payload (layout.payload_bytes) in the shared arena. REQUIRES: i < num_chunks().
+  std::span<const std::byte> payload(size_t i) const;
+  // After copying: how many leading chunks still hold what they held when
+  // leased (a lease that lapsed mid-copy, past its TTL, shortens the prefix).
+  uint32_t ValidChunks() const;
+  // Ends the lease (in the background). Idempotent.
+  void Release();
+
+  uint32_t nvme_chunks = 0;        // of num_chunks, the trailing ones promoted from NVMe
+  uint32_t prefetched_chunks = 0;  // of num_chunks, those a Prefetch promoted in time
+  std::chrono::microseconds lookup_time{0};  // the Lookup-with-lease RPC
+  Status fail_open;                // non-OK when the cache failed open (a miss)
+
+ private:
+  friend class Client;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Slots reserved for the chunks of a prompt not yet stored, for writes that
+// outlive one call (a layerwise storer copies layer by layer). Write every
+// payload, then Commit(); Abort() (or the destructor) drops them, and nothing
+// half-written ever becomes visible. Must not outlive its Client. Movable.
+class ChunkReservation {
+ public:
+  ChunkReservation();
+  ~ChunkReservation();
+  ChunkReservation(ChunkReservation&&) noexcept;
+  ChunkReservation& operator=(ChunkReservation&&) noexcept;
+
+  // Chunks to write, k = 0 .. size()-1, in prompt order.
+  size_t size() const;
+  // Index of reserved chunk k among the prompt's full chunks.
+  size_t chunk_index(size_t k) const;
+  // Where to write it: layout.payload_bytes in the shared arena.
+  std::span<std::byte> payload(size_t k) const;
+  // Makes the written chunks visible. Errors: FAILED_PRECONDITION when
+  // already committed or aborted. Daemon trouble is a fail_open in the result.
+  Result<StoreResult> Commit();
+  // Drops the reservation. Idempotent.
+  void Abort();
+
+  uint32_t already_stored_chunks = 0;  // cached before, or being written by another client
+  uint32_t dropped_chunks = 0;         // no space
+  Status fail_open;                    // non-OK when nothing could be reserved
+
+ private:
+  friend class Client;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 class Client {
  public:
   // Connects to the daemon. A daemon that is down is not an error: the client
@@ -178,6 +246,17 @@ class Client {
   Result<LoadResult> Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
                           const ChunkReader& reader, size_t max_chunks = SIZE_MAX,
                           const PrefetchTicket* ticket = nullptr);
+
+  // Leases the cached prefix of `tokens` (at most `max_chunks` chunks) and
+  // keeps it until the lease is released: Load without the copy. With
+  // `ticket`, as Load. Errors: INVALID_ARGUMENT for a namespace not opened here.
+  Result<ChunkLease> Acquire(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                             size_t max_chunks = SIZE_MAX,
+                             const PrefetchTicket* ticket = nullptr);
+  // Reserves slots for the full chunks of `tokens` from `first_chunk` on that
+  // are not cached: Store without the writes.
+  Result<ChunkReservation> Reserve(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                                   size_t first_chunk = 0);
 
   // Stores the full chunks of `tokens` from index `first_chunk` on (chunks
   // before it are known to be cached): reserves slots, calls `writer` for each

@@ -4,7 +4,7 @@
 
 namespace kvtier {
 
-Status BlockDevice::Submit(std::span<const IoRequest> batch) {
+Status BlockDevice::Submit(std::span<const IoRequest> batch, const IoCompletionFn& on_complete) {
   for (size_t i = 0; i < batch.size(); ++i) {
     const IoRequest& r = batch[i];
     const auto addr = reinterpret_cast<uintptr_t>(r.buffer.data());
@@ -21,7 +21,7 @@ Status BlockDevice::Submit(std::span<const IoRequest> batch) {
                                      std::to_string(bytes_));
     }
   }
-  Status st = SubmitImpl(batch);
+  Status st = on_complete ? SubmitStreamingImpl(batch, on_complete) : SubmitImpl(batch);
   if (!st.ok()) {
     counters_.errors.fetch_add(1, std::memory_order_relaxed);
     return st;
@@ -35,6 +35,26 @@ Status BlockDevice::Submit(std::span<const IoRequest> batch) {
       counters_.write_bytes.fetch_add(r.buffer.size(), std::memory_order_relaxed);
     }
   }
+  return Status::Ok();
+}
+
+Status BlockDevice::SubmitStreamingImpl(std::span<const IoRequest> batch,
+                                        const IoCompletionFn& on_complete) {
+  KVTIER_RETURN_IF_ERROR(SubmitImpl(batch));
+  for (size_t i = 0; i < batch.size(); ++i) on_complete(i);
+  return Status::Ok();
+}
+
+Status BlockDevice::RegisterBuffers(std::span<const std::span<std::byte>> regions) {
+  for (size_t i = 0; i < regions.size(); ++i) {
+    if (regions[i].empty()) {
+      return Status::InvalidArgument("buffer region " + std::to_string(i) + " is empty");
+    }
+  }
+  return RegisterBuffersImpl(regions);
+}
+
+Status BlockDevice::RegisterBuffersImpl(std::span<const std::span<std::byte>>) {
   return Status::Ok();
 }
 

@@ -6,47 +6,101 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <spdlog/spdlog.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 namespace kvtier {
-namespace {
 
-// One io_uring, owned by one thread.
-class Ring {
+// Registered buffer pieces, sorted by address; each is at most kMaxFixedBytes.
+struct IoUringFileDevice::BufferTable {
+  uint64_t generation = 0;  // 0: nothing registered
+  std::vector<iovec> pieces;
+  uint64_t bytes = 0;
+
+  // Index of the piece that holds all of [p, p + n), or -1.
+  int Find(const std::byte* p, size_t n) const {
+    auto it = std::upper_bound(pieces.begin(), pieces.end(), p,
+                               [](const std::byte* q, const iovec& v) {
+                                 return q < static_cast<const std::byte*>(v.iov_base);
+                               });
+    if (it == pieces.begin()) return -1;
+    --it;
+    const auto* base = static_cast<const std::byte*>(it->iov_base);
+    if (p + n > base + it->iov_len) return -1;
+    return static_cast<int>(it - pieces.begin());
+  }
+};
+
+// One io_uring, owned by one thread (the one that created it).
+class IoUringFileDevice::Ring {
  public:
-  static Result<std::unique_ptr<Ring>> Create(uint32_t depth) {
-    auto r = std::unique_ptr<Ring>(new Ring(depth));
-    const int ret = io_uring_queue_init(depth, &r->ring_, 0);
+  static Result<std::unique_ptr<Ring>> Create(uint32_t depth, int fd) {
+    auto r = std::unique_ptr<Ring>(new Ring());
+    // Completions run when this thread next enters the kernel, not by
+    // interrupting it (5.19+); older kernels take the plain setup.
+    int ret = io_uring_queue_init(depth, &r->ring_,
+                                  IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG);
+    if (ret == -EINVAL) ret = io_uring_queue_init(depth, &r->ring_, 0);
     if (ret < 0) return Status::FromErrno(-ret, "io_uring_queue_init");
     r->ready_ = true;
+    // The file at index 0 saves a file reference per I/O; optional.
+    r->fixed_file_ = io_uring_register_files(&r->ring_, &fd, 1) == 0;
     return r;
   }
   ~Ring() {
     if (ready_) io_uring_queue_exit(&ring_);
   }
   io_uring* get() { return &ring_; }
-  uint32_t depth() const { return depth_; }
+  bool fixed_file() const { return fixed_file_; }
+
+  // Makes `table` this ring's registered buffers (if it is not already).
+  // Returns -errno from the kernel; on error the ring has none.
+  int UseBuffers(const BufferTable* table) {
+    const uint64_t gen = table ? table->generation : 0;
+    if (gen == generation_) return 0;
+    if (has_buffers_) io_uring_unregister_buffers(&ring_);
+    has_buffers_ = false;
+    generation_ = gen;
+    if (table == nullptr || table->pieces.empty()) return 0;
+    const int ret = io_uring_register_buffers(&ring_, table->pieces.data(),
+                                              static_cast<unsigned>(table->pieces.size()));
+    has_buffers_ = ret == 0;
+    return ret;
+  }
+  bool has_buffers() const { return has_buffers_; }
 
  private:
-  explicit Ring(uint32_t depth) : depth_(depth) {}
+  Ring() = default;
   io_uring ring_{};
-  uint32_t depth_;
   bool ready_ = false;
+  bool fixed_file_ = false;
+  bool has_buffers_ = false;
+  uint64_t generation_ = 0;
 };
 
-Result<Ring*> ThreadRing(uint32_t depth) {
-  thread_local std::unique_ptr<Ring> ring;
-  if (!ring || ring->depth() < depth) {
-    auto created = Ring::Create(depth);
-    if (!created.ok()) return created.status();
-    ring = std::move(created).value();
-  }
-  return ring.get();
+namespace {
+
+constexpr uint64_t kMaxFixedBytes = uint64_t{1} << 30;  // the kernel's limit per fixed buffer
+
+uint64_t ThisThreadToken() {
+  static std::atomic<uint64_t> next{1};
+  thread_local const uint64_t token = next.fetch_add(1, std::memory_order_relaxed);
+  return token;
 }
 
+std::atomic<uint64_t> g_buffer_generation{1};
+
 }  // namespace
+
+IoUringFileDevice::IoUringFileDevice(const IoUringFileOptions& options, int fd)
+    : BlockDevice(options.bytes), options_(options), fd_(fd) {}
 
 Result<std::unique_ptr<IoUringFileDevice>> IoUringFileDevice::Open(const IoUringFileOptions& o) {
   namespace fs = std::filesystem;
@@ -97,56 +151,172 @@ Result<std::unique_ptr<IoUringFileDevice>> IoUringFileDevice::Open(const IoUring
   return std::unique_ptr<IoUringFileDevice>(new IoUringFileDevice(o, fd));
 }
 
-IoUringFileDevice::~IoUringFileDevice() { close(fd_); }
+IoUringFileDevice::~IoUringFileDevice() {
+  rings_.clear();  // unregisters buffers and the file before it closes
+  close(fd_);
+}
+
+uint64_t IoUringFileDevice::registered_buffer_bytes() const {
+  std::lock_guard lock(mu_);
+  return buffers_ ? buffers_->bytes : 0;
+}
+
+Result<IoUringFileDevice::Ring*> IoUringFileDevice::ThreadRing(
+    std::shared_ptr<const BufferTable>* table) {
+  Ring* ring = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    auto& slot = rings_[ThisThreadToken()];
+    if (!slot) {
+      auto created = Ring::Create(options_.queue_depth, fd_);
+      if (!created.ok()) {
+        rings_.erase(ThisThreadToken());
+        return created.status();
+      }
+      slot = std::move(created).value();
+    }
+    ring = slot.get();
+    *table = buffers_;
+  }
+  // Registration runs on the owning thread, outside mu_ (it pins pages).
+  if (const int ret = ring->UseBuffers(table->get()); ret < 0) {
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      spdlog::warn("io_uring: registering {} bytes of buffers failed ({}); I/O pins pages per "
+                   "request instead", (*table)->bytes, std::strerror(-ret));
+    }
+  }
+  return ring;
+}
 
 Status IoUringFileDevice::SubmitImpl(std::span<const IoRequest> batch) {
-  auto ring_or = ThreadRing(options_.queue_depth);
+  return SubmitStreamingImpl(batch, nullptr);
+}
+
+Status IoUringFileDevice::SubmitStreamingImpl(std::span<const IoRequest> batch,
+                                              const IoCompletionFn& on_complete) {
+  std::shared_ptr<const BufferTable> table;
+  auto ring_or = ThreadRing(&table);
   if (!ring_or.ok()) return ring_or.status();
-  io_uring* ring = (*ring_or)->get();
+  Ring& r = **ring_or;
+  io_uring* ring = r.get();
+  const BufferTable* fixed = r.has_buffers() ? table.get() : nullptr;
+  const int fd = r.fixed_file() ? 0 : fd_;
   size_t next = 0, in_flight = 0;
   Status first_error;
-  while (next < batch.size() || in_flight > 0) {
-    // Fill the queue (stop submitting after an error; drain what is in flight).
+  std::vector<size_t> done;
+  // Queues requests up to the depth (none after an error; what is in flight drains).
+  const auto fill = [&] {
     while (first_error.ok() && next < batch.size() && in_flight < options_.queue_depth) {
       io_uring_sqe* sqe = io_uring_get_sqe(ring);
       if (sqe == nullptr) break;
-      const IoRequest& r = batch[next];
-      if (r.op == IoRequest::Op::kRead) {
-        io_uring_prep_read(sqe, fd_, r.buffer.data(), static_cast<unsigned>(r.buffer.size()),
-                           r.offset);
+      const IoRequest& q = batch[next];
+      auto* buf = q.buffer.data();
+      const auto len = static_cast<unsigned>(q.buffer.size());
+      const int index = fixed ? fixed->Find(buf, q.buffer.size()) : -1;
+      if (q.op == IoRequest::Op::kRead) {
+        if (index >= 0) {
+          io_uring_prep_read_fixed(sqe, fd, buf, len, q.offset, index);
+        } else {
+          io_uring_prep_read(sqe, fd, buf, len, q.offset);
+        }
       } else {
-        io_uring_prep_write(sqe, fd_, r.buffer.data(), static_cast<unsigned>(r.buffer.size()),
-                            r.offset);
+        if (index >= 0) {
+          io_uring_prep_write_fixed(sqe, fd, buf, len, q.offset, index);
+        } else {
+          io_uring_prep_write(sqe, fd, buf, len, q.offset);
+        }
       }
+      if (r.fixed_file()) sqe->flags |= IOSQE_FIXED_FILE;
       io_uring_sqe_set_data64(sqe, next);
       ++next;
       ++in_flight;
     }
+  };
+  for (;;) {
+    fill();
     if (in_flight == 0) break;
     int ret = io_uring_submit_and_wait(ring, 1);
     if (ret < 0 && ret != -EINTR) return Status::FromErrno(-ret, "io_uring_submit_and_wait");
     io_uring_cqe* cqe;
     unsigned head, seen = 0;
+    done.clear();
     io_uring_for_each_cqe(ring, head, cqe) {
       ++seen;
-      const IoRequest& r = batch[io_uring_cqe_get_data64(cqe)];
-      const char* what = r.op == IoRequest::Op::kRead ? "read" : "write";
-      if (first_error.ok()) {
-        if (cqe->res < 0) {
+      const size_t i = io_uring_cqe_get_data64(cqe);
+      const IoRequest& q = batch[i];
+      const char* what = q.op == IoRequest::Op::kRead ? "read" : "write";
+      if (cqe->res < 0) {
+        if (first_error.ok()) {
           first_error = Status::FromErrno(-cqe->res, std::string(what) + " " + options_.path +
-                                                         " at " + std::to_string(r.offset));
-        } else if (static_cast<uint64_t>(cqe->res) != r.buffer.size()) {
-          first_error = Status::IOError("short " + std::string(what) + " of " + options_.path +
-                                        " at " + std::to_string(r.offset) + ": " +
-                                        std::to_string(cqe->res) + " of " +
-                                        std::to_string(r.buffer.size()) + " bytes");
+                                                         " at " + std::to_string(q.offset));
         }
+      } else if (static_cast<uint64_t>(cqe->res) != q.buffer.size()) {
+        if (first_error.ok()) {
+          first_error = Status::IOError("short " + std::string(what) + " of " + options_.path +
+                                        " at " + std::to_string(q.offset) + ": " +
+                                        std::to_string(cqe->res) + " of " +
+                                        std::to_string(q.buffer.size()) + " bytes");
+        }
+      } else {
+        done.push_back(i);
       }
     }
     io_uring_cq_advance(ring, seen);
     in_flight -= seen;
+    if (on_complete && !done.empty()) {
+      // Refill the queue first, so the device stays busy while the caller
+      // works on what completed.
+      fill();
+      if (io_uring_sq_ready(ring) > 0) {
+        ret = io_uring_submit(ring);
+        if (ret < 0 && ret != -EINTR) return Status::FromErrno(-ret, "io_uring_submit");
+      }
+      for (size_t i : done) on_complete(i);
+    }
   }
   return first_error;
+}
+
+Status IoUringFileDevice::RegisterBuffersImpl(std::span<const std::span<std::byte>> regions) {
+  auto table = std::make_shared<BufferTable>();
+  table->generation = g_buffer_generation.fetch_add(1, std::memory_order_relaxed);
+  for (std::span<std::byte> region : regions) {
+    for (uint64_t off = 0; off < region.size(); off += kMaxFixedBytes) {
+      const uint64_t n = std::min<uint64_t>(kMaxFixedBytes, region.size() - off);
+      table->pieces.push_back({region.data() + off, n});
+      table->bytes += n;
+    }
+  }
+  std::sort(table->pieces.begin(), table->pieces.end(), [](const iovec& a, const iovec& b) {
+    return a.iov_base < b.iov_base;
+  });
+  for (size_t i = 1; i < table->pieces.size(); ++i) {
+    const auto* prev = static_cast<const std::byte*>(table->pieces[i - 1].iov_base);
+    if (prev + table->pieces[i - 1].iov_len > table->pieces[i].iov_base) {
+      return Status::InvalidArgument("registered buffer regions overlap");
+    }
+  }
+  if (table->pieces.empty()) table.reset();
+  {
+    std::lock_guard lock(mu_);
+    buffers_ = table;
+  }
+  // Register with this thread's ring now, so that a refusal is reported here.
+  std::shared_ptr<const BufferTable> seen;
+  auto ring = ThreadRing(&seen);
+  if (!ring.ok()) return ring.status();
+  if (table && !(*ring)->has_buffers()) {
+    {
+      std::lock_guard lock(mu_);
+      buffers_.reset();
+    }
+    (void)ThreadRing(&seen);  // unregister from this ring too (nothing was)
+    return Status::ResourceExhausted(
+        "io_uring refused to register " + std::to_string(table->bytes) +
+        " bytes of buffers (RLIMIT_MEMLOCK?); I/O pins pages per request instead");
+  }
+  return Status::Ok();
 }
 
 Status IoUringFileDevice::SyncImpl() {

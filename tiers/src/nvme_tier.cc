@@ -363,6 +363,7 @@ Status NvmeTier::Read(const SlotIdentity& id, const SlotLayout& layout,
 Status NvmeTier::ReadMany(std::span<ReadRequest> requests) {
   std::vector<uint32_t> handles(requests.size(), ChunkIndex::kNone);
   std::vector<std::vector<IoRequest>> per_device(devices_.size());
+  std::vector<std::vector<size_t>> request_of(devices_.size());  // per device: index in `requests`
   {
     std::lock_guard lock(mu_);
     for (size_t i = 0; i < requests.size(); ++i) {
@@ -381,20 +382,24 @@ Status NvmeTier::ReadMany(std::span<ReadRequest> requests) {
         r.result = Status::Ok();
         ++chunks_.Get(h).leases;  // pinned while read
         handles[i] = h;
-        per_device[chunks_.Get(h).ns_index].push_back(
-            {IoRequest::Op::kRead, chunks_.Get(h).slot_offset, r.buffer.first(slot_bytes)});
+        const uint32_t d = chunks_.Get(h).ns_index;  // in this tier: the device
+        per_device[d].push_back({IoRequest::Op::kRead, chunks_.Get(h).slot_offset,
+                                 r.buffer.first(slot_bytes)});
+        request_of[d].push_back(i);
       }
     }
   }
+  // Each image is verified as soon as it is read, while the next ones are
+  // still in flight.
   Status io;
   for (size_t d = 0; io.ok() && d < devices_.size(); ++d) {
-    if (!per_device[d].empty()) io = devices_[d]->Submit(per_device[d]);
-  }
-  for (size_t i = 0; io.ok() && i < requests.size(); ++i) {
-    ReadRequest& r = requests[i];
-    if (handles[i] == ChunkIndex::kNone) continue;
-    r.result = VerifySlotHeader(r.buffer.data(), *r.layout, r.id, /*check_header_checksum=*/true);
-    if (r.result.ok()) r.result = VerifySlotPayload(r.buffer.data(), *r.layout);
+    if (per_device[d].empty()) continue;
+    const std::vector<size_t>& of = request_of[d];
+    io = devices_[d]->Submit(per_device[d], [&](size_t k) {
+      ReadRequest& r = requests[of[k]];
+      r.result = VerifySlotHeader(r.buffer.data(), *r.layout, r.id, /*check_header_checksum=*/true);
+      if (r.result.ok()) r.result = VerifySlotPayload(r.buffer.data(), *r.layout);
+    });
   }
   std::lock_guard lock(mu_);
   std::vector<ChunkKey> bad;
@@ -421,6 +426,15 @@ Status NvmeTier::ReadMany(std::span<ReadRequest> requests) {
   }
   if (!bad.empty()) (void)index_->Delete(bad);
   return io;
+}
+
+Status NvmeTier::RegisterBuffers(std::span<const std::span<std::byte>> regions) {
+  Status first;
+  for (auto& d : devices_) {
+    Status st = d->RegisterBuffers(regions);
+    if (first.ok() && !st.ok()) first = st;
+  }
+  return first;
 }
 
 bool NvmeTier::Contains(const ChunkKey& key) const {

@@ -1,10 +1,21 @@
 // IoUringFileDevice: a BlockDevice on one preallocated file, opened O_DIRECT,
-// driven by io_uring. Each calling thread gets its own ring (created on first
-// use), so several I/O workers submit at once without sharing a queue.
+// driven by io_uring. Each calling thread gets its own ring on this device
+// (created on first use, kept until the device closes), so several I/O workers
+// submit at once without sharing a queue. The file is registered with every
+// ring; buffers registered with RegisterBuffers are registered with every ring
+// as each thread next submits, in pieces of at most 1 GiB (the kernel's limit
+// per fixed buffer), and requests that lie inside one piece use
+// IORING_OP_READ_FIXED/WRITE_FIXED (no per-I/O page pinning).
+//
+// Thread-safety: thread-safe (see BlockDevice); mu_ guards the ring map and
+// the buffer table, never held during I/O.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "kvtier/tiers/block_device.h"
 
@@ -32,16 +43,32 @@ class IoUringFileDevice final : public BlockDevice {
 
   const std::string& path() const { return options_.path; }
 
+  // Bytes registered as fixed buffers (0 when none). For tests and benchmarks.
+  uint64_t registered_buffer_bytes() const;
+
  protected:
   Status SubmitImpl(std::span<const IoRequest> batch) override;
+  Status SubmitStreamingImpl(std::span<const IoRequest> batch,
+                             const IoCompletionFn& on_complete) override;
   Status SyncImpl() override;
+  Status RegisterBuffersImpl(std::span<const std::span<std::byte>> regions) override;
 
  private:
-  IoUringFileDevice(const IoUringFileOptions& options, int fd)
-      : BlockDevice(options.bytes), options_(options), fd_(fd) {}
+  class Ring;
+  struct BufferTable;
+  IoUringFileDevice(const IoUringFileOptions& options, int fd);
+  // The calling thread's ring, created on first use, with `table` registered
+  // when the kernel allows it. Never returns null on OK.
+  Result<Ring*> ThreadRing(std::shared_ptr<const BufferTable>* table);
 
   const IoUringFileOptions options_;
   const int fd_;
+
+  mutable std::mutex mu_;
+  // Keyed by a per-thread number that is never reused (a std::thread::id can
+  // be, and a ring must stay with the thread that created it).
+  std::unordered_map<uint64_t, std::unique_ptr<Ring>> rings_;  // GUARDED_BY(mu_)
+  std::shared_ptr<const BufferTable> buffers_;                 // GUARDED_BY(mu_)
 };
 
 }  // namespace kvtier

@@ -105,9 +105,17 @@ class NvmeTier {
     Status result;                // set by ReadMany, as Read would return it
   };
   // Reads several images with one batch per device (up to the queue depth in
-  // flight). Each request's `result` says how it went; returns IO_ERROR only
+  // flight), verifying each image as soon as it arrives while the rest are in
+  // flight. Each request's `result` says how it went; returns IO_ERROR only
   // when the batch itself failed (then every result is that error).
   Status ReadMany(std::span<ReadRequest> requests);
+
+  // Registers the memory that Write images and ReadMany buffers come from
+  // (the DRAM arena) with every device, so their I/O skips per-request page
+  // pinning; see BlockDevice::RegisterBuffers for the contract (the regions
+  // stay mapped while registered; no I/O runs while registering). Errors:
+  // RESOURCE_EXHAUSTED when the kernel refuses (I/O keeps working without).
+  Status RegisterBuffers(std::span<const std::span<std::byte>> regions);
 
   bool Contains(const ChunkKey& key) const;
   NvmeTierCounters counters() const;

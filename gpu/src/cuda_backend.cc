@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "fill_kernel.h"
+#include "kv_copy_kernel.h"
 
 namespace kvtier::gpu {
 namespace {
@@ -22,6 +23,7 @@ GpuStatus FromCuda(cudaError_t err, const char* what) {
     case cudaErrorInvalidValue:
     case cudaErrorInvalidDevicePointer:
     case cudaErrorInvalidDevice:
+    case cudaErrorHostMemoryAlreadyRegistered:
       return GpuStatus::InvalidArgument(std::move(msg));
     case cudaErrorNoDevice:
     case cudaErrorInsufficientDriver:
@@ -179,6 +181,34 @@ GpuStatus CudaRuntime::SynchronizeImpl(void* stream) {
 
 GpuStatus CudaRuntime::EventCompletionTimeImpl(void*, std::chrono::steady_clock::time_point*) {
   return GpuStatus::Unsupported("CUDA events are created with cudaEventDisableTiming");
+}
+
+GpuStatus CudaRuntime::RegisterHostPieceImpl(void* host, size_t bytes, void** device) {
+  DeviceGuard guard(device_);
+  if (guard.error() != cudaSuccess) return FromCuda(guard.error(), "cudaSetDevice");
+  if (cudaError_t err =
+          cudaHostRegister(host, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+      err != cudaSuccess) {
+    return FromCuda(err, ("cudaHostRegister(" + std::to_string(bytes) + " bytes)").c_str());
+  }
+  if (cudaError_t err = cudaHostGetDevicePointer(device, host, 0); err != cudaSuccess) {
+    cudaHostUnregister(host);
+    return FromCuda(err, "cudaHostGetDevicePointer");
+  }
+  return GpuStatus::Ok();
+}
+
+void CudaRuntime::UnregisterHostPieceImpl(void* host) noexcept {
+  DeviceGuard guard(device_);
+  cudaHostUnregister(host);  // Nothing to report to (see FreeImpl).
+}
+
+GpuStatus CudaRuntime::MapHostImpl(const void*, size_t) { return GpuStatus::Ok(); }
+
+GpuStatus CudaRuntime::LaunchKvCopyImpl(const internal::KvCopyParams& params, void* stream) {
+  DeviceGuard guard(device_);
+  if (guard.error() != cudaSuccess) return FromCuda(guard.error(), "cudaSetDevice");
+  return FromCuda(internal::LaunchKvCopyKernel(params, AsStream(stream)), "kv copy kernel launch");
 }
 
 }  // namespace kvtier::gpu

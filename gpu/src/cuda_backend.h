@@ -42,6 +42,10 @@ class CudaRuntime final : public Runtime {
   GpuStatus SynchronizeImpl(void* stream) override;
   GpuStatus EventCompletionTimeImpl(void* event,
                                     std::chrono::steady_clock::time_point* at) override;
+  GpuStatus RegisterHostPieceImpl(void* host, size_t bytes, void** device) override;
+  void UnregisterHostPieceImpl(void* host) noexcept override;
+  GpuStatus MapHostImpl(const void* host, size_t bytes) override;
+  GpuStatus LaunchKvCopyImpl(const internal::KvCopyParams& params, void* stream) override;
 
  private:
   explicit CudaRuntime(int device) : device_(device), name_("cuda:" + std::to_string(device)) {}

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -12,6 +13,7 @@
 #include <utility>
 
 #include "fill_pattern.h"
+#include "kv_copy_params.h"
 
 namespace kvtier::gpu {
 namespace {
@@ -146,7 +148,16 @@ GpuStatus HostRuntime::CreateEventImpl(Event* out) {
 
 void HostRuntime::DestroyEventImpl(void* handle) noexcept { delete AsEvent(handle); }
 
+GpuStatus HostRuntime::CheckFault(const void* ptr, size_t bytes, const char* what) const {
+  if (options_.inject_fault && options_.inject_fault(ptr, bytes)) {
+    return GpuStatus::DeviceError(std::string("host backend: injected fault in ") + what);
+  }
+  return GpuStatus::Ok();
+}
+
 GpuStatus HostRuntime::CopyAsyncImpl(void* dst, const void* src, size_t bytes, void* stream) {
+  if (GpuStatus s = CheckFault(src, bytes, "CopyAsync source"); !s.ok()) return s;
+  if (GpuStatus s = CheckFault(dst, bytes, "CopyAsync destination"); !s.ok()) return s;
   AsStream(stream)->Enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
   return GpuStatus::Ok();
 }
@@ -204,6 +215,35 @@ GpuStatus HostRuntime::EventCompletionTimeImpl(void* event, Clock::time_point* a
   std::shared_ptr<Completion> record = AsEvent(event)->Latest();
   if (record == nullptr) return GpuStatus::InvalidArgument("event was never recorded");
   if (!record->Done(at)) return GpuStatus::InvalidArgument("event has not completed yet");
+  return GpuStatus::Ok();
+}
+
+GpuStatus HostRuntime::RegisterHostPieceImpl(void* host, size_t bytes, void** device) {
+  const auto start = reinterpret_cast<uintptr_t>(host);
+  const uintptr_t end = start + bytes;
+  std::lock_guard<std::mutex> lock(registered_mu_);
+  auto next = registered_.lower_bound(start);
+  const bool overlaps_next = next != registered_.end() && next->first < end;
+  const bool overlaps_prev = next != registered_.begin() && std::prev(next)->second > start;
+  if (overlaps_next || overlaps_prev) {
+    return GpuStatus::InvalidArgument("host backend: range is already registered");
+  }
+  registered_.emplace(start, end);
+  *device = host;
+  return GpuStatus::Ok();
+}
+
+void HostRuntime::UnregisterHostPieceImpl(void* host) noexcept {
+  std::lock_guard<std::mutex> lock(registered_mu_);
+  registered_.erase(reinterpret_cast<uintptr_t>(host));
+}
+
+GpuStatus HostRuntime::MapHostImpl(const void* host, size_t bytes) {
+  return CheckFault(host, bytes, "MapHost");
+}
+
+GpuStatus HostRuntime::LaunchKvCopyImpl(const internal::KvCopyParams& params, void* stream) {
+  AsStream(stream)->Enqueue([params] { internal::RunKvCopyOnHost(params); });
   return GpuStatus::Ok();
 }
 

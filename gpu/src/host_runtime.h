@@ -2,7 +2,10 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <string_view>
 
 #include "kvtier/gpu/runtime.h"
@@ -11,10 +14,12 @@ namespace kvtier::gpu {
 
 // Device memory is host memory from aligned operator new; each Stream is a worker thread
 // that runs its queue in order; each Event record is a completion flag stamped with the
-// steady_clock time it fired. Queued work cannot fail. Thread-safe.
+// steady_clock time it fired. Queued work cannot fail; enqueueing fails where
+// HostRuntimeOptions::inject_fault says so. Host registration is bookkeeping that rejects
+// overlapping registrations, as CUDA does. Thread-safe.
 class HostRuntime final : public Runtime {
  public:
-  HostRuntime() = default;
+  explicit HostRuntime(HostRuntimeOptions options) : options_(std::move(options)) {}
 
   Backend backend() const override { return Backend::kHost; }
   std::string_view name() const override { return "host"; }
@@ -36,6 +41,18 @@ class HostRuntime final : public Runtime {
   GpuStatus SynchronizeImpl(void* stream) override;
   GpuStatus EventCompletionTimeImpl(void* event,
                                     std::chrono::steady_clock::time_point* at) override;
+  GpuStatus RegisterHostPieceImpl(void* host, size_t bytes, void** device) override;
+  void UnregisterHostPieceImpl(void* host) noexcept override;
+  GpuStatus MapHostImpl(const void* host, size_t bytes) override;
+  GpuStatus LaunchKvCopyImpl(const internal::KvCopyParams& params, void* stream) override;
+
+ private:
+  // kDeviceError when the injected fault hook claims [ptr, ptr + bytes).
+  GpuStatus CheckFault(const void* ptr, size_t bytes, const char* what) const;
+
+  const HostRuntimeOptions options_;
+  std::mutex registered_mu_;
+  std::map<uintptr_t, uintptr_t> registered_;  // GUARDED_BY(registered_mu_): start -> end.
 };
 
 }  // namespace kvtier::gpu

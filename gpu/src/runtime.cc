@@ -5,15 +5,21 @@
 #include <cstdlib>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "host_runtime.h"
+#include "kv_copy_params.h"
 #if KVTIER_HAVE_CUDA
 #include "cuda_backend.h"
 #endif
 
 namespace kvtier::gpu {
 
-std::unique_ptr<Runtime> Runtime::CreateHost() { return std::make_unique<HostRuntime>(); }
+std::unique_ptr<Runtime> Runtime::CreateHost() { return CreateHost(HostRuntimeOptions()); }
+
+std::unique_ptr<Runtime> Runtime::CreateHost(HostRuntimeOptions options) {
+  return std::make_unique<HostRuntime>(std::move(options));
+}
 
 GpuStatus Runtime::CreateCuda(int device, std::unique_ptr<Runtime>* out) {
   if (out == nullptr) return GpuStatus::InvalidArgument("CreateCuda: out is null");
@@ -131,6 +137,74 @@ GpuStatus Runtime::StreamWaitEvent(Stream& stream, const Event& event) {
 GpuStatus Runtime::Synchronize(Stream& stream) {
   if (GpuStatus s = CheckStream(stream); !s.ok()) return s;
   return SynchronizeImpl(stream.native_handle());
+}
+
+GpuStatus Runtime::RegisterHost(void* ptr, size_t bytes, const PinOptions& options,
+                                PinnedRange* out) {
+  constexpr size_t kPage = 4096;
+  constexpr size_t kMaxPiece = size_t{64} << 30;
+  if (out == nullptr) return GpuStatus::InvalidArgument("RegisterHost: out is null");
+  if (ptr == nullptr || bytes == 0) {
+    return GpuStatus::InvalidArgument("RegisterHost: null pointer or zero bytes");
+  }
+  const size_t max_piece = options.max_piece_bytes;
+  if (max_piece < kPage || max_piece > kMaxPiece || max_piece % kPage != 0) {
+    return GpuStatus::InvalidArgument("RegisterHost: max_piece_bytes " + std::to_string(max_piece) +
+                                      " is not a multiple of 4096 in [4096, 64 GiB]");
+  }
+  const auto start = reinterpret_cast<uintptr_t>(ptr);
+  if (start + bytes < start) return GpuStatus::InvalidArgument("RegisterHost: range wraps");
+  const uintptr_t end = start + bytes;
+  std::vector<PinnedPiece> pieces;
+  for (uintptr_t at = start; at < end;) {
+    uintptr_t limit = at + max_piece;
+    limit = limit < end ? limit / kPage * kPage : end;  // Split at 4 KiB boundaries only.
+    PinnedPiece piece{reinterpret_cast<void*>(at), nullptr, limit - at};
+    if (GpuStatus s = RegisterHostPieceImpl(piece.host, piece.bytes, &piece.device); !s.ok()) {
+      for (const PinnedPiece& done : pieces) UnregisterHostPieceImpl(done.host);
+      return s;
+    }
+    pieces.push_back(piece);
+    at = limit;
+  }
+  live_handles_.fetch_add(1, std::memory_order_relaxed);
+  *out = PinnedRange(this, std::move(pieces), bytes);
+  return GpuStatus::Ok();
+}
+
+GpuStatus Runtime::MapHost(const PinnedRange& range, const void* host, size_t bytes,
+                           void** device) {
+  if (device == nullptr) return GpuStatus::InvalidArgument("MapHost: device is null");
+  if (range.empty() || range.runtime() != this) {
+    return GpuStatus::InvalidArgument("MapHost: range is empty or belongs to another runtime");
+  }
+  if (host == nullptr || bytes == 0 || !range.Contains(host, bytes)) {
+    return GpuStatus::InvalidArgument("MapHost: [host, host + " + std::to_string(bytes) +
+                                      ") is not inside the registered range");
+  }
+  const auto h = reinterpret_cast<uintptr_t>(host);
+  const std::vector<PinnedPiece>& pieces = range.pieces();
+  size_t i = 0;
+  while (reinterpret_cast<uintptr_t>(pieces[i].host) + pieces[i].bytes <= h) ++i;
+  const PinnedPiece& first = pieces[i];
+  for (size_t j = i; reinterpret_cast<uintptr_t>(pieces[j].host) + pieces[j].bytes < h + bytes;
+       ++j) {
+    if (static_cast<char*>(pieces[j].device) + pieces[j].bytes != pieces[j + 1].device) {
+      return GpuStatus::InvalidArgument(
+          "MapHost: range spans registration pieces that are not contiguous on the device");
+    }
+  }
+  if (GpuStatus s = MapHostImpl(host, bytes); !s.ok()) return s;
+  *device = static_cast<char*>(first.device) + (h - reinterpret_cast<uintptr_t>(first.host));
+  return GpuStatus::Ok();
+}
+
+GpuStatus Runtime::LaunchKvCopy(const KvLayerCopy& copy, Stream& stream) {
+  if (GpuStatus s = CheckStream(stream); !s.ok()) return s;
+  internal::KvCopyParams params;
+  if (GpuStatus s = internal::BuildKvCopyParams(copy, &params); !s.ok()) return s;
+  if (params.num_chunks == 0) return GpuStatus::Ok();
+  return LaunchKvCopyImpl(params, stream.native_handle());
 }
 
 GpuStatus Runtime::EventCompletionTime(const Event& event,

@@ -16,11 +16,27 @@
 #include "kvtier/gpu/device_buffer.h"
 #include "kvtier/gpu/event.h"
 #include "kvtier/gpu/gpu_status.h"
+#include "kvtier/gpu/kv_copy.h"
+#include "kvtier/gpu/pinned_range.h"
 #include "kvtier/gpu/stream.h"
 
 namespace kvtier::gpu {
 
 enum class Backend : uint8_t { kHost, kCuda };
+
+namespace internal {
+struct KvCopyParams;  // src/kv_copy_params.h
+}  // namespace internal
+
+// Options of the host-emulation backend.
+struct HostRuntimeOptions {
+  // Fault injection for tests (the emulated device failing on a host range). Called at
+  // enqueue time, from the calling thread, with every range CopyAsync reads or writes and
+  // every range MapHost translates; returning true makes that call fail with kDeviceError
+  // and queue nothing, as CUDA fails a copy or mapping on an unusable host range. Must be
+  // thread-safe. Default: empty (no faults).
+  std::function<bool(const void* ptr, size_t bytes)> inject_fault;
+};
 
 // Public methods are non-virtual: they validate arguments and handles, then call the
 // backend's protected *Impl. Every method returns kInvalidArgument for a null out-pointer
@@ -41,6 +57,7 @@ class Runtime {
 
   // Host-emulation backend. Never fails.
   static std::unique_ptr<Runtime> CreateHost();
+  static std::unique_ptr<Runtime> CreateHost(HostRuntimeOptions options);
 
   // CUDA backend on device ordinal `device`. Does not change the calling thread's current
   // device. Errors: kUnavailable when built without CUDA, when the driver is missing or
@@ -110,6 +127,30 @@ class Runtime {
   // Errors: kDeviceError.
   GpuStatus Synchronize(Stream& stream);
 
+  // Page-locks and device-maps host memory [ptr, ptr + bytes) into *out, in pieces of at
+  // most options.max_piece_bytes (see PinOptions); on success what *out held before is
+  // unregistered. Either every piece is registered or none is. CUDA: cudaHostRegister with
+  // cudaHostRegisterMapped | cudaHostRegisterPortable; host backend: no-op bookkeeping.
+  // Errors: kInvalidArgument (null ptr, bytes == 0, bad max_piece_bytes, range already
+  // registered), kOutOfMemory (the OS cannot lock that much), kDeviceError.
+  GpuStatus RegisterHost(void* ptr, size_t bytes, const PinOptions& options, PinnedRange* out);
+
+  // Sets *device to the address at which device code (kernels) reaches host memory
+  // [host, host + bytes) of `range` (equal to `host` on UVA systems that can use host
+  // pointers for registered memory, and always on the host backend). The range must lie in
+  // one piece, or in pieces whose device addresses are contiguous.
+  // Errors: kInvalidArgument (range empty or foreign, [host, host + bytes) not inside it or
+  // across non-contiguous pieces), kDeviceError (host backend: an injected fault).
+  GpuStatus MapHost(const PinnedRange& range, const void* host, size_t bytes, void** device);
+
+  // Queues one gather or scatter of a layer of many chunks (see KvLayerCopy) on `stream`.
+  // CUDA: one kernel launch; host backend: the same copy on the stream's thread.
+  // num_chunks == 0 queues nothing. REQUIRES: the arrays, tensors and payloads stay valid
+  // until the launch completes.
+  // Errors: kInvalidArgument (null layout, array or tensor; chunk_tokens not a positive
+  // multiple of the block size; payload_align_bytes not a power of two), kDeviceError.
+  GpuStatus LaunchKvCopy(const KvLayerCopy& copy, Stream& stream);
+
   // Sets *at to the steady_clock time at which the event's latest record completed.
   // Host backend only (CUDA events are created with timing disabled).
   // Errors: kUnsupported (CUDA), kInvalidArgument (never recorded or not complete yet).
@@ -151,11 +192,18 @@ class Runtime {
   virtual GpuStatus SynchronizeImpl(void* stream) = 0;
   virtual GpuStatus EventCompletionTimeImpl(void* event,
                                             std::chrono::steady_clock::time_point* at) = 0;
+  // Registers one piece (page-aligned split done by RegisterHost); sets *device.
+  virtual GpuStatus RegisterHostPieceImpl(void* host, size_t bytes, void** device) = 0;
+  virtual void UnregisterHostPieceImpl(void* host) noexcept = 0;
+  // Backend check of a host range about to be mapped; the address arithmetic is generic.
+  virtual GpuStatus MapHostImpl(const void* host, size_t bytes) = 0;
+  virtual GpuStatus LaunchKvCopyImpl(const internal::KvCopyParams& params, void* stream) = 0;
 
  private:
   friend class DeviceBuffer;
   friend class Stream;
   friend class Event;
+  friend class PinnedRange;
 
   GpuStatus CheckStream(const Stream& stream) const;
   GpuStatus CheckEvent(const Event& event) const;

@@ -589,6 +589,10 @@ uint32_t ChunkLease::ValidChunks() const {
   return valid;
 }
 
+std::shared_ptr<Arena> ChunkLease::mapping() const {
+  return state_ ? state_->conn->arena : nullptr;
+}
+
 void ChunkLease::Release() {
   if (!state_ || state_->lease_id == 0) return;
   state_->release(state_->conn, state_->lease_id);
@@ -740,6 +744,10 @@ size_t ChunkReservation::size() const { return state_ ? state_->indices.size() :
 size_t ChunkReservation::chunk_index(size_t k) const { return state_->indices[k]; }
 std::span<std::byte> ChunkReservation::payload(size_t k) const {
   return {state_->conn->arena->base() + state_->offsets[k], state_->payload_bytes};
+}
+
+std::shared_ptr<Arena> ChunkReservation::mapping() const {
+  return state_ ? state_->conn->arena : nullptr;
 }
 
 void ChunkReservation::Abort() {

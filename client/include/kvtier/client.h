@@ -130,6 +130,7 @@ using ChunkReader =
 using ChunkWriter = std::function<Status(size_t chunk_index, std::span<std::byte> payload)>;
 
 class Client;
+class Arena;
 
 // A lease on the cached prefix of a prompt, for copies that outlive one call
 // (a layerwise loader's GPU copies run while the engine computes). The chunks'
@@ -152,6 +153,8 @@ class ChunkLease {
   uint32_t ValidChunks() const;
   // Ends the lease (in the background). Idempotent.
   void Release();
+  // The arena mapping the payloads lie in (to register it with a GPU runtime).
+  std::shared_ptr<Arena> mapping() const;
 
   uint32_t nvme_chunks = 0;        // of num_chunks, the trailing ones promoted from NVMe
   uint32_t prefetched_chunks = 0;  // of num_chunks, those a Prefetch promoted in time
@@ -186,6 +189,8 @@ class ChunkReservation {
   Result<StoreResult> Commit();
   // Drops the reservation. Idempotent.
   void Abort();
+  // The arena mapping the slots lie in (to register it with a GPU runtime).
+  std::shared_ptr<Arena> mapping() const;
 
   uint32_t already_stored_chunks = 0;  // cached before, or being written by another client
   uint32_t dropped_chunks = 0;         // no space

@@ -1,0 +1,160 @@
+// Layerwise load and store between kvtierd's shared DRAM arena and an engine's
+// paged KV cache on the GPU (DESIGN.md "Layerwise load"). Where each call goes
+// in a vLLM KV connector is in the README ("Engine integration").
+//
+//   GpuArena arena(runtime);                          // once per process
+//   LayerwiseLoader loader(client, ns, arena, cache, runtime);
+//   loader.StartLoad(tokens, block_ids, load_stream); // leases, queues every layer
+//   for i: loader.WaitLayer(i, compute_stream); attention(i);
+//   loader.Finish();                                  // block ids to recompute
+//
+//   LayerwiseStorer storer(client, ns, arena, cache, runtime);
+//   storer.Start(tokens, block_ids, store_stream, first_new_chunk);
+//   for i: attention(i) writes KV; storer.LayerDone(i, compute_stream);
+//   storer.Finish();                                  // commit, or abort on any error
+//
+// Every wait is a stream wait on an event (cudaStreamWaitEvent), never a host
+// sync, except Finish(), which waits for the copies. Both run on the gpu
+// module's runtime: CUDA, or host emulation (tests, CI).
+//
+// Thread-safety: a loader or storer is not thread-safe; use one per request
+// in flight. GpuArena is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "kvtier/arena.h"
+#include "kvtier/client.h"
+#include "kvtier/gpu/kv_layout.h"
+#include "kvtier/gpu/kv_transfer.h"
+#include "kvtier/gpu/layerwise_load.h"
+#include "kvtier/gpu/layerwise_store.h"
+#include "kvtier/gpu/runtime.h"
+
+namespace kvtier {
+
+// The engine's paged KV cache: one layout for every layer (shape, strides in
+// elements, element size; see gpu/kv_layout.h for the presets) and each
+// layer's device tensors (K and V, or one tensor for MLA and flash-attn).
+struct PagedKvCache {
+  gpu::KvLayoutSpec layout;
+  std::vector<gpu::LayerTensors> layers;  // one per model layer
+};
+
+// The client's mapping of kvtierd's arena, registered with a GPU runtime
+// (cudaHostRegister in pieces of at most 64 GiB) the first time a load or
+// store sees it. A daemon restart brings a new mapping: it is registered too;
+// old registrations (and their mappings) live until the GpuArena ends.
+// REQUIRES: the runtime outlives it, and no copy is in flight when it ends.
+class GpuArena {
+ public:
+  explicit GpuArena(gpu::Runtime& runtime) : runtime_(runtime) {}
+
+  // The registration of `mapping`. Errors: RESOURCE_EXHAUSTED or UNAVAILABLE
+  // when the runtime refuses to register it.
+  Result<const gpu::PinnedRange*> For(const std::shared_ptr<Arena>& mapping);
+
+ private:
+  struct Entry {
+    std::shared_ptr<Arena> mapping;  // kept mapped while registered
+    gpu::PinnedRange range;
+  };
+  gpu::Runtime& runtime_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Entry>> entries_;  // GUARDED_BY(mu_)
+};
+
+// Loads the cached prefix of one request layer by layer.
+class LayerwiseLoader {
+ public:
+  // `cache` must match `ns`: its layout's bytes per layer and token times
+  // ns.spec.num_layers equal the chunk payload (checked by StartLoad).
+  LayerwiseLoader(Client& client, NamespaceHandle ns, GpuArena& arena, PagedKvCache cache,
+                  gpu::Runtime& runtime, gpu::KvTransferOptions options = {});
+  ~LayerwiseLoader();  // waits for copies in flight, then releases the lease
+
+  // Leases every chunk of the cached prefix of `tokens` first (Lookup with
+  // acquire, or taking over `ticket`), then queues each layer's copies into
+  // the engine blocks `block_ids` (the prompt's block table: block_ids[j]
+  // holds tokens [j * block_size, (j + 1) * block_size)) on `load_stream`,
+  // one event per layer. Returns the tokens it will deliver: whole chunks,
+  // no more than `block_ids` covers. A miss or an unreachable daemon delivers
+  // 0 tokens (no error). Errors: INVALID_ARGUMENT (a layout that does not
+  // match the namespace or fails validation, a load already started),
+  // UNAVAILABLE when the GPU runtime refuses the copies (nothing leased then).
+  Result<uint64_t> StartLoad(std::span<const int32_t> tokens, std::span<const int32_t> block_ids,
+                             gpu::Stream& load_stream, const PrefetchTicket* ticket = nullptr);
+
+  // Makes work queued on `compute_stream` from now on wait until layer
+  // `layer` is in the cache (a stream wait; no host sync). A layer with
+  // nothing to load adds no wait. Errors: INVALID_ARGUMENT (layer out of range).
+  Status WaitLayer(int64_t layer, gpu::Stream& compute_stream);
+
+  // Waits until every copy completed, then releases the lease. Returns the
+  // block ids the engine must recompute (ascending): chunks whose copy failed,
+  // and chunks whose lease lapsed during the copy. No other error reaches the
+  // engine. Errors: INVALID_ARGUMENT when no load was started.
+  Result<std::vector<int32_t>> Finish();
+
+  // The event recorded after layer `layer`'s copies; null when nothing loads.
+  const gpu::Event* layer_event(int64_t layer) const;
+
+ private:
+  Client& client_;
+  const NamespaceHandle ns_;
+  GpuArena& arena_;
+  const PagedKvCache cache_;
+  gpu::Runtime& runtime_;
+  const gpu::KvTransferOptions options_;
+  gpu::KvLayout layout_;
+  std::vector<int32_t> block_ids_;   // of the leased chunks
+  ChunkLease lease_;
+  std::unique_ptr<gpu::LayerwiseLoad> load_;
+  bool started_ = false;
+};
+
+// Stores the new chunks of one request layer by layer, as the engine writes them.
+class LayerwiseStorer {
+ public:
+  LayerwiseStorer(Client& client, NamespaceHandle ns, GpuArena& arena, PagedKvCache cache,
+                  gpu::Runtime& runtime, gpu::KvTransferOptions options = {});
+  ~LayerwiseStorer();  // waits for copies in flight; aborts what was not committed
+
+  // Reserves arena slots for the full chunks of `tokens` from `first_chunk` on
+  // that are not cached; their KV will be in the engine blocks `block_ids`
+  // (the prompt's block table). Returns how many chunks it will store (0 when
+  // all are cached, or the daemon is unreachable). Errors: INVALID_ARGUMENT
+  // (layout mismatch, `block_ids` too short, already started), UNAVAILABLE
+  // when the GPU runtime refuses the copies (the reservation is dropped).
+  Result<uint32_t> Start(std::span<const int32_t> tokens, std::span<const int32_t> block_ids,
+                         gpu::Stream& store_stream, size_t first_chunk = 0);
+
+  // After the engine queued layer `layer`'s KV writes on `compute_stream`:
+  // copies that layer of every new chunk into its slot on the store stream,
+  // once those writes are done (a stream wait; no host sync). Each layer once.
+  // Errors: INVALID_ARGUMENT (layer out of range or already done).
+  Status LayerDone(int64_t layer, gpu::Stream& compute_stream);
+
+  // Waits for every layer's copy, then commits the chunks, or aborts all of
+  // them on any failure or missing layer (nothing half-written becomes
+  // visible). Errors: INVALID_ARGUMENT when not started.
+  Result<StoreResult> Finish();
+
+ private:
+  Client& client_;
+  const NamespaceHandle ns_;
+  GpuArena& arena_;
+  const PagedKvCache cache_;
+  gpu::Runtime& runtime_;
+  const gpu::KvTransferOptions options_;
+  gpu::KvLayout layout_;
+  ChunkReservation reservation_;
+  std::unique_ptr<gpu::LayerwiseStore> store_;
+  bool started_ = false;
+};
+
+}  // namespace kvtier

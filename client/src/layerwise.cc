@@ -1,0 +1,251 @@
+#include "kvtier/layerwise.h"
+
+#include <algorithm>
+
+namespace kvtier {
+namespace {
+
+Status FromGpu(const gpu::GpuStatus& st, const std::string& what) {
+  if (st.ok()) return Status::Ok();
+  const std::string message = what + ": " + st.ToString();
+  switch (st.code()) {
+    case gpu::GpuCode::kInvalidArgument: return Status::InvalidArgument(message);
+    case gpu::GpuCode::kOutOfMemory: return Status::ResourceExhausted(message);
+    default: return Status::Unavailable(message);
+  }
+}
+
+// Builds the cache's layout and checks it against the namespace's chunk payload.
+Status CheckCache(const PagedKvCache& cache, const NamespaceHandle& ns, gpu::KvLayout* layout) {
+  KVTIER_RETURN_IF_ERROR(FromGpu(gpu::KvLayout::Create(cache.layout, layout), "cache.layout"));
+  const uint32_t ct = ns.spec.chunk_tokens;
+  if (cache.layers.size() != ns.spec.num_layers) {
+    return Status::InvalidArgument("cache.layers holds " + std::to_string(cache.layers.size()) +
+                                   " layers; the namespace has " +
+                                   std::to_string(ns.spec.num_layers));
+  }
+  if (ct % layout->block_size_tokens() != 0) {
+    return Status::InvalidArgument("cache.layout.block_size_tokens " +
+                                   std::to_string(layout->block_size_tokens()) +
+                                   " does not divide chunk_tokens " + std::to_string(ct));
+  }
+  const uint64_t bytes = layout->LayerPayloadBytes(ct) * ns.spec.num_layers;
+  if (bytes != ns.layout.payload_bytes) {
+    return Status::InvalidArgument("cache.layout gives " + std::to_string(bytes) +
+                                   " bytes per chunk; the namespace's payload is " +
+                                   std::to_string(ns.layout.payload_bytes) +
+                                   " (heads, head_dim or element size differ)");
+  }
+  return Status::Ok();
+}
+
+// The block ids of chunks `first` .. `first + count` of a prompt's block table.
+std::vector<int32_t> ChunkBlocks(std::span<const int32_t> table, size_t first, size_t count,
+                                 size_t blocks_per_chunk) {
+  const auto begin = table.begin() + static_cast<ptrdiff_t>(first * blocks_per_chunk);
+  return {begin, begin + static_cast<ptrdiff_t>(count * blocks_per_chunk)};
+}
+
+}  // namespace
+
+Result<const gpu::PinnedRange*> GpuArena::For(const std::shared_ptr<Arena>& mapping) {
+  std::lock_guard lock(mu_);
+  for (const auto& e : entries_) {
+    if (e->mapping == mapping) return &e->range;
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->mapping = mapping;
+  KVTIER_RETURN_IF_ERROR(FromGpu(runtime_.RegisterHost(mapping->base(), mapping->bytes(),
+                                                       gpu::PinOptions(), &entry->range),
+                                 "registering the kvtier arena with the GPU runtime"));
+  entries_.push_back(std::move(entry));
+  return &entries_.back()->range;
+}
+
+// ---- LayerwiseLoader --------------------------------------------------------
+
+LayerwiseLoader::LayerwiseLoader(Client& client, NamespaceHandle ns, GpuArena& arena,
+                                 PagedKvCache cache, gpu::Runtime& runtime,
+                                 gpu::KvTransferOptions options)
+    : client_(client),
+      ns_(std::move(ns)),
+      arena_(arena),
+      cache_(std::move(cache)),
+      runtime_(runtime),
+      options_(options) {}
+
+LayerwiseLoader::~LayerwiseLoader() {
+  load_.reset();  // synchronizes the load stream: no copy reads a released slot
+  lease_.Release();
+}
+
+Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
+                                            std::span<const int32_t> block_ids,
+                                            gpu::Stream& load_stream,
+                                            const PrefetchTicket* ticket) {
+  if (started_) return Status::InvalidArgument("StartLoad was already called on this loader");
+  KVTIER_RETURN_IF_ERROR(CheckCache(cache_, ns_, &layout_));
+  started_ = true;
+  const uint32_t ct = ns_.spec.chunk_tokens;
+  const size_t per_chunk = ct / static_cast<size_t>(layout_.block_size_tokens());
+  // Only chunks whose blocks the table covers can be delivered.
+  auto acquired = client_.Acquire(ns_, tokens, block_ids.size() / per_chunk, ticket);
+  if (!acquired.ok()) return acquired.status();
+  lease_ = std::move(acquired).value();
+  const uint32_t n = lease_.num_chunks();
+  if (n == 0) return uint64_t{0};  // a miss, or the cache failed open
+  auto range = arena_.For(lease_.mapping());
+  if (!range.ok()) {
+    lease_.Release();
+    return range.status();
+  }
+  gpu::KvChunkSet chunks;
+  chunks.layout = &layout_;
+  chunks.num_layers = ns_.spec.num_layers;
+  chunks.chunk_tokens = ct;
+  chunks.arena = *range;
+  for (uint32_t i = 0; i < n; ++i) {
+    chunks.payloads.push_back(const_cast<std::byte*>(lease_.payload(i).data()));
+  }
+  block_ids_ = ChunkBlocks(block_ids, 0, n, per_chunk);
+  chunks.block_ids = block_ids_;
+  gpu::GpuStatus st = gpu::LayerwiseLoad::Create(runtime_, std::move(chunks), cache_.layers,
+                                                 options_, load_stream, &load_);
+  if (st.ok()) st = load_->Start();
+  if (!st.ok() && load_ == nullptr) {  // nothing queued: nothing to wait for
+    lease_.Release();
+    return FromGpu(st, "queueing the layerwise load");
+  }
+  // Once queued, a failure is per chunk and reported by Finish.
+  return uint64_t{n} * ct;
+}
+
+Status LayerwiseLoader::WaitLayer(int64_t layer, gpu::Stream& compute_stream) {
+  if (layer < 0 || layer >= static_cast<int64_t>(ns_.spec.num_layers)) {
+    return Status::InvalidArgument("layer " + std::to_string(layer) + " is outside 0.." +
+                                   std::to_string(ns_.spec.num_layers - 1));
+  }
+  if (!load_) return Status::Ok();  // nothing to load
+  // A layer the load could not queue has no event: its chunks are reported
+  // failed by Finish, so the engine need not wait for them.
+  const gpu::GpuStatus st = load_->WaitLayer(layer, compute_stream);
+  return st.code() == gpu::GpuCode::kInvalidArgument ? Status::Ok()
+                                                     : FromGpu(st, "WaitLayer");
+}
+
+const gpu::Event* LayerwiseLoader::layer_event(int64_t layer) const {
+  return load_ ? &load_->layer_event(layer) : nullptr;
+}
+
+Result<std::vector<int32_t>> LayerwiseLoader::Finish() {
+  if (!started_) return Status::InvalidArgument("Finish without StartLoad");
+  std::vector<int32_t> recompute;
+  if (load_) {
+    gpu::KvCopyReport report;
+    (void)load_->Finish(&report);  // every failure is in the report, per chunk
+    recompute = report.FailedBlockIds();
+    // A lease that lapsed mid-copy (past its TTL) may have let a slot be
+    // rewritten: those chunks are recomputed too.
+    const uint32_t valid = lease_.ValidChunks();
+    const size_t per_chunk = block_ids_.size() / lease_.num_chunks();
+    recompute.insert(recompute.end(),
+                     block_ids_.begin() + static_cast<ptrdiff_t>(valid * per_chunk),
+                     block_ids_.end());
+    std::sort(recompute.begin(), recompute.end());
+    recompute.erase(std::unique(recompute.begin(), recompute.end()), recompute.end());
+    load_.reset();
+  }
+  lease_.Release();  // only now: every copy has completed
+  return recompute;
+}
+
+// ---- LayerwiseStorer --------------------------------------------------------
+
+LayerwiseStorer::LayerwiseStorer(Client& client, NamespaceHandle ns, GpuArena& arena,
+                                 PagedKvCache cache, gpu::Runtime& runtime,
+                                 gpu::KvTransferOptions options)
+    : client_(client),
+      ns_(std::move(ns)),
+      arena_(arena),
+      cache_(std::move(cache)),
+      runtime_(runtime),
+      options_(options) {}
+
+LayerwiseStorer::~LayerwiseStorer() {
+  store_.reset();  // synchronizes the store stream before the slots are given back
+  reservation_.Abort();
+}
+
+Result<uint32_t> LayerwiseStorer::Start(std::span<const int32_t> tokens,
+                                        std::span<const int32_t> block_ids,
+                                        gpu::Stream& store_stream, size_t first_chunk) {
+  if (started_) return Status::InvalidArgument("Start was already called on this storer");
+  KVTIER_RETURN_IF_ERROR(CheckCache(cache_, ns_, &layout_));
+  const uint32_t ct = ns_.spec.chunk_tokens;
+  const size_t per_chunk = ct / static_cast<size_t>(layout_.block_size_tokens());
+  const size_t full_chunks = tokens.size() / ct;
+  if (block_ids.size() < full_chunks * per_chunk) {
+    return Status::InvalidArgument("block_ids holds " + std::to_string(block_ids.size()) +
+                                   " blocks; the prompt's " + std::to_string(full_chunks) +
+                                   " full chunks need " + std::to_string(full_chunks * per_chunk));
+  }
+  started_ = true;
+  auto reserved = client_.Reserve(ns_, tokens, first_chunk);
+  if (!reserved.ok()) return reserved.status();
+  reservation_ = std::move(reserved).value();
+  const size_t n = reservation_.size();
+  if (n == 0) return uint32_t{0};
+  auto range = arena_.For(reservation_.mapping());
+  if (!range.ok()) {
+    reservation_.Abort();
+    return range.status();
+  }
+  gpu::KvChunkSet chunks;
+  chunks.layout = &layout_;
+  chunks.num_layers = ns_.spec.num_layers;
+  chunks.chunk_tokens = ct;
+  chunks.arena = *range;
+  for (size_t k = 0; k < n; ++k) {
+    chunks.payloads.push_back(reservation_.payload(k).data());
+    const std::vector<int32_t> blocks =
+        ChunkBlocks(block_ids, reservation_.chunk_index(k), 1, per_chunk);
+    chunks.block_ids.insert(chunks.block_ids.end(), blocks.begin(), blocks.end());
+  }
+  const gpu::GpuStatus st = gpu::LayerwiseStore::Create(runtime_, std::move(chunks), cache_.layers,
+                                                        options_, store_stream, &store_);
+  if (!st.ok()) {
+    reservation_.Abort();
+    return FromGpu(st, "preparing the layerwise store");
+  }
+  return static_cast<uint32_t>(n);
+}
+
+Status LayerwiseStorer::LayerDone(int64_t layer, gpu::Stream& compute_stream) {
+  if (layer < 0 || layer >= static_cast<int64_t>(ns_.spec.num_layers)) {
+    return Status::InvalidArgument("layer " + std::to_string(layer) + " is outside 0.." +
+                                   std::to_string(ns_.spec.num_layers - 1));
+  }
+  if (!store_) return Status::Ok();  // nothing to store
+  return FromGpu(store_->LayerWritten(layer, compute_stream), "LayerDone");
+}
+
+Result<StoreResult> LayerwiseStorer::Finish() {
+  if (!started_) return Status::InvalidArgument("Finish without Start");
+  if (!store_) return reservation_.Commit();  // nothing was reserved: the counts only
+  gpu::KvCopyReport report;
+  const gpu::GpuStatus st = store_->Finish(&report);
+  store_.reset();
+  if (!st.ok() || !report.failed_chunks.empty()) {
+    StoreResult result;
+    result.already_stored_chunks = reservation_.already_stored_chunks;
+    result.dropped_chunks = reservation_.dropped_chunks + static_cast<uint32_t>(reservation_.size());
+    result.fail_open = st.ok() ? Status::Aborted(std::to_string(report.failed_chunks.size()) +
+                                                 " chunks failed to copy; nothing was committed")
+                               : FromGpu(st, "layerwise store");
+    reservation_.Abort();
+    return result;
+  }
+  return reservation_.Commit();
+}
+
+}  // namespace kvtier

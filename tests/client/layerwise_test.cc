@@ -1,0 +1,299 @@
+// LayerwiseLoader and LayerwiseStorer against a real kvtierd, on the gpu
+// module's host emulation (device memory is host memory; each stream a thread).
+// The expected bytes come from the vLLM flash-attn layout written out by hand
+// here, not from the library's layout code.
+#include "kvtier/layerwise.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <cstring>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "testing/daemon_process.h"
+
+namespace kvtier {
+namespace {
+
+using testing::DaemonProcess;
+using testing::TempDir;
+using namespace std::chrono_literals;
+
+constexpr int64_t kLayers = 4, kHeads = 2, kHeadDim = 16, kElem = 2;
+constexpr int64_t kBlock = 4, kBlocks = 64, kChunkTokens = 16;
+constexpr int64_t kTokenBytes = kHeads * kHeadDim * kElem;           // one plane, one token
+constexpr int64_t kLayerTensorBytes = 2 * kBlocks * kBlock * kTokenBytes;  // [2, blocks, block, H, D]
+
+NamespaceSpec Spec() {
+  NamespaceSpec s;
+  s.model_id = "layerwise-test";
+  s.kv_dtype = "fp16";
+  s.layout = "mha";
+  s.num_layers = kLayers;
+  s.num_kv_heads = kHeads;
+  s.head_dim = kHeadDim;
+  s.chunk_tokens = kChunkTokens;
+  return s;
+}
+
+// Byte offset of (plane p, token slot `slot` of block `block`) in a contiguous
+// vLLM flash-attn layer tensor [2, num_blocks, block_size, heads, head_dim].
+int64_t Offset(int64_t plane, int64_t block, int64_t slot) {
+  return ((plane * kBlocks + block) * kBlock + slot) * kTokenBytes;
+}
+
+// A paged cache of kLayers device tensors.
+struct Cache {
+  std::vector<gpu::DeviceBuffer> tensors;
+  PagedKvCache desc;
+
+  void Init(gpu::Runtime& rt, gpu::Stream& s, uint32_t seed) {
+    desc.layout = gpu::KvLayoutSpec::VllmFlashAttn(kBlocks, kBlock, kHeads, kHeadDim, kElem);
+    tensors.resize(kLayers);
+    desc.layers.resize(kLayers);
+    std::mt19937 rng(seed);
+    std::vector<uint8_t> bytes(kLayerTensorBytes);
+    for (int64_t l = 0; l < kLayers; ++l) {
+      ASSERT_TRUE(rt.Allocate(kLayerTensorBytes, &tensors[l]).ok());
+      for (auto& b : bytes) b = seed == 0 ? 0 : static_cast<uint8_t>(rng());
+      ASSERT_TRUE(rt.CopyAsync(tensors[l].data(), bytes.data(), bytes.size(), s).ok());
+      ASSERT_TRUE(rt.Synchronize(s).ok());
+      desc.layers[l].tensors[0] = tensors[l].data();
+    }
+  }
+  const uint8_t* Token(int64_t layer, int64_t plane, std::span<const int32_t> table,
+                       int64_t t) const {
+    return static_cast<const uint8_t*>(tensors[layer].data()) +
+           Offset(plane, table[t / kBlock], t % kBlock);
+  }
+};
+
+// Whether tokens [0, tokens) of `layer` match between two caches and tables.
+bool LayerMatches(const Cache& a, std::span<const int32_t> ta, const Cache& b,
+                  std::span<const int32_t> tb, int64_t layer, int64_t tokens) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t p = 0; p < 2; ++p) {
+      if (std::memcmp(a.Token(layer, p, ta, t), b.Token(layer, p, tb, t), kTokenBytes) != 0) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+std::vector<int32_t> Table(size_t n, uint32_t seed) {
+  std::vector<int32_t> ids(kBlocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
+  ids.resize(n);
+  return ids;
+}
+
+class LayerwiseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    DaemonProcess::Options o;
+    o.socket_path = dir_.Sub("kvtierd.sock");
+    daemon_ = std::make_unique<DaemonProcess>(o);
+    ASSERT_EQ(daemon_->Start(), "");
+    ClientOptions co;
+    co.socket_path = o.socket_path;
+    co.deadline = 2000ms;
+    auto c = Client::Connect(co);
+    ASSERT_TRUE(c.ok());
+    client_ = std::move(c).value();
+    auto ns = client_->OpenNamespace(Spec());
+    ASSERT_TRUE(ns.ok()) << ns.status().ToString();
+    ns_ = *ns;
+    gpu::HostRuntimeOptions ho;
+    ho.inject_fault = [this](const void* p, size_t n) {
+      std::lock_guard lock(fault_mu_);
+      return fault_ && fault_(static_cast<const std::byte*>(p), n);
+    };
+    runtime_ = gpu::Runtime::CreateHost(ho);
+    for (gpu::Stream* s : {&load_, &store_, &compute_}) {
+      ASSERT_TRUE(runtime_->CreateStream(s).ok());
+    }
+    arena_ = std::make_unique<GpuArena>(*runtime_);
+    tokens_.resize(3 * kChunkTokens + 5);
+    std::iota(tokens_.begin(), tokens_.end(), 100);
+  }
+  void TearDown() override {
+    arena_.reset();
+    load_ = gpu::Stream();
+    store_ = gpu::Stream();
+    compute_ = gpu::Stream();
+  }
+
+  // Stores the prompt's 3 full chunks from `cache` (table `table`) layer by layer.
+  Result<StoreResult> StoreAll(Cache& cache, std::span<const int32_t> table) {
+    LayerwiseStorer storer(*client_, ns_, *arena_, cache.desc, *runtime_);
+    auto n = storer.Start(tokens_, table, store_);
+    if (!n.ok()) return n.status();
+    EXPECT_EQ(*n, 3u);
+    for (int64_t l = 0; l < kLayers; ++l) EXPECT_TRUE(storer.LayerDone(l, compute_).ok());
+    return storer.Finish();
+  }
+
+  nlohmann::json Stats() {
+    auto r = daemon_->Ctl({"--json", "stats"});
+    EXPECT_TRUE(r.ok()) << r.Describe();
+    return nlohmann::json::parse(r.out, nullptr, false);
+  }
+
+  TempDir dir_{"kvtier-layerwise"};
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<Client> client_;
+  NamespaceHandle ns_;
+  std::unique_ptr<gpu::Runtime> runtime_;
+  gpu::Stream load_, store_, compute_;
+  std::unique_ptr<GpuArena> arena_;
+  std::vector<int32_t> tokens_;
+  // Fails the emulated device's copies of the host ranges it returns true for.
+  void FailCopies(std::function<bool(const std::byte*, size_t)> fn) {
+    std::lock_guard lock(fault_mu_);
+    fault_ = std::move(fn);
+  }
+  static bool Overlaps(std::span<const std::byte> r, const std::byte* p, size_t n) {
+    return p < r.data() + r.size() && r.data() < p + n;
+  }
+
+  std::mutex fault_mu_;
+  std::function<bool(const std::byte*, size_t)> fault_;  // GUARDED_BY(fault_mu_)
+};
+
+TEST_F(LayerwiseTest, StoreThenLoadMovesEveryElementAndComputeWaitsForEachLayer) {
+  Cache a, b;
+  ASSERT_NO_FATAL_FAILURE(a.Init(*runtime_, compute_, 7));
+  ASSERT_NO_FATAL_FAILURE(b.Init(*runtime_, compute_, 0));
+  const auto ta = Table(14, 1), tb = Table(14, 2);  // 53 tokens: 14 blocks of 4
+  auto stored = StoreAll(a, ta);
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  ASSERT_TRUE(stored->fail_open.ok()) << stored->fail_open.ToString();
+  EXPECT_EQ(stored->stored_chunks, 3u);
+
+  LayerwiseLoader loader(*client_, ns_, *arena_, b.desc, *runtime_);
+  auto tokens = loader.StartLoad(tokens_, tb, load_);
+  ASSERT_TRUE(tokens.ok()) << tokens.status().ToString();
+  EXPECT_EQ(*tokens, 3u * kChunkTokens);
+  // The emulated attention of layer l checks that layer l is in the cache
+  // when it starts: it runs on the compute stream after WaitLayer(l) only.
+  std::vector<int> ready_at_compute(kLayers, -1);
+  for (int64_t l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(loader.WaitLayer(l, compute_).ok());
+    ASSERT_TRUE(runtime_
+                    ->LaunchHostFunc(compute_,
+                                     [&, l] {
+                                       ready_at_compute[l] =
+                                           LayerMatches(a, ta, b, tb, l, 3 * kChunkTokens);
+                                     })
+                    .ok());
+  }
+  ASSERT_TRUE(runtime_->Synchronize(compute_).ok());
+  EXPECT_EQ(Stats()["active_leases"], 1) << "the lease is held until Finish";
+  auto recompute = loader.Finish();
+  ASSERT_TRUE(recompute.ok());
+  EXPECT_TRUE(recompute->empty());
+  for (int64_t l = 0; l < kLayers; ++l) {
+    EXPECT_EQ(ready_at_compute[l], 1) << "layer " << l << " was not loaded when its compute began";
+  }
+  // The partial tail (tokens 48..52) is not loaded: block 12 of tb stays zero.
+  const std::vector<uint8_t> zeros(kTokenBytes, 0);
+  EXPECT_EQ(std::memcmp(b.Token(0, 0, tb, 48), zeros.data(), kTokenBytes), 0);
+  nlohmann::json s = Stats();
+  for (int i = 0; i < 50 && s["active_leases"] != 0; ++i, s = Stats()) std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(s["active_leases"], 0);
+}
+
+TEST_F(LayerwiseTest, AFailedChunkCopyIsReportedWithItsBlockIdsAndTheRestLoads) {
+  Cache a, b;
+  ASSERT_NO_FATAL_FAILURE(a.Init(*runtime_, compute_, 9));
+  ASSERT_NO_FATAL_FAILURE(b.Init(*runtime_, compute_, 0));
+  const auto ta = Table(14, 3), tb = Table(14, 4);
+  ASSERT_EQ(StoreAll(a, ta)->stored_chunks, 3u);
+  {  // the arena bytes of chunk 1, where the emulated device will fail
+    auto lease = client_->Acquire(ns_, tokens_);
+    ASSERT_TRUE(lease.ok());
+    ASSERT_EQ(lease->num_chunks(), 3u);
+    FailCopies([chunk = lease->payload(1)](const std::byte* p, size_t n) {
+      return Overlaps(chunk, p, n);
+    });
+  }
+  LayerwiseLoader loader(*client_, ns_, *arena_, b.desc, *runtime_);
+  ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_), 3u * kChunkTokens);
+  for (int64_t l = 0; l < kLayers; ++l) ASSERT_TRUE(loader.WaitLayer(l, compute_).ok());
+  auto recompute = loader.Finish();
+  ASSERT_TRUE(recompute.ok()) << "a copy failure is reported, not returned as an error";
+  std::vector<int32_t> expected(tb.begin() + 4, tb.begin() + 8);  // chunk 1's blocks
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(*recompute, expected);
+  for (int64_t l = 0; l < kLayers; ++l) {
+    EXPECT_TRUE(LayerMatches(a, ta, b, tb, l, kChunkTokens)) << "chunk 0, layer " << l;
+  }
+}
+
+TEST_F(LayerwiseTest, AStoreWithAFailedCopyCommitsNothing) {
+  Cache a;
+  ASSERT_NO_FATAL_FAILURE(a.Init(*runtime_, compute_, 11));
+  const auto ta = Table(14, 5);
+  {  // fail the 5th copy into the arena (one chunk of one layer)
+    auto lease = client_->Acquire(ns_, tokens_);  // a miss, but it names the mapping
+    ASSERT_TRUE(lease.ok());
+    const std::shared_ptr<Arena> mapping = lease->mapping();
+    ASSERT_NE(mapping, nullptr);
+    const std::span<const std::byte> arena(mapping->base(), mapping->bytes());
+    FailCopies([arena, count = 0](const std::byte* p, size_t n) mutable {
+      return Overlaps(arena, p, n) && ++count == 5;
+    });
+  }
+  auto r = StoreAll(a, ta);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->fail_open.ok());
+  EXPECT_EQ(r->stored_chunks, 0u);
+  EXPECT_EQ(client_->Lookup(ns_, tokens_)->num_chunks, 0u) << "nothing half-written is visible";
+  EXPECT_EQ(Stats()["active_reservations"], 0);
+}
+
+TEST_F(LayerwiseTest, AStoreMissingALayerCommitsNothing) {
+  Cache a;
+  ASSERT_NO_FATAL_FAILURE(a.Init(*runtime_, compute_, 13));
+  const auto ta = Table(14, 6);
+  LayerwiseStorer storer(*client_, ns_, *arena_, a.desc, *runtime_);
+  ASSERT_EQ(*storer.Start(tokens_, ta, store_), 3u);
+  for (int64_t l = 0; l + 1 < kLayers; ++l) ASSERT_TRUE(storer.LayerDone(l, compute_).ok());
+  auto r = storer.Finish();
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->fail_open.ok());
+  EXPECT_EQ(client_->Lookup(ns_, tokens_)->num_chunks, 0u);
+}
+
+TEST_F(LayerwiseTest, ACacheThatDoesNotMatchTheNamespaceIsRefusedAndLeasesNothing) {
+  Cache a;
+  ASSERT_NO_FATAL_FAILURE(a.Init(*runtime_, compute_, 15));
+  PagedKvCache wrong = a.desc;
+  wrong.layout = gpu::KvLayoutSpec::VllmFlashAttn(kBlocks, kBlock, kHeads, kHeadDim / 2, kElem);
+  LayerwiseLoader loader(*client_, ns_, *arena_, wrong, *runtime_);
+  auto st = loader.StartLoad(tokens_, Table(14, 7), load_);
+  EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.status().message().find("payload"), std::string::npos) << st.status().message();
+  PagedKvCache short_cache = a.desc;
+  short_cache.layers.pop_back();
+  LayerwiseStorer storer(*client_, ns_, *arena_, short_cache, *runtime_);
+  auto st2 = storer.Start(tokens_, Table(14, 8), store_);
+  EXPECT_EQ(st2.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st2.status().message().find("layers"), std::string::npos) << st2.status().message();
+  LayerwiseStorer short_table(*client_, ns_, *arena_, a.desc, *runtime_);
+  EXPECT_EQ(short_table.Start(tokens_, Table(5, 9), store_).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Stats()["active_leases"], 0);
+  EXPECT_EQ(Stats()["active_reservations"], 0);
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build test demo bench clean
+.PHONY: all deps build test demo bench gpu-check gpu-bundle clean
 
 all: build
 
@@ -24,6 +24,14 @@ demo: build
 
 bench: build
 	@bash tools/bench.sh $(BUILD_DIR)/bin
+
+# On a GPU machine with only the CUDA toolkit and cmake: no deps step.
+gpu-check:
+	@bash tools/gpu-check.sh
+
+# Built here, run there: build/gpu-bundle/run.sh.
+gpu-bundle: build
+	@bash tools/gpu-bundle.sh $(BUILD_DIR)/bin $(BUILD_DIR)/gpu-bundle
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# make gpu-check: for a machine with an NVIDIA GPU that has only the CUDA
+# toolkit and cmake (no GoogleTest, gRPC or RocksDB, no package installs).
+# Builds gpu/ standalone with nvcc, runs its checks on the CUDA backend (every
+# layout round-trips bit-exact against the host emulation, which CI checks
+# against an independent CPU reference), and prints H2D GB/s from a
+# registered range vs cudaMemcpyAsync from cudaHostAlloc memory, and
+# gather/scatter GB/s for both copy paths. Then the standalone test engine
+# when gpu/ builds one.
+#   bash tools/gpu-check.sh [BUILD_DIR]   (default build-gpu-check)
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${1:-$REPO/build-gpu-check}
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+[ -x "$NVCC" ] || { echo "gpu-check: nvcc not found (set NVCC=/path/to/nvcc)" >&2; exit 1; }
+mkdir -p "$BUILD"
+cmake -S "$REPO/gpu" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" \
+  -DKVTIER_WITH_CUDA=ON > "$BUILD/cmake.log" 2>&1 || { cat "$BUILD/cmake.log"; exit 1; }
+cmake --build "$BUILD" -j "$(nproc)"
+echo "== gpu-check (CUDA backend)"
+set +e
+"$BUILD/gpu-check" --backend cuda
+rc=$?
+set -e
+if [ $rc -eq 2 ]; then
+  echo "gpu-check: no usable CUDA device here; nothing was measured" >&2
+  exit 2
+fi
+[ $rc -eq 0 ] || exit $rc
+if [ -x "$BUILD/kvtier-engine-standalone" ]; then
+  echo "== test engine (standalone: layerwise load from pinned host memory)"
+  "$BUILD/kvtier-engine-standalone" --backend cuda
+fi

@@ -5,10 +5,16 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
 #include "kvtier/gpu/runtime.h"
+
+struct cublasContext;
+namespace kvtier::gpu::internal {
+struct CublasApi;
+}  // cublasHandle_t is cublasContext* (<cublas_v2.h>).
 
 namespace kvtier::gpu {
 
@@ -16,11 +22,13 @@ namespace kvtier::gpu {
 // (cudaStreamNonBlocking: no implicit sync with the legacy default stream), events from
 // cudaEventCreateWithFlags(cudaEventDisableTiming), copies by cudaMemcpyAsync
 // (cudaMemcpyDefault). Calls that need a current device set it for the call and restore
-// the caller's. Thread-safe.
+// the caller's. GEMMs and attention run on one cuBLAS handle, created on first use and
+// shared by all streams under blas_mu_ (cublasSetStream + the call). Thread-safe.
 class CudaRuntime final : public Runtime {
  public:
   // See Runtime::CreateCuda.
   static GpuStatus Create(int device, std::unique_ptr<Runtime>* out);
+  ~CudaRuntime() override;
 
   Backend backend() const override { return Backend::kCuda; }
   std::string_view name() const override { return name_; }
@@ -46,12 +54,24 @@ class CudaRuntime final : public Runtime {
   void UnregisterHostPieceImpl(void* host) noexcept override;
   GpuStatus MapHostImpl(const void* host, size_t bytes) override;
   GpuStatus LaunchKvCopyImpl(const internal::KvCopyParams& params, void* stream) override;
+  GpuStatus LaunchMemsetImpl(void* dst, uint8_t value, size_t bytes, void* stream) override;
+  GpuStatus LaunchGemmImpl(const internal::GemmParams& params, void* stream) override;
+  GpuStatus LaunchKvAppendImpl(const internal::KvAppendParams& params, void* stream) override;
+  GpuStatus LaunchPagedAttentionImpl(const internal::PagedAttentionParams& params,
+                                     void* stream) override;
 
  private:
   explicit CudaRuntime(int device) : device_(device), name_("cuda:" + std::to_string(device)) {}
 
+  // Sets *handle to the cuBLAS handle bound to `stream`, creating it on first use.
+  // REQUIRES: blas_mu_ held and device_ current.
+  GpuStatus BlasOn(void* stream, cublasContext** handle);
+
   const int device_;
   const std::string name_;
+  std::mutex blas_mu_;
+  cublasContext* blas_ = nullptr;  // GUARDED_BY(blas_mu_); null until the first GEMM.
+  const internal::CublasApi* blas_api_ = nullptr;  // GUARDED_BY(blas_mu_); loaded with blas_
 };
 
 }  // namespace kvtier::gpu

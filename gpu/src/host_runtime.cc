@@ -12,6 +12,7 @@
 #include <thread>
 #include <utility>
 
+#include "compute_params.h"
 #include "fill_pattern.h"
 #include "kv_copy_params.h"
 
@@ -244,6 +245,27 @@ GpuStatus HostRuntime::MapHostImpl(const void* host, size_t bytes) {
 
 GpuStatus HostRuntime::LaunchKvCopyImpl(const internal::KvCopyParams& params, void* stream) {
   AsStream(stream)->Enqueue([params] { internal::RunKvCopyOnHost(params); });
+  return GpuStatus::Ok();
+}
+
+GpuStatus HostRuntime::LaunchMemsetImpl(void* dst, uint8_t value, size_t bytes, void* stream) {
+  AsStream(stream)->Enqueue([dst, value, bytes] { std::memset(dst, value, bytes); });
+  return GpuStatus::Ok();
+}
+
+GpuStatus HostRuntime::LaunchGemmImpl(const internal::GemmParams& params, void* stream) {
+  AsStream(stream)->Enqueue([params] { internal::RunGemmOnHost(params); });
+  return GpuStatus::Ok();
+}
+
+GpuStatus HostRuntime::LaunchKvAppendImpl(const internal::KvAppendParams& params, void* stream) {
+  AsStream(stream)->Enqueue([params] { internal::RunKvAppendOnHost(params); });
+  return GpuStatus::Ok();
+}
+
+GpuStatus HostRuntime::LaunchPagedAttentionImpl(const internal::PagedAttentionParams& params,
+                                                void* stream) {
+  AsStream(stream)->Enqueue([params] { internal::RunPagedAttentionOnHost(params); });
   return GpuStatus::Ok();
 }
 

@@ -45,6 +45,11 @@ class HostRuntime final : public Runtime {
   void UnregisterHostPieceImpl(void* host) noexcept override;
   GpuStatus MapHostImpl(const void* host, size_t bytes) override;
   GpuStatus LaunchKvCopyImpl(const internal::KvCopyParams& params, void* stream) override;
+  GpuStatus LaunchMemsetImpl(void* dst, uint8_t value, size_t bytes, void* stream) override;
+  GpuStatus LaunchGemmImpl(const internal::GemmParams& params, void* stream) override;
+  GpuStatus LaunchKvAppendImpl(const internal::KvAppendParams& params, void* stream) override;
+  GpuStatus LaunchPagedAttentionImpl(const internal::PagedAttentionParams& params,
+                                     void* stream) override;
 
  private:
   // kDeviceError when the injected fault hook claims [ptr, ptr + bytes).

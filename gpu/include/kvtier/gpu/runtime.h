@@ -13,6 +13,7 @@
 #include <memory>
 #include <string_view>
 
+#include "kvtier/gpu/compute.h"
 #include "kvtier/gpu/device_buffer.h"
 #include "kvtier/gpu/event.h"
 #include "kvtier/gpu/gpu_status.h"
@@ -26,6 +27,9 @@ enum class Backend : uint8_t { kHost, kCuda };
 
 namespace internal {
 struct KvCopyParams;  // src/kv_copy_params.h
+struct GemmParams;    // src/compute_params.h
+struct KvAppendParams;
+struct PagedAttentionParams;
 }  // namespace internal
 
 // Options of the host-emulation backend.
@@ -151,6 +155,33 @@ class Runtime {
   // multiple of the block size; payload_align_bytes not a power of two), kDeviceError.
   GpuStatus LaunchKvCopy(const KvLayerCopy& copy, Stream& stream);
 
+  // Queues setting device memory [dst, dst + bytes) to the byte `value` (cudaMemsetAsync).
+  // bytes == 0 queues nothing. Errors: kInvalidArgument (null dst with bytes > 0),
+  // kDeviceError.
+  GpuStatus LaunchMemset(void* dst, uint8_t value, size_t bytes, Stream& stream);
+
+  // Queues C = A * B^T (see GemmArgs). CUDA: cublasGemmEx (fp32 compute, tensor cores);
+  // host backend: a loop on the stream's thread. m == 0 or n == 0 queues nothing.
+  // REQUIRES: the matrices stay valid until the launch completes.
+  // Errors: kInvalidArgument (bad type, sizes or leading dimensions; null matrix),
+  // kDeviceError.
+  GpuStatus LaunchGemm(const GemmArgs& args, Stream& stream);
+
+  // Queues writing new tokens' K and V into a paged KV cache (see KvAppendArgs). CUDA: one
+  // kernel; host backend: the same on the stream's thread. num_tokens == 0 queues nothing.
+  // Errors: kInvalidArgument (an MLA or non-2-byte layout, null tensor/table/k/v, negative
+  // positions, more positions than the cache has blocks, strides below a row), kDeviceError.
+  GpuStatus LaunchKvAppend(const KvAppendArgs& args, Stream& stream);
+
+  // Queues causal attention of new tokens over a paged KV cache (see PagedAttentionArgs).
+  // CUDA: K/V gathered into the workspace, then per query tile two strided-batched
+  // cublasGemmEx calls per query head of a KV group and a masked softmax kernel; host
+  // backend: a direct loop. num_tokens == 0 queues nothing.
+  // Errors: kInvalidArgument (as LaunchKvAppend, plus num_q_heads not a multiple of the KV
+  // heads, a workspace smaller than PagedAttentionWorkspaceBytes or not 256-byte aligned,
+  // a negative or non-finite scale), kDeviceError.
+  GpuStatus LaunchPagedAttention(const PagedAttentionArgs& args, Stream& stream);
+
   // Sets *at to the steady_clock time at which the event's latest record completed.
   // Host backend only (CUDA events are created with timing disabled).
   // Errors: kUnsupported (CUDA), kInvalidArgument (never recorded or not complete yet).
@@ -198,6 +229,11 @@ class Runtime {
   // Backend check of a host range about to be mapped; the address arithmetic is generic.
   virtual GpuStatus MapHostImpl(const void* host, size_t bytes) = 0;
   virtual GpuStatus LaunchKvCopyImpl(const internal::KvCopyParams& params, void* stream) = 0;
+  virtual GpuStatus LaunchMemsetImpl(void* dst, uint8_t value, size_t bytes, void* stream) = 0;
+  virtual GpuStatus LaunchGemmImpl(const internal::GemmParams& params, void* stream) = 0;
+  virtual GpuStatus LaunchKvAppendImpl(const internal::KvAppendParams& params, void* stream) = 0;
+  virtual GpuStatus LaunchPagedAttentionImpl(const internal::PagedAttentionParams& params,
+                                             void* stream) = 0;
 
  private:
   friend class DeviceBuffer;

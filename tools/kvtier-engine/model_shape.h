@@ -1,0 +1,42 @@
+// ModelShape: the transformer shapes kvtier-engine computes with.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kvtier/namespace_spec.h"
+#include "kvtier/status.h"
+
+namespace kvtier::engine {
+
+// A decoder-only transformer with grouped-query attention, one TP rank.
+struct ModelShape {
+  std::string name;
+  int64_t num_layers = 0;
+  int64_t num_q_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t hidden = 0;        // = num_q_heads * head_dim for the presets
+  int64_t intermediate = 0;  // MLP width (gate and up projections each)
+  int64_t vocab = 0;         // LM head rows
+
+  // "llama3-8b": Llama 3.1 8B (config.json of meta-llama/Llama-3.1-8B): 32 layers, 32 query
+  //   heads, 8 KV heads, head_dim 128, hidden 4096, intermediate 14336, vocab 128256.
+  // "tiny-engine": 4 layers, 4 query heads, 2 KV heads, head_dim 16, hidden 64,
+  //   intermediate 128, vocab 512 (host emulation, tests).
+  // Errors: INVALID_ARGUMENT naming the known presets.
+  static Result<ModelShape> Preset(const std::string& name);
+
+  int64_t qkv_dim() const { return (num_q_heads + 2 * num_kv_heads) * head_dim; }
+
+  // GEMM floating-point operations of one layer for `tokens` new tokens: QKV, O, gate+up and
+  // down projections (2 * tokens * sum of weight sizes).
+  double LayerGemmFlops(int64_t tokens) const;
+  // The LM head for one token (the first output token's logits).
+  double LmHeadFlops() const;
+
+  // The kvtier namespace of this model's KV cache (fp16, vLLM flash-attn layout, mha).
+  NamespaceSpec Namespace(uint32_t chunk_tokens, const std::string& cache_salt) const;
+};
+
+}  // namespace kvtier::engine

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 namespace kvtier {
-namespace {
 
 Status FromGpu(const gpu::GpuStatus& st, const std::string& what) {
   if (st.ok()) return Status::Ok();
@@ -14,6 +13,8 @@ Status FromGpu(const gpu::GpuStatus& st, const std::string& what) {
     default: return Status::Unavailable(message);
   }
 }
+
+namespace {
 
 // Builds the cache's layout and checks it against the namespace's chunk payload.
 Status CheckCache(const PagedKvCache& cache, const NamespaceHandle& ns, gpu::KvLayout* layout) {

@@ -10,16 +10,6 @@
 namespace kvtier::engine {
 namespace {
 
-Status FromGpu(const gpu::GpuStatus& st, const std::string& what) {
-  if (st.ok()) return Status::Ok();
-  const std::string message = what + ": " + st.ToString();
-  switch (st.code()) {
-    case gpu::GpuCode::kInvalidArgument: return Status::InvalidArgument(message);
-    case gpu::GpuCode::kOutOfMemory: return Status::ResourceExhausted(message);
-    default: return Status::Unavailable(message);
-  }
-}
-
 // SplitMix64 finalizer: deterministic pseudo-random bits of (a, b).
 uint64_t Mix(uint64_t a, uint64_t b) {
   uint64_t z = a * 0x9E3779B97F4A7C15ull + b + 0x632BE59BD9B4E019ull;

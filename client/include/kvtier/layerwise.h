@@ -37,6 +37,10 @@
 
 namespace kvtier {
 
+// A gpu::GpuStatus as a Status: INVALID_ARGUMENT, RESOURCE_EXHAUSTED (out of
+// memory) or UNAVAILABLE (any device trouble), the message led by `what`.
+Status FromGpu(const gpu::GpuStatus& st, const std::string& what);
+
 // The engine's paged KV cache: one layout for every layer (shape, strides in
 // elements, element size; see gpu/kv_layout.h for the presets) and each
 // layer's device tensors (K and V, or one tensor for MLA and flash-attn).

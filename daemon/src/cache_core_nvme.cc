@@ -239,14 +239,8 @@ Status CacheCore::PrefetchStatus(const v1::PrefetchStatusRequest& req,
 
 void CacheCore::QueueNvmeWrite(uint32_t handle) {
   const ChunkEntry& e = dram_->Get(handle);
-  const uint64_t bytes = namespaces_[e.ns_index]->layout.slot_bytes;
-  PendingWrite w{e.key, 0};
-  if (nvme_pinned_bytes_ + bytes <= dram_->capacity_bytes() / 2) {
-    dram_->Pin(handle);  // not evicted before it is on NVMe
-    nvme_pinned_bytes_ += bytes;
-    w.pinned_bytes = bytes;
-  }
-  nvme_queue_.push_back(w);
+  dram_->HoldForWrite(handle);  // evicted before its write only when nothing else can be
+  nvme_queue_.push_back({e.key, SlotSequence(dram_->SlotAddress(e.slot_offset))});
 }
 
 void CacheCore::Demote(uint32_t handle, bool count_skips) {
@@ -311,6 +305,7 @@ size_t CacheCore::FlushWriteBack() {
 size_t CacheCore::WriteThroughOnce() {
   if (!nvme_) return 0;
   constexpr size_t kBatch = 32;
+  constexpr uint64_t kBatchBytes = uint64_t{64} << 20;
   std::vector<Demotion> demoted;
   {
     std::lock_guard lock(mu_);
@@ -352,18 +347,20 @@ size_t CacheCore::WriteThroughOnce() {
   size_t taken = 0;
   {
     std::lock_guard lock(mu_);
-    while (!nvme_queue_.empty() && taken < kBatch) {
+    uint64_t batch_bytes = 0;  // the copies below are heap memory: at most kBatchBytes
+    while (!nvme_queue_.empty() && taken < kBatch && batch_bytes < kBatchBytes) {
       const PendingWrite w = nvme_queue_.front();
       const ChunkKey& key = w.key;
       nvme_queue_.pop_front();
-      nvme_pinned_bytes_ -= w.pinned_bytes;
       ++taken;
-      const uint32_t h = dram_->Find(key);  // resident when pinned at queueing
-      if (h == ChunkIndex::kNone) {
-        ++counters_.nvme_skipped_writes;  // evicted while waiting unpinned: NVMe lagged
+      const uint32_t h = dram_->Find(key);
+      if (h == ChunkIndex::kNone ||
+          SlotSequence(dram_->SlotAddress(dram_->Get(h).slot_offset)) != w.sequence) {
+        ++counters_.nvme_skipped_writes;  // evicted before its turn: NVMe lagged
         continue;
       }
-      if (w.pinned_bytes == 0) dram_->Pin(h);  // held while it is copied
+      dram_->ReleaseWriteHold(h);
+      dram_->Pin(h);  // while it is copied
       if (nvme_->Contains(key)) {
         dram_->Unpin(h);
         continue;
@@ -371,6 +368,7 @@ size_t CacheCore::WriteThroughOnce() {
       const ChunkEntry& e = dram_->Get(h);
       const NamespaceState& ns = *namespaces_[e.ns_index];
       items.push_back({h, key, e.parent, ns.id, ns.layout, dram_->SlotAddress(e.slot_offset)});
+      batch_bytes += ns.layout.slot_bytes;
     }
     nvme_in_flight_ += items.size();
   }
@@ -384,6 +382,10 @@ size_t CacheCore::WriteThroughOnce() {
     SealPayloadChecksum(copies.back().get(), it.layout);
     images.push_back({it.key, it.parent, it.ns, {copies.back().get(), it.layout.slot_bytes}});
   }
+  {  // Copied: DRAM may evict them now; the copies go to NVMe.
+    std::lock_guard lock(mu_);
+    for (const Item& it : items) dram_->Unpin(it.handle);
+  }
   Result<size_t> stored = images.empty() ? Result<size_t>(size_t{0}) : nvme_->Write(images);
   if (!stored.ok()) {
     spdlog::warn("NVMe write-through of {} chunks failed: {}", images.size(),
@@ -391,7 +393,6 @@ size_t CacheCore::WriteThroughOnce() {
   }
   std::lock_guard lock(mu_);
   if (!images.empty()) NoteNvmeIo(stored.ok());
-  for (const Item& it : items) dram_->Unpin(it.handle);
   nvme_in_flight_ -= items.size();
   if (stored.ok()) {
     for (size_t i = 0; i < *stored && i < items.size(); ++i) {

@@ -27,6 +27,7 @@ struct RawOptions {
   std::string nvme_write_policy = "write_through";
   int64_t selective_min_hits = 2;
   std::vector<std::string> nvme_paths;
+  bool nvme_paths_from_config = false;  // a flag's --nvme-bytes 0 then wins over them
   int64_t nvme_queue_depth = 32;
   int64_t nvme_workers = 2;
   int64_t lease_ttl_ms = 0, reservation_ttl_ms = 0;
@@ -61,6 +62,11 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
         } else {
           raw->nvme_paths.push_back(kv.second.as<std::string>());
         }
+        if (raw->nvme_paths.empty()) {
+          return Status::InvalidArgument("config " + path + ": nvme_paths is empty (give "
+                                         "nvme_bytes: 0 to turn the NVMe tier off)");
+        }
+        raw->nvme_paths_from_config = true;
       } catch (const YAML::Exception& e) {
         return Status::InvalidArgument("config " + path + ": key 'nvme_paths' must be a directory "
                                        "or a list of directories");
@@ -195,6 +201,30 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   opts.core.lease_ttl = std::chrono::milliseconds(raw.lease_ttl_ms);
   auto nvme_bytes = ParseBytes(raw.nvme_bytes);
   if (!nvme_bytes.ok()) return Status::InvalidArgument("nvme_bytes: " + nvme_bytes.status().message());
+  // Checked whether the tier is on or not: a typo is an error either way.
+  if (*nvme_bytes % 4096 != 0) {
+    return Status::InvalidArgument("nvme_bytes " + std::to_string(*nvme_bytes) +
+                                   " is not a multiple of 4096");
+  }
+  if (raw.nvme_queue_depth < 1 || raw.nvme_queue_depth > 4096) {
+    return Status::InvalidArgument("nvme_queue_depth " + std::to_string(raw.nvme_queue_depth) +
+                                   " is outside 1..4096");
+  }
+  if (raw.nvme_workers < 1 || raw.nvme_workers > 64) {
+    return Status::InvalidArgument("nvme_workers " + std::to_string(raw.nvme_workers) +
+                                   " is outside 1..64");
+  }
+  auto policy = ParseNvmeWritePolicy(raw.nvme_write_policy);
+  if (!policy.ok()) return policy.status();
+  if (raw.selective_min_hits < 1 || raw.selective_min_hits > 1000000) {
+    return Status::InvalidArgument("selective_min_hits " + std::to_string(raw.selective_min_hits) +
+                                   " is outside 1..1000000");
+  }
+  const CLI::Option* bytes_flag = app.get_option_no_throw("--nvme-bytes");
+  if (*nvme_bytes == 0 && raw.nvme_paths_from_config && bytes_flag != nullptr &&
+      bytes_flag->count() > 0) {
+    raw.nvme_paths.clear();  // the flag wins over the file
+  }
   if (*nvme_bytes == 0) {  // DRAM only
     if (!raw.nvme_paths.empty()) {
       return Status::InvalidArgument("nvme_bytes 0 turns the NVMe tier off, but nvme_paths are "
@@ -204,25 +234,6 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
       return Status::InvalidArgument("--rebuild-index needs the NVMe tier (nvme_bytes is 0)");
     }
   } else {
-    if (*nvme_bytes % 4096 != 0) {
-      return Status::InvalidArgument("nvme_bytes " + std::to_string(*nvme_bytes) +
-                                     " is not a multiple of 4096");
-    }
-    if (raw.nvme_queue_depth < 1 || raw.nvme_queue_depth > 4096) {
-      return Status::InvalidArgument("nvme_queue_depth " + std::to_string(raw.nvme_queue_depth) +
-                                     " is outside 1..4096");
-    }
-    if (raw.nvme_workers < 1 || raw.nvme_workers > 64) {
-      return Status::InvalidArgument("nvme_workers " + std::to_string(raw.nvme_workers) +
-                                     " is outside 1..64");
-    }
-    auto policy = ParseNvmeWritePolicy(raw.nvme_write_policy);
-    if (!policy.ok()) return policy.status();
-    if (raw.selective_min_hits < 1 || raw.selective_min_hits > 1000000) {
-      return Status::InvalidArgument("selective_min_hits " +
-                                     std::to_string(raw.selective_min_hits) +
-                                     " is outside 1..1000000");
-    }
     opts.nvme_default_path = raw.nvme_paths.empty();
     opts.core.nvme_workers = static_cast<uint32_t>(raw.nvme_workers);
     opts.core.nvme_write_policy = *policy;

@@ -236,6 +236,14 @@ TEST_F(DaemonOptionsTest, NvmeFlagsAreCheckedAndNamed) {
   EXPECT_TRUE(Names(ErrorOf({"--nvme-workers", "0"}), "nvme_workers"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-bytes", "0"}), "nvme_paths"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-bytes", "0", "--rebuild-index"}), "--rebuild-index"));
+  EXPECT_TRUE(Names(ErrorOf({"--nvme-bytes", "0", "--nvme-write-policy", "writeback"}),
+                    "nvme_write_policy"))
+      << "checked even with the tier off";
+  const std::string cfg = WriteConfig("nvme_paths: [/tmp]\nnvme_bytes: 64MiB\n");
+  auto flag_wins = Parse({"--config", cfg, "--nvme-bytes", "0"});
+  ASSERT_TRUE(flag_wins.ok()) << flag_wins.status().ToString();
+  EXPECT_TRUE(flag_wins->core.nvme.paths.empty()) << "--nvme-bytes 0 wins over the file";
+  EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("nvme_paths: []\n")}), "nvme_paths"));
   EXPECT_EQ(Parse({"--nvme-write-policy", "write_back"}).value().core.nvme_write_policy,
             NvmeWritePolicy::kWriteBack);
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-write-policy", "sometimes"}),

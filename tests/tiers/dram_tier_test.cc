@@ -158,6 +158,26 @@ TEST_F(DramTierTest, EvictionOfALeafReleasesItsParent) {
   EXPECT_EQ(tier_->counters().evictions, 2u);
 }
 
+TEST_F(DramTierTest, AChunkHeldForAWriteIsEvictedOnlyWhenNothingElseCanBe) {
+  Make(3);
+  Put(Key(1), kRoot);
+  Put(Key(2), kRoot);
+  Put(Key(3), kRoot);
+  tier_->HoldForWrite(tier_->Find(Key(1)));  // the least recently used one
+  Put(Key(4), kRoot);
+  EXPECT_TRUE(Resident(1)) << "held: the next LRU chunk goes instead";
+  EXPECT_FALSE(Resident(2));
+  tier_->HoldForWrite(tier_->Find(Key(3)));
+  tier_->HoldForWrite(tier_->Find(Key(4)));
+  Put(Key(5), kRoot);  // every chunk is held: the LRU one goes after all
+  EXPECT_FALSE(Resident(1));
+  EXPECT_TRUE(Resident(3));
+  tier_->ReleaseWriteHold(tier_->Find(Key(3)));
+  Put(Key(6), kRoot);
+  EXPECT_FALSE(Resident(3)) << "released: an ordinary victim again";
+  EXPECT_TRUE(Resident(4));
+}
+
 TEST_F(DramTierTest, PinnedChunkIsNeverEvicted) {
   Make(3);
   Put(Key(1), kRoot);

@@ -3,6 +3,8 @@
 #include "kvtier/tiers/io_uring_file_device.h"
 
 #include <gtest/gtest.h>
+#include <linux/magic.h>
+#include <sys/statfs.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -270,17 +272,31 @@ TEST_F(IoUringFileDeviceTest, StartUpErrorsNameTheProblem) {
   EXPECT_EQ(odd.status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST_F(IoUringFileDeviceTest, FileSystemWithoutODirectIsRefused) {
-  // /dev/shm is tmpfs on Linux, which refuses O_DIRECT.
-  if (!fs::is_directory("/dev/shm")) GTEST_SKIP() << "no /dev/shm";
-  const std::string path = "/dev/shm/kvtier-odirect-" + std::to_string(getpid());
-  auto d = IoUringFileDevice::Open({path, 1 << 20, 4});
-  if (d.ok()) {
-    fs::remove(path);
-    GTEST_SKIP() << "/dev/shm accepts O_DIRECT here";
+TEST_F(IoUringFileDeviceTest, TmpfsIsRefusedWithItsReason) {
+  // /dev/shm is tmpfs on Linux: RAM, not a disk (recent kernels take O_DIRECT on it).
+  struct statfs info {};
+  if (statfs("/dev/shm", &info) != 0 || static_cast<uint64_t>(info.f_type) != TMPFS_MAGIC) {
+    GTEST_SKIP() << "/dev/shm is not tmpfs here";
   }
-  EXPECT_NE(d.status().message().find("O_DIRECT"), std::string::npos) << d.status().message();
-  EXPECT_FALSE(fs::exists(path));
+  const std::string path = "/dev/shm/kvtier-tmpfs-" + std::to_string(getpid());
+  auto d = IoUringFileDevice::Open({path, 1 << 20, 4});
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(d.status().message().find("tmpfs"), std::string::npos) << d.status().message();
+  EXPECT_FALSE(fs::exists(path)) << "a refused start leaves no file";
+}
+
+TEST_F(IoUringFileDeviceTest, ASlotFileHasOneOwner) {
+  auto first = OpenOrDie(1 << 20);
+  ASSERT_TRUE(first);
+  const std::string path = (dir_ / "slots.dat").string();
+  auto second = IoUringFileDevice::Open({path, 1 << 20, 4});
+  ASSERT_FALSE(second.ok()) << "the same file opened twice";
+  EXPECT_NE(second.status().message().find("in use"), std::string::npos)
+      << second.status().message();
+  first.reset();
+  auto again = IoUringFileDevice::Open({path, 1 << 20, 4});
+  EXPECT_TRUE(again.ok()) << "free once the owner closed it: " << again.status().ToString();
 }
 
 TEST_F(IoUringFileDeviceTest, InjectedWriteFaultIsAnIoErrorAndLaterReadsStillWork) {

@@ -21,8 +21,13 @@ std::optional<uint64_t> DramTier::AllocateSlot(uint32_t ns_index) {
   for (;;) {
     if (auto offset = allocator_.Allocate(size)) return offset;
     // A victim of the same size frees exactly one slot; otherwise evict by LRU
-    // order whatever is evictable until the freed extents coalesce.
-    if (!EvictOne(/*same_size=*/size) && !EvictOne(/*same_size=*/0)) return std::nullopt;
+    // order whatever is evictable until the freed extents coalesce. Chunks
+    // held for a write go last.
+    if (EvictOne(size, true) || EvictOne(0, true) || EvictOne(size, false) ||
+        EvictOne(0, false)) {
+      continue;
+    }
+    return std::nullopt;
   }
 }
 
@@ -51,10 +56,10 @@ uint32_t DramTier::Insert(const ChunkKey& key, const ChunkKey& parent, const Chu
   return handle;
 }
 
-bool DramTier::EvictOne(uint64_t same_size) {
+bool DramTier::EvictOne(uint64_t same_size, bool spare_held) {
   auto victim = policy_->PickVictim([&](uint32_t h) {
     const ChunkEntry& e = index_.Get(h);
-    return e.leases == 0 && e.resident_children == 0 &&
+    return e.leases == 0 && e.resident_children == 0 && (!spare_held || e.write_holds == 0) &&
            (same_size == 0 || ns_slot_bytes_[e.ns_index] == same_size);
   });
   if (!victim) return false;

@@ -3,6 +3,11 @@
 #include <fcntl.h>
 #include <liburing.h>
 #include <sys/stat.h>
+#include <linux/magic.h>
+#include <sys/file.h>
+#include <chrono>
+#include <thread>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -121,6 +126,14 @@ Result<std::unique_ptr<IoUringFileDevice>> IoUringFileDevice::Open(const IoUring
   if (!fs::is_directory(dir, ec)) {
     return Status::InvalidArgument("NVMe path " + dir.string() + " is not a directory");
   }
+  // tmpfs takes O_DIRECT on recent kernels, but it is RAM: gone at reboot,
+  // and taken from the memory the DRAM tier and the engine need.
+  if (struct statfs fs_info {}; statfs(dir.c_str(), &fs_info) == 0 &&
+                                static_cast<uint64_t>(fs_info.f_type) == TMPFS_MAGIC) {
+    return Status::InvalidArgument("NVMe path " + dir.string() +
+                                   " is on tmpfs (RAM, lost at reboot); put the NVMe tier on a "
+                                   "disk, or give --nvme-bytes 0 for DRAM only");
+  }
   struct stat st {};
   const bool existed = stat(o.path.c_str(), &st) == 0;
   const uint64_t have = existed ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
@@ -142,6 +155,25 @@ Result<std::unique_ptr<IoUringFileDevice>> IoUringFileDevice::Open(const IoUring
     }
     return Status::FromErrno(err, "open " + o.path);
   }
+  // One owner per slot file: a second daemon, or the same path given twice,
+  // would overwrite the first one's images.
+  // A daemon that just died may hold it a moment longer: the kernel drops its
+  // rings' references to the file asynchronously. Retry for up to 2 s.
+  int locked = -1;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    locked = flock(fd, LOCK_EX | LOCK_NB);
+    if (locked == 0 || errno != EWOULDBLOCK) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (locked != 0) {
+    const int err = errno;
+    close(fd);
+    if (err == EWOULDBLOCK) {
+      return Status::InvalidArgument("NVMe slot file " + o.path +
+                                     " is in use (by another kvtierd, or its path is given twice)");
+    }
+    return Status::FromErrno(err, "flock " + o.path);
+  }
   const int ret = posix_fallocate(fd, 0, static_cast<off_t>(o.bytes));
   if (ret != 0) {
     close(fd);
@@ -153,6 +185,9 @@ Result<std::unique_ptr<IoUringFileDevice>> IoUringFileDevice::Open(const IoUring
 
 IoUringFileDevice::~IoUringFileDevice() {
   rings_.clear();  // unregisters buffers and the file before it closes
+  // Unlocked explicitly: a ring's reference to the file is dropped by the
+  // kernel later, asynchronously, and would keep the lock held meanwhile.
+  flock(fd_, LOCK_UN);
   close(fd_);
 }
 

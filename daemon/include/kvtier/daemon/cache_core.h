@@ -271,12 +271,11 @@ class CacheCore {
   mutable std::mutex mu_;
   std::unique_ptr<DramTier> dram_;                                    // GUARDED_BY(mu_)
   std::unique_ptr<NvmeTier> nvme_;  // thread-safe itself; lock order: mu_, then its own
-  // Committed chunks waiting for the NVMe writer. Up to half the arena's
-  // bytes are pinned until written; past that (NVMe lags) a chunk waits
-  // unpinned, and one evicted before its turn is a skipped write.
+  // Committed chunks waiting for the NVMe writer, held in DRAM (evicted only
+  // when nothing else can be; then the write is skipped and counted).
   struct PendingWrite {
     ChunkKey key;
-    uint64_t pinned_bytes = 0;  // slot bytes pinned for it, or 0
+    uint64_t sequence = 0;  // the slot's sequence when queued: the same chunk, not a re-store
   };
   // REQUIRES: mu_ held. Queues resident chunk `handle` for the NVMe writer.
   void QueueNvmeWrite(uint32_t handle);
@@ -296,7 +295,6 @@ class CacheCore {
   std::deque<Demotion> demotions_;                                    // GUARDED_BY(mu_)
   std::unordered_set<ChunkKey, ChunkKeyHash> demoting_;               // GUARDED_BY(mu_)
   uint64_t demotion_bytes_ = 0;                                       // GUARDED_BY(mu_)
-  uint64_t nvme_pinned_bytes_ = 0;                                    // GUARDED_BY(mu_)
   uint64_t nvme_in_flight_ = 0;                                       // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Promotion> promotions_;                // GUARDED_BY(mu_)
   // Slot bytes prefetch tickets may hold at once: half the arena, so that

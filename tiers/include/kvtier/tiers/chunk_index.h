@@ -23,6 +23,7 @@ struct ChunkEntry {
   uint32_t leases = 0;         // active leases pinning this chunk
   uint32_t resident_children = 0;  // chunks in this tier whose parent is this one
   uint32_t hits = 0;               // lookups that hit it here (saturating)
+  uint32_t write_holds = 0;        // pending writes to a lower tier: evicted only as a last resort
 };
 
 class ChunkIndex {

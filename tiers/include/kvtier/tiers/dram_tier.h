@@ -75,6 +75,11 @@ class DramTier {
   using EvictionListener = std::function<void(uint32_t handle)>;
   void SetEvictionListener(EvictionListener listener) { on_evict_ = std::move(listener); }
 
+  // A chunk waiting for its NVMe write is evicted only when nothing else can
+  // be (then its write is skipped). Holds nest.
+  void HoldForWrite(uint32_t handle) { ++index_.Get(handle).write_holds; }
+  void ReleaseWriteHold(uint32_t handle) { --index_.Get(handle).write_holds; }
+
   // A pinned chunk is never evicted. Pins nest.
   void Pin(uint32_t handle) { ++index_.Get(handle).leases; }
   void Unpin(uint32_t handle) { --index_.Get(handle).leases; }
@@ -94,8 +99,9 @@ class DramTier {
       : arena_(std::move(arena)), allocator_(arena_->bytes()), policy_(std::move(policy)) {}
 
   // Evicts the least recently used evictable chunk, only among slots of
-  // `same_size` bytes unless it is 0; false when none is evictable.
-  bool EvictOne(uint64_t same_size);
+  // `same_size` bytes unless it is 0, and (with `spare_held`) not one held
+  // for a write; false when none is evictable.
+  bool EvictOne(uint64_t same_size, bool spare_held);
 
   std::unique_ptr<Arena> arena_;
   SlotAllocator allocator_;

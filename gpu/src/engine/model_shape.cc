@@ -1,8 +1,9 @@
-#include "model_shape.h"
+#include "kvtier/gpu/engine/model_shape.h"
 
-namespace kvtier::engine {
+namespace kvtier::gpu::engine {
 
-Result<ModelShape> ModelShape::Preset(const std::string& name) {
+GpuStatus ModelShape::Preset(const std::string& name, ModelShape* out) {
+  if (out == nullptr) return GpuStatus::InvalidArgument("ModelShape::Preset: null out");
   ModelShape s;
   s.name = name;
   if (name == "llama3-8b") {
@@ -12,9 +13,10 @@ Result<ModelShape> ModelShape::Preset(const std::string& name) {
     s.num_layers = 4, s.num_q_heads = 4, s.num_kv_heads = 2, s.head_dim = 16;
     s.hidden = 64, s.intermediate = 128, s.vocab = 512;
   } else {
-    return Status::InvalidArgument("--model '" + name + "' is unknown (llama3-8b, tiny-engine)");
+    return GpuStatus::InvalidArgument("--model '" + name + "' is unknown (llama3-8b, tiny-engine)");
   }
-  return s;
+  *out = std::move(s);
+  return GpuStatus::Ok();
 }
 
 double ModelShape::LayerGemmFlops(int64_t tokens) const {
@@ -27,17 +29,14 @@ double ModelShape::LayerGemmFlops(int64_t tokens) const {
 
 double ModelShape::LmHeadFlops() const { return 2.0 * static_cast<double>(hidden) * vocab; }
 
-NamespaceSpec ModelShape::Namespace(uint32_t chunk_tokens, const std::string& cache_salt) const {
-  NamespaceSpec ns;
-  ns.model_id = "kvtier-engine/" + name;
-  ns.kv_dtype = "fp16";
-  ns.layout = "mha";
-  ns.num_layers = static_cast<uint32_t>(num_layers);
-  ns.num_kv_heads = static_cast<uint32_t>(num_kv_heads);
-  ns.head_dim = static_cast<uint32_t>(head_dim);
-  ns.chunk_tokens = chunk_tokens;
-  ns.cache_salt = cache_salt;
-  return ns;
+std::vector<int32_t> MakePrompt(int64_t n) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint64_t x = 0x2545F4914F6CDD1Dull;
+  for (auto& v : t) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
+    v = static_cast<int32_t>(x % 128000);
+  }
+  return t;
 }
 
-}  // namespace kvtier::engine
+}  // namespace kvtier::gpu::engine

@@ -5,8 +5,9 @@
 # layout round-trips bit-exact against the host emulation, which CI checks
 # against an independent CPU reference), and prints H2D GB/s from a
 # registered range vs cudaMemcpyAsync from cudaHostAlloc memory, and
-# gather/scatter GB/s for both copy paths. Then the standalone test engine
-# when gpu/ builds one.
+# gather/scatter GB/s for both copy paths. Then the test engine, standalone
+# (no daemon): TTFT of recompute, load-then-compute and layerwise load for a
+# 32K-token prompt with 31K tokens cached, and the overlap ratio.
 #   bash tools/gpu-check.sh [BUILD_DIR]   (default build-gpu-check)
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,7 +28,6 @@ if [ $rc -eq 2 ]; then
   exit 2
 fi
 [ $rc -eq 0 ] || exit $rc
-if [ -x "$BUILD/kvtier-engine-standalone" ]; then
-  echo "== test engine (standalone: layerwise load from pinned host memory)"
-  "$BUILD/kvtier-engine-standalone" --backend cuda
-fi
+echo "== test engine (standalone: llama3-8b, 32K-token prompt, 31K cached; KV prefix in pinned host memory)"
+"$BUILD/kvtier-engine-standalone" --backend cuda --model llama3-8b --prompt-tokens 32768 \
+  --cached-tokens 31744 --iterations 3

@@ -40,6 +40,25 @@ Status CheckCache(const PagedKvCache& cache, const NamespaceHandle& ns, gpu::KvL
   return Status::Ok();
 }
 
+// A chunk set of `ns` in `layout` over `arena`, without chunks yet.
+gpu::KvChunkSet ChunkSetOf(const gpu::KvLayout& layout, const NamespaceHandle& ns,
+                           const gpu::PinnedRange* arena) {
+  gpu::KvChunkSet chunks;
+  chunks.layout = &layout;
+  chunks.num_layers = ns.spec.num_layers;
+  chunks.chunk_tokens = ns.spec.chunk_tokens;
+  chunks.arena = arena;
+  return chunks;
+}
+
+Status CheckLayer(int64_t layer, const NamespaceHandle& ns) {
+  if (layer < 0 || layer >= static_cast<int64_t>(ns.spec.num_layers)) {
+    return Status::InvalidArgument("layer " + std::to_string(layer) + " is outside 0.." +
+                                   std::to_string(ns.spec.num_layers - 1));
+  }
+  return Status::Ok();
+}
+
 // The block ids of chunks `first` .. `first + count` of a prompt's block table.
 std::vector<int32_t> ChunkBlocks(std::span<const int32_t> table, size_t first, size_t count,
                                  size_t blocks_per_chunk) {
@@ -100,11 +119,7 @@ Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
     lease_.Release();
     return range.status();
   }
-  gpu::KvChunkSet chunks;
-  chunks.layout = &layout_;
-  chunks.num_layers = ns_.spec.num_layers;
-  chunks.chunk_tokens = ct;
-  chunks.arena = *range;
+  gpu::KvChunkSet chunks = ChunkSetOf(layout_, ns_, *range);
   for (uint32_t i = 0; i < n; ++i) {
     chunks.payloads.push_back(const_cast<std::byte*>(lease_.payload(i).data()));
   }
@@ -122,10 +137,7 @@ Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
 }
 
 Status LayerwiseLoader::WaitLayer(int64_t layer, gpu::Stream& compute_stream) {
-  if (layer < 0 || layer >= static_cast<int64_t>(ns_.spec.num_layers)) {
-    return Status::InvalidArgument("layer " + std::to_string(layer) + " is outside 0.." +
-                                   std::to_string(ns_.spec.num_layers - 1));
-  }
+  KVTIER_RETURN_IF_ERROR(CheckLayer(layer, ns_));
   if (!load_) return Status::Ok();  // nothing to load
   // A layer the load could not queue has no event: its chunks are reported
   // failed by Finish, so the engine need not wait for them.
@@ -201,11 +213,7 @@ Result<uint32_t> LayerwiseStorer::Start(std::span<const int32_t> tokens,
     reservation_.Abort();
     return range.status();
   }
-  gpu::KvChunkSet chunks;
-  chunks.layout = &layout_;
-  chunks.num_layers = ns_.spec.num_layers;
-  chunks.chunk_tokens = ct;
-  chunks.arena = *range;
+  gpu::KvChunkSet chunks = ChunkSetOf(layout_, ns_, *range);
   for (size_t k = 0; k < n; ++k) {
     chunks.payloads.push_back(reservation_.payload(k).data());
     const std::vector<int32_t> blocks =
@@ -222,10 +230,7 @@ Result<uint32_t> LayerwiseStorer::Start(std::span<const int32_t> tokens,
 }
 
 Status LayerwiseStorer::LayerDone(int64_t layer, gpu::Stream& compute_stream) {
-  if (layer < 0 || layer >= static_cast<int64_t>(ns_.spec.num_layers)) {
-    return Status::InvalidArgument("layer " + std::to_string(layer) + " is outside 0.." +
-                                   std::to_string(ns_.spec.num_layers - 1));
-  }
+  KVTIER_RETURN_IF_ERROR(CheckLayer(layer, ns_));
   if (!store_) return Status::Ok();  // nothing to store
   return FromGpu(store_->LayerWritten(layer, compute_stream), "LayerDone");
 }

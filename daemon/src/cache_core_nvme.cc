@@ -61,7 +61,8 @@ uint64_t CacheCore::StartPromotion(Promotion p) {
 
 void CacheCore::EndPromotion(std::unordered_map<uint64_t, Promotion>::iterator it) {
   for (uint32_t h : it->second.ready) dram_->Unpin(h);
-  prefetch_held_bytes_ -= it->second.held_bytes;
+  const Promotion& p = it->second;
+  if (!p.on_done) prefetch_held_bytes_ -= p.keys.size() * p.ns.layout.slot_bytes;  // a ticket
   promotions_.erase(it);  // a step in flight finds it gone and keeps its chunks unpinned
 }
 
@@ -218,8 +219,7 @@ Status CacheCore::Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse*
   p.ready = std::move(hits);
   p.dram_at_start = static_cast<uint32_t>(p.ready.size());
   p.done = run == 0;
-  p.held_bytes = p.keys.size() * ns.layout.slot_bytes;
-  prefetch_held_bytes_ += p.held_bytes;
+  prefetch_held_bytes_ += p.keys.size() * ns.layout.slot_bytes;
   resp->set_ticket(StartPromotion(std::move(p)));
   return Status::Ok();
 }

@@ -182,7 +182,6 @@ class CacheCore {
     std::vector<uint32_t> ready;      // pinned DRAM handles of keys[0, ready.size())
     uint32_t dram_at_start = 0;       // of ready, how many were in DRAM at the start
     bool done = false;                // no more will become ready
-    uint64_t held_bytes = 0;          // a ticket's share of the prefetch budget
     // A Lookup's continuation, run without mu_ once the promotion is done and
     // out of promotions_; `ready` is still pinned then.
     std::function<void(Promotion&)> on_done;
@@ -297,8 +296,8 @@ class CacheCore {
   uint64_t demotion_bytes_ = 0;                                       // GUARDED_BY(mu_)
   uint64_t nvme_in_flight_ = 0;                                       // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Promotion> promotions_;                // GUARDED_BY(mu_)
-  // Slot bytes prefetch tickets may hold at once: half the arena, so that
-  // tickets never starve stores and lookups of room.
+  // Slot bytes the prefetch tickets hold (keys.size() * slot_bytes each); at
+  // most half the arena, so that tickets never starve stores and lookups of room.
   uint64_t prefetch_held_bytes_ = 0;                                  // GUARDED_BY(mu_)
   std::deque<uint64_t> promotion_queue_;                              // GUARDED_BY(mu_)
   std::condition_variable work_cv_;

@@ -1,0 +1,175 @@
+// ChunkLease, and Client::Acquire and Client::Load built on it.
+#include "client_impl.h"
+
+namespace kvtier {
+
+// ---- ChunkLease -----------------------------------------------------------
+
+struct ChunkLease::State {
+  std::shared_ptr<Connection> conn;
+  std::function<void(std::shared_ptr<Connection>, uint64_t)> release;
+  uint64_t lease_id = 0;  // 0 once released
+  uint64_t payload_bytes = 0;
+  uint64_t header_bytes = 0;
+  std::vector<uint64_t> offsets;    // payload offsets in the arena
+  std::vector<uint64_t> sequences;  // slot sequence numbers at lookup
+};
+
+ChunkLease::ChunkLease() = default;
+ChunkLease::~ChunkLease() { Release(); }
+ChunkLease::ChunkLease(ChunkLease&&) noexcept = default;
+ChunkLease& ChunkLease::operator=(ChunkLease&& other) noexcept {
+  if (this != &other) {
+    Release();
+    state_ = std::move(other.state_);
+    nvme_chunks = other.nvme_chunks;
+    prefetched_chunks = other.prefetched_chunks;
+    lookup_time = other.lookup_time;
+    fail_open = std::move(other.fail_open);
+  }
+  return *this;
+}
+
+uint32_t ChunkLease::num_chunks() const {
+  return state_ ? static_cast<uint32_t>(state_->offsets.size()) : 0;
+}
+
+std::span<const std::byte> ChunkLease::payload(size_t i) const {
+  return {state_->conn->arena->base() + state_->offsets[i], state_->payload_bytes};
+}
+
+uint32_t ChunkLease::ValidChunks() const {
+  uint32_t valid = 0;
+  for (; valid < num_chunks(); ++valid) {
+    const std::byte* slot =
+        state_->conn->arena->base() + state_->offsets[valid] - state_->header_bytes;
+    if (state_->sequences[valid] == 0 || SlotSequence(slot) != state_->sequences[valid]) break;
+  }
+  return valid;
+}
+
+std::shared_ptr<Arena> ChunkLease::mapping() const {
+  return state_ ? state_->conn->arena : nullptr;
+}
+
+void ChunkLease::Release() {
+  if (!state_ || state_->lease_id == 0) return;
+  state_->release(state_->conn, state_->lease_id);
+  state_->lease_id = 0;
+}
+
+Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                                   size_t max_chunks, const PrefetchTicket* ticket) {
+  if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
+  const uint64_t pb = ns.layout.payload_bytes;
+  max_chunks = std::min<size_t>(max_chunks, tokens.size() / ns.spec.chunk_tokens);
+  ChunkLease lease;
+  if (max_chunks == 0) return lease;
+  auto conn = impl_->GetFor(ns);
+  if (!conn.ok()) {
+    lease.fail_open = conn.status();
+    return lease;
+  }
+  Connection& c = **conn;
+  v1::LookupResponse resp;
+  {
+    const bool take_over = ticket != nullptr && WaitForPrefetch(*this, *ticket, c.session_id);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
+    v1::LookupRequest req = MakeLookup(c, ns, /*acquire=*/true);
+    req.set_max_chunks(static_cast<uint32_t>(std::min<size_t>(max_chunks, UINT32_MAX)));
+    if (take_over) req.set_prefetch_ticket(ticket->id);
+    LentTokens lent(req, tokens);
+    const auto start = Clock::now();
+    Status st = FromGrpcStatus(c.stub->Lookup(&ctx, req, &resp));
+    lease.lookup_time = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
+    impl_->Report(*conn, st, &ns.id);
+    if (!st.ok()) {
+      lease.fail_open = st;
+      return lease;
+    }
+  }
+  lease.state_ = std::make_unique<ChunkLease::State>();
+  ChunkLease::State& s = *lease.state_;
+  s.conn = *conn;
+  s.release = [impl = impl_.get()](std::shared_ptr<Connection> held, uint64_t id) {
+    impl->ReleaseLater(std::move(held), id);
+  };
+  s.lease_id = resp.lease_id();
+  s.payload_bytes = pb;
+  s.header_bytes = ns.layout.header_bytes;
+  // Every location is checked before any is used: a daemon that answers
+  // nonsense is a fail-open, never a read outside the arena.
+  Status bad;
+  if (static_cast<uint32_t>(resp.chunks_size()) != resp.num_chunks() ||
+      resp.num_chunks() > max_chunks) {
+    bad = Status::DataLoss("daemon returned " + std::to_string(resp.chunks_size()) +
+                           " chunk locations for " + std::to_string(resp.num_chunks()) +
+                           " chunks");
+  }
+  for (int i = 0; bad.ok() && i < resp.chunks_size(); ++i) {
+    const v1::ChunkLocation& loc = resp.chunks(i);
+    if (loc.payload_bytes() != pb || loc.payload_offset() < ns.layout.header_bytes ||
+        !c.arena->Contains(loc.payload_offset(), pb)) {
+      bad = Status::DataLoss("daemon returned a chunk location outside the arena");
+      break;
+    }
+    s.offsets.push_back(loc.payload_offset());
+    s.sequences.push_back(loc.sequence());
+  }
+  if (!bad.ok()) {
+    lease.Release();
+    s.offsets.clear();
+    s.sequences.clear();
+    lease.fail_open = bad;
+    return lease;
+  }
+  const uint32_t n = resp.num_chunks();
+  lease.nvme_chunks = std::min(n, resp.nvme_chunks());
+  lease.prefetched_chunks = std::min(n, resp.prefetched_chunks());
+  return lease;
+}
+
+Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                                const ChunkReader& reader, size_t max_chunks,
+                                const PrefetchTicket* ticket) {
+  auto acquired = Acquire(ns, tokens, max_chunks, ticket);
+  if (!acquired.ok()) return acquired.status();
+  ChunkLease& lease = *acquired;
+  LoadResult result;
+  result.lookup_time = lease.lookup_time;
+  result.fail_open = lease.fail_open;
+  const uint32_t n = lease.num_chunks();
+  for (uint32_t i = 0; i < n; ++i) {
+    Status st = reader(i, lease.payload(i));
+    if (!st.ok()) return st;  // the reader's own error, not a fail-open (the lease ends)
+  }
+  // The copies are done: a chunk counts only if its slot still holds the
+  // sequence it had at lookup. The first changed chunk ends the prefix.
+  const uint32_t valid = lease.ValidChunks();
+  lease.Release();
+  if (valid < n) {
+    result.fail_open = Status::Aborted("the lease on chunk " + std::to_string(valid) +
+                                       " lapsed during the copy and its slot was reused");
+  }
+  result.num_chunks = valid;
+  const uint32_t dram_chunks = n - lease.nvme_chunks;
+  result.nvme_chunks = valid > dram_chunks ? valid - dram_chunks : 0;
+  result.prefetched_chunks = std::min(valid, lease.prefetched_chunks);
+  result.loaded_tokens = uint64_t{valid} * ns.spec.chunk_tokens;
+  return result;
+}
+
+Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                                std::span<std::byte> destination, const PrefetchTicket* ticket) {
+  const uint64_t pb = ns.layout.payload_bytes;
+  return Load(
+      ns, tokens,
+      [&](size_t i, std::span<const std::byte> payload) {
+        std::memcpy(destination.data() + i * pb, payload.data(), pb);
+        return Status::Ok();
+      },
+      destination.size() / pb, ticket);
+}
+
+}  // namespace kvtier

@@ -1,0 +1,397 @@
+// Internals of the client SDK shared by its source files (client.cc,
+// chunk_lease.cc, chunk_reservation.cc): the connection to kvtierd (channel,
+// Session stream, mapped arena), the lease releaser and Client::Impl.
+// Not installed; not for engines.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "kvtier/arena.h"
+#include "kvtier/client.h"
+#include "kvtier/fd_passing.h"
+#include "kvtier/proto/convert.h"
+#include "kvtier/proto/status_mapping.h"
+#include "kvtier/proto/transport_args.h"
+#include "kvtier/socket_path.h"
+#include "kvtier/v1/kvtier.grpc.pb.h"
+
+namespace kvtier::client_internal {
+
+using Clock = std::chrono::steady_clock;
+
+// The client's end of the Session stream. Lives until OnDone.
+class SessionStream final : public grpc::ClientBidiReactor<v1::SessionHello, v1::SessionOpened> {
+ public:
+  SessionStream(v1::KvCache::Stub* stub, const std::string& name) {
+    hello_.set_client_name(name);
+    hello_.set_pid(static_cast<uint32_t>(getpid()));
+    stub->async()->Session(&ctx_, this);
+    StartWrite(&hello_);
+    StartRead(&opened_);
+    StartCall();
+  }
+
+  // Waits for SessionOpened until `deadline`. Errors: UNAVAILABLE.
+  Result<v1::SessionOpened> WaitOpened(Clock::time_point deadline) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [&] { return got_opened_ || done_; })) {
+      return Status::Unavailable("no SessionOpened from the daemon before the deadline");
+    }
+    if (!got_opened_) return Status::Unavailable("session stream ended: " + end_reason_);
+    return opened_copy_;
+  }
+  bool alive() const { return alive_.load(); }
+
+  // Cancels the stream and waits for OnDone. Then `this` may be deleted.
+  void Cancel() {
+    ctx_.TryCancel();
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+  }
+
+  void OnWriteDone(bool /*ok*/) override {}
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended; OnDone follows
+    {
+      std::lock_guard lock(mu_);
+      if (!got_opened_) {
+        opened_copy_ = opened_;
+        got_opened_ = true;
+      }
+    }
+    cv_.notify_all();
+    StartRead(&opened_);  // keep a read pending to see the stream end
+  }
+  void OnDone(const grpc::Status& s) override {
+    alive_.store(false);
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+      end_reason_ = s.error_message().empty() ? "closed" : s.error_message();
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  grpc::ClientContext ctx_;
+  v1::SessionHello hello_;
+  v1::SessionOpened opened_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool got_opened_ = false;
+  bool done_ = false;
+  std::string end_reason_;
+  v1::SessionOpened opened_copy_;
+  std::atomic<bool> alive_{true};
+};
+
+// One live connection: channel, session and the arena it maps.
+struct Connection {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::KvCache::Stub> stub;
+  std::unique_ptr<SessionStream> session;
+  std::shared_ptr<Arena> arena;
+  uint64_t session_id = 0;
+  uint64_t epoch = 0;
+  std::atomic<bool> broken{false};
+  std::mutex registered_mu;
+  std::unordered_set<NamespaceId, ChunkKeyHash> registered;  // GUARDED_BY(registered_mu)
+
+  bool alive() const { return !broken.load() && session->alive(); }
+  ~Connection() {
+    if (session) session->Cancel();
+  }
+};
+
+inline bool BreaksConnection(const Status& st) {
+  switch (st.code()) {
+    case StatusCode::kUnavailable:
+    case StatusCode::kFailedPrecondition:  // unknown session, stale epoch
+    case StatusCode::kCancelled:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Releases leases off the load path: Load hands the lease to this worker and
+// returns; the worker makes the (synchronous, deadline-bounded) ReleaseRead
+// call. Its own thread, not a gRPC callback thread, so that a connection it
+// holds the last reference to is torn down safely. Stop() drains the queue.
+class Releaser {
+ public:
+  ~Releaser() { Stop(); }
+
+  void Enqueue(std::shared_ptr<Connection> conn, uint64_t lease_id,
+               std::chrono::milliseconds deadline) {
+    std::lock_guard lock(mu_);
+    if (stopped_) return;  // the session's end releases it
+    queue_.push_back({std::move(conn), lease_id, deadline});
+    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+    cv_.notify_one();
+  }
+
+  void Stop() {
+    {
+      std::lock_guard lock(mu_);
+      stopped_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct Item {
+    std::shared_ptr<Connection> conn;
+    uint64_t lease_id;
+    std::chrono::milliseconds deadline;
+  };
+
+  void Loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stopped_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopped and drained
+      Item item = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      v1::ReleaseReadRequest req;
+      req.set_session_id(item.conn->session_id);
+      req.set_lease_id(item.lease_id);
+      v1::ReleaseReadResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + item.deadline);
+      // A failed release is not the engine's problem: the session or TTL ends the lease.
+      (void)item.conn->stub->ReleaseRead(&ctx, req, &resp);
+      item.conn.reset();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;  // GUARDED_BY(mu_)
+  bool stopped_ = false;    // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+// Lends this thread's reusable buffer to a LookupRequest's `tokens` for one
+// RPC. A long prompt's ids (512 KiB for 128K tokens) would otherwise be a fresh
+// allocation per call, which glibc hands back to the kernel on free and faults
+// in again on the next call: measured, half of a 128K-token lookup's latency.
+template <typename Request>
+class LentTokens {
+ public:
+  LentTokens(Request& req, std::span<const int32_t> tokens) : req_(req) {
+    std::string* buf = spare_ ? spare_.release() : new std::string;
+    buf->assign(reinterpret_cast<const char*>(tokens.data()), tokens.size_bytes());
+    req_.set_allocated_tokens(buf);
+  }
+  ~LentTokens() {
+    std::unique_ptr<std::string> buf(req_.release_tokens());
+    if (buf && buf->capacity() <= kMaxKeptBytes) spare_ = std::move(buf);
+  }
+  LentTokens(const LentTokens&) = delete;
+  LentTokens& operator=(const LentTokens&) = delete;
+
+ private:
+  static constexpr size_t kMaxKeptBytes = 16 << 20;  // 4M tokens
+  static thread_local std::unique_ptr<std::string> spare_;
+  Request& req_;
+};
+template <typename Request>
+thread_local std::unique_ptr<std::string> LentTokens<Request>::spare_;
+
+inline v1::LookupRequest MakeLookup(const Connection& c, const NamespaceHandle& ns, bool acquire) {
+  v1::LookupRequest req;
+  req.set_session_id(c.session_id);
+  req.set_epoch(c.epoch);
+  req.set_namespace_id(ns.id.ToBytes());
+  req.set_acquire(acquire);
+  return req;
+}
+
+// Before a Load with `ticket`: waits as its policy says (polling the daemon),
+// and returns whether the ticket can be handed to the Lookup.
+bool WaitForPrefetch(Client& client, const PrefetchTicket& ticket, uint64_t session_id);
+
+}  // namespace kvtier::client_internal
+
+namespace kvtier {
+
+using client_internal::BreaksConnection;
+using client_internal::Clock;
+using client_internal::Connection;
+using client_internal::LentTokens;
+using client_internal::MakeLookup;
+using client_internal::Releaser;
+using client_internal::SessionStream;
+using client_internal::WaitForPrefetch;
+
+class Client::Impl {
+ public:
+  explicit Impl(const ClientOptions& o) : options_(o) {
+    if (options_.socket_path.empty()) options_.socket_path = DefaultSocketPath();
+  }
+
+  const ClientOptions& options() const { return options_; }
+
+  // A live connection, reconnecting when the last one broke and the
+  // reconnect interval has passed. Errors: why there is none (fail open).
+  Result<std::shared_ptr<Connection>> Get(std::chrono::milliseconds budget) {
+    std::lock_guard lock(mu_);
+    if (conn_ && conn_->alive()) return conn_;
+    const auto now = Clock::now();
+    if (now - last_attempt_ < options_.reconnect_interval) {
+      return Status::Unavailable("not connected to kvtierd (" + last_error_ + ")");
+    }
+    last_attempt_ = now;
+    auto fresh = Dial(now + budget);
+    if (!fresh.ok()) {
+      last_error_ = fresh.status().message();
+      conn_.reset();
+      return fresh.status();
+    }
+    conn_ = std::move(fresh).value();
+    return conn_;
+  }
+
+  // Marks `conn` broken when `st` says the daemon lost our session; forgets
+  // that `ns` is registered when the daemon says it does not know it.
+  void Report(const std::shared_ptr<Connection>& conn, const Status& st,
+              const NamespaceId* ns = nullptr) {
+    if (st.ok()) return;
+    if (BreaksConnection(st)) {
+      if (!conn->broken.exchange(true)) {
+        spdlog::info("kvtier client: connection lost ({}); will reconnect", st.ToString());
+      }
+    } else if (st.code() == StatusCode::kNotFound && ns != nullptr) {
+      std::lock_guard lock(conn->registered_mu);
+      conn->registered.erase(*ns);
+    }
+  }
+
+  // A live connection on which `ns` is registered (registering it first when
+  // needed). Errors: why not, for the caller to fail open with.
+  Result<std::shared_ptr<Connection>> GetFor(const NamespaceHandle& ns) {
+    auto conn = Get(options_.deadline);
+    if (!conn.ok()) return conn.status();
+    KVTIER_RETURN_IF_ERROR(EnsureRegistered(*conn, ns.spec, ns.id));
+    return conn;
+  }
+
+  Status EnsureRegistered(const std::shared_ptr<Connection>& conn, const NamespaceSpec& spec,
+                          const NamespaceId& id) {
+    {
+      std::lock_guard lock(conn->registered_mu);
+      if (conn->registered.count(id) > 0) return Status::Ok();
+    }
+    Status st = Register(*conn, spec, Clock::now() + options_.deadline);
+    Report(conn, st);
+    if (!st.ok()) return st;
+    std::lock_guard lock(conn->registered_mu);
+    conn->registered.insert(id);
+    return Status::Ok();
+  }
+
+  void AddNamespace(const NamespaceHandle& ns) {
+    std::lock_guard lock(mu_);
+    namespaces_[ns.id] = ns.spec;
+  }
+  void RemoveNamespace(const NamespaceId& id) {
+    std::lock_guard lock(mu_);
+    namespaces_.erase(id);
+  }
+  bool Knows(const NamespaceId& id) {
+    std::lock_guard lock(mu_);
+    return namespaces_.count(id) > 0;
+  }
+
+  // Registers `spec` on `conn`. Errors from the daemon.
+  Status Register(Connection& conn, const NamespaceSpec& spec, Clock::time_point deadline) {
+    v1::OpenNamespaceRequest req;
+    req.set_session_id(conn.session_id);
+    *req.mutable_spec() = ToProto(spec);
+    v1::OpenNamespaceResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + (deadline - Clock::now()));
+    return FromGrpcStatus(conn.stub->OpenNamespace(&ctx, req, &resp));
+  }
+
+  void Close() {
+    releaser_.Stop();  // pending releases first, while their session is open
+    std::lock_guard lock(mu_);
+    conn_.reset();
+    closed_ = true;
+  }
+
+  void ReleaseLater(std::shared_ptr<Connection> conn, uint64_t lease_id) {
+    releaser_.Enqueue(std::move(conn), lease_id, options_.deadline);
+  }
+  bool connected() {
+    std::lock_guard lock(mu_);
+    return conn_ && conn_->alive();
+  }
+
+ private:
+  // REQUIRES: mu_ held.
+  Result<std::shared_ptr<Connection>> Dial(Clock::time_point deadline) {
+    if (closed_) return Status::FailedPrecondition("client is closed");
+    auto c = std::make_shared<Connection>();
+    grpc::ChannelArguments args;
+    for (const auto& [name, value] : TransportArgs()) args.SetInt(name, value);
+    c->channel = grpc::CreateCustomChannel("unix:" + options_.socket_path,
+                                           grpc::InsecureChannelCredentials(), args);
+    c->stub = v1::KvCache::NewStub(c->channel);
+    c->session = std::make_unique<SessionStream>(c->stub.get(), options_.client_name);
+    auto opened = c->session->WaitOpened(deadline);
+    if (!opened.ok()) return opened.status();
+    c->session_id = opened->session_id();
+    c->epoch = opened->epoch();
+    if (arena_ && arena_->epoch() == c->epoch) {
+      c->arena = arena_;
+    } else {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      auto got = ReceiveArenaFd(ArenaSocketPath(options_.socket_path),
+                                static_cast<int>(std::max<int64_t>(left.count(), 1)));
+      if (!got.ok()) return got.status();
+      auto [msg, fd] = *got;
+      if (msg.epoch != c->epoch) {
+        close(fd);
+        return Status::Unavailable("arena epoch differs from the session's (daemon restarting)");
+      }
+      auto mapped = Arena::Map(fd, msg.arena_bytes, msg.epoch);
+      if (!mapped.ok()) return mapped.status();
+      arena_ = std::shared_ptr<Arena>(std::move(mapped).value());
+      c->arena = arena_;
+      spdlog::debug("kvtier client: mapped arena epoch {:016x} ({} bytes)", msg.epoch,
+                   msg.arena_bytes);
+    }
+    return c;  // namespaces are registered on first use (EnsureRegistered)
+  }
+
+  ClientOptions options_;
+  std::mutex mu_;
+  std::shared_ptr<Connection> conn_;                           // GUARDED_BY(mu_)
+  std::shared_ptr<Arena> arena_;                               // GUARDED_BY(mu_)
+  std::unordered_map<NamespaceId, NamespaceSpec, ChunkKeyHash> namespaces_;  // GUARDED_BY(mu_)
+  Clock::time_point last_attempt_{};                           // GUARDED_BY(mu_)
+  std::string last_error_ = "never connected";                 // GUARDED_BY(mu_)
+  bool closed_ = false;                                        // GUARDED_BY(mu_)
+  Releaser releaser_;
+};
+
+}  // namespace kvtier

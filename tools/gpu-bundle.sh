@@ -34,9 +34,10 @@ chmod 700 "$WORK"
 "$HERE/bin/kvtierd" --socket "$WORK/kvtierd.sock" --dram-bytes "${DRAM:-8GiB}" --nvme-bytes 0 \
   --log-level warn &
 PID=$!
-trap 'kill -TERM $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$WORK"' EXIT
+trap 'kill -TERM $PID 2>/dev/null || true; wait $PID 2>/dev/null || true; rm -rf "$WORK"' EXIT
 for _ in $(seq 1 100); do
   "$HERE/bin/kvtierctl" --socket "$WORK/kvtierd.sock" health >/dev/null 2>&1 && break
+  kill -0 $PID 2>/dev/null || { echo "run.sh: kvtierd did not start (its error is above)" >&2; exit 1; }
   sleep 0.1
 done
 "$HERE/bin/kvtier-gpu-e2e" --socket "$WORK/kvtierd.sock" --backend "${BACKEND:-cuda}" --device "${GPU:-0}" "$@"

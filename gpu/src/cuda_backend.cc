@@ -4,12 +4,14 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "compute_kernels.h"
 #include "fill_kernel.h"
+#include "host_ipc_handle.h"
 #include "kv_copy_kernel.h"
 
 namespace kvtier::gpu {
@@ -126,8 +128,91 @@ GpuStatus CudaRuntime::AllocateImpl(size_t bytes, DeviceBuffer* out) {
 }
 
 void CudaRuntime::FreeImpl(void* data) noexcept {
+  bool opened = false;
+  {
+    std::lock_guard<std::mutex> lock(ipc_mu_);
+    if (auto it = opened_.find(data); it != opened_.end()) {
+      opened = true;
+      if (--it->second == 0) opened_.erase(it);
+    } else {
+      exported_.erase(data);
+    }
+  }
   DeviceGuard guard(device_);
-  cudaFree(data);  // Nothing to report to: a failure here means the context is already dead.
+  // Nothing to report to: a failure here means the context is already dead.
+  if (opened) {
+    cudaIpcCloseMemHandle(data);
+  } else {
+    cudaFree(data);
+  }
+}
+
+static_assert(sizeof(cudaIpcMemHandle_t) == internal::kCudaIpcHandleBytes,
+              "host_ipc_handle.h tells CUDA handles apart by their size");
+
+GpuStatus CudaRuntime::AllocateExportedImpl(size_t bytes, DeviceBuffer* out,
+                                            std::string* ipc_handle) {
+  DeviceGuard guard(device_);
+  if (guard.error() != cudaSuccess) return FromCuda(guard.error(), "cudaSetDevice");
+  void* data = nullptr;
+  if (cudaError_t err = cudaMalloc(&data, bytes); err != cudaSuccess) {
+    return FromCuda(err, ("cudaMalloc(" + std::to_string(bytes) + " bytes)").c_str());
+  }
+  cudaIpcMemHandle_t handle;
+  if (cudaError_t err = cudaIpcGetMemHandle(&handle, data); err != cudaSuccess) {
+    cudaFree(data);
+    return FromCuda(err, "cudaIpcGetMemHandle");
+  }
+  std::string text(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  {
+    std::lock_guard<std::mutex> lock(ipc_mu_);
+    exported_[data] = text;
+  }
+  *ipc_handle = std::move(text);
+  *out = WrapBuffer(data, bytes);
+  return GpuStatus::Ok();
+}
+
+GpuStatus CudaRuntime::OpenExportedImpl(std::string_view ipc_handle, size_t bytes,
+                                        DeviceBuffer* out) {
+  const std::string who = name_ + ": OpenExported: ";
+  if (ipc_handle.starts_with(internal::kHostIpcPrefix)) {
+    return GpuStatus::InvalidArgument(
+        who + "the handle was made by the host backend (\"host-ipc:\" prefix), not by CUDA");
+  }
+  if (ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
+    return GpuStatus::InvalidArgument(
+        who + "malformed handle: " + std::to_string(ipc_handle.size()) + " bytes, not the " +
+        std::to_string(sizeof(cudaIpcMemHandle_t)) + " of a cudaIpcMemHandle_t");
+  }
+  {
+    std::lock_guard<std::mutex> lock(ipc_mu_);
+    for (const auto& [data, handle] : exported_) {  // A handful of exports: a scan is fine.
+      if (handle == ipc_handle) {
+        return GpuStatus::InvalidArgument(
+            who +
+            "the handle was exported by this runtime; CUDA cannot open it in the "
+            "exporting process (use the exported buffer)");
+      }
+    }
+  }
+  cudaIpcMemHandle_t handle;
+  std::memcpy(&handle, ipc_handle.data(), sizeof(handle));
+  DeviceGuard guard(device_);
+  if (guard.error() != cudaSuccess) return FromCuda(guard.error(), "cudaSetDevice");
+  void* data = nullptr;
+  if (cudaError_t err = cudaIpcOpenMemHandle(&data, handle, cudaIpcMemLazyEnablePeerAccess);
+      err != cudaSuccess) {
+    return FromCuda(err, (who + "cudaIpcOpenMemHandle").c_str());
+  }
+  {
+    std::lock_guard<std::mutex> lock(ipc_mu_);
+    ++opened_[data];
+  }
+  // CUDA maps the whole exported allocation and does not say how long it is: `bytes` is
+  // the caller's word.
+  *out = WrapBuffer(data, bytes);
+  return GpuStatus::Ok();
 }
 
 GpuStatus CudaRuntime::CreateStreamImpl(Stream* out) {

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "kvtier/gpu/runtime.h"
 
@@ -23,7 +24,10 @@ namespace kvtier::gpu {
 // cudaEventCreateWithFlags(cudaEventDisableTiming), copies by cudaMemcpyAsync
 // (cudaMemcpyDefault). Calls that need a current device set it for the call and restore
 // the caller's. GEMMs and attention run on one cuBLAS handle, created on first use and
-// shared by all streams under blas_mu_ (cublasSetStream + the call). Thread-safe.
+// shared by all streams under blas_mu_ (cublasSetStream + the call). Exported memory is
+// cudaMalloc'd and named by cudaIpcGetMemHandle; opened memory comes from
+// cudaIpcOpenMemHandle and is freed by cudaIpcCloseMemHandle. Thread-safe; blas_mu_ and
+// ipc_mu_ are never held together.
 class CudaRuntime final : public Runtime {
  public:
   // See Runtime::CreateCuda.
@@ -36,6 +40,8 @@ class CudaRuntime final : public Runtime {
  protected:
   GpuStatus AllocateImpl(size_t bytes, DeviceBuffer* out) override;
   void FreeImpl(void* data) noexcept override;
+  GpuStatus AllocateExportedImpl(size_t bytes, DeviceBuffer* out, std::string* ipc_handle) override;
+  GpuStatus OpenExportedImpl(std::string_view ipc_handle, size_t bytes, DeviceBuffer* out) override;
   GpuStatus CreateStreamImpl(Stream* out) override;
   void DestroyStreamImpl(void* handle) noexcept override;
   GpuStatus CreateEventImpl(Event* out) override;
@@ -72,6 +78,13 @@ class CudaRuntime final : public Runtime {
   std::mutex blas_mu_;
   cublasContext* blas_ = nullptr;  // GUARDED_BY(blas_mu_); null until the first GEMM.
   const internal::CublasApi* blas_api_ = nullptr;  // GUARDED_BY(blas_mu_); loaded with blas_
+  std::mutex ipc_mu_;
+  // Live exported allocations -> their handle, so that opening one's own handle is refused
+  // with a clear message (CUDA refuses it in the exporting process anyway).
+  std::unordered_map<void*, std::string> exported_;  // GUARDED_BY(ipc_mu_)
+  // Opened pointers -> how many DeviceBuffers hold them: CUDA returns the same pointer,
+  // reference counted, when a context opens one handle twice; each open needs a close.
+  std::unordered_map<void*, int> opened_;  // GUARDED_BY(ipc_mu_)
 };
 
 }  // namespace kvtier::gpu

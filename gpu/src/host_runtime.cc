@@ -1,6 +1,13 @@
 #include "host_runtime.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -14,6 +21,7 @@
 
 #include "compute_params.h"
 #include "fill_pattern.h"
+#include "host_ipc_handle.h"
 #include "kv_copy_params.h"
 
 namespace kvtier::gpu {
@@ -116,6 +124,14 @@ HostEvent* AsEvent(void* handle) { return static_cast<HostEvent*>(handle); }
 
 constexpr std::align_val_t kAlign{Runtime::kDeviceAlignmentBytes};
 
+// An OS call of AllocateExported failing with `err`: out of memory where the kernel says
+// so (the host backend's "device memory" is the machine's), kDeviceError otherwise.
+GpuStatus FromErrno(int err, const std::string& what) {
+  std::string msg = "host backend: " + what + ": " + std::strerror(err);
+  if (err == ENOMEM || err == ENOSPC || err == EFBIG) return GpuStatus::OutOfMemory(std::move(msg));
+  return GpuStatus::DeviceError(std::move(msg));
+}
+
 }  // namespace
 
 GpuStatus HostRuntime::AllocateImpl(size_t bytes, DeviceBuffer* out) {
@@ -128,7 +144,119 @@ GpuStatus HostRuntime::AllocateImpl(size_t bytes, DeviceBuffer* out) {
   return GpuStatus::Ok();
 }
 
-void HostRuntime::FreeImpl(void* data) noexcept { ::operator delete(data, kAlign); }
+void HostRuntime::FreeImpl(void* data) noexcept {
+  Mapping mapping;
+  {
+    std::lock_guard<std::mutex> lock(mappings_mu_);
+    auto it = mappings_.find(data);
+    if (it == mappings_.end()) {
+      ::operator delete(data, kAlign);
+      return;
+    }
+    mapping = it->second;
+    mappings_.erase(it);
+  }
+  ::munmap(data, mapping.bytes);
+  if (mapping.fd >= 0) ::close(mapping.fd);  // Openers' mappings keep the pages alive.
+}
+
+GpuStatus HostRuntime::AllocateExportedImpl(size_t bytes, DeviceBuffer* out,
+                                            std::string* ipc_handle) {
+  // fallocate below commits the pages now, as cudaMalloc does, so that running out is
+  // kOutOfMemory here instead of SIGBUS at the first touch of a page. A memfd has no size
+  // limit of its own, so more than the machine's memory is refused before fallocate would
+  // drive it into the OOM killer.
+  const auto physical = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                        static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (bytes > physical || bytes > static_cast<size_t>(INT64_MAX)) {
+    return GpuStatus::OutOfMemory("host backend: AllocateExported: " + std::to_string(bytes) +
+                                  " bytes is more than the machine's " + std::to_string(physical) +
+                                  " bytes of memory");
+  }
+  const int fd = ::memfd_create("kvtier-exported", MFD_CLOEXEC);
+  if (fd < 0) return FromErrno(errno, "memfd_create");
+  const auto length = static_cast<off_t>(bytes);
+  if (::ftruncate(fd, length) != 0 || ::fallocate(fd, 0, 0, length) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return FromErrno(err, "sizing a memfd to " + std::to_string(bytes) + " bytes");
+  }
+  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (data == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd);
+    return FromErrno(err, "mmap of " + std::to_string(bytes) + " exported bytes");
+  }
+  // mmap returns whole pages: Runtime::kDeviceAlignmentBytes holds.
+  {
+    std::lock_guard<std::mutex> lock(mappings_mu_);
+    mappings_[data] = Mapping{bytes, fd};
+  }
+  *ipc_handle = internal::HostIpcHandle{::getpid(), fd, bytes}.Format();
+  *out = WrapBuffer(data, bytes);
+  return GpuStatus::Ok();
+}
+
+GpuStatus HostRuntime::OpenExportedImpl(std::string_view ipc_handle, size_t bytes,
+                                        DeviceBuffer* out) {
+  const std::string who = "host backend: OpenExported: ";
+  if (!ipc_handle.starts_with(internal::kHostIpcPrefix)) {
+    if (ipc_handle.size() == internal::kCudaIpcHandleBytes) {
+      return GpuStatus::InvalidArgument(
+          who +
+          "the handle is not a host-backend handle but 64 bytes without the \"host-ipc:\" "
+          "prefix, a CUDA IPC handle: the exporter runs the CUDA backend");
+    }
+    return GpuStatus::InvalidArgument(who + "malformed handle (" +
+                                      std::to_string(ipc_handle.size()) +
+                                      " bytes without the \"host-ipc:\" prefix)");
+  }
+  internal::HostIpcHandle handle;
+  if (GpuStatus s = internal::HostIpcHandle::Parse(ipc_handle, &handle); !s.ok()) {
+    return GpuStatus::InvalidArgument(who + s.message());
+  }
+  if (bytes > handle.bytes) {
+    return GpuStatus::InvalidArgument(who + "bytes " + std::to_string(bytes) +
+                                      " is larger than the exported size " +
+                                      std::to_string(handle.bytes));
+  }
+  const std::string path =
+      "/proc/" + std::to_string(handle.pid) + "/fd/" + std::to_string(handle.fd);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    std::string msg = who + "cannot open " + path + ": " + std::strerror(err);
+    // ENOENT: the exporter exited or freed the memory; EACCES/EPERM: it runs as another
+    // user (the /proc link needs ptrace read access to it).
+    if (err == ENOENT || err == ESRCH || err == EACCES || err == EPERM) {
+      return GpuStatus::Unavailable(std::move(msg) +
+                                    " (the exporter exited, freed the memory or runs as another "
+                                    "user)");
+    }
+    return GpuStatus::DeviceError(std::move(msg));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<uint64_t>(st.st_size) != handle.bytes) {
+    ::close(fd);
+    // The fd number was reused: the export it named is gone.
+    return GpuStatus::Unavailable(who + path + " is no longer the exported memory of " +
+                                  std::to_string(handle.bytes) + " bytes");
+  }
+  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);  // The mapping keeps the memory; only the exporter keeps its fd open.
+  if (data == MAP_FAILED) {
+    return GpuStatus::DeviceError(who + "mmap of " + std::to_string(bytes) + " bytes of " + path +
+                                  ": " + std::strerror(err));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mappings_mu_);
+    mappings_[data] = Mapping{bytes, -1};
+  }
+  *out = WrapBuffer(data, bytes);
+  return GpuStatus::Ok();
+}
 
 GpuStatus HostRuntime::CreateStreamImpl(Stream* out) {
   try {

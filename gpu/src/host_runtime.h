@@ -6,17 +6,21 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "kvtier/gpu/runtime.h"
 
 namespace kvtier::gpu {
 
-// Device memory is host memory from aligned operator new; each Stream is a worker thread
-// that runs its queue in order; each Event record is a completion flag stamped with the
-// steady_clock time it fired. Queued work cannot fail; enqueueing fails where
-// HostRuntimeOptions::inject_fault says so. Host registration is bookkeeping that rejects
-// overlapping registrations, as CUDA does. Thread-safe.
+// Device memory is host memory from aligned operator new; exported memory is a memfd
+// mapped MAP_SHARED, which other processes open through /proc/<pid>/fd (host_ipc_handle.h).
+// Each Stream is a worker thread that runs its queue in order; each Event record is a
+// completion flag stamped with the steady_clock time it fired. Queued work cannot fail;
+// enqueueing fails where HostRuntimeOptions::inject_fault says so (not AllocateExported or
+// OpenExported). Host registration is bookkeeping that rejects overlapping registrations,
+// as CUDA does. Thread-safe; registered_mu_ and mappings_mu_ are never held together.
 class HostRuntime final : public Runtime {
  public:
   explicit HostRuntime(HostRuntimeOptions options) : options_(std::move(options)) {}
@@ -27,6 +31,8 @@ class HostRuntime final : public Runtime {
  protected:
   GpuStatus AllocateImpl(size_t bytes, DeviceBuffer* out) override;
   void FreeImpl(void* data) noexcept override;
+  GpuStatus AllocateExportedImpl(size_t bytes, DeviceBuffer* out, std::string* ipc_handle) override;
+  GpuStatus OpenExportedImpl(std::string_view ipc_handle, size_t bytes, DeviceBuffer* out) override;
   GpuStatus CreateStreamImpl(Stream* out) override;
   void DestroyStreamImpl(void* handle) noexcept override;
   GpuStatus CreateEventImpl(Event* out) override;
@@ -55,7 +61,17 @@ class HostRuntime final : public Runtime {
   // kDeviceError when the injected fault hook claims [ptr, ptr + bytes).
   GpuStatus CheckFault(const void* ptr, size_t bytes, const char* what) const;
 
+  // A buffer of AllocateExportedImpl or OpenExportedImpl: mmapped, so FreeImpl munmaps it
+  // instead of operator delete.
+  struct Mapping {
+    size_t bytes = 0;  // Length of the mapping.
+    int fd = -1;       // Exported: the memfd, kept open for openers. Opened: -1 (closed).
+  };
+
   const HostRuntimeOptions options_;
+  std::mutex mappings_mu_;
+  std::unordered_map<void*, Mapping> mappings_;  // GUARDED_BY(mappings_mu_): by data().
+
   std::mutex registered_mu_;
   std::map<uintptr_t, uintptr_t> registered_;  // GUARDED_BY(registered_mu_): start -> end.
 };

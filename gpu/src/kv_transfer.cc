@@ -1,6 +1,7 @@
 #include "kvtier/gpu/kv_transfer.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -15,6 +16,15 @@ size_t LowBit(uint64_t v) {
 
 // Source of the 8-byte stores that clear a failed chunk's entry in the address array.
 constexpr uint64_t kZeroAddr = 0;
+
+// Whether [p, p + bytes) lies inside `pool` (false for a null or empty pool).
+bool InPool(const DeviceBuffer* pool, const void* p, size_t bytes) {
+  if (pool == nullptr || pool->empty() || p == nullptr) return false;
+  const auto start = reinterpret_cast<uintptr_t>(pool->data());
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  return at >= start && at - start <= pool->size_bytes() &&
+         bytes <= pool->size_bytes() - (at - start);
+}
 
 }  // namespace
 
@@ -44,8 +54,15 @@ GpuStatus KvTransfer::Create(Runtime& runtime, KvChunkSet chunks, const KvTransf
   if (chunks.chunk_tokens <= 0 || chunks.chunk_tokens % layout->block_size_tokens() != 0) {
     return bad("chunk_tokens must be a positive multiple of block_size_tokens");
   }
-  if (chunks.arena == nullptr || chunks.arena->empty() || chunks.arena->runtime() != &runtime) {
-    return bad("arena is missing, empty or registered with another runtime");
+  if (chunks.arena == nullptr && chunks.device_pool == nullptr) {
+    return bad("neither an arena nor a device_pool holds the payloads");
+  }
+  if (chunks.arena != nullptr && (chunks.arena->empty() || chunks.arena->runtime() != &runtime)) {
+    return bad("arena is empty or registered with another runtime");
+  }
+  if (chunks.device_pool != nullptr &&
+      (chunks.device_pool->empty() || chunks.device_pool->runtime() != &runtime)) {
+    return bad("device_pool is empty or made by another runtime");
   }
   if (!stream.valid() || stream.runtime() != &runtime) return bad("stream is empty or foreign");
   const int64_t bpc = chunks.chunk_tokens / layout->block_size_tokens();
@@ -55,9 +72,15 @@ GpuStatus KvTransfer::Create(Runtime& runtime, KvChunkSet chunks, const KvTransf
                std::to_string(chunks.payloads.size() * bpc) + " (chunks x blocks per chunk)");
   }
   for (size_t c = 0; c < chunks.payloads.size(); ++c) {
-    if (chunks.payloads[c] == nullptr ||
-        !chunks.arena->Contains(chunks.payloads[c], payload_bytes)) {
-      return bad("payload of chunk " + std::to_string(c) + " is not inside the arena");
+    const void* payload = chunks.payloads[c];
+    const bool in_arena = payload != nullptr && chunks.arena != nullptr &&
+                          chunks.arena->Contains(payload, payload_bytes);
+    if (!in_arena && !InPool(chunks.device_pool, payload, payload_bytes)) {
+      return bad("payload of chunk " + std::to_string(c) + " (" + std::to_string(payload_bytes) +
+                 " bytes) is not inside the " +
+                 (chunks.device_pool == nullptr ? "arena"
+                  : chunks.arena == nullptr     ? "device pool"
+                                                : "arena or the device pool"));
     }
   }
   for (size_t i = 0; i < chunks.block_ids.size(); ++i) {
@@ -85,12 +108,15 @@ GpuStatus KvTransfer::Init() {
   payload_align_bytes_ = LowBit(layer_bytes_);
   if (options_.path == CopyPath::kZeroCopy) {
     for (int64_t c = 0; c < n; ++c) {
-      void* device = nullptr;
-      GpuStatus s = runtime_.MapHost(*chunks_.arena, chunks_.payloads[c],
-                                     layer_bytes_ * chunks_.num_layers, &device);
-      if (!s.ok()) {
-        MarkFailed(c, 0, std::move(s));
-        continue;
+      // A payload in the device pool is device memory: the kernel reaches it where it is.
+      void* device = chunks_.payloads[c];
+      if (!InDevicePool(c)) {
+        GpuStatus s = runtime_.MapHost(*chunks_.arena, chunks_.payloads[c],
+                                       layer_bytes_ * chunks_.num_layers, &device);
+        if (!s.ok()) {
+          MarkFailed(c, 0, std::move(s));
+          continue;
+        }
       }
       addrs_[c] = reinterpret_cast<uint64_t>(device);
       payload_align_bytes_ = std::min(payload_align_bytes_, LowBit(addrs_[c]));
@@ -113,6 +139,10 @@ GpuStatus KvTransfer::Init() {
     return s;
   }
   return runtime_.CopyAsync(block_ids_dev_.data(), chunks_.block_ids.data(), ids_bytes, *stream_);
+}
+
+bool KvTransfer::InDevicePool(int64_t chunk) const {
+  return InPool(chunks_.device_pool, chunks_.payloads[chunk], layer_bytes_ * chunks_.num_layers);
 }
 
 void KvTransfer::MarkFailed(int64_t chunk, int64_t layer, GpuStatus status) {
@@ -171,15 +201,16 @@ GpuStatus KvTransfer::QueueLayer(int64_t layer, KvCopyDirection direction,
 
   const bool load = direction == KvCopyDirection::kPayloadToCache;
   auto* addrs_dev = static_cast<uint64_t*>(addrs_dev_.data());
-  // One copy per chunk between its layer slice and its staging slot; a refused copy fails
-  // the chunk and clears its address so that the kernel skips it from now on.
+  // One copy per chunk between its layer slice (host to device from the arena, device to
+  // device from the pool) and its staging slot; a refused copy fails the chunk and clears
+  // its address so that the kernel skips it from now on.
   auto copy_chunks = [&](int64_t first, int64_t count) -> GpuStatus {
     for (int64_t c = first; c < first + count; ++c) {
       if (!failed_[c].ok()) continue;
       auto* slot = reinterpret_cast<void*>(addrs_[c]);
-      void* host = static_cast<char*>(chunks_.payloads[c]) + layer * layer_bytes_;
-      GpuStatus s = load ? runtime_.CopyAsync(slot, host, layer_bytes_, *stream_)
-                         : runtime_.CopyAsync(host, slot, layer_bytes_, *stream_);
+      void* slice = static_cast<char*>(chunks_.payloads[c]) + layer * layer_bytes_;
+      GpuStatus s = load ? runtime_.CopyAsync(slot, slice, layer_bytes_, *stream_)
+                         : runtime_.CopyAsync(slice, slot, layer_bytes_, *stream_);
       if (s.ok()) continue;
       MarkFailed(c, layer, std::move(s));
       if (GpuStatus z = runtime_.CopyAsync(addrs_dev + c, &kZeroAddr, sizeof(kZeroAddr), *stream_);

@@ -68,6 +68,29 @@ GpuStatus Runtime::Allocate(size_t bytes, DeviceBuffer* out) {
   return GpuStatus::Ok();
 }
 
+GpuStatus Runtime::AllocateExported(size_t bytes, DeviceBuffer* out, std::string* ipc_handle) {
+  if (out == nullptr || ipc_handle == nullptr) {
+    return GpuStatus::InvalidArgument("AllocateExported: out or ipc_handle is null");
+  }
+  if (bytes == 0) return GpuStatus::InvalidArgument("AllocateExported: bytes must be > 0");
+  DeviceBuffer fresh;
+  std::string handle;
+  if (GpuStatus s = AllocateExportedImpl(bytes, &fresh, &handle); !s.ok()) return s;
+  *out = std::move(fresh);
+  *ipc_handle = std::move(handle);
+  return GpuStatus::Ok();
+}
+
+GpuStatus Runtime::OpenExported(std::string_view ipc_handle, size_t bytes, DeviceBuffer* out) {
+  if (out == nullptr) return GpuStatus::InvalidArgument("OpenExported: out is null");
+  if (ipc_handle.empty()) return GpuStatus::InvalidArgument("OpenExported: ipc_handle is empty");
+  if (bytes == 0) return GpuStatus::InvalidArgument("OpenExported: bytes must be > 0");
+  DeviceBuffer fresh;
+  if (GpuStatus s = OpenExportedImpl(ipc_handle, bytes, &fresh); !s.ok()) return s;
+  *out = std::move(fresh);
+  return GpuStatus::Ok();
+}
+
 GpuStatus Runtime::CreateStream(Stream* out) {
   if (out == nullptr) return GpuStatus::InvalidArgument("CreateStream: out is null");
   Stream fresh;

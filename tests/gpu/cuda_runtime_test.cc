@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 
 #include "kvtier/gpu/runtime.h"
 #include "runtime_test_support.h"
@@ -44,6 +45,29 @@ TEST_F(CudaRuntimeTest, EventCompletionTimeIsUnsupported) {
   KVTIER_ASSERT_GPU_OK(runtime_->SynchronizeEvent(event));
   std::chrono::steady_clock::time_point at;
   EXPECT_EQ(runtime_->EventCompletionTime(event, &at).code(), GpuCode::kUnsupported);
+}
+
+TEST_F(CudaRuntimeTest, ExportedMemoryHasA64ByteIpcHandle) {
+  DeviceBuffer exported;
+  std::string handle;
+  KVTIER_ASSERT_GPU_OK(runtime_->AllocateExported(1 << 20, &exported, &handle));
+  EXPECT_EQ(handle.size(), 64u) << "sizeof(cudaIpcMemHandle_t)";
+  EXPECT_NE(handle.substr(0, 9), "host-ipc:");
+  EXPECT_EQ(exported.size_bytes(), size_t{1} << 20);
+}
+
+TEST_F(CudaRuntimeTest, OpeningItsOwnExportIsRefusedNamingWhy) {
+  DeviceBuffer exported, out;
+  std::string handle;
+  KVTIER_ASSERT_GPU_OK(runtime_->AllocateExported(4096, &exported, &handle));
+  const GpuStatus s = runtime_->OpenExported(handle, 4096, &out);
+  EXPECT_EQ(s.code(), GpuCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("exported by this runtime"), std::string::npos) << s.message();
+  EXPECT_TRUE(out.empty());
+  // Once freed, the handle is no longer this runtime's: CUDA itself refuses it.
+  exported.Reset();
+  EXPECT_FALSE(runtime_->OpenExported(handle, 4096, &out).ok());
+  EXPECT_TRUE(out.empty());
 }
 
 TEST_F(CudaRuntimeTest, HandlesExposeNativeCudaHandles) {

@@ -167,6 +167,59 @@ TEST(KvTransfer, RejectsChunkSetsThatDoNotFit) {
             GpuCode::kInvalidArgument);
 }
 
+TEST(KvTransfer, PayloadsMustLieInTheArenaOrTheDevicePool) {
+  std::unique_ptr<Runtime> runtime = Runtime::CreateHost();
+  std::unique_ptr<Runtime> other = Runtime::CreateHost();
+  Stream stream;
+  KVTIER_ASSERT_GPU_OK(runtime->CreateStream(&stream));
+  LayerwiseRig rig;
+  ASSERT_NO_FATAL_FAILURE(rig.Init(*runtime, stream));
+  DeviceBuffer pool, foreign_pool;
+  KVTIER_ASSERT_GPU_OK(runtime->Allocate(LayerwiseRig::kChunks * rig.payload_bytes, &pool));
+  KVTIER_ASSERT_GPU_OK(other->Allocate(LayerwiseRig::kChunks * rig.payload_bytes, &foreign_pool));
+  std::unique_ptr<KvTransfer> transfer;
+  auto rejects = [&](KvChunkSet chunks, const char* needle) {
+    const GpuStatus s =
+        KvTransfer::Create(*runtime, std::move(chunks), KvTransferOptions(), stream, &transfer);
+    EXPECT_EQ(s.code(), GpuCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+  };
+  KvChunkSet bad = rig.Chunks();
+  bad.arena = nullptr;
+  rejects(bad, "neither an arena nor a device_pool");
+  bad.device_pool = &pool;  // The payloads are still in the (now absent) arena.
+  rejects(bad, "payload of chunk 0");
+  bad = rig.Chunks();
+  bad.device_pool = &foreign_pool;
+  rejects(bad, "another runtime");
+  const DeviceBuffer empty;
+  bad.device_pool = &empty;
+  rejects(bad, "device_pool is empty");
+  bad = rig.Chunks();
+  bad.device_pool = &pool;
+  // Runs past the end of the pool.
+  bad.payloads[2] = static_cast<uint8_t*>(pool.data()) + 2 * rig.payload_bytes + 1;
+  rejects(bad, "payload of chunk 2");
+  EXPECT_EQ(transfer, nullptr);
+
+  // Payloads in the pool only, or some in each: accepted on both paths.
+  for (CopyPath path : {CopyPath::kDma, CopyPath::kZeroCopy}) {
+    KvTransferOptions options;
+    options.path = path;
+    KvChunkSet in_pool = rig.Chunks();
+    in_pool.device_pool = &pool;
+    in_pool.payloads[1] = static_cast<uint8_t*>(pool.data()) + rig.payload_bytes;
+    KVTIER_ASSERT_GPU_OK(KvTransfer::Create(*runtime, in_pool, options, stream, &transfer));
+    KVTIER_ASSERT_GPU_OK(runtime->Synchronize(stream));  // Its uploads, before it is replaced.
+    in_pool.arena = nullptr;
+    for (int64_t c = 0; c < LayerwiseRig::kChunks; ++c) {
+      in_pool.payloads[c] = static_cast<uint8_t*>(pool.data()) + c * rig.payload_bytes;
+    }
+    KVTIER_ASSERT_GPU_OK(KvTransfer::Create(*runtime, in_pool, options, stream, &transfer));
+    KVTIER_ASSERT_GPU_OK(runtime->Synchronize(stream));
+  }
+}
+
 class FaultTest : public ::testing::TestWithParam<CopyPath> {};
 
 INSTANTIATE_TEST_SUITE_P(Host, FaultTest, ::testing::Values(CopyPath::kDma, CopyPath::kZeroCopy),

@@ -9,7 +9,8 @@ class Runtime;
 
 // Owns `size_bytes()` bytes of device memory (CUDA: cudaMalloc; host backend: aligned host
 // memory), aligned to Runtime::kDeviceAlignmentBytes, contents uninitialized. Freed on
-// destruction or Reset().
+// destruction or Reset(). A buffer from Runtime::OpenExported owns a mapping of another
+// process's memory instead: freeing it closes the mapping.
 //
 // REQUIRES: the Runtime that made it outlives it, and no queued stream work still uses
 // the memory when it is freed (synchronize the stream or an event first).

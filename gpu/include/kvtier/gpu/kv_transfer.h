@@ -1,5 +1,6 @@
 // KvTransfer: gather/scatter of one layer of many chunks between the engine's paged KV
-// cache and chunk payloads in a registered host arena, by either CopyPath.
+// cache and chunk payloads in a registered host arena or a device memory pool, by either
+// CopyPath.
 #pragma once
 
 #include <cstddef>
@@ -33,14 +34,21 @@ struct KvChunkSet {
   int64_t num_layers = 0;
   // Tokens per chunk; a multiple of layout->block_size_tokens(). Required (> 0).
   int64_t chunk_tokens = 0;
-  // The registration that contains every payload. Borrowed: must outlive the KvTransfer.
+  // The registration that contains the payloads not in device_pool. Borrowed: must outlive
+  // the KvTransfer. Required unless device_pool is set.
   const PinnedRange* arena = nullptr;
-  // Host address of each chunk's payload: num_layers * layout->LayerPayloadBytes(
-  // chunk_tokens) bytes, layer-major (DESIGN.md "chunk payload"), inside *arena.
+  // Address of each chunk's payload: num_layers * layout->LayerPayloadBytes(chunk_tokens)
+  // bytes, layer-major (DESIGN.md "chunk payload"), inside *arena or *device_pool.
   std::vector<void*> payloads;
   // [num_chunks][chunk_tokens / block_size] engine block ids, in token order: chunk c's
   // token t lives in block block_ids[c * blocks_per_chunk + t / block_size].
   std::vector<int32_t> block_ids;
+  // Device memory that payloads may lie in instead of the arena (the daemon's HBM pool,
+  // opened with Runtime::OpenExported), made by the same runtime. Borrowed: must outlive the
+  // KvTransfer. Optional (last, so that brace-initialized sets need not name it). A payload
+  // inside it is copied device to device: kDma copies its layer slice into staging with
+  // CopyAsync; kZeroCopy lets the kernel read (or write) it where it is.
+  const DeviceBuffer* device_pool = nullptr;
 };
 
 // One chunk whose copy failed. Its later layers are skipped: a load must recompute the
@@ -64,14 +72,16 @@ struct KvCopyReport {
 // QueueLayer queues one layer of all chunks. Per-chunk failures seen when queueing (a copy
 // or mapping the runtime refuses) mark that chunk failed and never stop the others.
 // CUDA errors of queued work are not per chunk; the pipelines above attribute them.
-// REQUIRES: the runtime, stream, layout and arena outlive it, and the stream's work is
-// complete before it is destroyed (its device arrays and staging are freed).
+// REQUIRES: the runtime, stream, layout, arena and device pool outlive it, and the stream's
+// work is complete before it is destroyed (its device arrays and staging are freed).
 // Thread-safety: not thread-safe.
 class KvTransfer {
  public:
-  // Errors: kInvalidArgument (a missing field, a payload outside the arena, a block id out
-  // of [0, num_blocks), wrong block_ids size), kOutOfMemory, kDeviceError. A chunk whose
-  // payload cannot be mapped for kZeroCopy is a failure at layer 0, not an error.
+  // Errors: kInvalidArgument (a missing field, neither arena nor device_pool, an arena
+  // registered with or a pool made by another runtime, a payload inside neither, a block
+  // id out of [0, num_blocks), wrong block_ids size), kOutOfMemory, kDeviceError. A chunk
+  // whose arena payload cannot be mapped for kZeroCopy is a failure at layer 0, not an
+  // error.
   static GpuStatus Create(Runtime& runtime, KvChunkSet chunks, const KvTransferOptions& options,
                           Stream& stream, std::unique_ptr<KvTransfer>* out);
 
@@ -95,6 +105,8 @@ class KvTransfer {
  private:
   KvTransfer(Runtime& runtime, KvChunkSet chunks, const KvTransferOptions& options, Stream& stream);
   GpuStatus Init();
+  // Whether chunk `chunk`'s whole payload lies in chunks_.device_pool.
+  bool InDevicePool(int64_t chunk) const;
   void MarkFailed(int64_t chunk, int64_t layer, GpuStatus status);
   GpuStatus Launch(int64_t first, int64_t count, int64_t layer, KvCopyDirection direction,
                    const LayerTensors& tensors);

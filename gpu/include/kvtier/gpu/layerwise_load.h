@@ -1,5 +1,6 @@
-// LayerwiseLoad: queues a chunk set's layers host -> paged cache on a load stream, one
-// event per layer, so the engine's compute stream waits for layer i only before layer i.
+// LayerwiseLoad: queues a chunk set's layers (from a host arena or a device pool) -> paged
+// cache on a load stream, one event per layer, so the engine's compute stream waits for
+// layer i only before layer i.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +20,9 @@ namespace kvtier::gpu {
 //   load->Start();                                // queues every layer, returns at once
 //   for i: load->WaitLayer(i, compute); attention(i) on compute;
 //   load->Finish(&report);                        // names the blocks to recompute
-// REQUIRES: the runtime, load stream, layout and arena outlive it. Destroying it before
-// Finish synchronizes the load stream (its staging must not be freed under a copy).
+// REQUIRES: the runtime, load stream, layout, arena and device pool (KvChunkSet) outlive
+// it. Destroying it before Finish synchronizes the load stream (its staging must not be
+// freed under a copy).
 // Thread-safety: not thread-safe.
 class LayerwiseLoad {
  public:

@@ -19,8 +19,9 @@ namespace kvtier::gpu {
 //   LayerwiseStore::Create(runtime, chunks, layer_tensors, options, store_stream, &store);
 //   for i: attention(i) writes KV on compute; store->LayerWritten(i, compute);
 //   store->Finish(&report);   // commit every chunk not in report.failed_chunks
-// REQUIRES: the runtime, store stream, layout and arena outlive it. Destroying it before
-// Finish synchronizes the store stream. Thread-safety: not thread-safe.
+// REQUIRES: the runtime, store stream, layout, arena and device pool (KvChunkSet) outlive
+// it. Destroying it before Finish synchronizes the store stream. Thread-safety: not
+// thread-safe.
 class LayerwiseStore {
  public:
   // As LayerwiseLoad::Create (block ids may repeat: gathering a block twice is harmless).

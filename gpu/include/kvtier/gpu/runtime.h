@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "kvtier/gpu/compute.h"
@@ -80,6 +81,30 @@ class Runtime {
   // Allocates `bytes` (> 0) of uninitialized device memory into *out; on success what *out
   // held before is freed. Errors: kInvalidArgument (bytes == 0), kOutOfMemory, kDeviceError.
   GpuStatus Allocate(size_t bytes, DeviceBuffer* out);
+
+  // Allocates `bytes` (> 0) of uninitialized device memory that other processes on the same
+  // machine (CUDA: using the same GPU) can open with OpenExported, into *out, and sets
+  // *ipc_handle to the opaque handle to send them; on success what *out held before is
+  // freed. The handle is bytes to ship as they are (not text): CUDA: the 64-byte
+  // cudaIpcMemHandle_t of a cudaMalloc allocation; host backend: "host-ipc:v1:<pid>:<fd>:
+  // <bytes>" naming a memfd of this process, which an opener reaches through /proc (so it
+  // must run as the same user). The handle stays valid until *out is freed; freeing it while
+  // another process still has the memory open is allowed (CUDA and the kernel keep the
+  // memory until the last mapping goes). Errors: as Allocate.
+  GpuStatus AllocateExported(size_t bytes, DeviceBuffer* out, std::string* ipc_handle);
+
+  // Opens the first `bytes` of memory another process exported with AllocateExported, into
+  // *out; on success what *out held before is freed. Freeing *out closes the mapping (CUDA:
+  // cudaIpcCloseMemHandle), not the exporter's memory. CUDA: cudaIpcOpenMemHandle with
+  // cudaIpcMemLazyEnablePeerAccess on this runtime's device; CUDA refuses to open a handle
+  // in the process that exported it (use the exported buffer there). The host backend
+  // opens it in any process, the exporter included, as a second mapping of the same pages.
+  // Errors: kInvalidArgument (empty or malformed handle, one made by the other backend,
+  // bytes == 0, bytes larger than the exported size where the handle tells it: host
+  // backend only, a CUDA handle does not carry the size), kUnavailable (host backend: the
+  // exporting process or its export is gone, or it runs as another user), kDeviceError
+  // otherwise. The message names what is wrong.
+  GpuStatus OpenExported(std::string_view ipc_handle, size_t bytes, DeviceBuffer* out);
 
   // Creates a stream into *out. Errors: kDeviceError, kInternal.
   GpuStatus CreateStream(Stream* out);
@@ -208,7 +233,14 @@ class Runtime {
   // Arguments are validated by the public methods: sizes > 0, pointers non-null, handles
   // valid and owned by this runtime.
   virtual GpuStatus AllocateImpl(size_t bytes, DeviceBuffer* out) = 0;
+  // Frees memory from AllocateImpl, AllocateExportedImpl or OpenExportedImpl alike: the
+  // backend remembers which pointers the last two made.
   virtual void FreeImpl(void* data) noexcept = 0;
+  virtual GpuStatus AllocateExportedImpl(size_t bytes, DeviceBuffer* out,
+                                         std::string* ipc_handle) = 0;
+  // `ipc_handle` is non-empty; its format is checked by the backend.
+  virtual GpuStatus OpenExportedImpl(std::string_view ipc_handle, size_t bytes,
+                                     DeviceBuffer* out) = 0;
   virtual GpuStatus CreateStreamImpl(Stream* out) = 0;
   virtual void DestroyStreamImpl(void* handle) noexcept = 0;
   virtual GpuStatus CreateEventImpl(Event* out) = 0;

@@ -13,6 +13,7 @@ struct ChunkLease::State {
   uint64_t header_bytes = 0;
   std::vector<uint64_t> offsets;    // payload offsets in the arena
   std::vector<uint64_t> sequences;  // slot sequence numbers at lookup
+  std::vector<uint64_t> hbm_offsets;  // payload offsets in the HBM pool; 0 = not in HBM
 };
 
 ChunkLease::ChunkLease() = default;
@@ -22,6 +23,7 @@ ChunkLease& ChunkLease::operator=(ChunkLease&& other) noexcept {
   if (this != &other) {
     Release();
     state_ = std::move(other.state_);
+    hbm_chunks = other.hbm_chunks;
     nvme_chunks = other.nvme_chunks;
     prefetched_chunks = other.prefetched_chunks;
     lookup_time = other.lookup_time;
@@ -52,6 +54,14 @@ std::shared_ptr<Arena> ChunkLease::mapping() const {
   return state_ ? state_->conn->arena : nullptr;
 }
 
+uint64_t ChunkLease::sequence(size_t i) const { return state_->sequences[i]; }
+
+uint64_t ChunkLease::hbm_payload_offset(size_t i) const { return state_->hbm_offsets[i]; }
+
+const HbmPoolInfo* ChunkLease::hbm_pool() const {
+  return state_ && state_->conn->hbm ? &*state_->conn->hbm : nullptr;
+}
+
 void ChunkLease::Release() {
   if (!state_ || state_->lease_id == 0) return;
   state_->release(state_->conn, state_->lease_id);
@@ -59,7 +69,7 @@ void ChunkLease::Release() {
 }
 
 Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const int32_t> tokens,
-                                   size_t max_chunks, const PrefetchTicket* ticket) {
+                                   size_t max_chunks, const PrefetchTicket* ticket, bool hbm) {
   if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
   const uint64_t pb = ns.layout.payload_bytes;
   max_chunks = std::min<size_t>(max_chunks, tokens.size() / ns.spec.chunk_tokens);
@@ -79,6 +89,7 @@ Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const in
     v1::LookupRequest req = MakeLookup(c, ns, /*acquire=*/true);
     req.set_max_chunks(static_cast<uint32_t>(std::min<size_t>(max_chunks, UINT32_MAX)));
     if (take_over) req.set_prefetch_ticket(ticket->id);
+    req.set_hbm(hbm && c.hbm.has_value());
     LentTokens lent(req, tokens);
     const auto start = Clock::now();
     Status st = FromGrpcStatus(c.stub->Lookup(&ctx, req, &resp));
@@ -114,13 +125,23 @@ Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const in
       bad = Status::DataLoss("daemon returned a chunk location outside the arena");
       break;
     }
+    const uint64_t hbm_off = loc.hbm_payload_offset();
+    if (hbm_off != 0 && (!c.hbm || hbm_off < ns.layout.header_bytes ||
+                         hbm_off > c.hbm->pool_bytes || pb > c.hbm->pool_bytes - hbm_off)) {
+      bad = Status::DataLoss("daemon returned a chunk location outside its HBM pool");
+      break;
+    }
     s.offsets.push_back(loc.payload_offset());
     s.sequences.push_back(loc.sequence());
+    s.hbm_offsets.push_back(hbm_off);
+    lease.hbm_chunks += hbm_off != 0;
   }
   if (!bad.ok()) {
     lease.Release();
     s.offsets.clear();
     s.sequences.clear();
+    s.hbm_offsets.clear();
+    lease.hbm_chunks = 0;
     lease.fail_open = bad;
     return lease;
   }

@@ -104,11 +104,16 @@ Result<PrefetchTicket> Client::Prefetch(const NamespaceHandle& ns, std::span<con
     ticket.fail_open = conn.status();
     return ticket;
   }
+  if (options.to_hbm && !(*conn)->hbm) {  // asked here: the daemon's refusal would look like a lost session
+    ticket.fail_open = Status::FailedPrecondition("to_hbm: kvtierd runs without an HBM tier");
+    return ticket;
+  }
   v1::PrefetchRequest req;
   req.set_session_id((*conn)->session_id);
   req.set_epoch((*conn)->epoch);
   req.set_namespace_id(ns.id.ToBytes());
   req.set_deadline_ms(static_cast<uint64_t>(options.deadline.count()));
+  req.set_to_hbm(options.to_hbm);
   LentTokens lent(req, tokens);
   v1::PrefetchResponse resp;
   grpc::ClientContext ctx;
@@ -154,8 +159,15 @@ PrefetchProgress Client::PrefetchStatus(const PrefetchTicket& ticket) {
   }
   progress.ready_chunks = resp.ready_chunks();
   progress.total_chunks = resp.total_chunks();
+  progress.hbm_chunks = resp.hbm_chunks();
   progress.done = resp.done();
   return progress;
+}
+
+std::optional<HbmPoolInfo> Client::HbmPool() {
+  auto conn = impl_->Get(impl_->options().deadline);
+  if (!conn.ok()) return std::nullopt;
+  return (*conn)->hbm;
 }
 
 namespace client_internal {

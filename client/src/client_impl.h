@@ -104,6 +104,7 @@ struct Connection {
   std::unique_ptr<v1::KvCache::Stub> stub;
   std::unique_ptr<SessionStream> session;
   std::shared_ptr<Arena> arena;
+  std::optional<HbmPoolInfo> hbm;  // the daemon's HBM pool, from SessionOpened
   uint64_t session_id = 0;
   uint64_t epoch = 0;
   std::atomic<bool> broken{false};
@@ -361,6 +362,10 @@ class Client::Impl {
     if (!opened.ok()) return opened.status();
     c->session_id = opened->session_id();
     c->epoch = opened->epoch();
+    if (opened->has_hbm()) {
+      const v1::HbmPool& pool = opened->hbm();
+      c->hbm = HbmPoolInfo{pool.ipc_handle(), pool.pool_bytes(), pool.backend(), pool.device()};
+    }
     if (arena_ && arena_->epoch() == c->epoch) {
       c->arena = arena_;
     } else {

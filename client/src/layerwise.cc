@@ -1,6 +1,9 @@
 #include "kvtier/layerwise.h"
 
 #include <algorithm>
+#include <cstddef>
+
+#include <spdlog/spdlog.h>
 
 namespace kvtier {
 
@@ -82,6 +85,33 @@ Result<const gpu::PinnedRange*> GpuArena::For(const std::shared_ptr<Arena>& mapp
   return &entries_.back()->range;
 }
 
+Result<const gpu::DeviceBuffer*> GpuArena::Pool(const HbmPoolInfo& pool) {
+  std::lock_guard lock(mu_);
+  for (const auto& p : pools_) {
+    if (p->ipc_handle != pool.ipc_handle) continue;
+    if (!p->error.ok()) return p->error;
+    return &p->buffer;
+  }
+  auto opened = std::make_unique<OpenedPool>();
+  opened->ipc_handle = pool.ipc_handle;
+  const bool host = runtime_.backend() == gpu::Backend::kHost;
+  if ((pool.backend == "host") != host) {
+    opened->error = Status::FailedPrecondition("the daemon's HBM pool is on the '" +
+                                               pool.backend + "' backend; this runtime is " +
+                                               std::string(runtime_.name()));
+  } else {
+    opened->error = FromGpu(runtime_.OpenExported(pool.ipc_handle, pool.pool_bytes,
+                                                  &opened->buffer),
+                            "opening kvtierd's HBM pool");
+  }
+  if (!opened->error.ok()) {
+    spdlog::warn("kvtier client: {}; loads copy from DRAM", opened->error.ToString());
+  }
+  pools_.push_back(std::move(opened));
+  if (!pools_.back()->error.ok()) return pools_.back()->error;
+  return &pools_.back()->buffer;
+}
+
 // ---- LayerwiseLoader --------------------------------------------------------
 
 LayerwiseLoader::LayerwiseLoader(Client& client, NamespaceHandle ns, GpuArena& arena,
@@ -109,7 +139,8 @@ Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
   const uint32_t ct = ns_.spec.chunk_tokens;
   const size_t per_chunk = ct / static_cast<size_t>(layout_.block_size_tokens());
   // Only chunks whose blocks the table covers can be delivered.
-  auto acquired = client_.Acquire(ns_, tokens, block_ids.size() / per_chunk, ticket);
+  auto acquired =
+      client_.Acquire(ns_, tokens, block_ids.size() / per_chunk, ticket, HbmUsable());
   if (!acquired.ok()) return acquired.status();
   lease_ = std::move(acquired).value();
   const uint32_t n = lease_.num_chunks();
@@ -120,9 +151,19 @@ Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
     return range.status();
   }
   gpu::KvChunkSet chunks = ChunkSetOf(layout_, ns_, *range);
-  for (uint32_t i = 0; i < n; ++i) {
-    chunks.payloads.push_back(const_cast<std::byte*>(lease_.payload(i).data()));
+  if (lease_.hbm_chunks > 0) {
+    auto pool = arena_.Pool(*lease_.hbm_pool());
+    if (pool.ok()) pool_ = *pool;  // else every chunk comes from DRAM
   }
+  chunks.device_pool = pool_;
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t hbm_offset = pool_ != nullptr ? lease_.hbm_payload_offset(i) : 0;
+    hbm_chunks_ += hbm_offset != 0;
+    chunks.payloads.push_back(hbm_offset != 0
+                                  ? static_cast<std::byte*>(pool_->data()) + hbm_offset
+                                  : const_cast<std::byte*>(lease_.payload(i).data()));
+  }
+  load_stream_ = &load_stream;
   block_ids_ = ChunkBlocks(block_ids, 0, n, per_chunk);
   chunks.block_ids = block_ids_;
   gpu::GpuStatus st = gpu::LayerwiseLoad::Create(runtime_, std::move(chunks), cache_.layers,
@@ -159,7 +200,7 @@ Result<std::vector<int32_t>> LayerwiseLoader::Finish() {
     recompute = report.FailedBlockIds();
     // A lease that lapsed mid-copy (past its TTL) may have let a slot be
     // rewritten: those chunks are recomputed too.
-    const uint32_t valid = lease_.ValidChunks();
+    const uint32_t valid = std::min(lease_.ValidChunks(), ValidHbmChunks());
     const size_t per_chunk = block_ids_.size() / lease_.num_chunks();
     recompute.insert(recompute.end(),
                      block_ids_.begin() + static_cast<ptrdiff_t>(valid * per_chunk),
@@ -170,6 +211,34 @@ Result<std::vector<int32_t>> LayerwiseLoader::Finish() {
   }
   lease_.Release();  // only now: every copy has completed
   return recompute;
+}
+
+bool LayerwiseLoader::HbmUsable() {
+  const std::optional<HbmPoolInfo> pool = client_.HbmPool();
+  return pool && arena_.Pool(*pool).ok();
+}
+
+uint32_t LayerwiseLoader::ValidHbmChunks() {
+  const uint32_t n = lease_.num_chunks();
+  if (hbm_chunks_ == 0) return n;
+  // Each HBM slot's sequence, read back on the load stream after the copies.
+  std::vector<uint64_t> seen(n, 0);
+  const uint64_t to_sequence = ns_.layout.header_bytes - offsetof(SlotHeader, sequence);
+  gpu::GpuStatus st;
+  for (uint32_t i = 0; i < n && st.ok(); ++i) {
+    if (const uint64_t off = lease_.hbm_payload_offset(i); off != 0) {
+      st = runtime_.CopyAsync(&seen[i], static_cast<const std::byte*>(pool_->data()) + off -
+                                            to_sequence,
+                              sizeof(uint64_t), *load_stream_);
+    }
+  }
+  if (st.ok()) st = runtime_.Synchronize(*load_stream_);
+  if (!st.ok()) return 0;  // cannot tell: recompute them all
+  uint32_t valid = 0;
+  for (; valid < n; ++valid) {
+    if (lease_.hbm_payload_offset(valid) != 0 && seen[valid] != lease_.sequence(valid)) break;
+  }
+  return valid;
 }
 
 // ---- LayerwiseStorer --------------------------------------------------------

@@ -88,16 +88,21 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
   auto dram = DramTier::Create(options.dram_bytes, epoch);
   if (!dram.ok()) return dram.status();
   std::unique_ptr<CacheCore> core(new CacheCore(options, std::move(dram).value(), clock));
+  if (options.hbm.bytes > 0) {
+    auto hbm = HbmTier::Create(options.hbm, &core->dram_->arena());
+    if (!hbm.ok()) return hbm.status();
+    core->hbm_ = std::move(hbm).value();
+  }
   if (nvme) {
     core->nvme_ = std::move(nvme);
     spdlog::info("NVMe tier: {} chunks indexed at start over {} path(s) of {} bytes",
                  core->nvme_->counters().chunks, options.nvme.paths.size(),
                  options.nvme.bytes_per_path);
+  }
+  if (core->nvme_ || core->hbm_) {
     core->StartWorkers();
-    if (options.nvme_write_policy == NvmeWritePolicy::kWriteBack) {
-      CacheCore* self = core.get();
-      core->dram_->SetEvictionListener([self](uint32_t h) { self->Demote(h, true); });
-    }
+    CacheCore* self = core.get();
+    core->dram_->SetEvictionListener([self](uint32_t h) { self->OnDramEviction(h); });
   }
   // Session, lease and reservation ids start at a random point, so that an id
   // from before a daemon restart is not valid after it.
@@ -215,10 +220,12 @@ Status CacheCore::OpenNamespace(const v1::OpenNamespaceRequest& req,
                                          " namespaces with cached chunks");
       }
       dram_->ReuseNamespace(state->ns_index, layout.slot_bytes);
+      if (hbm_) hbm_->ReuseNamespace(state->ns_index, layout.slot_bytes);  // a subset: empty too
     } else {
       namespaces_.push_back(std::make_unique<NamespaceState>());
       state = namespaces_.back().get();
       state->ns_index = dram_->AddNamespace(layout.slot_bytes);
+      if (hbm_) hbm_->AddNamespace(layout.slot_bytes);  // the same numbering
     }
     state->spec = spec;
     state->id = id;
@@ -291,7 +298,8 @@ void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, D
   const std::span<const int32_t> all = *prompt;
   // Hash outside the lock: it is the bulk of a long prompt's lookup.
   const std::vector<ChunkKey> keys = ComputeChunkKeys(ns.id, all, ns.spec.chunk_tokens);
-  LookupTally tally{req.session_id(), req.acquire(), all.size(), keys.size(),
+  LookupTally tally{req.session_id(), req.acquire(), req.hbm() && hbm_ != nullptr, all.size(),
+                    keys.size(),
                     req.max_chunks() == 0 ? keys.size()
                                           : std::min<size_t>(keys.size(), req.max_chunks())};
 
@@ -387,16 +395,21 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
   for (auto it = hits.rbegin(); it != hits.rend(); ++it) dram_->Touch(*it);
   const uint32_t ct = ns.spec.chunk_tokens;
   const uint64_t num_hits = t.acquire ? hits.size() : t.dram_hits + t.nvme_hits;
+  // A hit counts for the highest tier the chunk is in: HBM copies are in DRAM too.
+  const size_t hbm_hits = CountInHbm(hits);
   ++counters_.lookups;
   counters_.lookup_tokens += t.prompt_tokens;
   counters_.hit_tokens += num_hits * ct;
-  counters_.hits += t.dram_hits;
+  counters_.hbm_hits += hbm_hits;
+  counters_.hits += t.dram_hits - std::min(t.dram_hits, hbm_hits);
   counters_.nvme_hits += t.nvme_hits;
   if (num_hits < t.max_hits) counters_.misses += t.num_keys - num_hits;  // stopped by a miss
 
   resp->set_num_chunks(static_cast<uint32_t>(num_hits));
   resp->set_nvme_chunks(static_cast<uint32_t>(t.nvme_hits));
   resp->set_prefetched_chunks(static_cast<uint32_t>(t.prefetched));
+  resp->set_hbm_chunks(static_cast<uint32_t>(hbm_hits));
+  if (t.hbm) QueueHbmCopies(hits);
   resp->set_cached_tokens(num_hits * ct);
   resp->set_lease_ttl_ms(static_cast<uint64_t>(options_.lease_ttl.count()));
   if (!t.acquire || num_hits == 0) return;
@@ -410,14 +423,25 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
     loc->set_payload_offset(dram_->Get(h).slot_offset + ns.layout.header_bytes);
     loc->set_payload_bytes(ns.layout.payload_bytes);
     loc->set_sequence(SlotSequence(dram_->SlotAddress(dram_->Get(h).slot_offset)));
+    if (!t.hbm) continue;
+    if (const uint32_t hh = hbm_->Find(dram_->Get(h).key); hh != ChunkIndex::kNone) {
+      hbm_->Pin(hh);
+      lease.hbm_handles.push_back(hh);
+      loc->set_hbm_payload_offset(hbm_->Get(hh).slot_offset + ns.layout.header_bytes);
+      counters_.hbm_read_bytes += ns.layout.payload_bytes;
+    }
   }
-  counters_.read_bytes += num_hits * ns.layout.payload_bytes;
+  for (auto it = lease.hbm_handles.rbegin(); it != lease.hbm_handles.rend(); ++it) {
+    hbm_->Touch(*it);
+  }
+  counters_.read_bytes += (num_hits - lease.hbm_handles.size()) * ns.layout.payload_bytes;
   leases_.emplace(lease_id, std::move(lease));
   resp->set_lease_id(lease_id);
 }
 
 void CacheCore::EndLease(std::unordered_map<uint64_t, Lease>::iterator it) {
   for (uint32_t h : it->second.handles) dram_->Unpin(h);
+  for (uint32_t h : it->second.hbm_handles) hbm_->Unpin(h);
   leases_.erase(it);
 }
 
@@ -651,16 +675,30 @@ void CacheCore::ExpireNow() {
 
 void CacheCore::Stats(v1::StatsResponse* resp) {
   std::lock_guard lock(mu_);
-  auto* t = resp->add_tiers();
-  t->set_name("dram");
-  t->set_capacity_bytes(dram_->capacity_bytes());
-  t->set_used_bytes(dram_->used_bytes());
   uint64_t smallest_slot = 0;
   for (const auto& ns : namespaces_) {
     if (smallest_slot == 0 || ns->layout.slot_bytes < smallest_slot) {
       smallest_slot = ns->layout.slot_bytes;
     }
   }
+  if (hbm_) {
+    auto* ht = resp->add_tiers();
+    ht->set_name("hbm");
+    ht->set_capacity_bytes(hbm_->capacity_bytes());
+    ht->set_used_bytes(hbm_->used_bytes());
+    ht->set_capacity_chunks(smallest_slot == 0 ? 0 : hbm_->capacity_bytes() / smallest_slot);
+    ht->set_chunks(hbm_->num_chunks());
+    ht->set_hits(counters_.hbm_hits);
+    ht->set_evictions(hbm_->counters().evictions);
+    ht->set_read_bytes(counters_.hbm_read_bytes);
+    ht->set_write_bytes(counters_.hbm_write_bytes);
+    ht->set_pending_writes(hbm_queue_.size());
+    ht->set_io_errors(counters_.hbm_copy_errors);
+  }
+  auto* t = resp->add_tiers();
+  t->set_name("dram");
+  t->set_capacity_bytes(dram_->capacity_bytes());
+  t->set_used_bytes(dram_->used_bytes());
   t->set_capacity_chunks(smallest_slot == 0 ? 0 : dram_->capacity_bytes() / smallest_slot);
   t->set_chunks(dram_->num_chunks());
   t->set_hits(counters_.hits);

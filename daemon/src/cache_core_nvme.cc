@@ -38,8 +38,16 @@ void CacheCore::StopWorkers() {
 void CacheCore::WorkerLoop() {
   std::unique_lock lock(mu_);
   for (;;) {
-    work_cv_.wait(lock, [&] { return stopping_ || !promotion_queue_.empty(); });
-    if (promotion_queue_.empty()) return;  // stopping, and every promotion finished
+    work_cv_.wait(lock, [&] {
+      return stopping_ || !promotion_queue_.empty() || !hbm_queue_.empty();
+    });
+    if (promotion_queue_.empty()) {
+      if (stopping_) return;  // every promotion finished; queued HBM copies are dropped
+      lock.unlock();
+      HbmStep();
+      lock.lock();
+      continue;
+    }
     const uint64_t id = promotion_queue_.front();
     promotion_queue_.pop_front();
     lock.unlock();
@@ -172,6 +180,7 @@ void CacheCore::PromoteStep(uint64_t id) {
   counters_.nvme_read_bytes += promoted * snap.layout.payload_bytes;
   if (is_ticket) counters_.prefetched_chunks += promoted;
   if (live == nullptr) return;
+  if (live->to_hbm) QueueHbmCopies(live->ready);
   if (stopped || live->ready.size() == live->keys.size()) return FinishPromotion(lock, it);
   promotion_queue_.push_back(id);
   work_cv_.notify_one();
@@ -193,6 +202,10 @@ Status CacheCore::Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse*
   const size_t limit =
       req.max_chunks() == 0 ? keys.size() : std::min<size_t>(keys.size(), req.max_chunks());
 
+  if (req.to_hbm() && !hbm_) {
+    return Status::FailedPrecondition("to_hbm: the HBM tier is off (start kvtierd with "
+                                      "--hbm-bytes)");
+  }
   std::unique_lock lock(mu_);
   KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
   // A ticket holds at most what is left of the prefetch budget.
@@ -219,6 +232,8 @@ Status CacheCore::Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse*
   p.ready = std::move(hits);
   p.dram_at_start = static_cast<uint32_t>(p.ready.size());
   p.done = run == 0;
+  p.to_hbm = req.to_hbm();
+  if (p.to_hbm) QueueHbmCopies(p.ready);
   prefetch_held_bytes_ += p.keys.size() * ns.layout.slot_bytes;
   resp->set_ticket(StartPromotion(std::move(p)));
   return Status::Ok();
@@ -234,6 +249,12 @@ Status CacheCore::PrefetchStatus(const v1::PrefetchStatusRequest& req,
   resp->set_ready_chunks(static_cast<uint32_t>(p.ready.size()));
   resp->set_total_chunks(static_cast<uint32_t>(p.keys.size()));
   resp->set_done(p.done);
+  size_t in_hbm = 0;
+  while (hbm_ && in_hbm < p.ready.size() &&
+         hbm_->Find(dram_->Get(p.ready[in_hbm]).key) != ChunkIndex::kNone) {
+    ++in_hbm;
+  }
+  resp->set_hbm_chunks(static_cast<uint32_t>(in_hbm));
   return Status::Ok();
 }
 

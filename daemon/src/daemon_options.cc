@@ -31,6 +31,8 @@ struct RawOptions {
   int64_t nvme_queue_depth = 32;
   int64_t nvme_workers = 2;
   int64_t lease_ttl_ms = 0, reservation_ttl_ms = 0;
+  std::string hbm_bytes = "0", gpu_backend = "cuda";
+  int64_t gpu = 0;
   std::string dram_bytes_from = "--dram-bytes";  // where dram_bytes came from, for errors
 };
 
@@ -104,6 +106,15 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
       } else if (key == "nvme_workers") {
         expected = "an integer";
         if (!flag_given) raw->nvme_workers = kv.second.as<int64_t>();
+      } else if (key == "hbm_bytes") {
+        expected = "a byte size such as 16GiB";
+        if (!flag_given) raw->hbm_bytes = kv.second.as<std::string>();
+      } else if (key == "gpu") {
+        expected = "a CUDA device ordinal";
+        if (!flag_given) raw->gpu = kv.second.as<int64_t>();
+      } else if (key == "gpu_backend") {
+        expected = "cuda or host";
+        if (!flag_given) raw->gpu_backend = kv.second.as<std::string>();
       } else if (key == "lease_ttl_ms" || key == "reservation_ttl_ms") {
         expected = "an integer number of milliseconds";
         if (!flag_given) {
@@ -115,7 +126,7 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
                                        "' (socket, socket_group, log_level, dram_bytes, "
                                        "lease_ttl_ms, reservation_ttl_ms, nvme_paths, nvme_bytes, "
                                        "nvme_queue_depth, nvme_workers, nvme_write_policy, "
-                                       "selective_min_hits)");
+                                       "selective_min_hits, hbm_bytes, gpu, gpu_backend)");
       }
     } catch (const YAML::Exception& e) {
       return Status::InvalidArgument("config " + path + ": key '" + key + "' must be " +
@@ -139,7 +150,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   raw.reservation_ttl_ms = opts.core.reservation_ttl.count();
   std::string config;
 
-  CLI::App app{"kvtierd: tiered KV-cache offload daemon (DRAM and NVMe tiers)", "kvtierd"};
+  CLI::App app{"kvtierd: tiered KV-cache offload daemon (HBM, DRAM and NVMe tiers)", "kvtierd"};
   app.set_version_flag("--version", "kvtierd 0.1.0");
   app.add_option("--config", config, "YAML config file; flags win over it")->check(CLI::ExistingFile);
   app.add_option("--socket", raw.socket, "gRPC Unix socket path")
@@ -173,6 +184,14 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
       ->capture_default_str();
   app.add_option("--selective-min-hits", raw.selective_min_hits,
                  "hits before a chunk goes to NVMe under the selective policy")
+      ->capture_default_str();
+  app.add_option("--hbm-bytes", raw.hbm_bytes,
+                 "HBM tier: a device pool of this size on --gpu, shared with clients over CUDA "
+                 "IPC (it competes with the engine's own KV memory); 0 = off")
+      ->capture_default_str();
+  app.add_option("--gpu", raw.gpu, "CUDA device ordinal of the HBM pool")->capture_default_str();
+  app.add_option("--gpu-backend", raw.gpu_backend,
+                 "cuda, or host: emulate the GPU with shared host memory (tests only)")
       ->capture_default_str();
   bool rebuild_index = false;
   app.add_flag("--rebuild-index", rebuild_index,
@@ -243,6 +262,21 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
     opts.core.nvme.bytes_per_path = *nvme_bytes;
     opts.core.nvme.queue_depth = static_cast<uint32_t>(raw.nvme_queue_depth);
   }
+  auto hbm_bytes = ParseBytes(raw.hbm_bytes);
+  if (!hbm_bytes.ok()) return Status::InvalidArgument("hbm_bytes: " + hbm_bytes.status().message());
+  if (*hbm_bytes % 4096 != 0) {
+    return Status::InvalidArgument("hbm_bytes " + std::to_string(*hbm_bytes) +
+                                   " is not a multiple of 4096");
+  }
+  if (raw.gpu < 0 || raw.gpu > 1023) {
+    return Status::InvalidArgument("gpu " + std::to_string(raw.gpu) + " is outside 0..1023");
+  }
+  auto backend = ParseHbmBackend(raw.gpu_backend);
+  if (!backend.ok()) return backend.status();
+  opts.core.hbm.bytes = *hbm_bytes;
+  opts.core.hbm.device = static_cast<int>(raw.gpu);
+  opts.core.hbm.backend = *backend;
+  if (*hbm_bytes > 0) opts.core.nvme_workers = static_cast<uint32_t>(raw.nvme_workers);
   opts.rebuild_index = rebuild_index;
   opts.core.reservation_ttl = std::chrono::milliseconds(raw.reservation_ttl_ms);
   KVTIER_RETURN_IF_ERROR(opts.Validate());

@@ -32,6 +32,13 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionHello, v1
       opened_.set_epoch(core_.epoch());
       opened_.set_arena_bytes(core_.arena().bytes());
       opened_.set_lease_ttl_ms(static_cast<uint64_t>(core_.options().lease_ttl.count()));
+      if (const HbmTier* hbm = core_.hbm()) {
+        v1::HbmPool* pool = opened_.mutable_hbm();
+        pool->set_ipc_handle(hbm->ipc_handle());
+        pool->set_pool_bytes(hbm->capacity_bytes());
+        pool->set_backend(hbm->backend_name());
+        pool->set_device(hbm->device());
+      }
       spdlog::debug("session {} opened by {} (pid {})", session_id_, hello_.client_name(),
                     hello_.pid());
       StartWrite(&opened_);

@@ -97,9 +97,11 @@ std::vector<int32_t> Table(size_t n, uint32_t seed) {
 
 class LayerwiseTest : public ::testing::Test {
  protected:
+  virtual std::vector<std::string> DaemonArgs() const { return {}; }
   void SetUp() override {
     DaemonProcess::Options o;
     o.socket_path = dir_.Sub("kvtierd.sock");
+    o.extra_args = DaemonArgs();
     daemon_ = std::make_unique<DaemonProcess>(o);
     ASSERT_EQ(daemon_->Start(), "");
     ClientOptions co;
@@ -139,6 +141,25 @@ class LayerwiseTest : public ::testing::Test {
     EXPECT_EQ(*n, 3u);
     for (int64_t l = 0; l < kLayers; ++l) EXPECT_TRUE(storer.LayerDone(l, compute_).ok());
     return storer.Finish();
+  }
+
+  // The emulated attention of each layer l, queued on the compute stream after
+  // WaitLayer(l): (*ready)[l] says whether layer l of `to` (table `tt`) held
+  // the 3 chunks of `from` (table `tf`) when it started.
+  void ComputeEachLayer(LayerwiseLoader& loader, const Cache& from, std::span<const int32_t> tf,
+                        const Cache& to, std::span<const int32_t> tt, std::vector<int>* ready) {
+    ready->assign(kLayers, -1);
+    for (int64_t l = 0; l < kLayers; ++l) {
+      ASSERT_TRUE(loader.WaitLayer(l, compute_).ok());
+      ASSERT_TRUE(runtime_
+                      ->LaunchHostFunc(compute_,
+                                       [&, ready, l] {
+                                         (*ready)[l] =
+                                             LayerMatches(from, tf, to, tt, l, 3 * kChunkTokens);
+                                       })
+                      .ok());
+    }
+    ASSERT_TRUE(runtime_->Synchronize(compute_).ok());
   }
 
   nlohmann::json Stats() {
@@ -182,20 +203,8 @@ TEST_F(LayerwiseTest, StoreThenLoadMovesEveryElementAndComputeWaitsForEachLayer)
   auto tokens = loader.StartLoad(tokens_, tb, load_);
   ASSERT_TRUE(tokens.ok()) << tokens.status().ToString();
   EXPECT_EQ(*tokens, 3u * kChunkTokens);
-  // The emulated attention of layer l checks that layer l is in the cache
-  // when it starts: it runs on the compute stream after WaitLayer(l) only.
-  std::vector<int> ready_at_compute(kLayers, -1);
-  for (int64_t l = 0; l < kLayers; ++l) {
-    ASSERT_TRUE(loader.WaitLayer(l, compute_).ok());
-    ASSERT_TRUE(runtime_
-                    ->LaunchHostFunc(compute_,
-                                     [&, l] {
-                                       ready_at_compute[l] =
-                                           LayerMatches(a, ta, b, tb, l, 3 * kChunkTokens);
-                                     })
-                    .ok());
-  }
-  ASSERT_TRUE(runtime_->Synchronize(compute_).ok());
+  std::vector<int> ready_at_compute;
+  ASSERT_NO_FATAL_FAILURE(ComputeEachLayer(loader, a, ta, b, tb, &ready_at_compute));
   EXPECT_EQ(Stats()["active_leases"], 1) << "the lease is held until Finish";
   auto recompute = loader.Finish();
   ASSERT_TRUE(recompute.ok());
@@ -293,6 +302,102 @@ TEST_F(LayerwiseTest, ACacheThatDoesNotMatchTheNamespaceIsRefusedAndLeasesNothin
             StatusCode::kInvalidArgument);
   EXPECT_EQ(Stats()["active_leases"], 0);
   EXPECT_EQ(Stats()["active_reservations"], 0);
+}
+
+// The same daemon with an HBM tier on the host backend: the pool is shared
+// host memory that GpuArena opens by its handle, as a CUDA client opens the
+// daemon's pool with CUDA IPC.
+class LayerwiseHbmTest : public LayerwiseTest {
+ protected:
+  std::vector<std::string> DaemonArgs() const override {
+    return {"--hbm-bytes", "4MiB", "--gpu-backend", "host"};
+  }
+  nlohmann::json HbmStats() {
+    const nlohmann::json stats = Stats();
+    for (const auto& t : stats["tiers"]) {
+      if (t["name"] == "hbm") return t;
+    }
+    ADD_FAILURE() << "no hbm tier in the stats";
+    return {};
+  }
+};
+
+TEST_F(LayerwiseHbmTest, TheSecondLoadCopiesFromHbmDeviceToDeviceAndMatchesEveryByte) {
+  Cache a, b, c;
+  ASSERT_NO_FATAL_FAILURE(a.Init(*runtime_, compute_, 21));
+  ASSERT_NO_FATAL_FAILURE(b.Init(*runtime_, compute_, 0));
+  ASSERT_NO_FATAL_FAILURE(c.Init(*runtime_, compute_, 0));
+  const auto ta = Table(14, 11), tb = Table(14, 12), tc = Table(14, 13);
+  ASSERT_EQ(StoreAll(a, ta)->stored_chunks, 3u);
+  {  // the first load reads DRAM, and the daemon copies its hits into HBM
+    LayerwiseLoader loader(*client_, ns_, *arena_, b.desc, *runtime_);
+    ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_), 3u * kChunkTokens);
+    EXPECT_EQ(loader.hbm_chunks(), 0u);
+    ASSERT_TRUE(loader.Finish()->empty());
+  }
+  nlohmann::json hbm = HbmStats();
+  for (int i = 0; i < 500 && hbm["chunks"] != 3; ++i, hbm = HbmStats()) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(hbm["chunks"], 3) << hbm.dump();
+
+  LayerwiseLoader loader(*client_, ns_, *arena_, c.desc, *runtime_);
+  ASSERT_EQ(*loader.StartLoad(tokens_, tc, load_), 3u * kChunkTokens);
+  EXPECT_EQ(loader.hbm_chunks(), 3u);
+  std::vector<int> ready_at_compute;
+  ASSERT_NO_FATAL_FAILURE(ComputeEachLayer(loader, a, ta, c, tc, &ready_at_compute));
+  auto recompute = loader.Finish();
+  ASSERT_TRUE(recompute.ok());
+  EXPECT_TRUE(recompute->empty());
+  for (int64_t l = 0; l < kLayers; ++l) {
+    EXPECT_EQ(ready_at_compute[l], 1) << "layer " << l << " was not loaded when its compute began";
+  }
+  hbm = HbmStats();
+  EXPECT_EQ(hbm["hits"], 3);
+  EXPECT_GT(hbm["read_bytes"].get<uint64_t>(), 0u);
+}
+
+TEST_F(LayerwiseHbmTest, PrefetchToHbmMakesTheFirstLoadAnHbmLoad) {
+  Cache a, b;
+  ASSERT_NO_FATAL_FAILURE(a.Init(*runtime_, compute_, 23));
+  ASSERT_NO_FATAL_FAILURE(b.Init(*runtime_, compute_, 0));
+  const auto ta = Table(14, 14), tb = Table(14, 15);
+  ASSERT_EQ(StoreAll(a, ta)->stored_chunks, 3u);
+  PrefetchOptions po;
+  po.to_hbm = true;
+  auto ticket = client_->Prefetch(ns_, tokens_, po);
+  ASSERT_TRUE(ticket.ok());
+  ASSERT_TRUE(ticket->fail_open.ok()) << ticket->fail_open.ToString();
+  PrefetchProgress p = client_->PrefetchStatus(*ticket);
+  for (int i = 0; i < 500 && p.hbm_chunks < 3; ++i, p = client_->PrefetchStatus(*ticket)) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(p.hbm_chunks, 3u);
+  LayerwiseLoader loader(*client_, ns_, *arena_, b.desc, *runtime_);
+  ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_, &*ticket), 3u * kChunkTokens);
+  EXPECT_EQ(loader.hbm_chunks(), 3u);
+  ASSERT_TRUE(loader.Finish()->empty());
+  for (int64_t l = 0; l < kLayers; ++l) {
+    EXPECT_TRUE(LayerMatches(a, ta, b, tb, l, 3 * kChunkTokens)) << "layer " << l;
+  }
+}
+
+TEST_F(LayerwiseTest, PrefetchToHbmWithoutAnHbmTierFailsOpenAndTheLoadStillWorks) {
+  Cache a, b;
+  ASSERT_NO_FATAL_FAILURE(a.Init(*runtime_, compute_, 25));
+  ASSERT_NO_FATAL_FAILURE(b.Init(*runtime_, compute_, 0));
+  const auto ta = Table(14, 16), tb = Table(14, 17);
+  ASSERT_EQ(StoreAll(a, ta)->stored_chunks, 3u);
+  PrefetchOptions po;
+  po.to_hbm = true;
+  auto ticket = client_->Prefetch(ns_, tokens_, po);
+  ASSERT_TRUE(ticket.ok());
+  EXPECT_EQ(ticket->fail_open.code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(client_->connected()) << "a refused to_hbm is not a lost session";
+  LayerwiseLoader loader(*client_, ns_, *arena_, b.desc, *runtime_);
+  ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_, &*ticket), 3u * kChunkTokens);
+  EXPECT_EQ(loader.hbm_chunks(), 0u);
+  ASSERT_TRUE(loader.Finish()->empty());
 }
 
 }  // namespace

@@ -162,14 +162,16 @@ class CacheCoreDriver {
     return c.committed_chunks();
   }
 
+  // `hbm`: the caller reads HBM (LookupRequest.hbm).
   v1::LookupResponse Lookup(const std::vector<int32_t>& tokens, bool acquire,
-                            uint64_t session = 0) {
+                            uint64_t session = 0, bool hbm = false) {
     v1::LookupRequest req;
     req.set_session_id(session ? session : session_);
     req.set_epoch(kEpoch);
     req.set_namespace_id(ns_wire_);
     req.set_tokens(PackTokens(tokens));
     req.set_acquire(acquire);
+    req.set_hbm(hbm);
     v1::LookupResponse resp;
     const Status st = core_->Lookup(req, &resp);
     EXPECT_TRUE(st.ok()) << st.ToString();
@@ -177,7 +179,8 @@ class CacheCoreDriver {
   }
 
   Status Prefetch(const std::vector<int32_t>& tokens, v1::PrefetchResponse* resp,
-                  uint64_t deadline_ms = 0, uint32_t max_chunks = 0, uint64_t session = 0) {
+                  uint64_t deadline_ms = 0, uint32_t max_chunks = 0, uint64_t session = 0,
+                  bool to_hbm = false) {
     v1::PrefetchRequest req;
     req.set_session_id(session ? session : session_);
     req.set_epoch(kEpoch);
@@ -185,6 +188,7 @@ class CacheCoreDriver {
     req.set_tokens(PackTokens(tokens));
     req.set_deadline_ms(deadline_ms);
     req.set_max_chunks(max_chunks);
+    req.set_to_hbm(to_hbm);
     return core_->Prefetch(req, resp);
   }
 

@@ -20,6 +20,7 @@
 #include "kvtier/client.h"
 #include "kvtier/tools/model_presets.h"
 #include "kvtier/tools/synthetic_kv.h"
+#include "kvtier/gpu/runtime.h"
 #include "testing/daemon_process.h"
 
 namespace kvtier {
@@ -506,6 +507,23 @@ TEST_F(DaemonTest, StartupRejectsBadDramBytes) {
   ExpectStartupError({"--socket", socket_, "--dram-bytes", "12XB"}, "--dram-bytes");
   ExpectStartupError({"--socket", socket_, "--dram-bytes", "lots"}, "--dram-bytes");
   ExpectStartupError({"--socket", socket_, "--dram-bytes", "1000"}, "dram_bytes");
+  EXPECT_FALSE(Exists(socket_));
+}
+
+TEST_F(DaemonTest, StartupWithAnHbmTierButNoGpuSaysSoAndHowToTurnItOff) {
+  std::unique_ptr<gpu::Runtime> cuda;
+  if (gpu::Runtime::CreateCuda(0, &cuda).ok()) GTEST_SKIP() << "a GPU is present";
+  const std::vector<std::string> base = {"--socket", socket_, "--dram-bytes", "64MiB",
+                                         "--nvme-bytes", "0"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), base.begin(), base.end());
+    return more;
+  };
+  ExpectStartupError(with({"--hbm-bytes", "64MiB"}), "--hbm-bytes needs a CUDA GPU");
+  ExpectStartupError(with({"--hbm-bytes", "64MiB"}), "without --hbm-bytes");
+  ExpectStartupError(with({"--hbm-bytes", "5000", "--gpu-backend", "host"}), "hbm_bytes 5000");
+  ExpectStartupError(with({"--hbm-bytes", "64MiB", "--gpu-backend", "tpu"}), "'tpu'");
+  ExpectStartupError(with({"--hbm-bytes", "64MiB", "--gpu", "-1"}), "gpu -1");
   EXPECT_FALSE(Exists(socket_));
 }
 

@@ -3,14 +3,20 @@
 // bytes, stores a prompt's chunks layer by layer (LayerwiseStorer: D2H into
 // the shared arena), loads them into a second cache at other block ids
 // (LayerwiseLoader: H2D), and compares every loaded byte with what was
-// stored. Prints the D2H and H2D GB/s the client saw. Exit 0 when every byte
-// matched, 3 when one did not, 1 on other failures, 2 on usage errors.
+// stored. When the daemon has an HBM tier (--hbm-bytes), it then has the
+// prefix copied into the HBM pool (Prefetch to_hbm) and loads it again, device
+// to device from the pool opened over CUDA IPC, and verifies again. Prints the
+// D2H, H2D and D2D GB/s the client saw. Exit 0 when every byte matched, 3
+// when one did not, 1 on other failures (or --require-hbm without an HBM
+// load), 2 on usage errors.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
+#include <thread>
 
 #include "kvtier/layerwise.h"
 
@@ -30,6 +36,7 @@ int main(int argc, char** argv) {
   int device = 0;
   int64_t layers = 32, heads = 8, head_dim = 128, block = 16, chunk_tokens = 256;
   int64_t prompt_tokens = 8192;
+  bool require_hbm = false;
   CLI::App app{"kvtier-gpu-e2e: store and load a prompt's KV through kvtierd on the GPU",
                "kvtier-gpu-e2e"};
   app.add_option("--socket", socket_path, "kvtierd socket (default: the daemon's default)");
@@ -47,6 +54,8 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-tokens", prompt_tokens)
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 22))
       ->capture_default_str();
+  app.add_flag("--require-hbm", require_hbm,
+               "fail unless the second load came from the daemon's HBM pool");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -142,38 +151,86 @@ int main(int argc, char** argv) {
   if (!stored.ok() || !stored->fail_open.ok() || stored->stored_chunks != chunks) {
     return Fail("store did not commit every chunk");
   }
-  // Load: H2D, layer by layer, into other blocks.
-  kvtier::LayerwiseLoader loader(**client, *ns, arena, caches[1], *rt);
-  const auto l0 = Clock::now();
-  auto loaded = loader.StartLoad(tokens, table_b, copy);
-  if (!loaded.ok()) return Fail("load: " + loaded.status().ToString());
-  for (int64_t l = 0; l < layers; ++l) {
-    if (auto st = loader.WaitLayer(l, compute); !st.ok()) return Fail(st.ToString());
-  }
-  auto recompute = loader.Finish();
-  const double load_s = std::chrono::duration<double>(Clock::now() - l0).count();
-  if (!recompute.ok()) return Fail(recompute.status().ToString());
-  if (*loaded != static_cast<uint64_t>(chunks * chunk_tokens) || !recompute->empty()) {
-    return Fail("loaded " + std::to_string(*loaded) + " tokens, " +
-                std::to_string(recompute->size()) + " blocks to recompute");
-  }
-  // Compare every token's K and V of every layer: cache 1 at table_b vs cache 0 at table_a.
-  uint64_t mismatches = 0;
+  // Load layer by layer into cache 1 at other blocks; returns the seconds or a failure.
+  auto load = [&](const char* what, const kvtier::PrefetchTicket* ticket,
+                  uint32_t* hbm_chunks) -> std::optional<double> {
+    kvtier::LayerwiseLoader loader(**client, *ns, arena, caches[1], *rt);
+    const auto l0 = Clock::now();
+    auto loaded = loader.StartLoad(tokens, table_b, copy, ticket);
+    auto failed = [what](const std::string& why) -> std::optional<double> {
+      Fail(std::string(what) + ": " + why);
+      return std::nullopt;
+    };
+    if (!loaded.ok()) return failed(loaded.status().ToString());
+    for (int64_t l = 0; l < layers; ++l) {
+      if (auto st = loader.WaitLayer(l, compute); !st.ok()) return failed(st.ToString());
+    }
+    auto recompute = loader.Finish();
+    const double seconds = std::chrono::duration<double>(Clock::now() - l0).count();
+    if (!recompute.ok()) return failed(recompute.status().ToString());
+    if (*loaded != static_cast<uint64_t>(chunks * chunk_tokens) || !recompute->empty()) {
+      return failed("loaded " + std::to_string(*loaded) + " tokens, " +
+                    std::to_string(recompute->size()) + " blocks to recompute");
+    }
+    *hbm_chunks = loader.hbm_chunks();
+    return seconds;
+  };
+  // Every token's K and V of every layer: cache 1 at table_b vs cache 0 at table_a.
   std::vector<uint8_t> a(tensor_bytes), b(tensor_bytes);
   const int64_t token_bytes = heads * head_dim * 2;
-  for (int64_t l = 0; l < layers; ++l) {
-    if (!rt->CopyAsync(a.data(), buffers[l].data(), tensor_bytes, compute).ok() ||
-        !rt->CopyAsync(b.data(), buffers[layers + l].data(), tensor_bytes, compute).ok() ||
-        !rt->Synchronize(compute).ok()) {
-      return Fail("reading the caches back");
-    }
-    for (int64_t t = 0; t < chunks * chunk_tokens; ++t) {
-      for (int64_t p = 0; p < 2; ++p) {
-        const int64_t oa = ((p * blocks + table_a[t / block]) * block + t % block) * token_bytes;
-        const int64_t ob = ((p * blocks + table_b[t / block]) * block + t % block) * token_bytes;
-        if (std::memcmp(a.data() + oa, b.data() + ob, token_bytes) != 0) ++mismatches;
+  auto mismatched = [&]() -> std::optional<uint64_t> {
+    uint64_t mismatches = 0;
+    for (int64_t l = 0; l < layers; ++l) {
+      if (!rt->CopyAsync(a.data(), buffers[l].data(), tensor_bytes, compute).ok() ||
+          !rt->CopyAsync(b.data(), buffers[layers + l].data(), tensor_bytes, compute).ok() ||
+          !rt->Synchronize(compute).ok()) {
+        return std::nullopt;
+      }
+      for (int64_t t = 0; t < chunks * chunk_tokens; ++t) {
+        for (int64_t p = 0; p < 2; ++p) {
+          const int64_t oa = ((p * blocks + table_a[t / block]) * block + t % block) * token_bytes;
+          const int64_t ob = ((p * blocks + table_b[t / block]) * block + t % block) * token_bytes;
+          if (std::memcmp(a.data() + oa, b.data() + ob, token_bytes) != 0) ++mismatches;
+        }
       }
     }
+    return mismatches;
+  };
+
+  // First load: H2D from the DRAM arena.
+  uint32_t hbm_chunks = 0;
+  const std::optional<double> load_s = load("load", nullptr, &hbm_chunks);
+  if (!load_s) return 1;
+  const std::optional<uint64_t> mismatches = mismatched();
+  if (!mismatches) return Fail("reading the caches back");
+
+  // Second load: D2D from the daemon's HBM pool, once the prefix is there.
+  const std::optional<kvtier::HbmPoolInfo> pool = (*client)->HbmPool();
+  std::optional<double> hbm_load_s;
+  std::optional<uint64_t> hbm_mismatches;
+  uint32_t hbm_loaded = 0;
+  if (pool) {
+    kvtier::PrefetchOptions po;
+    po.to_hbm = true;
+    po.policy = kvtier::PrefetchPolicy::kWaitComplete;
+    auto ticket = (*client)->Prefetch(*ns, tokens, po);
+    if (!ticket.ok() || !ticket->fail_open.ok()) return Fail("prefetch into HBM failed");
+    const auto until = Clock::now() + std::chrono::seconds(60);
+    kvtier::PrefetchProgress p = (*client)->PrefetchStatus(*ticket);
+    while (p.fail_open.ok() && p.hbm_chunks < chunks && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      p = (*client)->PrefetchStatus(*ticket);
+    }
+    for (int64_t l = 0; l < layers; ++l) {  // zero cache 1 so that the check sees this load
+      if (!rt->LaunchMemset(buffers[layers + l].data(), 0, tensor_bytes, compute).ok()) {
+        return Fail("clearing the cache");
+      }
+    }
+    if (!rt->Synchronize(compute).ok()) return Fail("clearing the cache");
+    hbm_load_s = load("HBM load", &*ticket, &hbm_loaded);
+    if (!hbm_load_s) return 1;
+    hbm_mismatches = mismatched();
+    if (!hbm_mismatches) return Fail("reading the caches back");
   }
   std::printf("kvtier-gpu-e2e (%s backend): %lld chunks of %llu bytes (%lld layers x %lld "
               "tokens x %lld heads x %lld x fp16)\n",
@@ -183,10 +240,25 @@ int main(int argc, char** argv) {
               static_cast<long long>(heads), static_cast<long long>(head_dim));
   std::printf("  store (D2H into the arena, layerwise)  %.3f s  %.2f GB/s\n", store_s,
               bytes / store_s / 1e9);
-  std::printf("  load  (H2D from the arena, layerwise)  %.3f s  %.2f GB/s\n", load_s,
-              bytes / load_s / 1e9);
+  std::printf("  load  (H2D from the arena, layerwise)  %.3f s  %.2f GB/s\n", *load_s,
+              bytes / *load_s / 1e9);
+  const long long planes = 2 * layers * chunks * chunk_tokens;
   std::printf("  verified: %llu mismatched token planes of %lld\n",
-              static_cast<unsigned long long>(mismatches),
-              static_cast<long long>(2 * layers * chunks * chunk_tokens));
-  return mismatches == 0 ? 0 : 3;
+              static_cast<unsigned long long>(*mismatches), planes);
+  if (!pool) {
+    std::printf("  HBM tier: off in kvtierd (start it with --hbm-bytes to load device to device)\n");
+  } else {
+    std::printf("  load  (D2D from the HBM pool over %s IPC, layerwise)  %.3f s  %.2f GB/s  "
+                "(%u of %lld chunks from HBM)\n",
+                pool->backend == "host" ? "emulated" : "CUDA", *hbm_load_s,
+                bytes / *hbm_load_s / 1e9, hbm_loaded, static_cast<long long>(chunks));
+    std::printf("  verified (HBM load): %llu mismatched token planes of %lld\n",
+                static_cast<unsigned long long>(*hbm_mismatches), planes);
+  }
+  if (*mismatches != 0 || (hbm_mismatches && *hbm_mismatches != 0)) return 3;
+  if (require_hbm && hbm_loaded != chunks) {
+    return Fail("--require-hbm: " + std::to_string(hbm_loaded) + " of " + std::to_string(chunks) +
+                " chunks came from the HBM pool");
+  }
+  return 0;
 }

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -96,6 +97,20 @@ struct PrefetchOptions {
   // kTimeout: Default 1 s + 250 ms per 1,000 tokens (HiCache's defaults).
   std::chrono::milliseconds timeout_base{1000};
   std::chrono::milliseconds timeout_per_1k_tokens{250};
+  // Also have the daemon copy the prefix into its HBM pool once in DRAM
+  // (Prefetch target=hbm), for a LayerwiseLoader that reads HBM. The daemon
+  // must run with --hbm-bytes; otherwise the prefetch fails open.
+  bool to_hbm = false;
+};
+
+// kvtierd's HBM pool (kvtierd --hbm-bytes): device memory it exported with
+// CUDA IPC; GpuArena::Pool opens it. Only a GPU reader on the same machine can
+// use it; Load and the host-side calls never do.
+struct HbmPoolInfo {
+  std::string ipc_handle;  // opaque bytes for gpu::Runtime::OpenExported
+  uint64_t pool_bytes = 0;
+  std::string backend;     // "cuda", or "host" (emulation, tests only)
+  int device = 0;          // the daemon's CUDA device ordinal
 };
 
 // A prefetch in progress, from Prefetch(); hand it to Load. Copyable. A ticket
@@ -114,6 +129,7 @@ struct PrefetchTicket {
 struct PrefetchProgress {
   uint32_t ready_chunks = 0;   // leading chunks in DRAM, held for the Load
   uint32_t total_chunks = 0;
+  uint32_t hbm_chunks = 0;     // leading chunks also in HBM (PrefetchOptions::to_hbm)
   bool done = false;           // no more will become ready
   Status fail_open;            // non-OK when the ticket is gone or the daemon did not answer
 };
@@ -155,7 +171,15 @@ class ChunkLease {
   void Release();
   // The arena mapping the payloads lie in (to register it with a GPU runtime).
   std::shared_ptr<Arena> mapping() const;
+  // Chunk i's slot sequence number at lookup (its HBM copy holds the same).
+  uint64_t sequence(size_t i) const;
+  // Acquired with `hbm`: the offset of chunk i's payload in the daemon's HBM
+  // pool (hbm_pool()), leased with its DRAM copy; 0 when it is not in HBM.
+  uint64_t hbm_payload_offset(size_t i) const;
+  // The pool those offsets are in; nullptr when the daemon has no HBM tier.
+  const HbmPoolInfo* hbm_pool() const;
 
+  uint32_t hbm_chunks = 0;         // of num_chunks, those with an HBM copy
   uint32_t nvme_chunks = 0;        // of num_chunks, the trailing ones promoted from NVMe
   uint32_t prefetched_chunks = 0;  // of num_chunks, those a Prefetch promoted in time
   std::chrono::microseconds lookup_time{0};  // the Lookup-with-lease RPC
@@ -255,9 +279,12 @@ class Client {
   // Leases the cached prefix of `tokens` (at most `max_chunks` chunks) and
   // keeps it until the lease is released: Load without the copy. With
   // `ticket`, as Load. Errors: INVALID_ARGUMENT for a namespace not opened here.
+  // With `hbm` (a GPU reader that can open the HBM pool), the lease also
+  // holds the HBM copies of the chunks that have one, and the daemon copies
+  // the other hit chunks into HBM in the background for later loads.
   Result<ChunkLease> Acquire(const NamespaceHandle& ns, std::span<const int32_t> tokens,
                              size_t max_chunks = SIZE_MAX,
-                             const PrefetchTicket* ticket = nullptr);
+                             const PrefetchTicket* ticket = nullptr, bool hbm = false);
   // Reserves slots for the full chunks of `tokens` from `first_chunk` on that
   // are not cached: Store without the writes.
   Result<ChunkReservation> Reserve(const NamespaceHandle& ns, std::span<const int32_t> tokens,
@@ -272,6 +299,10 @@ class Client {
   // Errors: INVALID_ARGUMENT when `source` is shorter than that.
   Result<StoreResult> Store(const NamespaceHandle& ns, std::span<const int32_t> tokens,
                             std::span<const std::byte> source, size_t first_chunk = 0);
+
+  // The daemon's HBM pool, as its session announced it (connecting first when
+  // needed); nullopt when it has none or is unreachable.
+  std::optional<HbmPoolInfo> HbmPool();
 
   // True while a session with the daemon is open.
   bool connected() const;

@@ -1,5 +1,6 @@
-// Layerwise load and store between kvtierd's shared DRAM arena and an engine's
-// paged KV cache on the GPU (DESIGN.md "Layerwise load"). Where each call goes
+// Layerwise load and store between kvtierd's shared DRAM arena (or its HBM
+// pool, when the daemon runs with --hbm-bytes) and an engine's paged KV cache
+// on the GPU (DESIGN.md "Layerwise load"). Where each call goes
 // in a vLLM KV connector is in the README ("Engine integration").
 //
 //   GpuArena arena(runtime);                          // once per process
@@ -51,8 +52,9 @@ struct PagedKvCache {
 
 // The client's mapping of kvtierd's arena, registered with a GPU runtime
 // (cudaHostRegister in pieces of at most 64 GiB) the first time a load or
-// store sees it. A daemon restart brings a new mapping: it is registered too;
-// old registrations (and their mappings) live until the GpuArena ends.
+// store sees it, and the daemon's HBM pool, opened once (CUDA IPC). A daemon
+// restart brings a new mapping and pool: they are registered and opened too;
+// old ones live until the GpuArena ends.
 // REQUIRES: the runtime outlives it, and no copy is in flight when it ends.
 class GpuArena {
  public:
@@ -62,7 +64,19 @@ class GpuArena {
   // when the runtime refuses to register it.
   Result<const gpu::PinnedRange*> For(const std::shared_ptr<Arena>& mapping);
 
+  // The daemon's HBM pool, opened with the runtime the first time (a failure
+  // is remembered: loads then copy from DRAM). Errors: FAILED_PRECONDITION
+  // (a pool of the other backend than the runtime's), INVALID_ARGUMENT or
+  // UNAVAILABLE from opening it (CUDA IPC needs the same machine, and a
+  // process other than the daemon).
+  Result<const gpu::DeviceBuffer*> Pool(const HbmPoolInfo& pool);
+
  private:
+  struct OpenedPool {
+    std::string ipc_handle;
+    gpu::DeviceBuffer buffer;  // empty when opening failed
+    Status error;
+  };
   struct Entry {
     std::shared_ptr<Arena> mapping;  // kept mapped while registered
     gpu::PinnedRange range;
@@ -70,6 +84,7 @@ class GpuArena {
   gpu::Runtime& runtime_;
   std::mutex mu_;
   std::vector<std::unique_ptr<Entry>> entries_;  // GUARDED_BY(mu_)
+  std::vector<std::unique_ptr<OpenedPool>> pools_;  // GUARDED_BY(mu_)
 };
 
 // Loads the cached prefix of one request layer by layer.
@@ -82,7 +97,8 @@ class LayerwiseLoader {
   ~LayerwiseLoader();  // waits for copies in flight, then releases the lease
 
   // Leases every chunk of the cached prefix of `tokens` first (Lookup with
-  // acquire, or taking over `ticket`), then queues each layer's copies into
+  // acquire, or taking over `ticket`; chunks with an HBM copy are copied
+  // device to device from the daemon's pool), then queues each layer's copies into
   // the engine blocks `block_ids` (the prompt's block table: block_ids[j]
   // holds tokens [j * block_size, (j + 1) * block_size)) on `load_stream`,
   // one event per layer. Returns the tokens it will deliver: whole chunks,
@@ -107,6 +123,9 @@ class LayerwiseLoader {
   // The event recorded after layer `layer`'s copies; null when nothing loads.
   const gpu::Event* layer_event(int64_t layer) const;
 
+  // Of the chunks StartLoad delivers, those copied from the HBM pool.
+  uint32_t hbm_chunks() const { return hbm_chunks_; }
+
  private:
   Client& client_;
   const NamespaceHandle ns_;
@@ -118,7 +137,16 @@ class LayerwiseLoader {
   std::vector<int32_t> block_ids_;   // of the leased chunks
   ChunkLease lease_;
   std::unique_ptr<gpu::LayerwiseLoad> load_;
+  gpu::Stream* load_stream_ = nullptr;
+  const gpu::DeviceBuffer* pool_ = nullptr;  // the HBM pool the HBM chunks are read from
+  uint32_t hbm_chunks_ = 0;
   bool started_ = false;
+
+  // Whether this load can read the daemon's HBM pool (it opens it).
+  bool HbmUsable();
+  // After the copies: how many leading chunks read from HBM still hold the
+  // sequence they had at lookup (all of them unless a lease lapsed).
+  uint32_t ValidHbmChunks();
 };
 
 // Stores the new chunks of one request layer by layer, as the engine writes them.

@@ -6,9 +6,14 @@
 // writes) over the DRAM tier. The gRPC services are thin adapters over it, and
 // tests drive it with proto messages and a clock they advance.
 //
-// NVMe reads (promotion on Lookup, Prefetch) run on the core's own I/O worker
-// threads, never on the caller's: a Lookup that must promote completes through
-// its callback once the worker is done.
+// NVMe reads (promotion on Lookup, Prefetch) and copies into HBM run on the
+// core's own I/O worker threads, never on the caller's: a Lookup that must
+// promote completes through its callback once the worker is done.
+//
+// HBM (opt-in) is a subset of DRAM: a Lookup with `hbm` hands out the HBM copy
+// of each chunk that has one besides its DRAM location, leasing both, and
+// queues its other hit chunks for a copy into HBM; DRAM evicting a chunk drops
+// its HBM copy.
 //
 // Thread-safety: thread-safe. One mutex (mu_) guards all state; payload
 // checksums at commit and NVMe I/O run outside it (the reservation or the
@@ -33,6 +38,7 @@
 #include "kvtier/slot_image.h"
 #include "kvtier/status.h"
 #include "kvtier/tiers/dram_tier.h"
+#include "kvtier/tiers/hbm_tier.h"
 #include "kvtier/tiers/nvme_tier.h"
 #include "kvtier/v1/kvtier.pb.h"
 
@@ -76,6 +82,9 @@ struct CacheCoreOptions {
   // Write-back: most bytes of evicted images held in memory until the NVMe
   // writer takes them; past it an eviction is a skipped write. Default: 256 MiB.
   uint64_t write_back_buffer_bytes = uint64_t{256} << 20;
+  // HBM tier: off when `hbm.bytes` is 0 (the default). Its copies run on the
+  // I/O workers (nvme_workers of them).
+  HbmTierOptions hbm;
 
   Status Validate() const;
 };
@@ -106,6 +115,9 @@ class CacheCore {
   // (stops early when the tier is degraded). Returns how many it queued.
   size_t FlushWriteBack();
   bool nvme_enabled() const { return nvme_ != nullptr; }
+  // The HBM pool a client opens (for SessionOpened); nullptr when the tier is off.
+  // Set by Create and never changed.
+  const HbmTier* hbm() const { return hbm_.get(); }
 
   // Sessions: opened by the Session stream, ended when it breaks. Ending a
   // session ends its leases and frees its reservations at once.
@@ -153,6 +165,7 @@ class CacheCore {
     uint64_t session_id = 0;
     Clock::TimePoint expiry;
     std::vector<uint32_t> handles;  // DramTier handles, pinned
+    std::vector<uint32_t> hbm_handles;  // HbmTier handles, pinned (their DRAM copies are in handles)
   };
   struct ReservedChunk {
     ChunkKey key;
@@ -182,6 +195,7 @@ class CacheCore {
     std::vector<uint32_t> ready;      // pinned DRAM handles of keys[0, ready.size())
     uint32_t dram_at_start = 0;       // of ready, how many were in DRAM at the start
     bool done = false;                // no more will become ready
+    bool to_hbm = false;              // a ticket that also copies its ready chunks into HBM
     // A Lookup's continuation, run without mu_ once the promotion is done and
     // out of promotions_; `ready` is still pinned then.
     std::function<void(Promotion&)> on_done;
@@ -201,6 +215,10 @@ class CacheCore {
     uint64_t nvme_io_errors = 0;
     uint64_t prefetched_chunks = 0;
     uint64_t nvme_skipped_writes = 0;
+    uint64_t hbm_hits = 0;
+    uint64_t hbm_read_bytes = 0;
+    uint64_t hbm_write_bytes = 0;
+    uint64_t hbm_copy_errors = 0;
     uint32_t nvme_failure_streak = 0;  // consecutive failed NVMe batches
   };
   // REQUIRES: mu_ held.
@@ -229,6 +247,7 @@ class CacheCore {
   struct LookupTally {
     uint64_t session_id = 0;
     bool acquire = false;
+    bool hbm = false;      // the caller reads HBM: lease HBM copies, promote the other hits
     size_t prompt_tokens = 0;
     size_t num_keys = 0;   // full chunks of the prompt
     size_t max_hits = 0;   // min(num_keys, max_chunks)
@@ -254,6 +273,16 @@ class CacheCore {
   void FinishPromotion(std::unique_lock<std::mutex>& lock,
                        std::unordered_map<uint64_t, Promotion>::iterator it);
   void WorkerLoop();
+  // HBM (cache_core_hbm.cc). REQUIRES: mu_ held. Queues DRAM chunks for a copy
+  // into HBM (parents before children), skipping those in HBM or queued.
+  void QueueHbmCopies(const std::vector<uint32_t>& dram_handles);
+  // REQUIRES: mu_ not held. Copies up to one batch of queued chunks into HBM.
+  void HbmStep();
+  // REQUIRES: mu_ held. DRAM is about to evict `handle`: demote it under
+  // write-back, and drop its HBM copy.
+  void OnDramEviction(uint32_t handle);
+  // REQUIRES: mu_ held. How many of `hits` (DRAM handles) have an HBM copy.
+  size_t CountInHbm(const std::vector<uint32_t>& hits) const;
   void StartWorkers();
   // Lets the workers finish every queued promotion (so every Lookup waiting
   // on one completes), then joins them.
@@ -269,6 +298,10 @@ class CacheCore {
 
   mutable std::mutex mu_;
   std::unique_ptr<DramTier> dram_;                                    // GUARDED_BY(mu_)
+  // After dram_: it unpins the arena when destroyed. Bookkeeping GUARDED_BY(mu_).
+  std::unique_ptr<HbmTier> hbm_;
+  std::deque<ChunkKey> hbm_queue_;                                    // GUARDED_BY(mu_)
+  std::unordered_set<ChunkKey, ChunkKeyHash> hbm_queued_;             // GUARDED_BY(mu_)
   std::unique_ptr<NvmeTier> nvme_;  // thread-safe itself; lock order: mu_, then its own
   // Committed chunks waiting for the NVMe writer, held in DRAM (evicted only
   // when nothing else can be; then the write is skipped and counted).

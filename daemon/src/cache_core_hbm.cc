@@ -1,0 +1,114 @@
+// CacheCore's HBM side: copies into the HBM pool on the I/O workers (queued by
+// Lookups with hbm and by Prefetch with to_hbm), and keeping HBM a subset of DRAM.
+#include <spdlog/spdlog.h>
+
+#include "kvtier/daemon/cache_core.h"
+
+namespace kvtier {
+
+size_t CacheCore::CountInHbm(const std::vector<uint32_t>& hits) const {
+  if (!hbm_) return 0;
+  size_t n = 0;
+  for (uint32_t h : hits) n += hbm_->Find(dram_->Get(h).key) != ChunkIndex::kNone;
+  return n;
+}
+
+void CacheCore::QueueHbmCopies(const std::vector<uint32_t>& dram_handles) {
+  if (!hbm_) return;
+  bool queued = false;
+  for (uint32_t h : dram_handles) {  // in prefix order: parents first
+    const ChunkKey& key = dram_->Get(h).key;
+    if (hbm_->Find(key) != ChunkIndex::kNone || !hbm_queued_.insert(key).second) continue;
+    hbm_queue_.push_back(key);
+    queued = true;
+  }
+  if (queued) work_cv_.notify_one();
+}
+
+void CacheCore::OnDramEviction(uint32_t handle) {
+  if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kWriteBack) Demote(handle, true);
+  if (!hbm_) return;
+  // The victim has no lease and no child in DRAM, hence none in HBM either
+  // (an HBM lease pins the DRAM chunk too; an HBM chunk's parent is in DRAM).
+  if (const uint32_t hh = hbm_->Find(dram_->Get(handle).key); hh != ChunkIndex::kNone) {
+    hbm_->Remove(hh);
+  }
+}
+
+void CacheCore::HbmStep() {
+  constexpr size_t kBatch = 8;
+  struct Copy {
+    uint32_t dram;          // pinned while copied
+    uint32_t hbm_parent;    // pinned while copied; kNone for a first chunk
+    ChunkKey key, parent, ns_root;
+    uint32_t ns_index;
+    uint64_t slot_offset;   // in HBM
+    uint64_t header_bytes, slot_bytes, payload_bytes;
+    const std::byte* image;
+  };
+  std::vector<Copy> plan;
+  std::unique_lock lock(mu_);
+  std::unordered_set<ChunkKey, ChunkKeyHash> planned;
+  while (!hbm_queue_.empty() && plan.size() < kBatch) {
+    const ChunkKey key = hbm_queue_.front();
+    hbm_queue_.pop_front();
+    // A planned key stays in hbm_queued_ until inserted, so no other worker copies it too.
+    auto skip = [&] { hbm_queued_.erase(key); };
+    const uint32_t h = dram_->Find(key);
+    if (h == ChunkIndex::kNone || hbm_->Find(key) != ChunkIndex::kNone) {
+      skip();
+      continue;
+    }
+    const ChunkEntry& e = dram_->Get(h);
+    const NamespaceState& ns = *namespaces_[e.ns_index];
+    // Its parent must be in HBM (or copied before it in this batch): no orphans there either.
+    uint32_t hbm_parent = ChunkIndex::kNone;
+    if (e.parent != ns.id && planned.count(e.parent) == 0) {
+      hbm_parent = hbm_->Find(e.parent);
+      if (hbm_parent == ChunkIndex::kNone) {
+        skip();
+        continue;
+      }
+    }
+    // The parent is pinned so that making room cannot evict it (it has no HBM child yet).
+    if (hbm_parent != ChunkIndex::kNone) hbm_->Pin(hbm_parent);
+    auto offset = hbm_->AllocateSlot(e.ns_index);
+    if (!offset) {
+      if (hbm_parent != ChunkIndex::kNone) hbm_->Unpin(hbm_parent);
+      skip();
+      continue;  // everything in HBM is leased: the chunk is served from DRAM
+    }
+    dram_->Pin(h);
+    plan.push_back({h, hbm_parent, key, e.parent, ns.id, e.ns_index, *offset,
+                    ns.layout.header_bytes, ns.layout.slot_bytes, ns.layout.payload_bytes,
+                    dram_->SlotAddress(e.slot_offset)});
+    planned.insert(key);
+  }
+  if (plan.empty()) return;
+  lock.unlock();
+  std::vector<Status> copied;
+  for (const Copy& c : plan) copied.push_back(hbm_->CopyIn(c.slot_offset, c.image, c.header_bytes,
+                                                           c.slot_bytes));
+  lock.lock();
+  for (size_t k = 0; k < plan.size(); ++k) {
+    const Copy& c = plan[k];
+    // Parents first: a child whose parent failed is refused by Insert and freed.
+    uint32_t hh = ChunkIndex::kNone;
+    if (copied[k].ok()) hh = hbm_->Insert(c.key, c.parent, c.ns_root, c.ns_index, c.slot_offset);
+    if (hh == ChunkIndex::kNone) {
+      hbm_->FreeSlot(c.ns_index, c.slot_offset);
+      if (!copied[k].ok()) {
+        ++counters_.hbm_copy_errors;
+        spdlog::warn("copy of chunk {} into HBM failed: {}", c.key.ToHex(),
+                     copied[k].ToString());
+      }
+    } else {
+      counters_.hbm_write_bytes += c.payload_bytes;
+    }
+    if (c.hbm_parent != ChunkIndex::kNone) hbm_->Unpin(c.hbm_parent);
+    dram_->Unpin(c.dram);
+    hbm_queued_.erase(c.key);
+  }
+}
+
+}  // namespace kvtier

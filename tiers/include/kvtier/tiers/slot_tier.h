@@ -1,0 +1,115 @@
+// SlotTier: the bookkeeping of a tier whose chunks live in fixed-size slots of
+// one memory range: its slot allocator, the index of resident chunks and the
+// eviction policy. It owns no memory; DramTier (the shared-memory arena) and
+// HbmTier (a device pool) add theirs.
+//
+// Mechanism only: leases, reservations and sessions live in the daemon, which
+// pins chunks here (Pin/Unpin) while clients copy them.
+//
+// Eviction rule (DESIGN.md): the victim is the least recently used chunk with
+// no lease and no resident child, preferring one of the needed slot size. Inserting a chunk whose
+// parent is not resident is refused, so no orphan is ever reachable.
+//
+// Thread-safety: not thread-safe; the daemon serializes calls with its mutex.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "kvtier/status.h"
+#include "kvtier/tiers/chunk_index.h"
+#include "kvtier/tiers/eviction_policy.h"
+#include "kvtier/tiers/slot_allocator.h"
+
+namespace kvtier {
+
+struct SlotTierCounters {
+  uint64_t evictions = 0;
+};
+
+class SlotTier {
+ public:
+  // A tier of `capacity_bytes` from offset 0. `policy` defaults to leaf-first LRU.
+  explicit SlotTier(uint64_t capacity_bytes, std::unique_ptr<EvictionPolicy> policy = nullptr);
+  virtual ~SlotTier() = default;
+  SlotTier(const SlotTier&) = delete;
+  SlotTier& operator=(const SlotTier&) = delete;
+
+  // Registers a namespace whose slots are `slot_bytes`; returns its ns_index
+  // (0, 1, 2, ... in registration order).
+  uint32_t AddNamespace(uint64_t slot_bytes);
+  // Gives namespace number `ns_index` to another namespace with `slot_bytes`.
+  // REQUIRES: num_chunks(ns_index) == 0 and no slot of it is allocated.
+  void ReuseNamespace(uint32_t ns_index, uint64_t slot_bytes) {
+    ns_slot_bytes_[ns_index] = slot_bytes;
+  }
+
+  // A free slot for a chunk of namespace `ns_index`, evicting as needed.
+  // Returns nullopt when no slot is free and no chunk is evictable.
+  std::optional<uint64_t> AllocateSlot(uint32_t ns_index);
+  // Returns a slot that was allocated but never inserted (abort, expiry, drop).
+  void FreeSlot(uint32_t ns_index, uint64_t slot_offset);
+
+  // Makes a committed chunk visible. Returns kNone (and inserts nothing) when
+  // `key` is already resident, or when `parent` is neither `ns_root` nor a
+  // resident chunk of the same namespace.
+  uint32_t Insert(const ChunkKey& key, const ChunkKey& parent, const ChunkKey& ns_root,
+                  uint32_t ns_index, uint64_t slot_offset);
+
+  uint32_t Find(const ChunkKey& key) const { return index_.Find(key); }
+  template <typename F>
+  void ForEachChunk(F&& f) const { index_.ForEach(std::forward<F>(f)); }
+  const ChunkEntry& Get(uint32_t handle) const { return index_.Get(handle); }
+  // Marks a chunk as just used.
+  void Touch(uint32_t handle) { policy_->OnAccess(handle); }
+  // Counts a hit on the chunk; returns the new count (saturates).
+  uint32_t AddHit(uint32_t handle) {
+    uint32_t& h = index_.Get(handle).hits;
+    if (h != UINT32_MAX) ++h;
+    return h;
+  }
+  // Called with each victim just before eviction drops it (its slot still
+  // holds its image): under write-back the daemon demotes a DRAM victim to
+  // NVMe, and drops its HBM copy (HBM stays a subset of DRAM).
+  using EvictionListener = std::function<void(uint32_t handle)>;
+  void SetEvictionListener(EvictionListener listener) { on_evict_ = std::move(listener); }
+
+  // A chunk waiting for its NVMe write is evicted only when nothing else can
+  // be (then its write is skipped). Holds nest.
+  void HoldForWrite(uint32_t handle) { ++index_.Get(handle).write_holds; }
+  void ReleaseWriteHold(uint32_t handle) { --index_.Get(handle).write_holds; }
+
+  // A pinned chunk is never evicted. Pins nest.
+  void Pin(uint32_t handle) { ++index_.Get(handle).leases; }
+  void Unpin(uint32_t handle) { --index_.Get(handle).leases; }
+
+  // Drops a resident chunk now, as eviction would (without the listener).
+  // REQUIRES: no lease and no resident child.
+  void Remove(uint32_t handle);
+
+  uint64_t capacity_bytes() const { return allocator_.capacity_bytes(); }
+  uint64_t used_bytes() const { return allocator_.used_bytes(); }
+  uint64_t num_chunks() const { return index_.size(); }
+  uint64_t num_chunks(uint32_t ns_index) const { return ns_chunks_[ns_index]; }
+  uint64_t slot_bytes(uint32_t ns_index) const { return ns_slot_bytes_[ns_index]; }
+  const SlotTierCounters& counters() const { return counters_; }
+
+ private:
+  // Evicts the least recently used evictable chunk, only among slots of
+  // `same_size` bytes unless it is 0, and (with `spare_held`) not one held
+  // for a write; false when none is evictable.
+  bool EvictOne(uint64_t same_size, bool spare_held);
+
+  SlotAllocator allocator_;
+  ChunkIndex index_;
+  std::unique_ptr<EvictionPolicy> policy_;
+  std::vector<uint64_t> ns_slot_bytes_;
+  std::vector<uint64_t> ns_chunks_;
+  SlotTierCounters counters_;
+  EvictionListener on_evict_;
+};
+
+}  // namespace kvtier

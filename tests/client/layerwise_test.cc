@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <cstddef>
 #include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -355,6 +356,48 @@ TEST_F(LayerwiseHbmTest, TheSecondLoadCopiesFromHbmDeviceToDeviceAndMatchesEvery
   hbm = HbmStats();
   EXPECT_EQ(hbm["hits"], 3);
   EXPECT_GT(hbm["read_bytes"].get<uint64_t>(), 0u);
+}
+
+TEST_F(LayerwiseHbmTest, AnHbmSlotRewrittenDuringTheLoadIsReportedForRecompute) {
+  Cache a, b;
+  ASSERT_NO_FATAL_FAILURE(a.Init(*runtime_, compute_, 27));
+  ASSERT_NO_FATAL_FAILURE(b.Init(*runtime_, compute_, 0));
+  const auto ta = Table(14, 18), tb = Table(14, 19);
+  ASSERT_EQ(StoreAll(a, ta)->stored_chunks, 3u);
+  PrefetchOptions po;
+  po.to_hbm = true;
+  auto ticket = client_->Prefetch(ns_, tokens_, po);
+  ASSERT_TRUE(ticket.ok() && ticket->fail_open.ok());
+  PrefetchProgress p = client_->PrefetchStatus(*ticket);
+  for (int i = 0; i < 500 && p.hbm_chunks < 3; ++i, p = client_->PrefetchStatus(*ticket)) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(p.hbm_chunks, 3u);
+  // Where chunk 1's HBM copy lives, from a lease of our own.
+  auto lease = client_->Acquire(ns_, tokens_, SIZE_MAX, nullptr, /*hbm=*/true);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_EQ(lease->hbm_chunks, 3u);
+  const uint64_t chunk1 = lease->hbm_payload_offset(1);
+  lease->Release();
+  // As a daemon would after a lapsed lease: the slot gets another image.
+  gpu::DeviceBuffer pool;
+  ASSERT_TRUE(runtime_->OpenExported(client_->HbmPool()->ipc_handle,
+                                     client_->HbmPool()->pool_bytes, &pool)
+                  .ok());
+  LayerwiseLoader loader(*client_, ns_, *arena_, b.desc, *runtime_);
+  ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_, &*ticket), 3u * kChunkTokens);
+  ASSERT_EQ(loader.hbm_chunks(), 3u);
+  ASSERT_TRUE(runtime_->Synchronize(load_).ok());
+  auto* sequence = reinterpret_cast<uint64_t*>(static_cast<std::byte*>(pool.data()) + chunk1 -
+                                               ns_.layout.header_bytes +
+                                               offsetof(SlotHeader, sequence));
+  *sequence += 1000;
+  auto recompute = loader.Finish();
+  ASSERT_TRUE(recompute.ok());
+  std::vector<int32_t> expected(tb.begin() + 4, tb.begin() + 12);  // chunks 1 and 2: a prefix ends
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(*recompute, expected);
+  *sequence -= 1000;
 }
 
 TEST_F(LayerwiseHbmTest, PrefetchToHbmMakesTheFirstLoadAnHbmLoad) {

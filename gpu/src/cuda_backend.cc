@@ -227,7 +227,27 @@ GpuStatus CudaRuntime::CreateStreamImpl(Stream* out) {
   return GpuStatus::Ok();
 }
 
-void CudaRuntime::DestroyStreamImpl(void* handle) noexcept { cudaStreamDestroy(AsStream(handle)); }
+void CudaRuntime::DestroyStreamImpl(void* handle) noexcept {
+  {
+    std::lock_guard lock(external_mu_);
+    if (auto it = external_.find(handle); it != external_.end()) {
+      if (--it->second == 0) external_.erase(it);
+      return;  // the caller's stream: not ours to destroy
+    }
+  }
+  cudaStreamDestroy(AsStream(handle));
+}
+
+GpuStatus CudaRuntime::WrapExternalStreamImpl(void* native_stream, Stream* out) {
+  // A null handle is CUDA's legacy default stream; Stream needs a non-null one.
+  void* handle = native_stream != nullptr ? native_stream : static_cast<void*>(cudaStreamLegacy);
+  {
+    std::lock_guard lock(external_mu_);
+    ++external_[handle];
+  }
+  *out = WrapStream(handle);
+  return GpuStatus::Ok();
+}
 
 GpuStatus CudaRuntime::CreateEventImpl(Event* out) {
   DeviceGuard guard(device_);

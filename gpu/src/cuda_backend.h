@@ -44,6 +44,7 @@ class CudaRuntime final : public Runtime {
   GpuStatus OpenExportedImpl(std::string_view ipc_handle, size_t bytes, DeviceBuffer* out) override;
   GpuStatus CreateStreamImpl(Stream* out) override;
   void DestroyStreamImpl(void* handle) noexcept override;
+  GpuStatus WrapExternalStreamImpl(void* native_stream, Stream* out) override;
   GpuStatus CreateEventImpl(Event* out) override;
   void DestroyEventImpl(void* handle) noexcept override;
   GpuStatus CopyAsyncImpl(void* dst, const void* src, size_t bytes, void* stream) override;
@@ -75,6 +76,9 @@ class CudaRuntime final : public Runtime {
 
   const int device_;
   const std::string name_;
+  std::mutex external_mu_;
+  // Streams wrapped by WrapExternalStream (not ours to destroy), with how many handles each.
+  std::unordered_map<void*, int> external_;  // GUARDED_BY(external_mu_)
   std::mutex blas_mu_;
   cublasContext* blas_ = nullptr;  // GUARDED_BY(blas_mu_); null until the first GEMM.
   const internal::CublasApi* blas_api_ = nullptr;  // GUARDED_BY(blas_mu_); loaded with blas_

@@ -99,6 +99,19 @@ GpuStatus Runtime::CreateStream(Stream* out) {
   return GpuStatus::Ok();
 }
 
+GpuStatus Runtime::WrapExternalStream(void* native_stream, Stream* out) {
+  if (out == nullptr) return GpuStatus::InvalidArgument("WrapExternalStream: out is null");
+  Stream wrapped;
+  if (GpuStatus s = WrapExternalStreamImpl(native_stream, &wrapped); !s.ok()) return s;
+  *out = std::move(wrapped);
+  return GpuStatus::Ok();
+}
+
+GpuStatus Runtime::WrapExternalStreamImpl(void* /*native_stream*/, Stream* /*out*/) {
+  return GpuStatus::Unsupported("WrapExternalStream: the " + std::string(name()) +
+                                " backend has no native streams to wrap");
+}
+
 GpuStatus Runtime::CreateEvent(Event* out) {
   if (out == nullptr) return GpuStatus::InvalidArgument("CreateEvent: out is null");
   Event fresh;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kvtier/gpu/runtime.h"
 #include "runtime_test_support.h"
@@ -77,6 +78,32 @@ TEST_F(CudaRuntimeTest, HandlesExposeNativeCudaHandles) {
   KVTIER_ASSERT_GPU_OK(runtime_->CreateEvent(&event));
   EXPECT_NE(stream.native_handle(), nullptr);
   EXPECT_NE(event.native_handle(), nullptr);
+}
+
+TEST_F(CudaRuntimeTest, AWrappedEngineStreamOrdersWorkAndIsNotDestroyedWithItsHandle) {
+  Stream engine;  // stands for the engine's own stream (torch's current stream)
+  KVTIER_ASSERT_GPU_OK(runtime_->CreateStream(&engine));
+  DeviceBuffer a, b;
+  KVTIER_ASSERT_GPU_OK(runtime_->Allocate(1 << 20, &a));
+  KVTIER_ASSERT_GPU_OK(runtime_->Allocate(1 << 20, &b));
+  {
+    Stream wrapped;
+    KVTIER_ASSERT_GPU_OK(runtime_->WrapExternalStream(engine.native_handle(), &wrapped));
+    EXPECT_EQ(wrapped.native_handle(), engine.native_handle());
+    KVTIER_ASSERT_GPU_OK(runtime_->LaunchFill(a.data(), 1 << 20, 99, wrapped));
+    KVTIER_ASSERT_GPU_OK(runtime_->CopyAsync(b.data(), a.data(), 1 << 20, wrapped));
+  }  // the handle ends; the stream must not
+  std::vector<uint8_t> host(1 << 20), expected(1 << 20);
+  KVTIER_ASSERT_GPU_OK(runtime_->CopyAsync(host.data(), b.data(), host.size(), engine));
+  KVTIER_ASSERT_GPU_OK(runtime_->Synchronize(engine));
+  KVTIER_ASSERT_GPU_OK(runtime_->LaunchFill(a.data(), 1 << 20, 99, engine));
+  KVTIER_ASSERT_GPU_OK(runtime_->CopyAsync(expected.data(), a.data(), expected.size(), engine));
+  KVTIER_ASSERT_GPU_OK(runtime_->Synchronize(engine));
+  EXPECT_EQ(host, expected);
+  Stream legacy;
+  KVTIER_ASSERT_GPU_OK(runtime_->WrapExternalStream(nullptr, &legacy));
+  EXPECT_TRUE(legacy.valid()) << "nullptr names the legacy default stream";
+  KVTIER_ASSERT_GPU_OK(runtime_->Synchronize(legacy));
 }
 
 }  // namespace

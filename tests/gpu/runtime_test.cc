@@ -26,6 +26,19 @@ TEST(HostRuntime, NamesItsBackend) {
   EXPECT_EQ(runtime->name(), "host");
 }
 
+TEST(HostRuntime, WrappingAnExternalStreamIsUnsupportedAndLeavesOutAlone) {
+  std::unique_ptr<Runtime> runtime = Runtime::CreateHost();
+  Stream out;
+  KVTIER_ASSERT_GPU_OK(runtime->CreateStream(&out));
+  void* before = out.native_handle();
+  int dummy = 0;
+  const GpuStatus s = runtime->WrapExternalStream(&dummy, &out);
+  EXPECT_EQ(s.code(), GpuCode::kUnsupported);
+  EXPECT_NE(s.message().find("host"), std::string::npos) << s.ToString();
+  EXPECT_EQ(out.native_handle(), before);
+  EXPECT_EQ(runtime->WrapExternalStream(&dummy, nullptr).code(), GpuCode::kInvalidArgument);
+}
+
 TEST(HostRuntime, EventCompletionTimeExistsOnlyOnceTheRecordFired) {
   std::unique_ptr<Runtime> runtime = Runtime::CreateHost();
   Stream stream;

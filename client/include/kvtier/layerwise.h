@@ -15,7 +15,9 @@
 //   storer.Finish();                                  // commit, or abort on any error
 //
 // Every wait is a stream wait on an event (cudaStreamWaitEvent), never a host
-// sync, except Finish(), which waits for the copies. Both run on the gpu
+// sync, except Finish(), which waits for the copies. The compute stream may be the
+// engine's own (torch's current stream), wrapped with
+// gpu::Runtime::WrapExternalStream. Both run on the gpu
 // module's runtime: CUDA, or host emulation (tests, CI).
 //
 // Thread-safety: a loader or storer is not thread-safe; use one per request

@@ -109,6 +109,14 @@ class Runtime {
   // Creates a stream into *out. Errors: kDeviceError, kInternal.
   GpuStatus CreateStream(Stream* out);
 
+  // Wraps a stream the caller made and owns into *out, such as an engine's compute stream
+  // (CUDA: a cudaStream_t, e.g. torch.cuda.current_stream().cuda_stream; nullptr names the
+  // legacy default stream, as in CUDA), so that kvtier can order work against it
+  // (LayerwiseLoader::WaitLayer, LayerwiseStorer::LayerDone). Destroying the handle leaves
+  // the stream alone. REQUIRES: the stream belongs to this runtime's device and outlives
+  // the handle. Errors: kUnsupported (host backend: its streams are worker threads).
+  GpuStatus WrapExternalStream(void* native_stream, Stream* out);
+
   // Creates an event into *out; it counts as complete until first recorded.
   // Errors: kDeviceError.
   GpuStatus CreateEvent(Event* out);
@@ -242,6 +250,8 @@ class Runtime {
   virtual GpuStatus OpenExportedImpl(std::string_view ipc_handle, size_t bytes,
                                      DeviceBuffer* out) = 0;
   virtual GpuStatus CreateStreamImpl(Stream* out) = 0;
+  // Default: kUnsupported.
+  virtual GpuStatus WrapExternalStreamImpl(void* native_stream, Stream* out);
   virtual void DestroyStreamImpl(void* handle) noexcept = 0;
   virtual GpuStatus CreateEventImpl(Event* out) = 0;
   virtual void DestroyEventImpl(void* handle) noexcept = 0;

@@ -83,6 +83,25 @@ TEST_F(KvtierEngineTest, ServesOnePromptThreeWaysAndVerifiesEveryLoadedByte) {
   EXPECT_EQ(j["logits_max_abs_diff"]["layerwise"], 0.0);
 }
 
+TEST_F(KvtierEngineTest, JsonToStdoutIsTheJsonAloneAndAnUnwritablePathFailsBeforeTheRun) {
+  const CommandResult r = Engine({"--socket", daemon_->socket_path(), "--prompt-tokens",
+                                  std::to_string(kPromptTokens), "--cached-tokens",
+                                  std::to_string(kCachedTokens), "--iterations", "1", "--json",
+                                  "-"});
+  ASSERT_TRUE(r.ok()) << r.Describe();
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << "stdout is not JSON: " << r.out;
+  EXPECT_NE(r.err.find("verify: OK"), std::string::npos) << "the table goes to stderr: " << r.err;
+
+  const CommandResult bad = Engine({"--socket", daemon_->socket_path(), "--prompt-tokens",
+                                    std::to_string(kPromptTokens), "--cached-tokens",
+                                    std::to_string(kCachedTokens), "--json",
+                                    dir_.Sub("no-such-dir/engine.json")});
+  EXPECT_TRUE(bad.exit.exited && bad.exit.exit_code == 2) << bad.Describe();
+  EXPECT_NE(bad.err.find("--json: cannot write"), std::string::npos) << bad.err;
+  EXPECT_EQ(bad.out.find("kvtier-engine:"), std::string::npos) << "it ran before checking";
+}
+
 TEST_F(KvtierEngineTest, RefusesACachedPrefixThatIsNotWholeChunks) {
   const CommandResult r = Engine({"--socket", daemon_->socket_path(), "--prompt-tokens", "600",
                                   "--cached-tokens", "300"});

@@ -133,6 +133,12 @@ int main(int argc, char** argv) {
              std::to_string(prompt_tokens) + ")");
   }
   const int64_t new_tokens = prompt_tokens - cached_tokens;
+  // With --json - stdout is the JSON alone; the table goes to stderr. A file is
+  // checked before the run, not after minutes of it.
+  FILE* const table = json_path == "-" ? stderr : stdout;
+  if (!json_path.empty() && json_path != "-" && !std::ofstream(json_path, std::ios::app)) {
+    bad_flag("--json: cannot write " + json_path);
+  }
 
   // GPU runtime and streams.
   std::unique_ptr<kvtier::gpu::Runtime> runtime;
@@ -213,20 +219,20 @@ int main(int argc, char** argv) {
     Die("the namespace's KV bytes differ from the cache's");
   }
 
-  std::printf(
-      "kvtier-engine: %s (%lld layers, %lld/%lld heads, head_dim %lld, hidden %lld), "
+  std::fprintf(
+      table, "kvtier-engine: %s (%lld layers, %lld/%lld heads, head_dim %lld, hidden %lld), "
       "fp16, on %s\n",
       shape.name.c_str(), (long long)shape.num_layers, (long long)shape.num_q_heads,
       (long long)shape.num_kv_heads, (long long)shape.head_dim, (long long)shape.hidden,
       std::string(rt.name()).c_str());
-  std::printf(
-      "prompt %lld tokens, cached prefix %lld tokens (%u chunks, %.1f MiB of KV), "
+  std::fprintf(
+      table, "prompt %lld tokens, cached prefix %lld tokens (%u chunks, %.1f MiB of KV), "
       "%d iterations, medians\n",
       (long long)prompt_tokens, (long long)cached_tokens, expect_chunks, prefix_bytes / 1048576.0,
       iterations);
-  std::printf("prefill + layerwise store:              %10.2f ms (%u chunks stored)\n",
+  std::fprintf(table, "prefill + layerwise store:              %10.2f ms (%u chunks stored)\n",
               prefill_store_ms, stored.stored_chunks);
-  report.Print(stdout);
+  report.Print(table);
 
   if (!json_path.empty()) {
     nlohmann::json j;

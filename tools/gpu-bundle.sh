@@ -37,13 +37,19 @@ chmod 700 "$WORK"
   --hbm-bytes "${HBM:-8GiB}" --gpu "${GPU:-0}" --gpu-backend "${BACKEND:-cuda}" --log-level warn &
 PID=$!
 trap 'kill -TERM $PID 2>/dev/null || true; wait $PID 2>/dev/null || true; rm -rf "$WORK"' EXIT
-for _ in $(seq 1 100); do
+for _ in $(seq 1 300); do  # 30 s: pinning a large arena takes a while
   "$HERE/bin/kvtierctl" --socket "$WORK/kvtierd.sock" health >/dev/null 2>&1 && break
   kill -0 $PID 2>/dev/null || { echo "run.sh: kvtierd did not start (its error is above)" >&2; exit 1; }
   sleep 0.1
 done
+"$HERE/bin/kvtierctl" --socket "$WORK/kvtierd.sock" health >/dev/null 2>&1 ||
+  { echo "run.sh: kvtierd did not answer health within 30 s" >&2; exit 1; }
 "$HERE/bin/kvtier-gpu-e2e" --socket "$WORK/kvtierd.sock" --backend "${BACKEND:-cuda}" --device "${GPU:-0}" \
-  --require-hbm "$@"
+  --require-hbm "$@" &
+E2E=$!
+trap 'kill -TERM $E2E $PID 2>/dev/null || true; wait $PID 2>/dev/null || true; rm -rf "$WORK"' EXIT
+trap 'exit 143' TERM INT
+wait $E2E
 RUN
 chmod +x "$OUT/run.sh"
 echo "gpu-bundle: $OUT ($(du -sh "$OUT" | cut -f1)); run $OUT/run.sh on the GPU machine"

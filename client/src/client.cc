@@ -160,6 +160,7 @@ PrefetchProgress Client::PrefetchStatus(const PrefetchTicket& ticket) {
   progress.ready_chunks = resp.ready_chunks();
   progress.total_chunks = resp.total_chunks();
   progress.hbm_chunks = resp.hbm_chunks();
+  progress.hbm_done = resp.hbm_done();
   progress.done = resp.done();
   return progress;
 }

@@ -364,7 +364,8 @@ class Client::Impl {
     c->epoch = opened->epoch();
     if (opened->has_hbm()) {
       const v1::HbmPool& pool = opened->hbm();
-      c->hbm = HbmPoolInfo{pool.ipc_handle(), pool.pool_bytes(), pool.backend(), pool.device()};
+      c->hbm = HbmPoolInfo{pool.ipc_handle(), pool.pool_bytes(), pool.backend(), pool.device(),
+                           c->epoch};
     }
     if (arena_ && arena_->epoch() == c->epoch) {
       c->arena = arena_;

@@ -71,29 +71,32 @@ std::vector<int32_t> ChunkBlocks(std::span<const int32_t> table, size_t first, s
 
 }  // namespace
 
-Result<const gpu::PinnedRange*> GpuArena::For(const std::shared_ptr<Arena>& mapping) {
+Result<std::shared_ptr<const gpu::PinnedRange>> GpuArena::For(
+    const std::shared_ptr<Arena>& mapping) {
   std::lock_guard lock(mu_);
   for (const auto& e : entries_) {
-    if (e->mapping == mapping) return &e->range;
+    if (e->mapping == mapping) return std::shared_ptr<const gpu::PinnedRange>(e, &e->range);
   }
-  auto entry = std::make_unique<Entry>();
+  auto entry = std::make_shared<Entry>();
   entry->mapping = mapping;
   KVTIER_RETURN_IF_ERROR(FromGpu(runtime_.RegisterHost(mapping->base(), mapping->bytes(),
                                                        gpu::PinOptions(), &entry->range),
                                  "registering the kvtier arena with the GPU runtime"));
-  entries_.push_back(std::move(entry));
-  return &entries_.back()->range;
+  entries_.push_back(entry);
+  DropStale();
+  return std::shared_ptr<const gpu::PinnedRange>(entry, &entry->range);
 }
 
-Result<const gpu::DeviceBuffer*> GpuArena::Pool(const HbmPoolInfo& pool) {
+Result<std::shared_ptr<const gpu::DeviceBuffer>> GpuArena::Pool(const HbmPoolInfo& pool) {
   std::lock_guard lock(mu_);
   for (const auto& p : pools_) {
     if (p->ipc_handle != pool.ipc_handle) continue;
     if (!p->error.ok()) return p->error;
-    return &p->buffer;
+    return std::shared_ptr<const gpu::DeviceBuffer>(p, &p->buffer);
   }
-  auto opened = std::make_unique<OpenedPool>();
+  auto opened = std::make_shared<OpenedPool>();
   opened->ipc_handle = pool.ipc_handle;
+  opened->epoch = pool.epoch;
   const bool host = runtime_.backend() == gpu::Backend::kHost;
   if ((pool.backend == "host") != host) {
     opened->error = Status::FailedPrecondition("the daemon's HBM pool is on the '" +
@@ -104,12 +107,35 @@ Result<const gpu::DeviceBuffer*> GpuArena::Pool(const HbmPoolInfo& pool) {
                                                   &opened->buffer),
                             "opening kvtierd's HBM pool");
   }
+  pools_.push_back(opened);
+  DropStale();
   if (!opened->error.ok()) {
     spdlog::warn("kvtier client: {}; loads copy from DRAM", opened->error.ToString());
+    return opened->error;
   }
-  pools_.push_back(std::move(opened));
-  if (!pools_.back()->error.ok()) return pools_.back()->error;
-  return &pools_.back()->buffer;
+  return std::shared_ptr<const gpu::DeviceBuffer>(opened, &opened->buffer);
+}
+
+void GpuArena::DropStale() {
+  // use_count() == 1: only this arena holds it (no load, store or client).
+  std::erase_if(entries_, [](const std::shared_ptr<Entry>& e) {
+    return e.use_count() == 1 && e->mapping.use_count() == 1;
+  });
+  std::erase_if(pools_, [&](const std::shared_ptr<OpenedPool>& p) {
+    return p.use_count() == 1 &&
+           std::none_of(entries_.begin(), entries_.end(),
+                        [&](const auto& e) { return e->mapping->epoch() == p->epoch; });
+  });
+}
+
+size_t GpuArena::held_arenas() const {
+  std::lock_guard lock(mu_);
+  return entries_.size();
+}
+
+size_t GpuArena::held_pools() const {
+  std::lock_guard lock(mu_);
+  return pools_.size();
 }
 
 // ---- LayerwiseLoader --------------------------------------------------------
@@ -150,12 +176,13 @@ Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
     lease_.Release();
     return range.status();
   }
-  gpu::KvChunkSet chunks = ChunkSetOf(layout_, ns_, *range);
+  range_ = std::move(range).value();
+  gpu::KvChunkSet chunks = ChunkSetOf(layout_, ns_, range_.get());
   if (lease_.hbm_chunks > 0) {
     auto pool = arena_.Pool(*lease_.hbm_pool());
-    if (pool.ok()) pool_ = *pool;  // else every chunk comes from DRAM
+    if (pool.ok()) pool_ = std::move(pool).value();  // else every chunk comes from DRAM
   }
-  chunks.device_pool = pool_;
+  chunks.device_pool = pool_.get();
   for (uint32_t i = 0; i < n; ++i) {
     const uint64_t hbm_offset = pool_ != nullptr ? lease_.hbm_payload_offset(i) : 0;
     hbm_chunks_ += hbm_offset != 0;
@@ -282,7 +309,8 @@ Result<uint32_t> LayerwiseStorer::Start(std::span<const int32_t> tokens,
     reservation_.Abort();
     return range.status();
   }
-  gpu::KvChunkSet chunks = ChunkSetOf(layout_, ns_, *range);
+  range_ = std::move(range).value();
+  gpu::KvChunkSet chunks = ChunkSetOf(layout_, ns_, range_.get());
   for (size_t k = 0; k < n; ++k) {
     chunks.payloads.push_back(reservation_.payload(k).data());
     const std::vector<int32_t> blocks =

@@ -71,30 +71,41 @@ Status CacheCoreOptions::Validate() const {
 
 Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& options,
                                                      uint64_t epoch, const Clock& clock) {
-  KVTIER_RETURN_IF_ERROR(options.Validate());
-  std::unique_ptr<NvmeTier> nvme;
-  if (!options.nvme.paths.empty()) {
-    auto opened = NvmeTier::Open(options.nvme);
-    if (!opened.ok()) return opened.status();
-    nvme = std::move(opened).value();
-  }
-  return Create(options, epoch, clock, std::move(nvme));
+  return Build(options, epoch, clock, [&]() -> Result<std::unique_ptr<NvmeTier>> {
+    if (options.nvme.paths.empty()) return std::unique_ptr<NvmeTier>();
+    return NvmeTier::Open(options.nvme);
+  });
 }
 
 Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& options,
                                                      uint64_t epoch, const Clock& clock,
                                                      std::unique_ptr<NvmeTier> nvme) {
+  return Build(options, epoch, clock,
+               [&]() -> Result<std::unique_ptr<NvmeTier>> { return std::move(nvme); });
+}
+
+Result<std::unique_ptr<CacheCore>> CacheCore::Build(
+    const CacheCoreOptions& options, uint64_t epoch, const Clock& clock,
+    const std::function<Result<std::unique_ptr<NvmeTier>>()>& open_nvme) {
   KVTIER_RETURN_IF_ERROR(options.Validate());
   auto dram = DramTier::Create(options.dram_bytes, epoch);
   if (!dram.ok()) return dram.status();
   std::unique_ptr<CacheCore> core(new CacheCore(options, std::move(dram).value(), clock));
+  // HBM before NVMe: a missing GPU is found before slot files are preallocated.
   if (options.hbm.bytes > 0) {
     auto hbm = HbmTier::Create(options.hbm, &core->dram_->arena());
     if (!hbm.ok()) return hbm.status();
     core->hbm_ = std::move(hbm).value();
+    if (options.hbm.bytes > options.dram_bytes) {
+      spdlog::warn("hbm_bytes {} is more than dram_bytes {}: HBM holds a subset of DRAM, so at "
+                   "most {} bytes of the pool can be used", options.hbm.bytes, options.dram_bytes,
+                   options.dram_bytes);
+    }
   }
-  if (nvme) {
-    core->nvme_ = std::move(nvme);
+  auto nvme = open_nvme();
+  if (!nvme.ok()) return nvme.status();
+  if (*nvme) {
+    core->nvme_ = std::move(nvme).value();
     spdlog::info("NVMe tier: {} chunks indexed at start over {} path(s) of {} bytes",
                  core->nvme_->counters().chunks, options.nvme.paths.size(),
                  options.nvme.bytes_per_path);

@@ -255,6 +255,11 @@ Status CacheCore::PrefetchStatus(const v1::PrefetchStatusRequest& req,
     ++in_hbm;
   }
   resp->set_hbm_chunks(static_cast<uint32_t>(in_hbm));
+  bool hbm_pending = false;
+  for (size_t i = in_hbm; hbm_ && p.to_hbm && !hbm_pending && i < p.ready.size(); ++i) {
+    hbm_pending = hbm_queued_.count(dram_->Get(p.ready[i]).key) > 0;
+  }
+  resp->set_hbm_done(p.to_hbm && p.done && !hbm_pending);
   return Status::Ok();
 }
 

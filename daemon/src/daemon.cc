@@ -63,7 +63,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
     spdlog::info("NVMe index rebuilt from slot headers: {} chunks", *n);
   }
   auto core = CacheCore::Create(options.core, NewEpoch(), SteadyClock::Instance());
-  if (!core.ok() && options.nvme_default_path) {
+  // HBM errors (all led by "hbm") are not the default NVMe tier's.
+  if (!core.ok() && options.nvme_default_path && core.status().message().rfind("hbm", 0) != 0) {
     return Status(core.status().code(),
                   "NVMe tier (default: " + std::to_string(options.core.nvme.bytes_per_path >> 20) +
                       " MiB under ./" + options.core.nvme.paths[0] + "): " +

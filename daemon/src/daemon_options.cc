@@ -33,6 +33,7 @@ struct RawOptions {
   int64_t lease_ttl_ms = 0, reservation_ttl_ms = 0;
   std::string hbm_bytes = "0", gpu_backend = "cuda";
   int64_t gpu = 0;
+  std::string hbm_where, gpu_where;  // "config FILE: " when the value came from there
   std::string dram_bytes_from = "--dram-bytes";  // where dram_bytes came from, for errors
 };
 
@@ -108,10 +109,16 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
         if (!flag_given) raw->nvme_workers = kv.second.as<int64_t>();
       } else if (key == "hbm_bytes") {
         expected = "a byte size such as 16GiB";
-        if (!flag_given) raw->hbm_bytes = kv.second.as<std::string>();
+        if (!flag_given) {
+          raw->hbm_bytes = kv.second.as<std::string>();
+          raw->hbm_where = "config " + path + ": ";
+        }
       } else if (key == "gpu") {
         expected = "a CUDA device ordinal";
-        if (!flag_given) raw->gpu = kv.second.as<int64_t>();
+        if (!flag_given) {
+          raw->gpu = kv.second.as<int64_t>();
+          raw->gpu_where = "config " + path + ": ";
+        }
       } else if (key == "gpu_backend") {
         expected = "cuda or host";
         if (!flag_given) raw->gpu_backend = kv.second.as<std::string>();
@@ -263,13 +270,16 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
     opts.core.nvme.queue_depth = static_cast<uint32_t>(raw.nvme_queue_depth);
   }
   auto hbm_bytes = ParseBytes(raw.hbm_bytes);
-  if (!hbm_bytes.ok()) return Status::InvalidArgument("hbm_bytes: " + hbm_bytes.status().message());
+  if (!hbm_bytes.ok()) {
+    return Status::InvalidArgument(raw.hbm_where + "hbm_bytes: " + hbm_bytes.status().message());
+  }
   if (*hbm_bytes % 4096 != 0) {
-    return Status::InvalidArgument("hbm_bytes " + std::to_string(*hbm_bytes) +
+    return Status::InvalidArgument(raw.hbm_where + "hbm_bytes " + std::to_string(*hbm_bytes) +
                                    " is not a multiple of 4096");
   }
   if (raw.gpu < 0 || raw.gpu > 1023) {
-    return Status::InvalidArgument("gpu " + std::to_string(raw.gpu) + " is outside 0..1023");
+    return Status::InvalidArgument(raw.gpu_where + "gpu " + std::to_string(raw.gpu) +
+                                   " is outside 0..1023");
   }
   auto backend = ParseHbmBackend(raw.gpu_backend);
   if (!backend.ok()) return backend.status();

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <csignal>
 #include <cstddef>
 #include <cstring>
 #include <mutex>
@@ -398,6 +399,41 @@ TEST_F(LayerwiseHbmTest, AnHbmSlotRewrittenDuringTheLoadIsReportedForRecompute) 
   std::sort(expected.begin(), expected.end());
   EXPECT_EQ(*recompute, expected);
   *sequence -= 1000;
+}
+
+TEST_F(LayerwiseHbmTest, AfterDaemonRestartsTheOldArenaAndPoolAreLetGo) {
+  Cache a, b;
+  ASSERT_NO_FATAL_FAILURE(a.Init(*runtime_, compute_, 29));
+  ASSERT_NO_FATAL_FAILURE(b.Init(*runtime_, compute_, 0));
+  const auto ta = Table(14, 20), tb = Table(14, 21);
+  for (int run = 0; run < 3; ++run) {
+    if (run > 0) {
+      ASSERT_EQ(daemon_->Kill9().term_signal, SIGKILL);
+      ASSERT_EQ(daemon_->Start(), "");
+      ASSERT_TRUE(client_->OpenNamespace(Spec()).ok());
+      for (int i = 0; i < 200 && !client_->HbmPool(); ++i) std::this_thread::sleep_for(10ms);
+    }
+    ASSERT_EQ(StoreAll(a, ta)->stored_chunks, 3u) << "run " << run;
+    PrefetchOptions po;
+    po.to_hbm = true;
+    auto ticket = client_->Prefetch(ns_, tokens_, po);
+    ASSERT_TRUE(ticket.ok() && ticket->fail_open.ok()) << "run " << run;
+    PrefetchProgress p = client_->PrefetchStatus(*ticket);
+    for (int i = 0; i < 500 && !p.hbm_done; ++i, p = client_->PrefetchStatus(*ticket)) {
+      std::this_thread::sleep_for(10ms);
+    }
+    LayerwiseLoader loader(*client_, ns_, *arena_, b.desc, *runtime_);
+    ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_, &*ticket), 3u * kChunkTokens);
+    EXPECT_EQ(loader.hbm_chunks(), 3u) << "run " << run;
+    ASSERT_TRUE(loader.Finish()->empty());
+    for (int64_t l = 0; l < kLayers; ++l) {
+      EXPECT_TRUE(LayerMatches(a, ta, b, tb, l, 3 * kChunkTokens)) << "run " << run;
+    }
+    // This run's arena and pool, and at most the previous run's (its last
+    // connection may not be torn down yet); never one per restart.
+    EXPECT_LE(arena_->held_arenas(), 2u) << "run " << run;
+    EXPECT_LE(arena_->held_pools(), 2u) << "run " << run;
+  }
 }
 
 TEST_F(LayerwiseHbmTest, PrefetchToHbmMakesTheFirstLoadAnHbmLoad) {

@@ -204,6 +204,26 @@ TEST_F(CacheCoreHbmTest, PrefetchToHbmCopiesThePrefixIntoHbm) {
   EXPECT_EQ(ps.hbm_chunks(), 3u);
 }
 
+TEST_F(CacheCoreHbmTest, APrefetchLargerThanThePoolSaysWhenNoMoreGoesIntoHbm) {
+  ASSERT_NO_FATAL_FAILURE(StartWithHbm(16, 2));
+  const auto t = Tokens(4 * kChunkTokens);
+  ASSERT_EQ(Store(t), 4u);
+  v1::PrefetchResponse pr;
+  ASSERT_TRUE(Prefetch(t, &pr, 0, 0, 0, /*to_hbm=*/true).ok());
+  v1::PrefetchStatusResponse ps;
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  do {
+    ASSERT_TRUE(PrefetchStatus(pr.ticket(), &ps).ok());
+  } while (!ps.hbm_done() && std::chrono::steady_clock::now() < until);
+  EXPECT_TRUE(ps.hbm_done());
+  EXPECT_EQ(ps.hbm_chunks(), 2u) << "two slots, and chunk 2 may not evict its own ancestors";
+  EXPECT_EQ(ps.total_chunks(), 4u);
+  v1::PrefetchResponse plain;
+  ASSERT_TRUE(Prefetch(t, &plain).ok());
+  ASSERT_TRUE(PrefetchStatus(plain.ticket(), &ps).ok());
+  EXPECT_FALSE(ps.hbm_done()) << "hbm_done is only for to_hbm tickets";
+}
+
 TEST(CacheCoreHbmCreate, WithoutAGpuTheCudaTierIsAClearError) {
   std::unique_ptr<gpu::Runtime> cuda;
   if (gpu::Runtime::CreateCuda(0, &cuda).ok()) GTEST_SKIP() << "a GPU is present";

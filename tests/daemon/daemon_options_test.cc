@@ -253,5 +253,39 @@ TEST_F(DaemonOptionsTest, NvmeFlagsAreCheckedAndNamed) {
                     "selective_min_hits"));
 }
 
+TEST_F(DaemonOptionsTest, HbmIsOffByDefaultAndTakesItsFlagsAndKeys) {
+  auto d = Parse({});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->core.hbm.bytes, 0u);
+  EXPECT_EQ(d->core.hbm.device, 0);
+  EXPECT_EQ(d->core.hbm.backend, HbmBackend::kCuda);
+
+  auto f = Parse({"--hbm-bytes", "2GiB", "--gpu", "3", "--gpu-backend", "host"});
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->core.hbm.bytes, uint64_t{2} << 30);
+  EXPECT_EQ(f->core.hbm.device, 3);
+  EXPECT_EQ(f->core.hbm.backend, HbmBackend::kHost);
+
+  const std::string cfg = WriteConfig("hbm_bytes: 1GiB\ngpu: 1\ngpu_backend: host\n");
+  auto c = Parse({"--config", cfg, "--gpu", "2"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->core.hbm.bytes, uint64_t{1} << 30);
+  EXPECT_EQ(c->core.hbm.device, 2) << "the flag wins over the file";
+  EXPECT_EQ(c->core.hbm.backend, HbmBackend::kHost);
+}
+
+TEST_F(DaemonOptionsTest, BadHbmValuesNameTheirSource) {
+  EXPECT_NE(ErrorOf({"--hbm-bytes", "5000"}).find("hbm_bytes 5000 is not a multiple of 4096"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf({"--hbm-bytes", "lots"}).find("hbm_bytes"), std::string::npos);
+  EXPECT_NE(ErrorOf({"--gpu", "4096"}).find("gpu 4096 is outside 0..1023"), std::string::npos);
+  EXPECT_NE(ErrorOf({"--gpu-backend", "tpu"}).find("'tpu'"), std::string::npos);
+  const std::string cfg = WriteConfig("hbm_bytes: 1000\n");
+  EXPECT_NE(ErrorOf({"--config", cfg}).find("config " + cfg + ": hbm_bytes 1000"),
+            std::string::npos);
+  const std::string cfg2 = WriteConfig("gpu: -3\n");
+  EXPECT_NE(ErrorOf({"--config", cfg2}).find("config " + cfg2 + ": gpu -3"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvtier

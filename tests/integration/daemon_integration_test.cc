@@ -525,6 +525,13 @@ TEST_F(DaemonTest, StartupWithAnHbmTierButNoGpuSaysSoAndHowToTurnItOff) {
   ExpectStartupError(with({"--hbm-bytes", "64MiB", "--gpu-backend", "tpu"}), "'tpu'");
   ExpectStartupError(with({"--hbm-bytes", "64MiB", "--gpu", "-1"}), "gpu -1");
   EXPECT_FALSE(Exists(socket_));
+  // With an NVMe tier too: the GPU is checked first, so no slot file is made.
+  const std::string nvme = dir_.Sub("nvme");
+  ASSERT_TRUE(std::filesystem::create_directory(nvme));
+  ExpectStartupError({"--socket", socket_, "--dram-bytes", "64MiB", "--nvme-path", nvme,
+                      "--nvme-bytes", "64MiB", "--hbm-bytes", "64MiB"},
+                     "--hbm-bytes needs a CUDA GPU");
+  EXPECT_FALSE(Exists(nvme + "/kvtier-slots.dat")) << "a slot file was preallocated first";
 }
 
 TEST_F(DaemonTest, StartupRejectsUnknownLogLevel) {

@@ -36,7 +36,8 @@ Result<std::unique_ptr<HbmTier>> HbmTier::Create(const HbmTierOptions& options, 
                                    " is not a positive multiple of 4096");
   }
   if (options.device < 0) {
-    return Status::InvalidArgument("gpu " + std::to_string(options.device) + " is negative");
+    return Status::InvalidArgument("hbm: gpu " + std::to_string(options.device) +
+                                   " is negative");
   }
   std::unique_ptr<gpu::Runtime> runtime;
   if (options.backend == HbmBackend::kHost) {
@@ -45,8 +46,9 @@ Result<std::unique_ptr<HbmTier>> HbmTier::Create(const HbmTierOptions& options, 
     Status s = HbmError(st, "--hbm-bytes needs a CUDA GPU (--gpu " +
                                 std::to_string(options.device) + ")");
     if (s.code() != StatusCode::kUnavailable) return s;
-    return Status::Unavailable(s.message() + "; run without --hbm-bytes (or hbm_bytes: 0) to "
-                               "keep the KV cache in DRAM and NVMe only");
+    return Status::Unavailable(s.message() + " (no usable NVIDIA GPU or driver here); run "
+                               "without --hbm-bytes (or hbm_bytes: 0) to keep the KV cache in "
+                               "DRAM and NVMe only");
   }
   std::unique_ptr<HbmTier> tier(new HbmTier(options, std::move(runtime)));
   gpu::Runtime& rt = *tier->runtime_;

@@ -140,8 +140,10 @@ int main(int argc, char** argv) {
   auto reserved = storer.Start(tokens, table_a, copy);
   if (!reserved.ok()) return Fail("store: " + reserved.status().ToString());
   if (*reserved != chunks) {
+    if (!(*client)->connected()) return Fail("store: kvtierd is not reachable any more");
     return Fail("reserved " + std::to_string(*reserved) + " of " + std::to_string(chunks) +
-                " chunks (is the arena large enough?)");
+                " chunks (is the arena large enough? this prompt needs " +
+                std::to_string(chunks * ns->layout.slot_bytes) + " bytes of slots)");
   }
   for (int64_t l = 0; l < layers; ++l) {
     if (auto st = storer.LayerDone(l, compute); !st.ok()) return Fail(st.ToString());
@@ -217,7 +219,7 @@ int main(int argc, char** argv) {
     if (!ticket.ok() || !ticket->fail_open.ok()) return Fail("prefetch into HBM failed");
     const auto until = Clock::now() + std::chrono::seconds(60);
     kvtier::PrefetchProgress p = (*client)->PrefetchStatus(*ticket);
-    while (p.fail_open.ok() && p.hbm_chunks < chunks && Clock::now() < until) {
+    while (p.fail_open.ok() && !p.hbm_done && p.hbm_chunks < chunks && Clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       p = (*client)->PrefetchStatus(*ticket);
     }
@@ -248,10 +250,25 @@ int main(int argc, char** argv) {
   if (!pool) {
     std::printf("  HBM tier: off in kvtierd (start it with --hbm-bytes to load device to device)\n");
   } else {
-    std::printf("  load  (D2D from the HBM pool over %s IPC, layerwise)  %.3f s  %.2f GB/s  "
-                "(%u of %lld chunks from HBM)\n",
-                pool->backend == "host" ? "emulated" : "CUDA", *hbm_load_s,
-                bytes / *hbm_load_s / 1e9, hbm_loaded, static_cast<long long>(chunks));
+    const bool all = hbm_loaded == chunks;
+    const char* ipc = pool->backend == "host" ? "emulated" : "CUDA";
+    if (all) {
+      std::printf("  load  (D2D from the HBM pool over %s IPC, layerwise)  %.3f s  %.2f GB/s  "
+                  "(%u of %lld chunks from HBM)\n",
+                  ipc, *hbm_load_s, bytes / *hbm_load_s / 1e9, hbm_loaded,
+                  static_cast<long long>(chunks));
+    } else {
+      std::printf("  load  (mixed: D2D over %s IPC for %u of %lld chunks, H2D from DRAM for the "
+                  "rest)  %.3f s  %.2f GB/s\n",
+                  ipc, hbm_loaded, static_cast<long long>(chunks), *hbm_load_s,
+                  bytes / *hbm_load_s / 1e9);
+    }
+    if (!all) {
+      std::printf("  note: only %u chunks of %llu bytes went into the HBM pool of %llu bytes "
+                  "(too small for the prefix, or full of leased chunks)\n",
+                  hbm_loaded, static_cast<unsigned long long>(ns->layout.slot_bytes),
+                  static_cast<unsigned long long>(pool->pool_bytes));
+    }
     std::printf("  verified (HBM load): %llu mismatched token planes of %lld\n",
                 static_cast<unsigned long long>(*hbm_mismatches), planes);
   }

@@ -111,6 +111,7 @@ struct HbmPoolInfo {
   uint64_t pool_bytes = 0;
   std::string backend;     // "cuda", or "host" (emulation, tests only)
   int device = 0;          // the daemon's CUDA device ordinal
+  uint64_t epoch = 0;      // the arena epoch of the daemon run that exported it
 };
 
 // A prefetch in progress, from Prefetch(); hand it to Load. Copyable. A ticket
@@ -130,6 +131,7 @@ struct PrefetchProgress {
   uint32_t ready_chunks = 0;   // leading chunks in DRAM, held for the Load
   uint32_t total_chunks = 0;
   uint32_t hbm_chunks = 0;     // leading chunks also in HBM (PrefetchOptions::to_hbm)
+  bool hbm_done = false;       // to_hbm: no more will go into HBM (the pool may be full)
   bool done = false;           // no more will become ready
   Status fail_open;            // non-OK when the ticket is gone or the daemon did not answer
 };

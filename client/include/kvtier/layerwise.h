@@ -55,27 +55,37 @@ struct PagedKvCache {
 // The client's mapping of kvtierd's arena, registered with a GPU runtime
 // (cudaHostRegister in pieces of at most 64 GiB) the first time a load or
 // store sees it, and the daemon's HBM pool, opened once (CUDA IPC). A daemon
-// restart brings a new mapping and pool: they are registered and opened too;
-// old ones live until the GpuArena ends.
+// restart brings a new mapping and pool: they are registered and opened too,
+// and the old ones are let go once no load or store in flight uses them.
 // REQUIRES: the runtime outlives it, and no copy is in flight when it ends.
 class GpuArena {
  public:
   explicit GpuArena(gpu::Runtime& runtime) : runtime_(runtime) {}
 
-  // The registration of `mapping`. Errors: RESOURCE_EXHAUSTED or UNAVAILABLE
-  // when the runtime refuses to register it.
-  Result<const gpu::PinnedRange*> For(const std::shared_ptr<Arena>& mapping);
+  // The registration of `mapping`, held while the result lives. Errors:
+  // RESOURCE_EXHAUSTED or UNAVAILABLE when the runtime refuses to register it.
+  Result<std::shared_ptr<const gpu::PinnedRange>> For(const std::shared_ptr<Arena>& mapping);
 
   // The daemon's HBM pool, opened with the runtime the first time (a failure
   // is remembered: loads then copy from DRAM). Errors: FAILED_PRECONDITION
   // (a pool of the other backend than the runtime's), INVALID_ARGUMENT or
   // UNAVAILABLE from opening it (CUDA IPC needs the same machine, and a
   // process other than the daemon).
-  Result<const gpu::DeviceBuffer*> Pool(const HbmPoolInfo& pool);
+  Result<std::shared_ptr<const gpu::DeviceBuffer>> Pool(const HbmPoolInfo& pool);
+
+  // Arena registrations and opened pools held now (observability, tests).
+  size_t held_arenas() const;
+  size_t held_pools() const;
 
  private:
+  // REQUIRES: mu_ held. Drops the registrations of mappings no client and no
+  // load or store uses any more (a daemon restarted), and the pools of those
+  // daemon runs that nothing uses.
+  void DropStale();
+
   struct OpenedPool {
     std::string ipc_handle;
+    uint64_t epoch = 0;  // of the daemon run that exported it
     gpu::DeviceBuffer buffer;  // empty when opening failed
     Status error;
   };
@@ -84,9 +94,11 @@ class GpuArena {
     gpu::PinnedRange range;
   };
   gpu::Runtime& runtime_;
-  std::mutex mu_;
-  std::vector<std::unique_ptr<Entry>> entries_;  // GUARDED_BY(mu_)
-  std::vector<std::unique_ptr<OpenedPool>> pools_;  // GUARDED_BY(mu_)
+  mutable std::mutex mu_;
+  // Shared with the loads and stores using them: an entry no one else holds
+  // and that is not the daemon's current one is dropped.
+  std::vector<std::shared_ptr<Entry>> entries_;  // GUARDED_BY(mu_)
+  std::vector<std::shared_ptr<OpenedPool>> pools_;  // GUARDED_BY(mu_)
 };
 
 // Loads the cached prefix of one request layer by layer.
@@ -137,10 +149,11 @@ class LayerwiseLoader {
   const gpu::KvTransferOptions options_;
   gpu::KvLayout layout_;
   std::vector<int32_t> block_ids_;   // of the leased chunks
+  std::shared_ptr<const gpu::PinnedRange> range_;  // held until the copies are done
+  std::shared_ptr<const gpu::DeviceBuffer> pool_;  // the HBM pool the HBM chunks are read from
   ChunkLease lease_;
   std::unique_ptr<gpu::LayerwiseLoad> load_;
   gpu::Stream* load_stream_ = nullptr;
-  const gpu::DeviceBuffer* pool_ = nullptr;  // the HBM pool the HBM chunks are read from
   uint32_t hbm_chunks_ = 0;
   bool started_ = false;
 
@@ -186,6 +199,7 @@ class LayerwiseStorer {
   gpu::Runtime& runtime_;
   const gpu::KvTransferOptions options_;
   gpu::KvLayout layout_;
+  std::shared_ptr<const gpu::PinnedRange> range_;  // held until the copies are done
   ChunkReservation reservation_;
   std::unique_ptr<gpu::LayerwiseStore> store_;
   bool started_ = false;

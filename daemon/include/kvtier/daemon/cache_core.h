@@ -224,6 +224,10 @@ class CacheCore {
   // REQUIRES: mu_ held.
   void NoteNvmeIo(bool ok);
 
+  // Both Creates: DRAM, then HBM, then NVMe (`open_nvme`), then the workers.
+  static Result<std::unique_ptr<CacheCore>> Build(
+      const CacheCoreOptions& options, uint64_t epoch, const Clock& clock,
+      const std::function<Result<std::unique_ptr<NvmeTier>>()>& open_nvme);
   CacheCore(const CacheCoreOptions& options, std::unique_ptr<DramTier> dram, const Clock& clock)
       : options_(options), clock_(clock), dram_(std::move(dram)) {}
 

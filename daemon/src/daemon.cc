@@ -62,6 +62,10 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
     if (!n.ok()) return n.status();
     spdlog::info("NVMe index rebuilt from slot headers: {} chunks", *n);
   }
+  if (options.core.hbm.bytes == 0 &&
+      (options.core.hbm.device != 0 || options.core.hbm.backend != HbmBackend::kCuda)) {
+    spdlog::warn("--gpu and --gpu-backend only matter with --hbm-bytes; the HBM tier is off");
+  }
   auto core = CacheCore::Create(options.core, NewEpoch(), SteadyClock::Instance());
   // HBM errors (all led by "hbm") are not the default NVMe tier's.
   if (!core.ok() && options.nvme_default_path && core.status().message().rfind("hbm", 0) != 0) {

@@ -178,7 +178,7 @@ bool WaitForPrefetch(Client& client, const PrefetchTicket& ticket, uint64_t sess
   while (Clock::now() < ticket.wait_until) {
     const PrefetchProgress p = client.PrefetchStatus(ticket);
     if (!p.fail_open.ok()) return p.fail_open.code() != StatusCode::kNotFound;
-    if (p.done) break;
+    if (p.done && (!ticket.options.to_hbm || p.hbm_done)) break;  // to_hbm: its HBM copies too
     std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
   return true;

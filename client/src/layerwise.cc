@@ -158,7 +158,7 @@ LayerwiseLoader::~LayerwiseLoader() {
 Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
                                             std::span<const int32_t> block_ids,
                                             gpu::Stream& load_stream,
-                                            const PrefetchTicket* ticket) {
+                                            const PrefetchTicket* ticket, size_t first_chunk) {
   if (started_) return Status::InvalidArgument("StartLoad was already called on this loader");
   KVTIER_RETURN_IF_ERROR(CheckCache(cache_, ns_, &layout_));
   started_ = true;
@@ -171,6 +171,11 @@ Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
   lease_ = std::move(acquired).value();
   const uint32_t n = lease_.num_chunks();
   if (n == 0) return uint64_t{0};  // a miss, or the cache failed open
+  first_chunk_ = static_cast<uint32_t>(std::min<size_t>(first_chunk, n));
+  if (first_chunk_ == n) {  // the engine holds all of it already
+    lease_.Release();
+    return uint64_t{n} * ct;
+  }
   auto range = arena_.For(lease_.mapping());
   if (!range.ok()) {
     lease_.Release();
@@ -183,7 +188,7 @@ Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
     if (pool.ok()) pool_ = std::move(pool).value();  // else every chunk comes from DRAM
   }
   chunks.device_pool = pool_.get();
-  for (uint32_t i = 0; i < n; ++i) {
+  for (uint32_t i = first_chunk_; i < n; ++i) {
     const uint64_t hbm_offset = pool_ != nullptr ? lease_.hbm_payload_offset(i) : 0;
     hbm_chunks_ += hbm_offset != 0;
     chunks.payloads.push_back(hbm_offset != 0
@@ -191,7 +196,7 @@ Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
                                   : const_cast<std::byte*>(lease_.payload(i).data()));
   }
   load_stream_ = &load_stream;
-  block_ids_ = ChunkBlocks(block_ids, 0, n, per_chunk);
+  block_ids_ = ChunkBlocks(block_ids, first_chunk_, n - first_chunk_, per_chunk);
   chunks.block_ids = block_ids_;
   gpu::GpuStatus st = gpu::LayerwiseLoad::Create(runtime_, std::move(chunks), cache_.layers,
                                                  options_, load_stream, &load_);
@@ -226,11 +231,14 @@ Result<std::vector<int32_t>> LayerwiseLoader::Finish() {
     (void)load_->Finish(&report);  // every failure is in the report, per chunk
     recompute = report.FailedBlockIds();
     // A lease that lapsed mid-copy (past its TTL) may have let a slot be
-    // rewritten: those chunks are recomputed too.
+    // rewritten: the copied chunks from the first changed one on are
+    // recomputed too (all of them when it was one the engine had already).
     const uint32_t valid = std::min(lease_.ValidChunks(), ValidHbmChunks());
-    const size_t per_chunk = block_ids_.size() / lease_.num_chunks();
+    const size_t copied = lease_.num_chunks() - first_chunk_;
+    const size_t per_chunk = block_ids_.size() / copied;
+    const size_t bad_from = std::max(valid, first_chunk_) - first_chunk_;
     recompute.insert(recompute.end(),
-                     block_ids_.begin() + static_cast<ptrdiff_t>(valid * per_chunk),
+                     block_ids_.begin() + static_cast<ptrdiff_t>(bad_from * per_chunk),
                      block_ids_.end());
     std::sort(recompute.begin(), recompute.end());
     recompute.erase(std::unique(recompute.begin(), recompute.end()), recompute.end());
@@ -248,11 +256,12 @@ bool LayerwiseLoader::HbmUsable() {
 uint32_t LayerwiseLoader::ValidHbmChunks() {
   const uint32_t n = lease_.num_chunks();
   if (hbm_chunks_ == 0) return n;
-  // Each HBM slot's sequence, read back on the load stream after the copies.
+  // The sequence of each HBM slot copied from, read back on the load stream
+  // after the copies.
   std::vector<uint64_t> seen(n, 0);
   const uint64_t to_sequence = ns_.layout.header_bytes - offsetof(SlotHeader, sequence);
   gpu::GpuStatus st;
-  for (uint32_t i = 0; i < n && st.ok(); ++i) {
+  for (uint32_t i = first_chunk_; i < n && st.ok(); ++i) {
     if (const uint64_t off = lease_.hbm_payload_offset(i); off != 0) {
       st = runtime_.CopyAsync(&seen[i], static_cast<const std::byte*>(pool_->data()) + off -
                                             to_sequence,
@@ -261,7 +270,7 @@ uint32_t LayerwiseLoader::ValidHbmChunks() {
   }
   if (st.ok()) st = runtime_.Synchronize(*load_stream_);
   if (!st.ok()) return 0;  // cannot tell: recompute them all
-  uint32_t valid = 0;
+  uint32_t valid = first_chunk_;
   for (; valid < n; ++valid) {
     if (lease_.hbm_payload_offset(valid) != 0 && seen[valid] != lease_.sequence(valid)) break;
   }

@@ -238,6 +238,11 @@ Status CacheCore::OpenNamespace(const v1::OpenNamespaceRequest& req,
       state->ns_index = dram_->AddNamespace(layout.slot_bytes);
       if (hbm_) hbm_->AddNamespace(layout.slot_bytes);  // the same numbering
     }
+    if (hbm_ && layout.slot_bytes > hbm_->capacity_bytes()) {
+      spdlog::warn("namespace {}: a chunk slot of {} bytes is larger than the HBM pool of {} "
+                   "bytes; its chunks are served from DRAM", id.ToHex(), layout.slot_bytes,
+                   hbm_->capacity_bytes());
+    }
     state->spec = spec;
     state->id = id;
     state->layout = layout;

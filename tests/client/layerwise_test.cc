@@ -145,6 +145,32 @@ class LayerwiseTest : public ::testing::Test {
     return storer.Finish();
   }
 
+  // Cache `a` with random KV (`seed`), an empty cache `b`, a block table for
+  // each, and the prompt's 3 full chunks stored from `a`.
+  void StorePrompt(uint32_t seed, Cache* a, Cache* b, std::vector<int32_t>* ta,
+                   std::vector<int32_t>* tb) {
+    ASSERT_NO_FATAL_FAILURE(a->Init(*runtime_, compute_, seed));
+    ASSERT_NO_FATAL_FAILURE(b->Init(*runtime_, compute_, 0));
+    *ta = Table(14, seed);
+    *tb = Table(14, seed + 1);
+    auto stored = StoreAll(*a, *ta);
+    ASSERT_TRUE(stored.ok() && stored->stored_chunks == 3u);
+  }
+  // A to_hbm prefetch of the prompt, polled until nothing more goes into HBM.
+  PrefetchTicket PrefetchIntoHbm() {
+    PrefetchOptions po;
+    po.to_hbm = true;
+    auto ticket = client_->Prefetch(ns_, tokens_, po);
+    EXPECT_TRUE(ticket.ok() && ticket->fail_open.ok());
+    if (!ticket.ok()) return {};
+    PrefetchProgress p = client_->PrefetchStatus(*ticket);
+    for (int i = 0; i < 500 && !p.hbm_done; ++i, p = client_->PrefetchStatus(*ticket)) {
+      std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_EQ(p.hbm_chunks, 3u);
+    return *ticket;
+  }
+
   // The emulated attention of each layer l, queued on the compute stream after
   // WaitLayer(l): (*ready)[l] says whether layer l of `to` (table `tt`) held
   // the 3 chunks of `from` (table `tf`) when it started.
@@ -217,6 +243,33 @@ TEST_F(LayerwiseTest, StoreThenLoadMovesEveryElementAndComputeWaitsForEachLayer)
   // The partial tail (tokens 48..52) is not loaded: block 12 of tb stays zero.
   const std::vector<uint8_t> zeros(kTokenBytes, 0);
   EXPECT_EQ(std::memcmp(b.Token(0, 0, tb, 48), zeros.data(), kTokenBytes), 0);
+  nlohmann::json s = Stats();
+  for (int i = 0; i < 50 && s["active_leases"] != 0; ++i, s = Stats()) std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(s["active_leases"], 0);
+}
+
+TEST_F(LayerwiseTest, ChunksTheEngineAlreadyHoldsAreLeasedButNotCopied) {
+  Cache a, b;
+  std::vector<int32_t> ta, tb;
+  ASSERT_NO_FATAL_FAILURE(StorePrompt(31, &a, &b, &ta, &tb));
+  LayerwiseLoader loader(*client_, ns_, *arena_, b.desc, *runtime_);
+  // The engine's prefix cache holds chunk 0 (num_computed_tokens = 16).
+  ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_, nullptr, /*first_chunk=*/1),
+            3u * kChunkTokens);
+  for (int64_t l = 0; l < kLayers; ++l) ASSERT_TRUE(loader.WaitLayer(l, compute_).ok());
+  ASSERT_TRUE(loader.Finish()->empty());
+  const std::vector<uint8_t> zeros(kTokenBytes, 0);
+  for (int64_t l = 0; l < kLayers; ++l) {
+    for (int64_t t = 0; t < kChunkTokens; ++t) {  // chunk 0's blocks were not written
+      ASSERT_EQ(std::memcmp(b.Token(l, 0, tb, t), zeros.data(), kTokenBytes), 0) << t;
+    }
+    for (int64_t t = kChunkTokens; t < 3 * kChunkTokens; ++t) {  // chunks 1 and 2 were
+      ASSERT_EQ(std::memcmp(b.Token(l, 1, tb, t), a.Token(l, 1, ta, t), kTokenBytes), 0) << t;
+    }
+  }
+  LayerwiseLoader all_held(*client_, ns_, *arena_, b.desc, *runtime_);
+  EXPECT_EQ(*all_held.StartLoad(tokens_, tb, load_, nullptr, 5), 3u * kChunkTokens);
+  EXPECT_TRUE(all_held.Finish()->empty());
   nlohmann::json s = Stats();
   for (int i = 0; i < 50 && s["active_leases"] != 0; ++i, s = Stats()) std::this_thread::sleep_for(20ms);
   EXPECT_EQ(s["active_leases"], 0);
@@ -361,19 +414,10 @@ TEST_F(LayerwiseHbmTest, TheSecondLoadCopiesFromHbmDeviceToDeviceAndMatchesEvery
 
 TEST_F(LayerwiseHbmTest, AnHbmSlotRewrittenDuringTheLoadIsReportedForRecompute) {
   Cache a, b;
-  ASSERT_NO_FATAL_FAILURE(a.Init(*runtime_, compute_, 27));
-  ASSERT_NO_FATAL_FAILURE(b.Init(*runtime_, compute_, 0));
-  const auto ta = Table(14, 18), tb = Table(14, 19);
-  ASSERT_EQ(StoreAll(a, ta)->stored_chunks, 3u);
-  PrefetchOptions po;
-  po.to_hbm = true;
-  auto ticket = client_->Prefetch(ns_, tokens_, po);
-  ASSERT_TRUE(ticket.ok() && ticket->fail_open.ok());
-  PrefetchProgress p = client_->PrefetchStatus(*ticket);
-  for (int i = 0; i < 500 && p.hbm_chunks < 3; ++i, p = client_->PrefetchStatus(*ticket)) {
-    std::this_thread::sleep_for(10ms);
-  }
-  ASSERT_EQ(p.hbm_chunks, 3u);
+  std::vector<int32_t> ta, tb;
+  ASSERT_NO_FATAL_FAILURE(StorePrompt(27, &a, &b, &ta, &tb));
+  const PrefetchTicket ticket = PrefetchIntoHbm();
+  ASSERT_NE(ticket.id, 0u);
   // Where chunk 1's HBM copy lives, from a lease of our own.
   auto lease = client_->Acquire(ns_, tokens_, SIZE_MAX, nullptr, /*hbm=*/true);
   ASSERT_TRUE(lease.ok());
@@ -386,7 +430,7 @@ TEST_F(LayerwiseHbmTest, AnHbmSlotRewrittenDuringTheLoadIsReportedForRecompute) 
                                      client_->HbmPool()->pool_bytes, &pool)
                   .ok());
   LayerwiseLoader loader(*client_, ns_, *arena_, b.desc, *runtime_);
-  ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_, &*ticket), 3u * kChunkTokens);
+  ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_, &ticket), 3u * kChunkTokens);
   ASSERT_EQ(loader.hbm_chunks(), 3u);
   ASSERT_TRUE(runtime_->Synchronize(load_).ok());
   auto* sequence = reinterpret_cast<uint64_t*>(static_cast<std::byte*>(pool.data()) + chunk1 -
@@ -414,16 +458,10 @@ TEST_F(LayerwiseHbmTest, AfterDaemonRestartsTheOldArenaAndPoolAreLetGo) {
       for (int i = 0; i < 200 && !client_->HbmPool(); ++i) std::this_thread::sleep_for(10ms);
     }
     ASSERT_EQ(StoreAll(a, ta)->stored_chunks, 3u) << "run " << run;
-    PrefetchOptions po;
-    po.to_hbm = true;
-    auto ticket = client_->Prefetch(ns_, tokens_, po);
-    ASSERT_TRUE(ticket.ok() && ticket->fail_open.ok()) << "run " << run;
-    PrefetchProgress p = client_->PrefetchStatus(*ticket);
-    for (int i = 0; i < 500 && !p.hbm_done; ++i, p = client_->PrefetchStatus(*ticket)) {
-      std::this_thread::sleep_for(10ms);
-    }
+    const PrefetchTicket ticket = PrefetchIntoHbm();
+    ASSERT_NE(ticket.id, 0u) << "run " << run;
     LayerwiseLoader loader(*client_, ns_, *arena_, b.desc, *runtime_);
-    ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_, &*ticket), 3u * kChunkTokens);
+    ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_, &ticket), 3u * kChunkTokens);
     EXPECT_EQ(loader.hbm_chunks(), 3u) << "run " << run;
     ASSERT_TRUE(loader.Finish()->empty());
     for (int64_t l = 0; l < kLayers; ++l) {
@@ -438,22 +476,12 @@ TEST_F(LayerwiseHbmTest, AfterDaemonRestartsTheOldArenaAndPoolAreLetGo) {
 
 TEST_F(LayerwiseHbmTest, PrefetchToHbmMakesTheFirstLoadAnHbmLoad) {
   Cache a, b;
-  ASSERT_NO_FATAL_FAILURE(a.Init(*runtime_, compute_, 23));
-  ASSERT_NO_FATAL_FAILURE(b.Init(*runtime_, compute_, 0));
-  const auto ta = Table(14, 14), tb = Table(14, 15);
-  ASSERT_EQ(StoreAll(a, ta)->stored_chunks, 3u);
-  PrefetchOptions po;
-  po.to_hbm = true;
-  auto ticket = client_->Prefetch(ns_, tokens_, po);
-  ASSERT_TRUE(ticket.ok());
-  ASSERT_TRUE(ticket->fail_open.ok()) << ticket->fail_open.ToString();
-  PrefetchProgress p = client_->PrefetchStatus(*ticket);
-  for (int i = 0; i < 500 && p.hbm_chunks < 3; ++i, p = client_->PrefetchStatus(*ticket)) {
-    std::this_thread::sleep_for(10ms);
-  }
-  ASSERT_EQ(p.hbm_chunks, 3u);
+  std::vector<int32_t> ta, tb;
+  ASSERT_NO_FATAL_FAILURE(StorePrompt(23, &a, &b, &ta, &tb));
+  const PrefetchTicket ticket = PrefetchIntoHbm();
+  ASSERT_NE(ticket.id, 0u);
   LayerwiseLoader loader(*client_, ns_, *arena_, b.desc, *runtime_);
-  ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_, &*ticket), 3u * kChunkTokens);
+  ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_, &ticket), 3u * kChunkTokens);
   EXPECT_EQ(loader.hbm_chunks(), 3u);
   ASSERT_TRUE(loader.Finish()->empty());
   for (int64_t l = 0; l < kLayers; ++l) {
@@ -461,12 +489,27 @@ TEST_F(LayerwiseHbmTest, PrefetchToHbmMakesTheFirstLoadAnHbmLoad) {
   }
 }
 
+TEST_F(LayerwiseHbmTest, WaitCompleteWithToHbmWaitsForTheHbmCopiesToo) {
+  Cache a, b;
+  std::vector<int32_t> ta, tb;
+  ASSERT_NO_FATAL_FAILURE(StorePrompt(33, &a, &b, &ta, &tb));
+  PrefetchOptions po;
+  po.to_hbm = true;
+  po.policy = PrefetchPolicy::kWaitComplete;
+  auto ticket = client_->Prefetch(ns_, tokens_, po);
+  ASSERT_TRUE(ticket.ok() && ticket->fail_open.ok());
+  // No polling here: the prefix is in DRAM already (the prefetch is done at
+  // once), and the load must still wait for its copies into HBM.
+  LayerwiseLoader loader(*client_, ns_, *arena_, b.desc, *runtime_);
+  ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_, &*ticket), 3u * kChunkTokens);
+  EXPECT_EQ(loader.hbm_chunks(), 3u);
+  ASSERT_TRUE(loader.Finish()->empty());
+}
+
 TEST_F(LayerwiseTest, PrefetchToHbmWithoutAnHbmTierFailsOpenAndTheLoadStillWorks) {
   Cache a, b;
-  ASSERT_NO_FATAL_FAILURE(a.Init(*runtime_, compute_, 25));
-  ASSERT_NO_FATAL_FAILURE(b.Init(*runtime_, compute_, 0));
-  const auto ta = Table(14, 16), tb = Table(14, 17);
-  ASSERT_EQ(StoreAll(a, ta)->stored_chunks, 3u);
+  std::vector<int32_t> ta, tb;
+  ASSERT_NO_FATAL_FAILURE(StorePrompt(25, &a, &b, &ta, &tb));
   PrefetchOptions po;
   po.to_hbm = true;
   auto ticket = client_->Prefetch(ns_, tokens_, po);

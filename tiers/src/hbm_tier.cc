@@ -13,7 +13,7 @@ constexpr uint64_t kZeroSequence = 0;
 
 // The device runtime's status as ours, prefixed with what was being done.
 Status HbmError(const gpu::GpuStatus& st, const std::string& what) {
-  const std::string message = "hbm: " + what + ": " + st.ToString();
+  const std::string message = "hbm: " + what + ": " + st.message();
   switch (st.code()) {
     case gpu::GpuCode::kInvalidArgument: return Status::InvalidArgument(message);
     case gpu::GpuCode::kOutOfMemory: return Status::ResourceExhausted(message);
@@ -47,8 +47,8 @@ Result<std::unique_ptr<HbmTier>> HbmTier::Create(const HbmTierOptions& options, 
                                 std::to_string(options.device) + ")");
     if (s.code() != StatusCode::kUnavailable) return s;
     return Status::Unavailable(s.message() + " (no usable NVIDIA GPU or driver here); run "
-                               "without --hbm-bytes (or hbm_bytes: 0) to keep the KV cache in "
-                               "DRAM and NVMe only");
+                               "without --hbm-bytes (or with hbm_bytes: 0) to keep the KV cache "
+                               "in host memory and on NVMe");
   }
   std::unique_ptr<HbmTier> tier(new HbmTier(options, std::move(runtime)));
   gpu::Runtime& rt = *tier->runtime_;

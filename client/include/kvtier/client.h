@@ -84,7 +84,8 @@ struct StoreResult {
 // rest is a miss that the engine recomputes.
 enum class PrefetchPolicy {
   kBestEffort,    // take what is ready at load time; never wait
-  kWaitComplete,  // wait until the prefetch is done (all ready, or stopped early)
+  kWaitComplete,  // wait until the prefetch is done (all ready, or stopped early; with
+                  // to_hbm, until nothing more goes into HBM)
   kTimeout,       // wait until done, or timeout_base + timeout_per_1k_tokens per 1,000
                   // prompt tokens after the Prefetch call, whichever comes first
 };
@@ -98,8 +99,9 @@ struct PrefetchOptions {
   std::chrono::milliseconds timeout_base{1000};
   std::chrono::milliseconds timeout_per_1k_tokens{250};
   // Also have the daemon copy the prefix into its HBM pool once in DRAM
-  // (Prefetch target=hbm), for a LayerwiseLoader that reads HBM. The daemon
-  // must run with --hbm-bytes; otherwise the prefetch fails open.
+  // (Prefetch target=hbm), for a LayerwiseLoader that reads HBM; the
+  // wait_complete and timeout policies then also wait for those copies. The
+  // daemon must run with --hbm-bytes; otherwise the prefetch fails open.
   bool to_hbm = false;
 };
 

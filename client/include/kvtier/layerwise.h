@@ -115,13 +115,18 @@ class LayerwiseLoader {
   // device to device from the daemon's pool), then queues each layer's copies into
   // the engine blocks `block_ids` (the prompt's block table: block_ids[j]
   // holds tokens [j * block_size, (j + 1) * block_size)) on `load_stream`,
-  // one event per layer. Returns the tokens it will deliver: whole chunks,
-  // no more than `block_ids` covers. A miss or an unreachable daemon delivers
-  // 0 tokens (no error). Errors: INVALID_ARGUMENT (a layout that does not
-  // match the namespace or fails validation, a load already started),
-  // UNAVAILABLE when the GPU runtime refuses the copies (nothing leased then).
+  // one event per layer. Chunks before `first_chunk` are already in the
+  // engine's blocks (its own prefix cache hit: num_computed_tokens /
+  // chunk_tokens): they are leased, not copied. Returns the tokens cached
+  // through this load (engine's and copied, whole chunks), no more than
+  // `block_ids` covers; below first_chunk * chunk_tokens nothing was copied. A
+  // miss or an unreachable daemon delivers 0 tokens (no error). Errors:
+  // INVALID_ARGUMENT (a layout that does not match the namespace or fails
+  // validation, a load already started), UNAVAILABLE when the GPU runtime
+  // refuses the copies (nothing leased then).
   Result<uint64_t> StartLoad(std::span<const int32_t> tokens, std::span<const int32_t> block_ids,
-                             gpu::Stream& load_stream, const PrefetchTicket* ticket = nullptr);
+                             gpu::Stream& load_stream, const PrefetchTicket* ticket = nullptr,
+                             size_t first_chunk = 0);
 
   // Makes work queued on `compute_stream` from now on wait until layer
   // `layer` is in the cache (a stream wait; no host sync). A layer with
@@ -155,6 +160,7 @@ class LayerwiseLoader {
   std::unique_ptr<gpu::LayerwiseLoad> load_;
   gpu::Stream* load_stream_ = nullptr;
   uint32_t hbm_chunks_ = 0;
+  uint32_t first_chunk_ = 0;  // the first leased chunk copied
   bool started_ = false;
 
   // Whether this load can read the daemon's HBM pool (it opens it).

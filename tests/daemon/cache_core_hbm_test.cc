@@ -179,8 +179,11 @@ TEST_F(CacheCoreHbmTest, HbmEvictsLeavesFirstAndNeverHoldsAnOrphan) {
   // b's two chunks take the slots of a's leaves (a2, then a1); a0 stays: it
   // had a child in HBM when b0 came, and is older than b's chunks.
   ASSERT_NO_FATAL_FAILURE(WaitHbmChunks(3, 5));
-  const v1::LookupResponse ra = LookupHbm(a, true);
+  EXPECT_EQ(Tier(Stats(), "hbm")->evictions(), 2u);
+  // b first: a lookup with hbm queues its chunks not in HBM, and a's copies
+  // must not race with what this test reads (b's lease pins its chunks).
   const v1::LookupResponse rb = LookupHbm(b, true);
+  const v1::LookupResponse ra = LookupHbm(a, true);
   ASSERT_EQ(ra.chunks_size(), 3);
   ASSERT_EQ(rb.chunks_size(), 2);
   EXPECT_NE(ra.chunks(0).hbm_payload_offset(), 0u);
@@ -188,7 +191,6 @@ TEST_F(CacheCoreHbmTest, HbmEvictsLeavesFirstAndNeverHoldsAnOrphan) {
   EXPECT_EQ(ra.chunks(2).hbm_payload_offset(), 0u);
   EXPECT_NE(rb.chunks(0).hbm_payload_offset(), 0u);
   EXPECT_NE(rb.chunks(1).hbm_payload_offset(), 0u);
-  EXPECT_EQ(Tier(Stats(), "hbm")->evictions(), 2u);
 }
 
 TEST_F(CacheCoreHbmTest, PrefetchToHbmCopiesThePrefixIntoHbm) {

@@ -19,6 +19,12 @@ Status FromGpu(const gpu::GpuStatus& st, const std::string& what) {
 
 namespace {
 
+// `options`, borrowing device buffers from `arena` unless they name a cache.
+gpu::KvTransferOptions WithScratch(gpu::KvTransferOptions options, GpuArena& arena) {
+  if (options.scratch == nullptr) options.scratch = &arena.scratch();
+  return options;
+}
+
 // Builds the cache's layout and checks it against the namespace's chunk payload.
 Status CheckCache(const PagedKvCache& cache, const NamespaceHandle& ns, gpu::KvLayout* layout) {
   KVTIER_RETURN_IF_ERROR(FromGpu(gpu::KvLayout::Create(cache.layout, layout), "cache.layout"));
@@ -148,7 +154,7 @@ LayerwiseLoader::LayerwiseLoader(Client& client, NamespaceHandle ns, GpuArena& a
       arena_(arena),
       cache_(std::move(cache)),
       runtime_(runtime),
-      options_(options) {}
+      options_(WithScratch(options, arena)) {}
 
 LayerwiseLoader::~LayerwiseLoader() {
   load_.reset();  // synchronizes the load stream: no copy reads a released slot
@@ -287,7 +293,7 @@ LayerwiseStorer::LayerwiseStorer(Client& client, NamespaceHandle ns, GpuArena& a
       arena_(arena),
       cache_(std::move(cache)),
       runtime_(runtime),
-      options_(options) {}
+      options_(WithScratch(options, arena)) {}
 
 LayerwiseStorer::~LayerwiseStorer() {
   store_.reset();  // synchronizes the store stream before the slots are given back

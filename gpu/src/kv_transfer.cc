@@ -124,15 +124,15 @@ GpuStatus KvTransfer::Init() {
   } else {
     batch_chunks_ = static_cast<int64_t>(
         std::clamp<size_t>(options_.max_staging_bytes / layer_bytes_, 1, static_cast<size_t>(n)));
-    if (GpuStatus s = runtime_.Allocate(batch_chunks_ * layer_bytes_, &staging_); !s.ok()) {
+    if (GpuStatus s = Scratch(batch_chunks_ * layer_bytes_, &staging_); !s.ok()) {
       return s;
     }
     const auto base = reinterpret_cast<uint64_t>(staging_.data());
     for (int64_t c = 0; c < n; ++c) addrs_[c] = base + (c % batch_chunks_) * layer_bytes_;
   }
   const size_t ids_bytes = chunks_.block_ids.size() * sizeof(int32_t);
-  if (GpuStatus s = runtime_.Allocate(n * sizeof(uint64_t), &addrs_dev_); !s.ok()) return s;
-  if (GpuStatus s = runtime_.Allocate(ids_bytes, &block_ids_dev_); !s.ok()) return s;
+  if (GpuStatus s = Scratch(n * sizeof(uint64_t), &addrs_dev_); !s.ok()) return s;
+  if (GpuStatus s = Scratch(ids_bytes, &block_ids_dev_); !s.ok()) return s;
   if (GpuStatus s =
           runtime_.CopyAsync(addrs_dev_.data(), addrs_.data(), n * sizeof(uint64_t), *stream_);
       !s.ok()) {
@@ -143,6 +143,14 @@ GpuStatus KvTransfer::Init() {
 
 bool KvTransfer::InDevicePool(int64_t chunk) const {
   return InPool(chunks_.device_pool, chunks_.payloads[chunk], layer_bytes_ * chunks_.num_layers);
+}
+
+GpuStatus KvTransfer::Scratch(size_t bytes, ScratchBuffer* out) {
+  if (options_.scratch != nullptr) return options_.scratch->Take(bytes, out);
+  DeviceBuffer own;
+  if (GpuStatus s = runtime_.Allocate(bytes, &own); !s.ok()) return s;
+  *out = ScratchBuffer(std::move(own));
+  return GpuStatus::Ok();
 }
 
 void KvTransfer::MarkFailed(int64_t chunk, int64_t layer, GpuStatus status) {

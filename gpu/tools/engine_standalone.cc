@@ -165,11 +165,19 @@ class PinnedHostKvSource final : public KvSource {
         payloads_,     std::vector<int32_t>(block_table.begin(), block_table.begin() + blocks)};
   }
 
+  // Device buffers come from one cache, as a real engine's GpuArena lends them: no load
+  // frees device memory (cudaFree would synchronize the device inside the timed runs).
+  KvTransferOptions TransferOptions() {
+    KvTransferOptions options;
+    options.scratch = &scratch_;
+    return options;
+  }
+
   // Queues storing the prefix of `cache` into the buffer as the engine writes each layer.
   GpuStatus StartStore(const PagedCache& cache, Stream& store_stream,
                        std::unique_ptr<LayerwiseStore>* out) {
     return LayerwiseStore::Create(runtime_, Chunks(cache.block_table), cache.layer_tensors,
-                                  KvTransferOptions(), store_stream, out);
+                                  TransferOptions(), store_stream, out);
   }
 
   GpuStatus StartLoad(PagedCache& cache, Stream& load_stream) override {
@@ -177,7 +185,7 @@ class PinnedHostKvSource final : public KvSource {
     std::unique_ptr<LayerwiseLoad> load;
     if (GpuStatus s =
             LayerwiseLoad::Create(runtime_, Chunks(cache.block_table), cache.layer_tensors,
-                                  KvTransferOptions(), load_stream, &load);
+                                  TransferOptions(), load_stream, &load);
         !s.ok()) {
       return s;
     }
@@ -210,6 +218,7 @@ class PinnedHostKvSource final : public KvSource {
       : runtime_(runtime), layout_(layout), num_layers_(num_layers), chunk_tokens_(chunk_tokens) {}
 
   Runtime& runtime_;
+  BufferCache scratch_{runtime_};  // declared before load_: outlives what it lends
   const KvLayout& layout_;
   const int64_t num_layers_;
   const int64_t chunk_tokens_;

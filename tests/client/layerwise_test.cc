@@ -273,6 +273,7 @@ TEST_F(LayerwiseTest, ChunksTheEngineAlreadyHoldsAreLeasedButNotCopied) {
   nlohmann::json s = Stats();
   for (int i = 0; i < 50 && s["active_leases"] != 0; ++i, s = Stats()) std::this_thread::sleep_for(20ms);
   EXPECT_EQ(s["active_leases"], 0);
+  EXPECT_GT(arena_->scratch().idle_bytes(), 0u) << "the load's device buffers went back to the arena";
 }
 
 TEST_F(LayerwiseTest, AFailedChunkCopyIsReportedWithItsBlockIdsAndTheRestLoads) {

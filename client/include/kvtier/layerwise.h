@@ -60,7 +60,7 @@ struct PagedKvCache {
 // REQUIRES: the runtime outlives it, and no copy is in flight when it ends.
 class GpuArena {
  public:
-  explicit GpuArena(gpu::Runtime& runtime) : runtime_(runtime) {}
+  explicit GpuArena(gpu::Runtime& runtime) : runtime_(runtime), scratch_(runtime) {}
 
   // The registration of `mapping`, held while the result lives. Errors:
   // RESOURCE_EXHAUSTED or UNAVAILABLE when the runtime refuses to register it.
@@ -72,6 +72,11 @@ class GpuArena {
   // UNAVAILABLE from opening it (CUDA IPC needs the same machine, and a
   // process other than the daemon).
   Result<std::shared_ptr<const gpu::DeviceBuffer>> Pool(const HbmPoolInfo& pool);
+
+  // Device buffers the loads and stores borrow (staging, address arrays) unless their
+  // KvTransferOptions name another cache: no request frees device memory (cudaFree
+  // synchronizes the device). Loaders and storers must not outlive the GpuArena.
+  gpu::BufferCache& scratch() { return scratch_; }
 
   // Arena registrations and opened pools held now (observability, tests).
   size_t held_arenas() const;
@@ -94,6 +99,7 @@ class GpuArena {
     gpu::PinnedRange range;
   };
   gpu::Runtime& runtime_;
+  gpu::BufferCache scratch_;
   mutable std::mutex mu_;
   // Shared with the loads and stores using them: an entry no one else holds
   // and that is not the daemon's current one is dropped.

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "kvtier/gpu/buffer_cache.h"
 #include "kvtier/gpu/device_buffer.h"
 #include "kvtier/gpu/gpu_status.h"
 #include "kvtier/gpu/kv_copy.h"
@@ -23,6 +24,11 @@ struct KvTransferOptions {
   // kDma: device staging bytes; a layer is copied in batches of
   // max(1, max_staging_bytes / layer slice) chunks. Default: 256 MiB.
   size_t max_staging_bytes = size_t{256} << 20;
+  // Where the transfer's device buffers (staging, the chunk-address and block-id arrays)
+  // come from: lent by this cache and given back when the transfer ends, so that no
+  // request pays a cudaFree (which synchronizes the device). Borrowed; must outlive the
+  // transfer. Default: none (each transfer allocates and frees its own).
+  BufferCache* scratch = nullptr;
 };
 
 // The chunks of one load or store, all in one namespace (one layout).
@@ -105,6 +111,8 @@ class KvTransfer {
  private:
   KvTransfer(Runtime& runtime, KvChunkSet chunks, const KvTransferOptions& options, Stream& stream);
   GpuStatus Init();
+  // `bytes` of device memory from options_.scratch, or allocated outright.
+  GpuStatus Scratch(size_t bytes, ScratchBuffer* out);
   // Whether chunk `chunk`'s whole payload lies in chunks_.device_pool.
   bool InDevicePool(int64_t chunk) const;
   void MarkFailed(int64_t chunk, int64_t layer, GpuStatus status);
@@ -120,9 +128,9 @@ class KvTransfer {
   int64_t batch_chunks_ = 0;        // kDma: chunks per staging batch.
   size_t payload_align_bytes_ = 1;  // Of every address in addrs_ (+ layer offsets).
   std::vector<uint64_t> addrs_;     // Host copy of addrs_dev_ (kept alive for the upload).
-  DeviceBuffer addrs_dev_;          // [num_chunks] staging slot or mapped payload; 0 = skip.
-  DeviceBuffer block_ids_dev_;      // [num_chunks][blocks_per_chunk]
-  DeviceBuffer staging_;            // kDma: [batch_chunks][layer_bytes]
+  ScratchBuffer addrs_dev_;         // [num_chunks] staging slot or mapped payload; 0 = skip.
+  ScratchBuffer block_ids_dev_;     // [num_chunks][blocks_per_chunk]
+  ScratchBuffer staging_;           // kDma: [batch_chunks][layer_bytes]
   std::vector<GpuStatus> failed_;   // Per chunk: OK, or why it failed.
   std::vector<int64_t> failed_layer_;
 };

@@ -71,22 +71,24 @@ Status CacheCoreOptions::Validate() const {
 
 Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& options,
                                                      uint64_t epoch, const Clock& clock) {
-  return Build(options, epoch, clock, [&]() -> Result<std::unique_ptr<NvmeTier>> {
-    if (options.nvme.paths.empty()) return std::unique_ptr<NvmeTier>();
-    return NvmeTier::Open(options.nvme);
-  });
+  return Create(options, epoch, clock, NvmeOpener([&] { return OpenNvmeTier(options); }));
+}
+
+Result<std::unique_ptr<NvmeTier>> CacheCore::OpenNvmeTier(const CacheCoreOptions& options) {
+  if (options.nvme.paths.empty()) return std::unique_ptr<NvmeTier>();
+  return NvmeTier::Open(options.nvme);
 }
 
 Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& options,
                                                      uint64_t epoch, const Clock& clock,
                                                      std::unique_ptr<NvmeTier> nvme) {
-  return Build(options, epoch, clock,
-               [&]() -> Result<std::unique_ptr<NvmeTier>> { return std::move(nvme); });
+  return Create(options, epoch, clock,
+                NvmeOpener([&]() -> Result<std::unique_ptr<NvmeTier>> { return std::move(nvme); }));
 }
 
-Result<std::unique_ptr<CacheCore>> CacheCore::Build(
-    const CacheCoreOptions& options, uint64_t epoch, const Clock& clock,
-    const std::function<Result<std::unique_ptr<NvmeTier>>()>& open_nvme) {
+Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& options,
+                                                     uint64_t epoch, const Clock& clock,
+                                                     const NvmeOpener& open_nvme) {
   KVTIER_RETURN_IF_ERROR(options.Validate());
   auto dram = DramTier::Create(options.dram_bytes, epoch);
   if (!dram.ok()) return dram.status();

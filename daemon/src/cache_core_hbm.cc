@@ -43,7 +43,7 @@ void CacheCore::HbmStep() {
     ChunkKey key, parent, ns_root;
     uint32_t ns_index;
     uint64_t slot_offset;   // in HBM
-    uint64_t header_bytes, slot_bytes, payload_bytes;
+    SlotLayout layout;
     const std::byte* image;
   };
   std::vector<Copy> plan;
@@ -80,15 +80,16 @@ void CacheCore::HbmStep() {
     }
     dram_->Pin(h);
     plan.push_back({h, hbm_parent, key, e.parent, ns.id, e.ns_index, *offset,
-                    ns.layout.header_bytes, ns.layout.slot_bytes, ns.layout.payload_bytes,
-                    dram_->SlotAddress(e.slot_offset)});
+                    ns.layout, dram_->SlotAddress(e.slot_offset)});
     planned.insert(key);
   }
   if (plan.empty()) return;
   lock.unlock();
   std::vector<Status> copied;
-  for (const Copy& c : plan) copied.push_back(hbm_->CopyIn(c.slot_offset, c.image, c.header_bytes,
-                                                           c.slot_bytes));
+  for (const Copy& c : plan) {
+    copied.push_back(hbm_->CopyIn(c.slot_offset, c.image, c.layout.header_bytes,
+                                  c.layout.slot_bytes));
+  }
   lock.lock();
   for (size_t k = 0; k < plan.size(); ++k) {
     const Copy& c = plan[k];
@@ -103,7 +104,7 @@ void CacheCore::HbmStep() {
                      copied[k].ToString());
       }
     } else {
-      counters_.hbm_write_bytes += c.payload_bytes;
+      counters_.hbm_write_bytes += c.layout.payload_bytes;
     }
     if (c.hbm_parent != ChunkIndex::kNone) hbm_->Unpin(c.hbm_parent);
     dram_->Unpin(c.dram);

@@ -66,16 +66,19 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
       (options.core.hbm.device != 0 || options.core.hbm.backend != HbmBackend::kCuda)) {
     spdlog::warn("--gpu and --gpu-backend only matter with --hbm-bytes; the HBM tier is off");
   }
-  auto core = CacheCore::Create(options.core, NewEpoch(), SteadyClock::Instance());
-  // HBM errors (all led by "hbm") are not the default NVMe tier's.
-  if (!core.ok() && options.nvme_default_path && core.status().message().rfind("hbm", 0) != 0) {
-    return Status(core.status().code(),
+  // The default NVMe tier's errors say how to size it or turn it off.
+  auto open_nvme = [&]() -> Result<std::unique_ptr<NvmeTier>> {
+    auto nvme = CacheCore::OpenNvmeTier(options.core);
+    if (nvme.ok() || !options.nvme_default_path) return nvme;
+    return Status(nvme.status().code(),
                   "NVMe tier (default: " + std::to_string(options.core.nvme.bytes_per_path >> 20) +
                       " MiB under ./" + options.core.nvme.paths[0] + "): " +
-                      core.status().message() +
+                      nvme.status().message() +
                       " (give --nvme-path DIR and --nvme-bytes SIZE, or --nvme-bytes 0 for "
                       "DRAM only)");
-  }
+  };
+  auto core = CacheCore::Create(options.core, NewEpoch(), SteadyClock::Instance(),
+                                CacheCore::NvmeOpener(open_nvme));
   if (!core.ok()) return core.status();
   d->core_ = std::move(core).value();
   KVTIER_RETURN_IF_ERROR(d->StartArenaSocket());

@@ -99,6 +99,15 @@ class CacheCore {
   static Result<std::unique_ptr<CacheCore>> Create(const CacheCoreOptions& options,
                                                    uint64_t epoch, const Clock& clock,
                                                    std::unique_ptr<NvmeTier> nvme);
+  // The same with the NVMe tier from `open_nvme` (nullptr: none), called once
+  // the DRAM and HBM tiers exist, so that a missing GPU is found before slot
+  // files are preallocated (kvtierd adds its hint to the NVMe errors there).
+  using NvmeOpener = std::function<Result<std::unique_ptr<NvmeTier>>()>;
+  static Result<std::unique_ptr<CacheCore>> Create(const CacheCoreOptions& options,
+                                                   uint64_t epoch, const Clock& clock,
+                                                   const NvmeOpener& open_nvme);
+  // The NVMe tier `options.nvme` names; nullptr when it is off (no paths).
+  static Result<std::unique_ptr<NvmeTier>> OpenNvmeTier(const CacheCoreOptions& options);
   ~CacheCore();
 
   // Tiers whose I/O failed kNvmeDegradedAfter times in a row (until one
@@ -224,10 +233,6 @@ class CacheCore {
   // REQUIRES: mu_ held.
   void NoteNvmeIo(bool ok);
 
-  // Both Creates: DRAM, then HBM, then NVMe (`open_nvme`), then the workers.
-  static Result<std::unique_ptr<CacheCore>> Build(
-      const CacheCoreOptions& options, uint64_t epoch, const Clock& clock,
-      const std::function<Result<std::unique_ptr<NvmeTier>>()>& open_nvme);
   CacheCore(const CacheCoreOptions& options, std::unique_ptr<DramTier> dram, const Clock& clock)
       : options_(options), clock_(clock), dram_(std::move(dram)) {}
 

@@ -21,6 +21,7 @@
 #include "grpc_services.h"
 #include "kvtier/fd_passing.h"
 #include "kvtier/proto/transport_args.h"
+#include "kvtier/units.h"
 
 namespace kvtier {
 namespace {
@@ -71,8 +72,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
     auto nvme = CacheCore::OpenNvmeTier(options.core);
     if (nvme.ok() || !options.nvme_default_path) return nvme;
     return Status(nvme.status().code(),
-                  "NVMe tier (default: " + std::to_string(options.core.nvme.bytes_per_path >> 20) +
-                      " MiB under ./" + options.core.nvme.paths[0] + "): " +
+                  "NVMe tier (" + FormatBytes(options.core.nvme.bytes_per_path) +
+                      " under the default path ./" + options.core.nvme.paths[0] + "): " +
                       nvme.status().message() +
                       " (give --nvme-path DIR and --nvme-bytes SIZE, or --nvme-bytes 0 for "
                       "DRAM only)");

@@ -48,7 +48,7 @@ Result<std::unique_ptr<HbmTier>> HbmTier::Create(const HbmTierOptions& options, 
     if (s.code() != StatusCode::kUnavailable) return s;
     return Status::Unavailable(s.message() + " (no usable NVIDIA GPU or driver here); run "
                                "without --hbm-bytes (or with hbm_bytes: 0) to keep the KV cache "
-                               "in host memory and on NVMe");
+                               "off the GPU (DRAM, and NVMe when on)");
   }
   std::unique_ptr<HbmTier> tier(new HbmTier(options, std::move(runtime)));
   gpu::Runtime& rt = *tier->runtime_;

@@ -3,12 +3,16 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build test demo bench gpu-check gpu-bundle clean
+.PHONY: all deps deps-engines build test demo bench gpu-check gpu-bundle wheel clean
 
 all: build
 
 deps:
 	@bash tools/install-deps.sh
+
+# The vLLM and SGLang venvs as well, for their connector tests.
+deps-engines:
+	@bash tools/install-deps.sh --engines
 
 $(BUILD_DIR)/CMakeCache.txt:
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
@@ -16,7 +20,7 @@ $(BUILD_DIR)/CMakeCache.txt:
 build: deps $(BUILD_DIR)/CMakeCache.txt
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-test: build
+test: build deps-engines
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS)
 
 demo: build
@@ -32,6 +36,10 @@ gpu-check:
 # Built here, run there: build/gpu-bundle/run.sh.
 gpu-bundle: build
 	@bash tools/gpu-bundle.sh $(BUILD_DIR)/bin $(BUILD_DIR)/gpu-bundle
+
+# The Python package as a wheel in $(BUILD_DIR)/wheels (scikit-build-core, client/python).
+wheel: deps
+	bash tools/build-wheel.sh $(BUILD_DIR)/wheels
 
 clean:
 	rm -rf $(BUILD_DIR)

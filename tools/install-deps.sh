@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages kvtier builds and tests with, only those missing.
+# Installs the Debian 12 packages kvtier builds and tests with, only those missing, then the
+# project's Python venvs (tools/install-python-envs.sh): `base` always, and with --engines the
+# vLLM and SGLang ones too (about 10 GB and 3-5 minutes each on a fresh machine).
 # Idempotent: a second run installs nothing. Runs apt-get as root, or through sudo.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+envs=(base)
+for arg in "$@"; do
+  case "$arg" in
+    --engines) envs=(base vllm sglang) ;;
+    *) echo "install-deps: unknown argument '$arg' (known: --engines)" >&2; exit 2 ;;
+  esac
+done
 
 PACKAGES=(
   cmake g++ make pkg-config
@@ -11,6 +22,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libyaml-cpp-dev libcli11-dev libcpp-httplib-dev nlohmann-json3-dev
   fio
+  python3 python3-dev python3-venv
 )
 
 missing=()
@@ -22,7 +34,7 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
-  exit 0
+  exec bash tools/install-python-envs.sh "${envs[@]}"
 fi
 
 SUDO=""
@@ -39,3 +51,4 @@ echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+exec bash tools/install-python-envs.sh "${envs[@]}"

@@ -49,6 +49,8 @@ std::string_view KvLayoutKindName(KvLayoutKind kind) {
       return "sglang_mha";
     case KvLayoutKind::kMla:
       return "mla";
+    case KvLayoutKind::kVllmBhnc:
+      return "vllm_bhnc";
   }
   return "unknown";
 }
@@ -89,6 +91,13 @@ KvLayoutSpec KvLayoutSpec::Mla(int64_t num_blocks, int64_t block_size_tokens, in
   s.block_size_tokens = block_size_tokens;
   s.latent_dim = latent_dim;
   s.elem_bytes = elem_bytes;
+  return s;
+}
+
+KvLayoutSpec KvLayoutSpec::VllmBhnc(int64_t num_blocks, int64_t block_size_tokens,
+                                    int64_t num_kv_heads, int64_t head_dim, uint32_t elem_bytes) {
+  KvLayoutSpec s = VllmFlashAttn(num_blocks, block_size_tokens, num_kv_heads, head_dim, elem_bytes);
+  s.kind = KvLayoutKind::kVllmBhnc;
   return s;
 }
 
@@ -138,6 +147,10 @@ GpuStatus KvLayout::Create(const KvLayoutSpec& spec, KvLayout* out) {
     case KvLayoutKind::kMla:
       layout.shape_ = {nb, bs, spec.latent_dim};
       break;
+    case KvLayoutKind::kVllmBhnc:
+      if (d > std::numeric_limits<int64_t>::max() / 2) return bad("2 * head_dim overflows");
+      layout.shape_ = {nb, h, bs, 2 * d};
+      break;
     default:
       return bad("unknown kind");
   }
@@ -173,6 +186,9 @@ GpuStatus KvLayout::Create(const KvLayoutSpec& spec, KvLayout* out) {
       break;
     case KvLayoutKind::kMla:
       layout.planes_[0] = {0, 0, st[0], st[1], 0, st[2]};
+      break;
+    case KvLayoutKind::kVllmBhnc:  // K, then V, along the content dimension
+      for (int p = 0; p < 2; ++p) layout.planes_[p] = {0, p * d * st[3], st[0], st[2], st[1], st[3]};
       break;
   }
   *out = std::move(layout);

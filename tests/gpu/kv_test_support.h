@@ -58,6 +58,8 @@ enum class KvCase {
   kSglangDimMajor,
   kMla,
   kMlaPadded,
+  kBhnc,
+  kBhncNhd,
 };
 
 inline std::string KvCaseName(KvCase c);
@@ -81,6 +83,10 @@ inline std::string KvCaseName(KvCase c) {
       return "Mla";
     case KvCase::kMlaPadded:
       return "MlaPadded";
+    case KvCase::kBhnc:
+      return "Bhnc";
+    case KvCase::kBhncNhd:
+      return "BhncNhd";
   }
   return "Unknown";
 }
@@ -118,6 +124,12 @@ inline KvLayoutSpec MakeSpec(KvCase c, int64_t num_blocks, int64_t bs, uint32_t 
       s = KvLayoutSpec::Mla(nb, bs, l, e);
       s.strides = {bs * 40 + 4, 40, 1};
       return s;
+    case KvCase::kBhnc:
+      return KvLayoutSpec::VllmBhnc(nb, bs, h, d, e);
+    case KvCase::kBhncNhd:  // Memory [nb, bs, h, 2d] (vLLM's NHD), logical [nb, h, bs, 2d].
+      s = KvLayoutSpec::VllmBhnc(nb, bs, h, d, e);
+      s.strides = {bs * h * 2 * d, 2 * d, h * 2 * d, 1};
+      return s;
   }
   return s;
 }
@@ -152,6 +164,10 @@ inline int64_t RefOffset(const KvLayoutSpec& s, int p, int64_t b, int64_t t, int
     case KvLayoutKind::kMla:
       idx = {b, t, d};
       shape = {s.num_blocks, s.block_size_tokens, s.latent_dim};
+      break;
+    case KvLayoutKind::kVllmBhnc:
+      idx = {b, h, t, p * s.head_dim + d};
+      shape = {s.num_blocks, s.num_kv_heads, s.block_size_tokens, 2 * s.head_dim};
       break;
   }
   int64_t offset = 0, stride = 1;

@@ -25,9 +25,14 @@ enum class KvLayoutKind : uint8_t {
   kSglangMha,
   // MLA (vLLM and SGLang): one tensor [num_blocks, block_size, latent_dim], no K/V split.
   kMla,
+  // vLLM's standardized per-layer view (vLLM >= 0.33, every MHA backend: flash-attn,
+  // flashinfer, triton): one tensor [num_blocks, heads, block_size, 2 * head_dim], K in
+  // content elements [0, head_dim) and V in [head_dim, 2 * head_dim). Its physical order
+  // (NHD, HND, cross-layer) is in the strides.
+  kVllmBhnc,
 };
 
-// "vllm_flash_attn", "vllm_flashinfer", "sglang_mha", "mla".
+// "vllm_flash_attn", "vllm_flashinfer", "sglang_mha", "mla", "vllm_bhnc".
 std::string_view KvLayoutKindName(KvLayoutKind kind);
 
 // What the engine tells kvtier about one layer's cache tensor(s). Validated by
@@ -50,7 +55,7 @@ struct KvLayoutSpec {
   // Elements per token of the MLA latent (kv_lora_rank + rope dim, e.g. 576). kMla only.
   // Default: 0.
   int64_t latent_dim = 0;
-  // Strides in elements of the preset's shape above, one per dimension (rank 5, 5, 3, 3),
+  // Strides in elements of the preset's shape above, one per dimension (rank 5, 5, 3, 3, 4),
   // as torch's tensor.stride() reports them. Empty: contiguous row-major. A permuted stride
   // vector describes an HND cache ([.., heads, block_size, head_dim] in memory) with the
   // same logical shape; strides larger than contiguous describe padding or a cross-layer
@@ -67,6 +72,8 @@ struct KvLayoutSpec {
                                 int64_t head_dim, uint32_t elem_bytes);
   static KvLayoutSpec Mla(int64_t num_blocks, int64_t block_size_tokens, int64_t latent_dim,
                           uint32_t elem_bytes);
+  static KvLayoutSpec VllmBhnc(int64_t num_blocks, int64_t block_size_tokens,
+                               int64_t num_kv_heads, int64_t head_dim, uint32_t elem_bytes);
 };
 
 // Where K (plane 0), V (plane 1) or the MLA latent (plane 0) of one layer lives: element

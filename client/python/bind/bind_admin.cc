@@ -1,0 +1,132 @@
+// kvtier.AdminClient: the operator's view (what kvtierctl prints), as plain dicts. Unlike
+// Client it does not fail open: an unreachable daemon raises Unavailable or DeadlineExceeded.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+
+#include <chrono>
+
+#include "bindings.h"
+#include "convert.h"
+#include "kvtier/admin_client.h"
+
+namespace kvtier::python {
+namespace {
+
+nb::dict TierDict(const TierStats& t) {
+  nb::dict d;
+  d["name"] = t.name;
+  d["capacity_bytes"] = t.capacity_bytes;
+  d["used_bytes"] = t.used_bytes;
+  d["capacity_chunks"] = t.capacity_chunks;
+  d["chunks"] = t.chunks;
+  d["hits"] = t.hits;
+  d["misses"] = t.misses;
+  d["evictions"] = t.evictions;
+  d["read_bytes"] = t.read_bytes;
+  d["write_bytes"] = t.write_bytes;
+  d["pending_writes"] = t.pending_writes;
+  d["corrupt_reads"] = t.corrupt_reads;
+  d["io_errors"] = t.io_errors;
+  d["degraded"] = t.degraded;
+  d["skipped_writes"] = t.skipped_writes;
+  return d;
+}
+
+nb::dict StatsDict(const DaemonStats& s) {
+  nb::dict d;
+  nb::list tiers;
+  for (const TierStats& t : s.tiers) tiers.append(TierDict(t));
+  d["tiers"] = tiers;
+  d["lookups"] = s.lookups;
+  d["lookup_tokens"] = s.lookup_tokens;
+  d["hit_tokens"] = s.hit_tokens;
+  d["sessions"] = s.sessions;
+  d["active_leases"] = s.active_leases;
+  d["active_reservations"] = s.active_reservations;
+  d["uptime_s"] = s.uptime_s;
+  d["active_prefetches"] = s.active_prefetches;
+  d["prefetched_chunks"] = s.prefetched_chunks;
+  return d;
+}
+
+}  // namespace
+
+void BindAdmin(nb::module_& m) {
+  nb::class_<AdminClient>(m, "AdminClient",
+                          "The operator's view of a kvtierd (what kvtierctl prints). Does not "
+                          "fail open. Thread-safe.")
+      .def_static(
+          "connect",
+          [](const std::string& socket, int64_t deadline_ms) {
+            nb::gil_scoped_release release;
+            return ValueOrThrow(AdminClient::Connect(socket, std::chrono::milliseconds(deadline_ms)));
+          },
+          nb::arg("socket"), nb::arg("deadline_ms") = 1000,
+          "Opens a channel to kvtierd's socket (no RPC yet); deadline_ms bounds each call.\n\n"
+          "Raises InvalidArgument for an empty path or a nonpositive deadline.")
+      .def(
+          "stats",
+          [](AdminClient& a) {
+            DaemonStats s;
+            {
+              nb::gil_scoped_release release;
+              s = ValueOrThrow(a.Stats());
+            }
+            return StatsDict(s);
+          },
+          nb::sig("def stats(self) -> dict[str, typing.Any]"),
+          "The daemon's counters as a dict: 'tiers' (a list of dicts with name, "
+          "capacity_bytes, used_bytes, chunks, hits, misses, evictions, read_bytes, "
+          "write_bytes, pending_writes, corrupt_reads, io_errors, degraded, skipped_writes), "
+          "lookups, lookup_tokens, hit_tokens, sessions, active_leases, active_reservations, "
+          "uptime_s, active_prefetches, prefetched_chunks.\n\n"
+          "Raises Unavailable or DeadlineExceeded when the daemon does not answer.")
+      .def(
+          "health",
+          [](AdminClient& a) {
+            DaemonHealth h;
+            {
+              nb::gil_scoped_release release;
+              h = ValueOrThrow(a.Health());
+            }
+            nb::dict d;
+            d["serving"] = h.serving;
+            d["version"] = h.version;
+            d["epoch"] = h.epoch;
+            d["pid"] = h.pid;
+            nb::list degraded;
+            for (const std::string& t : h.degraded_tiers) degraded.append(t);
+            d["degraded_tiers"] = degraded;
+            return d;
+          },
+          nb::sig("def health(self) -> dict[str, typing.Any]"),
+          "{'serving', 'version', 'epoch' (changes on every start), 'pid', 'degraded_tiers'}.\n\n"
+          "Raises Unavailable or DeadlineExceeded when the daemon does not answer.")
+      .def(
+          "namespaces",
+          [](AdminClient& a) {
+            std::vector<NamespaceInfo> infos;
+            {
+              nb::gil_scoped_release release;
+              infos = ValueOrThrow(a.Namespaces());
+            }
+            nb::list out;
+            for (const NamespaceInfo& i : infos) {
+              nb::dict d;
+              d["id"] = i.id.ToHex();
+              d["spec"] = i.spec.CanonicalString();
+              d["model_id"] = i.spec.model_id;
+              d["chunks"] = i.chunks;
+              d["slot_bytes"] = i.slot_bytes;
+              out.append(d);
+            }
+            return out;
+          },
+          nb::sig("def namespaces(self) -> list[dict[str, typing.Any]]"),
+          "Namespaces the daemon knows: dicts with id, spec (canonical string), model_id, "
+          "chunks (resident in DRAM), slot_bytes.\n\n"
+          "Raises Unavailable or DeadlineExceeded when the daemon does not answer.");
+}
+
+}  // namespace kvtier::python

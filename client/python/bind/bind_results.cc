@@ -1,0 +1,190 @@
+// What kvtier.Client returns: namespaces, results, tickets, leases and reservations
+// (client/include/kvtier/client.h holds the contract; the docstrings repeat what a Python
+// caller needs).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include "bindings.h"
+#include "convert.h"
+#include "kvtier/client.h"
+
+namespace kvtier::python {
+namespace {
+
+// numpy uint8 arrays over arena bytes (no copy) that keep `owner`, the lease or
+// reservation holding the arena mapping, alive.
+using ReadOnlyBytes = nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>>;
+using WritableBytes = nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>;
+
+}  // namespace
+
+void BindResults(nb::module_& m) {
+  nb::class_<NamespaceHandle>(
+      m, "Namespace",
+      "A namespace this client opened (Client.open_namespace): everything that makes KV bytes "
+      "comparable, its digest and the size of one chunk payload.")
+      .def_prop_ro("id", [](const NamespaceHandle& h) { return h.id.ToHex(); },
+                   "The namespace digest (XXH3-128 of the canonical spec), 32 hex digits.")
+      .def_prop_ro("model_id", [](const NamespaceHandle& h) { return h.spec.model_id; })
+      .def_prop_ro("lora_id", [](const NamespaceHandle& h) { return h.spec.lora_id; })
+      .def_prop_ro("kv_dtype", [](const NamespaceHandle& h) { return h.spec.kv_dtype; },
+                   "kvtier's dtype name: fp16, bf16, fp32, fp8_e4m3, fp8_e5m2 or int8.")
+      .def_prop_ro("layout", [](const NamespaceHandle& h) { return h.spec.layout; },
+                   "'mha' or 'mla'.")
+      .def_prop_ro("num_layers", [](const NamespaceHandle& h) { return h.spec.num_layers; })
+      .def_prop_ro("num_kv_heads", [](const NamespaceHandle& h) { return h.spec.num_kv_heads; })
+      .def_prop_ro("head_dim", [](const NamespaceHandle& h) { return h.spec.head_dim; })
+      .def_prop_ro("latent_dim", [](const NamespaceHandle& h) { return h.spec.latent_dim; })
+      .def_prop_ro("chunk_tokens", [](const NamespaceHandle& h) { return h.spec.chunk_tokens; },
+                   "Tokens per chunk; only full chunks are stored.")
+      .def_prop_ro("tp_rank", [](const NamespaceHandle& h) { return h.spec.tp_rank; })
+      .def_prop_ro("tp_size", [](const NamespaceHandle& h) { return h.spec.tp_size; })
+      .def_prop_ro("cache_salt", [](const NamespaceHandle& h) { return h.spec.cache_salt; })
+      .def_prop_ro("payload_bytes",
+                   [](const NamespaceHandle& h) { return h.layout.payload_bytes; },
+                   "Bytes of one chunk payload: layer-major [num_layers][K,V][chunk_tokens]"
+                   "[num_kv_heads][head_dim] (MLA: [num_layers][chunk_tokens][latent_dim]).")
+      .def_prop_ro("layer_bytes", [](const NamespaceHandle& h) { return h.spec.LayerBytes(); },
+                   "Bytes of one layer of one chunk payload (a contiguous range of it).")
+      .def("__repr__", [](const NamespaceHandle& h) {
+        return "kvtier.Namespace(" + h.spec.CanonicalString() + ")";
+      });
+
+  nb::class_<LookupResult>(m, "LookupResult", "What Client.lookup found.")
+      .def_ro("cached_tokens", &LookupResult::cached_tokens,
+              "Leading tokens cached: num_chunks * chunk_tokens.")
+      .def_ro("num_chunks", &LookupResult::num_chunks, "Leading full chunks cached.")
+      .def_prop_ro("fail_open", [](const LookupResult& r) { return FailOpenOf(r.fail_open); },
+                   "None, or why the cache failed open (reported a miss): 'CODE: message'.");
+
+  nb::class_<LoadResult>(m, "LoadResult", "What Client.load copied.")
+      .def_ro("loaded_tokens", &LoadResult::loaded_tokens,
+              "Tokens whose KV was copied: num_chunks * chunk_tokens.")
+      .def_ro("num_chunks", &LoadResult::num_chunks,
+              "Chunks copied; only out[0 : num_chunks * payload_bytes] is valid.")
+      .def_ro("nvme_chunks", &LoadResult::nvme_chunks,
+              "Of num_chunks, the trailing ones the daemon promoted from NVMe.")
+      .def_ro("prefetched_chunks", &LoadResult::prefetched_chunks,
+              "Of num_chunks, those a prefetch promoted from NVMe in time.")
+      .def_prop_ro("lookup_us",
+                   [](const LoadResult& r) { return static_cast<int64_t>(r.lookup_time.count()); },
+                   "Microseconds of the Lookup-with-lease RPC.")
+      .def_prop_ro("fail_open", [](const LoadResult& r) { return FailOpenOf(r.fail_open); },
+                   "None, or why the cache failed open (a miss): 'CODE: message'.");
+
+  nb::class_<StoreResult>(m, "StoreResult", "What Client.store (or a commit) stored.")
+      .def_ro("stored_chunks", &StoreResult::stored_chunks, "Chunks written and committed now.")
+      .def_ro("already_stored_chunks", &StoreResult::already_stored_chunks,
+              "Chunks cached before, or being written by another client.")
+      .def_ro("dropped_chunks", &StoreResult::dropped_chunks,
+              "Chunks not stored: no space, or their parent was evicted meanwhile.")
+      .def_ro("stored_bytes", &StoreResult::stored_bytes, "Payload bytes written.")
+      .def_prop_ro("fail_open", [](const StoreResult& r) { return FailOpenOf(r.fail_open); },
+                   "None, or why the write was dropped: 'CODE: message'.");
+
+  nb::class_<PrefetchTicket>(
+      m, "PrefetchTicket",
+      "A prefetch in progress (Client.prefetch); hand it to load/acquire of the same tokens on "
+      "the same client. Tied to its session: after a reconnect it is ignored.")
+      .def_ro("id", &PrefetchTicket::id, "0 when nothing is cached or the call failed open.")
+      .def_ro("total_chunks", &PrefetchTicket::total_chunks,
+              "Chunks of the cached prefix: those in DRAM, then those on NVMe.")
+      .def_ro("nvme_chunks", &PrefetchTicket::nvme_chunks,
+              "Of total_chunks, those being promoted from NVMe.")
+      .def_ro("ready_chunks", &PrefetchTicket::ready_chunks, "Chunks in DRAM at the call.")
+      .def_prop_ro("policy", [](const PrefetchTicket& t) { return PrefetchPolicyName(t.options.policy); })
+      .def_prop_ro("fail_open", [](const PrefetchTicket& t) { return FailOpenOf(t.fail_open); },
+                   "None, or why the cache failed open: 'CODE: message'.");
+
+  nb::class_<PrefetchProgress>(m, "PrefetchProgress", "How far a prefetch got.")
+      .def_ro("ready_chunks", &PrefetchProgress::ready_chunks,
+              "Leading chunks in DRAM, held for the load.")
+      .def_ro("total_chunks", &PrefetchProgress::total_chunks)
+      .def_ro("hbm_chunks", &PrefetchProgress::hbm_chunks,
+              "Leading chunks also in HBM (prefetch with to_hbm).")
+      .def_ro("hbm_done", &PrefetchProgress::hbm_done, "to_hbm: no more will go into HBM.")
+      .def_ro("done", &PrefetchProgress::done, "No more chunks will become ready.")
+      .def_prop_ro("fail_open",
+                   [](const PrefetchProgress& p) { return FailOpenOf(p.fail_open); },
+                   "None, or why: the ticket is gone or the daemon did not answer.");
+
+  auto lease = nb::class_<ChunkLease>(
+      m, "ChunkLease",
+      "A lease on the cached prefix of a prompt (Client.acquire). The payloads stay in place "
+      "in the shared arena until release() or the end of the `with` block. After copying "
+      "them, call valid_chunks() before trusting what was copied.")
+      .def_prop_ro("num_chunks", &ChunkLease::num_chunks,
+                   "Leading chunks leased (0 on a miss or a fail-open).")
+      .def(
+          "payload",
+          [](ChunkLease& lease, size_t i) {
+            if (i >= lease.num_chunks()) {
+              throw StatusError(Status::InvalidArgument(
+                  "chunk " + std::to_string(i) + " is not leased (num_chunks " +
+                  std::to_string(lease.num_chunks()) + ")"));
+            }
+            std::span<const std::byte> p = lease.payload(i);
+            size_t shape[1] = {p.size()};
+            return ReadOnlyBytes(reinterpret_cast<const uint8_t*>(p.data()), 1, shape,
+                                 nb::find(&lease));
+          },
+          nb::arg("i"),
+          "Chunk i's payload (payload_bytes, uint8) where it lies in the shared arena, "
+          "without a copy. Valid while the lease is held; do not write to it.\n\n"
+          "Raises InvalidArgument when i >= num_chunks.")
+      .def("valid_chunks", &ChunkLease::ValidChunks, nb::call_guard<nb::gil_scoped_release>(),
+           "After copying: how many leading chunks still hold what they held when leased "
+           "(a lease that lapsed past its TTL shortens the prefix).")
+      .def("release", &ChunkLease::Release, nb::call_guard<nb::gil_scoped_release>(),
+           "Ends the lease (in the background). Idempotent.")
+      .def_ro("nvme_chunks", &ChunkLease::nvme_chunks,
+              "Of num_chunks, the trailing ones promoted from NVMe.")
+      .def_ro("prefetched_chunks", &ChunkLease::prefetched_chunks)
+      .def_ro("hbm_chunks", &ChunkLease::hbm_chunks)
+      .def_prop_ro("fail_open", [](const ChunkLease& l) { return FailOpenOf(l.fail_open); },
+                   "None, or why the cache failed open (a miss): 'CODE: message'.");
+
+  DefContextManager(lease, [](ChunkLease& l) { l.Release(); });
+
+  auto reservation = nb::class_<ChunkReservation>(
+      m, "ChunkReservation",
+      "Arena slots reserved for the chunks of a prompt not yet stored (Client.reserve). Write "
+      "every payload(k), then commit(); leaving the `with` block without commit() aborts, and "
+      "nothing half-written ever becomes visible.")
+      .def("__len__", &ChunkReservation::size, "Chunks to write.")
+      .def("chunk_index", &ChunkReservation::chunk_index, nb::arg("k"),
+           "Index of reserved chunk k among the prompt's full chunks.")
+      .def(
+          "payload",
+          [](ChunkReservation& r, size_t k) {
+            if (k >= r.size()) {
+              throw StatusError(Status::InvalidArgument(
+                  "reserved chunk " + std::to_string(k) + " does not exist (size " +
+                  std::to_string(r.size()) + ")"));
+            }
+            std::span<std::byte> p = r.payload(k);
+            size_t shape[1] = {p.size()};
+            return WritableBytes(reinterpret_cast<uint8_t*>(p.data()), 1, shape, nb::find(&r));
+          },
+          nb::arg("k"),
+          "Where to write reserved chunk k: a writable uint8 array of payload_bytes in the "
+          "shared arena. Raises InvalidArgument when k >= len(self).")
+      .def(
+          "commit",
+          [](ChunkReservation& r) {
+            nb::gil_scoped_release release;
+            return ValueOrThrow(r.Commit());
+          },
+          "Makes the written chunks visible. Raises FailedPrecondition when already committed "
+          "or aborted; daemon trouble is a fail_open in the result.")
+      .def("abort", &ChunkReservation::Abort, nb::call_guard<nb::gil_scoped_release>(),
+           "Drops the reservation. Idempotent.")
+      .def_ro("already_stored_chunks", &ChunkReservation::already_stored_chunks)
+      .def_ro("dropped_chunks", &ChunkReservation::dropped_chunks)
+      .def_prop_ro("fail_open",
+                   [](const ChunkReservation& r) { return FailOpenOf(r.fail_open); });
+  DefContextManager(reservation, [](ChunkReservation& r) { r.Abort(); });
+}
+
+}  // namespace kvtier::python

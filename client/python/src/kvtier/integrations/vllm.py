@@ -1,0 +1,517 @@
+"""kvtier as a vLLM KV connector (``KVConnectorBase_V1``, vLLM 0.33).
+
+Enable it with::
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvtierConnector",
+        "kv_connector_module_path": "kvtier.integrations.vllm", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"socket": "/run/user/1000/kvtier/kvtierd.sock"}}'
+
+``kv_connector_extra_config`` keys (all optional):
+
+- ``socket``: kvtierd's socket. Default: ``${XDG_RUNTIME_DIR:-/tmp}/kvtier/kvtierd.sock``.
+- ``deadline_ms``: deadline of each call to the daemon; past it the cache fails open (a
+  miss, recomputed). Default: 100.
+- ``chunk_tokens``: tokens per kvtier chunk; a multiple of vLLM's block size. Default: 256.
+- ``model_id``: the model name in the namespace; engines share KV only when it matches.
+  Default: ``--model`` as given to vLLM.
+- ``prefetch_deadline_ms``: how long the daemon holds a queued request's prefetched prefix
+  in DRAM. Default: 2000.
+- ``gpu_backend``: ``"cuda"``, ``"host"`` (emulation: CPU tensors) or ``"auto"`` (by the
+  device of the KV cache tensors). Default: ``"auto"``.
+
+What runs where (the scheduler and each worker have their own ``kvtier.Client``):
+
+- scheduler, ``get_num_new_matched_tokens``: on a request's first call a prefetch (the
+  daemon promotes its NVMe chunks into DRAM while the request waits); the hit is the cached
+  prefix, capped so that at least one prompt token is computed, aligned to vLLM's block
+  size. Loads are synchronous within the forward pass (``False``): they run layer by layer.
+- worker, ``start_load_kv``: a ``LayerwiseLoader`` per request leases the whole prefix and
+  queues every layer's copies on a load stream; ``wait_for_layer_load`` makes the compute
+  stream wait for that layer (no host sync on CUDA).
+- worker, ``save_kv_layer``: a ``LayerwiseStorer`` per request copies each layer out as
+  attention writes it; only the prompt's full chunks whose KV this step computed (chunked
+  prefill stores a prompt over several steps); ``wait_for_save`` commits.
+- ``get_block_ids_with_load_errors``: blocks whose copy failed, whose lease lapsed, or that
+  the daemon no longer had when the worker loaded (the prefix shrank after the scheduler
+  counted it). vLLM recomputes them.
+
+KV layouts: vLLM's standardized per-layer view ``[num_blocks, num_kv_heads, block_size,
+2 * head_size]`` of every MHA backend (flash-attn, flashinfer, triton, CPU), in any
+physical order (NHD, HND, cross-layer), read from the tensors' strides; MLA
+``[num_blocks, 1, block_size, latent_dim]`` (or 3-D). Older 5-D flash-attn and flashinfer
+tensors are recognised too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.logger import init_logger
+from vllm.model_executor.models.utils import extract_layer_index
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+import kvtier
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = init_logger(__name__)
+
+__all__ = ["KvtierConnector", "KvtierConnectorMetadata", "KvtierConnectorStats"]
+
+
+@dataclass
+class _Settings:
+    socket: str = ""
+    deadline_ms: int = 100
+    chunk_tokens: int = 256
+    model_id: str = ""
+    prefetch_deadline_ms: int = 2000
+    gpu_backend: str = "auto"
+
+    @classmethod
+    def parse(cls, extra: dict[str, Any], default_model: str) -> "_Settings":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(extra) - known)
+        if unknown:
+            raise ValueError(f"kvtier: unknown kv_connector_extra_config keys {unknown}; "
+                             f"known: {sorted(known)}")
+        s = cls(**{k: v for k, v in extra.items() if k in known})
+        for name in ("deadline_ms", "chunk_tokens", "prefetch_deadline_ms"):
+            value = getattr(s, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"kvtier: {name} must be a positive integer, not {value!r}")
+        if s.gpu_backend not in ("auto", "cuda", "host"):
+            raise ValueError(f"kvtier: gpu_backend must be auto, cuda or host, "
+                             f"not {s.gpu_backend!r}")
+        s.model_id = s.model_id or default_model
+        return s
+
+
+@dataclass
+class _LoadSpec:
+    req_id: str
+    token_ids: list[int]
+    block_ids: list[int]
+    engine_tokens: int    # the engine's own prefix-cache hit (already in its blocks)
+    promised_tokens: int  # engine_tokens + what get_num_new_matched_tokens promised
+    cache_salt: Optional[str]
+    lora_name: Optional[str]
+
+
+@dataclass
+class _SaveSpec:
+    req_id: str
+    token_ids: list[int]  # the prompt through the last full chunk this step computed
+    block_ids: list[int]
+    first_chunk: int      # chunks before it were saved by earlier steps
+    cache_salt: Optional[str]
+    lora_name: Optional[str]
+
+
+@dataclass
+class KvtierConnectorMetadata(KVConnectorMetadata):
+    """What the scheduler tells the workers each step: the loads and saves to run."""
+
+    loads: list[_LoadSpec] = field(default_factory=list)
+    saves: list[_SaveSpec] = field(default_factory=list)
+
+
+_STAT_KEYS = ("loaded_tokens", "load_error_blocks", "stored_tokens", "already_stored_tokens",
+              "dropped_chunks", "fail_open_calls")
+
+
+@dataclass
+class KvtierConnectorStats(KVConnectorStats):
+    """Worker-side counters of one logging interval, summed over workers."""
+
+    def __post_init__(self) -> None:
+        for key in _STAT_KEYS:
+            self.data.setdefault(key, 0)
+
+    def reset(self) -> None:
+        self.data = {key: 0 for key in _STAT_KEYS}
+
+    def aggregate(self, other: KVConnectorStats) -> "KvtierConnectorStats":
+        for key in _STAT_KEYS:
+            self.data[key] += int(other.data.get(key, 0))
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {f"kvtier_{key}": int(self.data[key]) for key in _STAT_KEYS}
+
+    def is_empty(self) -> bool:
+        return not any(self.data[key] for key in _STAT_KEYS)
+
+
+@dataclass
+class _Tracker:
+    """Scheduler-side state of one running request."""
+
+    token_ids: list[int]
+    block_ids: list[int]
+    saved_chunks: int
+    cache_salt: Optional[str]
+    lora_name: Optional[str]
+
+
+def _namespace_spec(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
+                    settings: _Settings, tp_rank: int) -> dict[str, Any]:
+    """The open_namespace arguments (less salt and LoRA) from vLLM's KV cache config."""
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        raise ValueError(f"kvtier: {len(groups)} KV cache groups (a hybrid model); kvtier "
+                         "stores models with one attention group only")
+    spec = groups[0].kv_cache_spec
+    if not isinstance(spec, FullAttentionSpec):
+        raise ValueError(f"kvtier: unsupported KV cache spec {type(spec).__name__}")
+    block_size = vllm_config.cache_config.block_size
+    if settings.chunk_tokens % block_size != 0:
+        raise ValueError(f"kvtier: chunk_tokens {settings.chunk_tokens} is not a multiple of "
+                         f"vLLM's block size {block_size}")
+    cache_dtype = str(vllm_config.cache_config.cache_dtype)
+    kv_dtype: Any = cache_dtype if cache_dtype.startswith("fp8") else spec.dtype
+    args: dict[str, Any] = dict(model_id=settings.model_id,
+                                num_layers=len(groups[0].layer_names), kv_dtype=kv_dtype,
+                                chunk_tokens=settings.chunk_tokens)
+    if isinstance(spec, MLAAttentionSpec):
+        args.update(layout="mla", latent_dim=spec.head_size)
+    else:
+        if spec.head_size_v not in (None, spec.head_size):
+            raise ValueError("kvtier: K and V head sizes differ; not supported")
+        tp_size = vllm_config.parallel_config.tensor_parallel_size
+        args.update(layout="mha", num_kv_heads=spec.num_kv_heads, head_dim=spec.head_size,
+                    tp_rank=tp_rank, tp_size=tp_size)
+    return args
+
+
+def _paged_cache(tensors: list[torch.Tensor], head_size: int, mla: bool) -> kvtier.PagedKvCache:
+    """kvtier's view of vLLM's per-layer KV cache tensors (see the module docstring)."""
+    t = tensors[0]
+    if mla:
+        if t.dim() == 4 and t.shape[1] == 1:
+            return kvtier.PagedKvCache("mla", [x[:, 0] for x in tensors])
+        if t.dim() == 3:
+            return kvtier.PagedKvCache("mla", tensors)
+    elif t.dim() == 4 and t.shape[3] == 2 * head_size:
+        return kvtier.PagedKvCache("vllm_bhnc", tensors)
+    elif t.dim() == 5 and t.shape[0] == 2:
+        return kvtier.PagedKvCache("vllm_flash_attn", tensors)
+    elif t.dim() == 5 and t.shape[1] == 2:
+        return kvtier.PagedKvCache("vllm_flashinfer", tensors)
+    raise ValueError(f"kvtier: unrecognised KV cache tensor shape {tuple(t.shape)} "
+                     f"(mla={mla}, head_size={head_size})")
+
+
+class KvtierConnector(KVConnectorBase_V1):
+    """Loads and stores vLLM's KV cache through kvtierd (see the module docstring)."""
+
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: "KVCacheConfig") -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        model = vllm_config.model_config.model if vllm_config.model_config else ""
+        self._settings = _Settings.parse(dict(extra), model)
+        self._block_size = vllm_config.cache_config.block_size
+        self._chunk = self._settings.chunk_tokens
+        tp_rank = 0
+        if role == KVConnectorRole.WORKER and vllm_config.parallel_config.tensor_parallel_size > 1:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+            tp_rank = get_tensor_model_parallel_rank()
+        self._spec = _namespace_spec(vllm_config, kv_cache_config, self._settings, tp_rank)
+        self._client = kvtier.Client.connect(
+            socket=self._settings.socket, deadline_ms=self._settings.deadline_ms,
+            client_name=f"vllm-{role.name.lower()}-tp{tp_rank}")
+        self._namespaces: dict[tuple[str, str], kvtier.Namespace] = {}
+        # Scheduler side.
+        self._tickets: dict[str, kvtier.PrefetchTicket] = {}
+        self._engine_tokens: dict[str, int] = {}
+        self._pending_loads: dict[str, tuple[int, int]] = {}
+        self._request_keys: dict[str, tuple[Optional[str], Optional[str]]] = {}
+        self._trackers: dict[str, _Tracker] = {}
+        # Worker side.
+        self._runtime: Optional[kvtier.Runtime] = None
+        self._arena: Optional[kvtier.GpuArena] = None
+        self._cache: Optional[kvtier.PagedKvCache] = None
+        self._layer_index: dict[str, int] = {}
+        self._load_stream: Optional[kvtier.Stream] = None
+        self._store_stream: Optional[kvtier.Stream] = None
+        self._host_compute_stream: Optional[kvtier.Stream] = None
+        self._wrapped_streams: dict[int, kvtier.Stream] = {}
+        self._loaders: list[kvtier.LayerwiseLoader] = []
+        self._storers: Optional[list[tuple[_SaveSpec, kvtier.LayerwiseStorer]]] = None
+        self._load_errors: set[int] = set()
+        self._stats = KvtierConnectorStats()
+        logger.info("kvtier connector (%s) on %s: %s", role.name.lower(),
+                    self._settings.socket or "the default socket", self._spec)
+
+    # ---------------------------------------------------------------- shared
+
+    def _namespace(self, cache_salt: Optional[str], lora_name: Optional[str]) -> kvtier.Namespace:
+        key = (cache_salt or "", lora_name or "")
+        ns = self._namespaces.get(key)
+        if ns is None:
+            ns = self._client.open_namespace(**self._spec, cache_salt=key[0], lora_id=key[1])
+            self._namespaces[key] = ns
+        return ns
+
+    @staticmethod
+    def _lora_name(request: "Request") -> Optional[str]:
+        lora = getattr(request, "lora_request", None)
+        return getattr(lora, "lora_name", None) if lora is not None else None
+
+    def shutdown(self) -> None:
+        self._client.close()
+
+    # ------------------------------------------------------------- scheduler
+
+    def get_num_new_matched_tokens(self, request: "Request",
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+        tokens = request.prompt_token_ids or []
+        rid = request.request_id
+        self._request_keys[rid] = (request.cache_salt, self._lora_name(request))
+        ns = self._namespace(*self._request_keys[rid])
+        if rid not in self._tickets:
+            ticket = self._client.prefetch(ns, tokens,
+                                           deadline_ms=self._settings.prefetch_deadline_ms)
+            if ticket.fail_open is not None:
+                logger.debug("kvtier prefetch failed open: %s", ticket.fail_open)
+            self._tickets[rid] = ticket
+            cached = ticket.total_chunks * self._chunk
+        else:
+            cached = self._client.lookup(ns, tokens).cached_tokens
+        limit = (max(len(tokens) - 1, 0) // self._block_size) * self._block_size
+        external = max(0, min(cached, limit) - num_computed_tokens)
+        self._engine_tokens[rid] = num_computed_tokens
+        return external, False
+
+    def get_external_cache_hit_sources(self, request: "Request",
+                                       num_external_tokens: int) -> dict[CacheHitSource, int]:
+        if num_external_tokens == 0:
+            return {}
+        ticket = self._tickets.get(request.request_id)
+        if ticket is None:
+            return {CacheHitSource.HOST: num_external_tokens}
+        # The prefix's DRAM chunks come first, then its NVMe chunks.
+        dram_end = (ticket.total_chunks - ticket.nvme_chunks) * self._chunk
+        start = self._engine_tokens.get(request.request_id, 0)
+        end = start + num_external_tokens
+        disk = max(0, end - max(dram_end, start))
+        sources = {CacheHitSource.HOST: num_external_tokens - disk, CacheHitSource.DISK: disk}
+        return {k: v for k, v in sources.items() if v > 0}
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
+                                 num_external_tokens: int) -> None:
+        if num_external_tokens > 0:
+            engine = self._engine_tokens.get(request.request_id, 0)
+            self._pending_loads[request.request_id] = (engine, engine + num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        meta = KvtierConnectorMetadata()
+        scheduled = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            rid = new.req_id
+            salt, lora = self._request_keys.get(rid, (None, None))
+            tracker = _Tracker(list(new.prompt_token_ids or []), list(new.block_ids[0]), 0,
+                               salt, lora)
+            self._trackers[rid] = tracker
+            self._add_load(meta, rid, tracker)
+            self._add_save(meta, rid, tracker, new.num_computed_tokens + scheduled.get(rid, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            tracker = self._trackers.get(rid)
+            if tracker is None:
+                continue
+            new_blocks = cached.new_block_ids[i]
+            if rid in cached.resumed_req_ids:
+                tracker.block_ids = list(new_blocks[0]) if new_blocks else []
+            elif new_blocks:
+                tracker.block_ids.extend(new_blocks[0])
+            self._add_load(meta, rid, tracker)
+            self._add_save(meta, rid, tracker, cached.num_computed_tokens[i] + scheduled.get(rid, 0))
+        for rid in scheduler_output.finished_req_ids:
+            self._forget(rid)
+        self._pending_loads.clear()
+        return meta
+
+    def _add_load(self, meta: KvtierConnectorMetadata, rid: str, tracker: _Tracker) -> None:
+        plan = self._pending_loads.pop(rid, None)
+        if plan is not None:
+            meta.loads.append(_LoadSpec(rid, tracker.token_ids, list(tracker.block_ids), plan[0],
+                                        plan[1], tracker.cache_salt, tracker.lora_name))
+
+    def _add_save(self, meta: KvtierConnectorMetadata, rid: str, tracker: _Tracker,
+                  computed_tokens: int) -> None:
+        full_chunks = min(computed_tokens, len(tracker.token_ids)) // self._chunk
+        if full_chunks > tracker.saved_chunks:
+            meta.saves.append(_SaveSpec(rid, tracker.token_ids[:full_chunks * self._chunk],
+                                        list(tracker.block_ids), tracker.saved_chunks,
+                                        tracker.cache_salt, tracker.lora_name))
+            tracker.saved_chunks = full_chunks
+
+    def _forget(self, rid: str) -> None:
+        self._tickets.pop(rid, None)
+        self._engine_tokens.pop(rid, None)
+        self._pending_loads.pop(rid, None)
+        self._request_keys.pop(rid, None)
+        self._trackers.pop(rid, None)
+
+    def request_finished(self, request: "Request",
+                         block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._forget(request.request_id)
+        return False, None  # saves complete within their step: the blocks can be freed
+
+    # ---------------------------------------------------------------- worker
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        names = sorted(kv_caches, key=extract_layer_index)
+        if len(names) != self._spec["num_layers"]:
+            raise ValueError(f"kvtier: {len(names)} KV cache tensors registered, the KV cache "
+                             f"config has {self._spec['num_layers']} layers")
+        tensors = [kv_caches[n] for n in names]
+        mla = self._spec["layout"] == "mla"
+        head = self._spec["latent_dim"] if mla else self._spec["head_dim"]
+        backend = self._settings.gpu_backend
+        if backend == "auto":
+            backend = "cuda" if tensors[0].is_cuda else "host"
+        self._runtime = (kvtier.Runtime.cuda(tensors[0].device.index or 0)
+                         if backend == "cuda" else kvtier.Runtime.host())
+        self._arena = kvtier.GpuArena(self._runtime)
+        self._cache = _paged_cache(tensors, head, mla)
+        self._layer_index = {n: i for i, n in enumerate(names)}
+        self._load_stream = self._runtime.create_stream()
+        self._store_stream = self._runtime.create_stream()
+        if backend == "host":
+            self._host_compute_stream = self._runtime.create_stream()
+        logger.info("kvtier: %d layers of %s registered on %s", len(names),
+                    tuple(tensors[0].shape), self._runtime.name)
+
+    def _compute_stream(self) -> kvtier.Stream:
+        if self._host_compute_stream is not None:
+            return self._host_compute_stream
+        assert self._runtime is not None
+        handle = torch.cuda.current_stream().cuda_stream
+        stream = self._wrapped_streams.get(handle)
+        if stream is None:
+            stream = self._runtime.wrap_stream(handle)
+            self._wrapped_streams[handle] = stream
+        return stream
+
+    def _block_range(self, block_ids: list[int], first_token: int, end_token: int) -> set[int]:
+        first = first_token // self._block_size
+        end = math.ceil(end_token / self._block_size)
+        return set(block_ids[first:end])
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvtierConnectorMetadata)
+        for spec in meta.loads:
+            assert self._arena is not None and self._cache is not None
+            assert self._runtime is not None and self._load_stream is not None
+            ns = self._namespace(spec.cache_salt, spec.lora_name)
+            loader = kvtier.LayerwiseLoader(self._client, ns, self._arena, self._cache,
+                                            self._runtime)
+            try:
+                delivered = loader.start_load(spec.token_ids, spec.block_ids, self._load_stream,
+                                              first_chunk=spec.engine_tokens // self._chunk)
+            except kvtier.Error as e:
+                logger.warning("kvtier: load of request %s failed (%s); recomputing it",
+                               spec.req_id, e)
+                delivered = 0
+            else:
+                self._loaders.append(loader)
+            if delivered < spec.promised_tokens:
+                # The prefix shrank since the scheduler counted it: recompute the rest.
+                lost = self._block_range(spec.block_ids, max(delivered, spec.engine_tokens),
+                                         spec.promised_tokens)
+                self._load_errors |= lost
+                self._stats.data["load_error_blocks"] += len(lost)
+            self._stats.data["loaded_tokens"] += max(
+                0, min(delivered, spec.promised_tokens) - spec.engine_tokens)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if not self._loaders:
+            return
+        layer = self._layer_index[layer_name]
+        stream = self._compute_stream()
+        for loader in self._loaders:
+            loader.wait_layer(layer, stream)
+        if self._host_compute_stream is not None:
+            assert self._runtime is not None
+            self._runtime.synchronize(stream)  # CPU compute: the host waits
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
+                      attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvtierConnectorMetadata)
+        if self._storers is None:
+            self._storers = []
+            for spec in meta.saves:
+                self._start_save(spec)
+        layer = self._layer_index[layer_name]
+        stream = self._compute_stream()
+        for _, storer in self._storers:
+            storer.layer_done(layer, stream)
+
+    def _start_save(self, spec: _SaveSpec) -> None:
+        assert self._storers is not None and self._arena is not None
+        assert self._cache is not None and self._runtime is not None
+        assert self._store_stream is not None
+        ns = self._namespace(spec.cache_salt, spec.lora_name)
+        storer = kvtier.LayerwiseStorer(self._client, ns, self._arena, self._cache, self._runtime)
+        try:
+            if storer.start(spec.token_ids, spec.block_ids, self._store_stream,
+                            first_chunk=spec.first_chunk) > 0:
+                self._storers.append((spec, storer))
+        except kvtier.Error as e:
+            logger.warning("kvtier: save of request %s failed (%s)", spec.req_id, e)
+
+    def wait_for_save(self) -> None:
+        for loader in self._loaders:
+            failed = loader.finish()
+            self._load_errors.update(failed)
+            self._stats.data["load_error_blocks"] += len(failed)
+        self._loaders = []
+        for _, storer in self._storers or []:
+            result = storer.finish()
+            self._stats.data["stored_tokens"] += result.stored_chunks * self._chunk
+            self._stats.data["already_stored_tokens"] += (
+                result.already_stored_chunks * self._chunk)
+            self._stats.data["dropped_chunks"] += result.dropped_chunks
+            if result.fail_open is not None:
+                self._stats.data["fail_open_calls"] += 1
+        self._storers = None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def get_kv_connector_stats(self) -> Optional[KVConnectorStats]:
+        if self._stats.is_empty():
+            return None
+        stats, self._stats = self._stats, KvtierConnectorStats()
+        return stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
+                                 ) -> Optional[KVConnectorStats]:
+        return KvtierConnectorStats(data=dict(data or {}))

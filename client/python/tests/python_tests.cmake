@@ -1,0 +1,24 @@
+# CTest entries for the Python package (included by client/python/CMakeLists.txt in the main
+# build). Each runs pytest in one of the project's venvs against build/python and real kvtierd
+# processes; a missing venv fails the test (run tools/install-python-envs.sh), it never skips.
+set(_kvtier_py_env
+  "PYTHONPATH=${CMAKE_BINARY_DIR}/python"
+  "KVTIER_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+  "PYTHONDONTWRITEBYTECODE=1")
+set(_kvtier_py_tests ${CMAKE_CURRENT_SOURCE_DIR}/tests)
+
+# The SDK binding (no engine): numpy arrays and bytearrays, the host-emulation GPU backend.
+add_test(NAME python_sdk
+  COMMAND ${KVTIER_VENV_ROOT}/base/bin/python -m pytest -q -p no:cacheprovider
+          ${_kvtier_py_tests}/test_client.py ${_kvtier_py_tests}/test_layerwise.py)
+# The package's types: the generated stubs, errors.py and __init__.py under mypy --strict.
+add_test(NAME python_typing
+  COMMAND ${KVTIER_VENV_ROOT}/base/bin/python -m mypy --strict --no-incremental
+          -p kvtier --exclude kvtier/integrations)
+set_tests_properties(python_typing PROPERTIES WORKING_DIRECTORY ${CMAKE_BINARY_DIR}/python)
+# The vLLM connector against the real vllm package (its own venv).
+add_test(NAME python_vllm
+  COMMAND ${KVTIER_VENV_ROOT}/vllm/bin/python -m pytest -q -p no:cacheprovider
+          ${_kvtier_py_tests}/vllm)
+set_tests_properties(python_sdk python_typing python_vllm PROPERTIES
+  LABELS integration ENVIRONMENT "${_kvtier_py_env}" TIMEOUT 900)

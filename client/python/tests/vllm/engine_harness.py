@@ -1,0 +1,211 @@
+"""A vLLM engine without a GPU or a model: vLLM's real Scheduler with the kvtier connector it
+builds from KVTransferConfig, and a worker-side connector driven as vLLM's model runner
+drives it, over CPU KV cache tensors allocated by vLLM's own allocate_kv_cache.
+
+The "model" writes, for every token it computes, KV values that are a function of the token
+id, its position and the layer (fake_kv), so a test can tell bit for bit whether a block holds
+what this engine computed, what another engine stored, or nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
+                         SchedulerConfig, VllmConfig)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                        KVCacheTensor)
+from vllm.v1.kv_cache_layout import KVCacheLayout
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+from vllm.v1.worker.utils import allocate_kv_cache
+
+from kvtier.integrations.vllm import KvtierConnector
+
+LAYERS, KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 2, 2, 16, 16
+LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+
+init_none_hash(sha256)
+
+
+def write_tiny_model(directory: Path) -> str:
+    """A Llama config small enough for ModelConfig (no weights are ever loaded)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": KV_HEADS,
+        "num_hidden_layers": LAYERS, "vocab_size": 32000, "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5, "torch_dtype": "float16", "head_dim": HEAD_SIZE}))
+    return str(directory)
+
+
+def fake_kv(layer: int, position: int, token: int) -> torch.Tensor:
+    """[KV_HEADS, 2 * HEAD_SIZE] fp16 values, exact in fp16 (multiples of 1/8 below 128)."""
+    base = (token * 31 + position * 7 + layer * 3) % 997
+    idx = torch.arange(KV_HEADS * 2 * HEAD_SIZE, dtype=torch.int64).reshape(KV_HEADS, -1)
+    return (((base + idx * 5) % 1000).to(torch.float32) / 8).to(torch.float16)
+
+
+@dataclass
+class StepResult:
+    output: SchedulerOutput
+    computed: dict[str, tuple[int, int]]  # req_id -> [first, end) token positions computed
+    load_errors: set[int]
+
+
+@dataclass
+class _Running:
+    tokens: list[int]
+    block_ids: list[int] = field(default_factory=list)
+
+
+class Engine:
+    """One engine: a scheduler-side and a worker-side connector on one kvtierd."""
+
+    def __init__(self, model_dir: str, socket: str, *, num_blocks: int = 128,
+                 chunk_tokens: int = 32, max_batched_tokens: int = 4096,
+                 layout: KVCacheLayout = KVCacheLayout.LBHNC,
+                 extra: Optional[dict[str, Any]] = None,
+                 failure_policy: str = "recompute") -> None:
+        model = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16",
+                            max_model_len=4096)
+        cache = CacheConfig(block_size=BLOCK_SIZE)
+        cache.num_gpu_blocks = num_blocks
+        sched = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_batched_tokens,
+                                max_model_len=4096, enable_chunked_prefill=True,
+                                is_encoder_decoder=False)
+        config = {"socket": socket, "chunk_tokens": chunk_tokens, "deadline_ms": 2000,
+                  "gpu_backend": "host"}
+        config.update(extra or {})
+        kv = KVTransferConfig(kv_connector="KvtierConnector",
+                              kv_connector_module_path="kvtier.integrations.vllm",
+                              kv_role="kv_both", kv_connector_extra_config=config,
+                              kv_load_failure_policy=failure_policy)
+        self.vllm_config = VllmConfig(model_config=model, cache_config=cache,
+                                      scheduler_config=sched,
+                                      device_config=DeviceConfig(device="cpu"),
+                                      kv_transfer_config=kv)
+        spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=KV_HEADS,
+                                 head_size=HEAD_SIZE, dtype=torch.float16)
+        page = spec.page_size_bytes
+        if layout.is_layer_compact:
+            tensor = KVCacheTensor(size=page * num_blocks * LAYERS, layers=LAYER_NAMES,
+                                   layer_stride=page * num_blocks, block_stride=page)
+        else:  # block-outermost: each block holds every layer's page
+            tensor = KVCacheTensor(size=page * num_blocks * LAYERS, layers=LAYER_NAMES,
+                                   layer_stride=page, block_stride=page * LAYERS)
+        self.kv_cache_config = KVCacheConfig(
+            num_blocks=num_blocks, kv_cache_tensors=[tensor],
+            kv_cache_groups=[KVCacheGroupSpec(LAYER_NAMES, spec)], kv_cache_layout=layout.name)
+        self.scheduler = Scheduler(vllm_config=self.vllm_config,
+                                   kv_cache_config=self.kv_cache_config,
+                                   structured_output_manager=StructuredOutputManager(
+                                       self.vllm_config),
+                                   block_size=BLOCK_SIZE, log_stats=True)
+        assert isinstance(self.scheduler.connector, KvtierConnector)
+        self.worker = KvtierConnector(self.vllm_config, KVConnectorRole.WORKER,
+                                      self.kv_cache_config)
+        self.kv_caches = allocate_kv_cache(self.kv_cache_config, torch.device("cpu"), layout)
+        self.worker.register_kv_caches(self.kv_caches)
+        self._running: dict[str, _Running] = {}
+        self._hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
+
+    def add(self, req_id: str, tokens: list[int], max_tokens: int = 1,
+            cache_salt: Optional[str] = None) -> Request:
+        request = Request(request_id=req_id, prompt_token_ids=list(tokens),
+                          sampling_params=SamplingParams(max_tokens=max_tokens),
+                          pooling_params=None, block_hasher=self._hasher, cache_salt=cache_salt)
+        self.scheduler.add_request(request)
+        return request
+
+    def step(self, *, kill_before_load: Optional[Any] = None) -> StepResult:
+        out = self.scheduler.schedule()
+        computed: dict[str, tuple[int, int]] = {}
+        for new in out.scheduled_new_reqs:
+            self._running[new.req_id] = _Running(list(new.prompt_token_ids or []),
+                                                 list(new.block_ids[0]))
+            first = new.num_computed_tokens
+            computed[new.req_id] = (first, first + out.num_scheduled_tokens[new.req_id])
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            run = self._running[rid]
+            if cached.new_block_ids[i]:
+                if rid in cached.resumed_req_ids:
+                    run.block_ids = list(cached.new_block_ids[i][0])
+                else:
+                    run.block_ids.extend(cached.new_block_ids[i][0])
+            first = cached.num_computed_tokens[i]
+            computed[rid] = (first, first + out.num_scheduled_tokens[rid])
+
+        meta = out.kv_connector_metadata
+        assert meta is not None
+        self.worker.bind_connector_metadata(meta)
+        if kill_before_load is not None:
+            kill_before_load()
+        self.worker.start_load_kv(None)  # type: ignore[arg-type]
+        for layer, name in enumerate(LAYER_NAMES):
+            self.worker.wait_for_layer_load(name)
+            for rid, (first, end) in computed.items():
+                self._write_kv(layer, rid, first, end)
+            self.worker.save_kv_layer(name, self.kv_caches[name], None)  # type: ignore[arg-type]
+        self.worker.wait_for_save()
+        errors = self.worker.get_block_ids_with_load_errors()
+        stats = self.worker.get_kv_connector_stats()
+        self.worker.clear_connector_metadata()
+
+        req_ids = list(computed)
+        sampled = []
+        for rid in req_ids:
+            run, end = self._running[rid], computed[rid][1]
+            sampled.append([1] if end >= len(run.tokens) else [])  # a token once prefilled
+        mro = ModelRunnerOutput(req_ids=req_ids,
+                                req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                sampled_token_ids=sampled,
+                                kv_connector_output=KVConnectorOutput(
+                                    invalid_block_ids=errors, kv_connector_stats=stats))
+        self.scheduler.update_from_output(out, mro)
+        for rid in out.finished_req_ids:
+            self._running.pop(rid, None)
+        return StepResult(out, computed, errors)
+
+    def _write_kv(self, layer: int, rid: str, first: int, end: int) -> None:
+        run = self._running[rid]
+        cache = self.kv_caches[LAYER_NAMES[layer]]  # [blocks, heads, block_size, 2 * head]
+        for pos in range(first, min(end, len(run.tokens))):
+            block, offset = run.block_ids[pos // BLOCK_SIZE], pos % BLOCK_SIZE
+            cache[block, :, offset, :] = fake_kv(layer, pos, run.tokens[pos])
+
+    def block_ids(self, rid: str) -> list[int]:
+        return list(self._running[rid].block_ids)
+
+    def kv_matches(self, rid: str, tokens: list[int], positions: range) -> bool:
+        """Whether every layer holds fake_kv for each position (bit for bit)."""
+        blocks = self._running[rid].block_ids
+        for layer, name in enumerate(LAYER_NAMES):
+            cache = self.kv_caches[name]
+            for pos in positions:
+                got = cache[blocks[pos // BLOCK_SIZE], :, pos % BLOCK_SIZE, :]
+                if not torch.equal(got.view(torch.int16),
+                                   fake_kv(layer, pos, tokens[pos]).view(torch.int16)):
+                    return False
+        return True
+
+    def zero_cache(self) -> None:
+        for t in self.kv_caches.values():
+            t.zero_()
+
+    def close(self) -> None:
+        self.worker.shutdown()
+        assert self.scheduler.connector is not None
+        self.scheduler.connector.shutdown()

@@ -72,7 +72,8 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-logger = init_logger(__name__)
+# Under vLLM's logger, so these lines reach vLLM's log handler and level.
+logger = init_logger("vllm.kvtier_connector")
 
 __all__ = ["KvtierConnector", "KvtierConnectorMetadata", "KvtierConnectorStats"]
 

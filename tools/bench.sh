@@ -25,6 +25,11 @@ CLIENT_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold
 start_daemon dram 2GiB
 "$BIN/kvtier-bench" --socket "$WORK/dram.sock" dram
 echo
+# The same request through the Python binding (build/python) vs numpy memcpy.
+VENVS="${KVTIER_VENV_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/kvtier/venvs}"
+PYTHONPATH="$BIN/../python" "$VENVS/base/bin/python" client/python/bench/bench_python.py \
+  --socket "$WORK/dram.sock"
+echo
 "$BIN/kvtier-bench" --socket "$WORK/dram.sock" lookup
 echo
 # The same with the client process keeping freed heap memory (what kvtierd does

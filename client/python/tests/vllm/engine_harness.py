@@ -24,7 +24,7 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                        KVCacheTensor)
+                                        KVCacheTensor, MLAAttentionSpec)
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
@@ -34,6 +34,7 @@ from vllm.v1.worker.utils import allocate_kv_cache
 from kvtier.integrations.vllm import KvtierConnector
 
 LAYERS, KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 2, 2, 16, 16
+LATENT = 24  # MLA: one latent vector per token (kv_lora_rank + rope dims, scaled down)
 LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
 
 init_none_hash(sha256)
@@ -50,10 +51,12 @@ def write_tiny_model(directory: Path) -> str:
     return str(directory)
 
 
-def fake_kv(layer: int, position: int, token: int) -> torch.Tensor:
-    """[KV_HEADS, 2 * HEAD_SIZE] fp16 values, exact in fp16 (multiples of 1/8 below 128)."""
+def fake_kv(layer: int, position: int, token: int, mla: bool = False) -> torch.Tensor:
+    """[KV_HEADS, 2 * HEAD_SIZE] (MLA: [1, LATENT]) fp16 values, exact in fp16 (multiples of
+    1/8 below 128)."""
     base = (token * 31 + position * 7 + layer * 3) % 997
-    idx = torch.arange(KV_HEADS * 2 * HEAD_SIZE, dtype=torch.int64).reshape(KV_HEADS, -1)
+    shape = (1, LATENT) if mla else (KV_HEADS, 2 * HEAD_SIZE)
+    idx = torch.arange(shape[0] * shape[1], dtype=torch.int64).reshape(shape)
     return (((base + idx * 5) % 1000).to(torch.float32) / 8).to(torch.float16)
 
 
@@ -77,7 +80,8 @@ class Engine:
                  chunk_tokens: int = 32, max_batched_tokens: int = 4096,
                  layout: KVCacheLayout = KVCacheLayout.LBHNC,
                  extra: Optional[dict[str, Any]] = None,
-                 failure_policy: str = "recompute") -> None:
+                 failure_policy: str = "recompute", mla: bool = False) -> None:
+        self.mla = mla
         model = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16",
                             max_model_len=4096)
         cache = CacheConfig(block_size=BLOCK_SIZE)
@@ -96,8 +100,11 @@ class Engine:
                                       scheduler_config=sched,
                                       device_config=DeviceConfig(device="cpu"),
                                       kv_transfer_config=kv)
-        spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=KV_HEADS,
-                                 head_size=HEAD_SIZE, dtype=torch.float16)
+        spec: FullAttentionSpec = (
+            MLAAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=LATENT,
+                             dtype=torch.float16) if mla else
+            FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
+                              dtype=torch.float16))
         page = spec.page_size_bytes
         if layout.is_layer_compact:
             tensor = KVCacheTensor(size=page * num_blocks * LAYERS, layers=LAYER_NAMES,
@@ -181,10 +188,10 @@ class Engine:
 
     def _write_kv(self, layer: int, rid: str, first: int, end: int) -> None:
         run = self._running[rid]
-        cache = self.kv_caches[LAYER_NAMES[layer]]  # [blocks, heads, block_size, 2 * head]
+        cache = self.kv_caches[LAYER_NAMES[layer]]  # [blocks, heads, block_size, content]
         for pos in range(first, min(end, len(run.tokens))):
             block, offset = run.block_ids[pos // BLOCK_SIZE], pos % BLOCK_SIZE
-            cache[block, :, offset, :] = fake_kv(layer, pos, run.tokens[pos])
+            cache[block, :, offset, :] = fake_kv(layer, pos, run.tokens[pos], self.mla)
 
     def block_ids(self, rid: str) -> list[int]:
         return list(self._running[rid].block_ids)
@@ -196,8 +203,8 @@ class Engine:
             cache = self.kv_caches[name]
             for pos in positions:
                 got = cache[blocks[pos // BLOCK_SIZE], :, pos % BLOCK_SIZE, :]
-                if not torch.equal(got.view(torch.int16),
-                                   fake_kv(layer, pos, tokens[pos]).view(torch.int16)):
+                want = fake_kv(layer, pos, tokens[pos], self.mla)
+                if not torch.equal(got.view(torch.int16), want.view(torch.int16)):
                     return False
         return True
 

@@ -61,6 +61,25 @@ def test_second_engine_loads_what_the_first_stored_bit_exact(
     assert b.kv_matches("b", tokens, range(len(tokens)))  # loaded and computed, bit for bit
 
 
+def test_mla_latent_cache_round_trip(kvtierd: KvtierdProcess, model_dir: str,
+                                     engines: list[Engine]) -> None:
+    """MLAAttentionSpec: vLLM lays each layer out as [num_blocks, 1, block_size, latent]."""
+    tokens = prompt(12, 2 * CHUNK + 9)
+    a = make(engines, model_dir, kvtierd, mla=True)
+    assert a.kv_caches[next(iter(a.kv_caches))].shape[1] == 1
+    a.add("a", tokens)
+    a.step()
+    b = make(engines, model_dir, kvtierd, mla=True, layout=KVCacheLayout.BLHNC)
+    b.add("b", tokens)
+    step = b.step()
+    assert step.computed["b"] == (2 * CHUNK, len(tokens))
+    assert b.kv_matches("b", tokens, range(len(tokens)))
+    # An MHA engine of the same model never sees the MLA chunks (another namespace).
+    c = make(engines, model_dir, kvtierd)
+    c.add("c", tokens)
+    assert c.step().computed["c"] == (0, len(tokens))
+
+
 def test_partial_hit_and_a_prompt_shorter_than_a_chunk(
         kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine]) -> None:
     shared = prompt(2, 2 * CHUNK)

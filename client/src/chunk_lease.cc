@@ -62,6 +62,8 @@ const HbmPoolInfo* ChunkLease::hbm_pool() const {
   return state_ && state_->conn->hbm ? &*state_->conn->hbm : nullptr;
 }
 
+bool ChunkLease::held() const { return state_ && state_->lease_id != 0; }
+
 void ChunkLease::Release() {
   if (!state_ || state_->lease_id == 0) return;
   state_->release(state_->conn, state_->lease_id);

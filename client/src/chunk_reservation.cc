@@ -42,6 +42,10 @@ std::shared_ptr<Arena> ChunkReservation::mapping() const {
   return state_ ? state_->conn->arena : nullptr;
 }
 
+bool ChunkReservation::writable() const {
+  return state_ && state_->reservation_id != 0 && !state_->finished;
+}
+
 void ChunkReservation::Abort() {
   if (!state_ || state_->finished) return;
   state_->finished = true;
@@ -107,7 +111,7 @@ Result<ChunkReservation> Client::Reserve(const NamespaceHandle& ns, std::span<co
   for (size_t i = first_chunk; i < keys.size(); ++i) {
     auto* chunk = req.add_chunks();
     chunk->set_key(keys[i].ToBytes());
-    chunk->set_parent_key((i == 0 ? ns.id : keys[i - 1]).ToBytes());
+    chunk->set_parent_key(ns.spec.ChunkParent(ns.id, keys, i).ToBytes());
     chunk->set_tokens(PackTokens(tokens.subspan(i * ct, ct)));
   }
   v1::ReserveWriteResponse resp;

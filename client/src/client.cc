@@ -48,7 +48,7 @@ Result<NamespaceHandle> Client::OpenNamespace(const NamespaceSpec& spec) {
 
 std::vector<ChunkKey> Client::ChunkKeys(const NamespaceHandle& ns,
                                         std::span<const int32_t> tokens) {
-  return ComputeChunkKeys(ns.id, tokens, ns.spec.chunk_tokens);
+  return ns.spec.ChunkKeys(ns.id, tokens);
 }
 
 

@@ -243,9 +243,10 @@ Result<std::vector<int32_t>> LayerwiseLoader::Finish() {
     const size_t copied = lease_.num_chunks() - first_chunk_;
     const size_t per_chunk = block_ids_.size() / copied;
     const size_t bad_from = std::max(valid, first_chunk_) - first_chunk_;
-    recompute.insert(recompute.end(),
-                     block_ids_.begin() + static_cast<ptrdiff_t>(bad_from * per_chunk),
-                     block_ids_.end());
+    for (auto it = block_ids_.begin() + static_cast<ptrdiff_t>(bad_from * per_chunk);
+         it != block_ids_.end(); ++it) {
+      if (*it != gpu::kSkipBlock) recompute.push_back(*it);  // the engine's own blocks are fine
+    }
     std::sort(recompute.begin(), recompute.end());
     recompute.erase(std::unique(recompute.begin(), recompute.end()), recompute.end());
     load_.reset();

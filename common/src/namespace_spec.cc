@@ -75,6 +75,11 @@ Status NamespaceSpec::Validate() const {
   } else {
     return Status::InvalidArgument("layout '" + layout + "' is unknown (mha, mla)");
   }
+  if (engine_keyed && uint64_t{chunk_tokens} * 4 < kEngineHashBytes) {
+    return Status::InvalidArgument("chunk_tokens " + std::to_string(chunk_tokens) +
+                                   " is below 8: an engine-keyed chunk carries a 32-byte hash "
+                                   "in its token ids");
+  }
   if (PayloadBytes() > kMaxPayloadBytes) {
     return Status::InvalidArgument("chunk payload of " + std::to_string(PayloadBytes()) +
                                    " bytes exceeds 1 GiB (lower chunk_tokens)");
@@ -88,7 +93,8 @@ std::string NamespaceSpec::CanonicalString() const {
          "|kv_heads=" + std::to_string(num_kv_heads) + "|head_dim=" + std::to_string(head_dim) +
          "|latent_dim=" + std::to_string(latent_dim) +
          "|chunk_tokens=" + std::to_string(chunk_tokens) + "|tp_rank=" + std::to_string(tp_rank) +
-         "|tp_size=" + std::to_string(tp_size) + "|salt=" + cache_salt;
+         "|tp_size=" + std::to_string(tp_size) + "|salt=" + cache_salt +
+         (engine_keyed ? "|keys=engine" : "");
 }
 
 NamespaceId NamespaceSpec::Digest() const {
@@ -101,6 +107,28 @@ uint64_t NamespaceSpec::BytesPerToken() const {
   const uint64_t elem = KvDtypeBytes(kv_dtype);
   if (layout == "mla") return uint64_t{num_layers} * latent_dim * elem;
   return uint64_t{2} * num_layers * num_kv_heads * head_dim * elem;
+}
+
+std::vector<ChunkKey> NamespaceSpec::ChunkKeys(const NamespaceId& ns,
+                                               std::span<const int32_t> tokens) const {
+  if (!engine_keyed) return ComputeChunkKeys(ns, tokens, chunk_tokens);
+  std::vector<ChunkKey> keys;
+  keys.reserve(tokens.size() / chunk_tokens);
+  for (size_t i = 0; i + chunk_tokens <= tokens.size(); i += chunk_tokens) {
+    keys.push_back(ChunkKeyOf(ns, tokens.subspan(i, chunk_tokens)));
+  }
+  return keys;
+}
+
+ChunkKey NamespaceSpec::ChunkParent(const NamespaceId& ns, std::span<const ChunkKey> keys,
+                                    size_t i) const {
+  return i == 0 || engine_keyed ? ns : keys[i - 1];
+}
+
+ChunkKey NamespaceSpec::ChunkKeyOf(const ChunkKey& parent, std::span<const int32_t> tokens) const {
+  if (!engine_keyed) return ComputeChunkKey(parent, tokens);
+  // REQUIRES: tokens.size() == chunk_tokens >= 8 (Validate).
+  return ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(tokens.data()));
 }
 
 }  // namespace kvtier

@@ -278,7 +278,7 @@ std::vector<uint32_t> CacheCore::DramPrefix(const NamespaceState& ns,
   for (size_t i = 0; i < keys.size() && hits.size() < limit; ++i) {
     const uint32_t h = dram_->Find(keys[i]);
     if (h == ChunkIndex::kNone) break;
-    const SlotIdentity id{ns.id, keys[i], i == 0 ? ns.id : keys[i - 1],
+    const SlotIdentity id{ns.id, keys[i], ns.spec.ChunkParent(ns.id, keys, i),
                           tokens.subspan(i * ct, ct)};
     Status st = VerifySlotHeader(dram_->SlotAddress(dram_->Get(h).slot_offset), ns.layout, id,
                                  /*check_header_checksum=*/false);
@@ -315,7 +315,7 @@ void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, D
   const NamespaceState ns = *resolved;
   const std::span<const int32_t> all = *prompt;
   // Hash outside the lock: it is the bulk of a long prompt's lookup.
-  const std::vector<ChunkKey> keys = ComputeChunkKeys(ns.id, all, ns.spec.chunk_tokens);
+  const std::vector<ChunkKey> keys = ns.spec.ChunkKeys(ns.id, all);
   LookupTally tally{req.session_id(), req.acquire(), req.hbm() && hbm_ != nullptr, all.size(),
                     keys.size(),
                     req.max_chunks() == 0 ? keys.size()
@@ -481,15 +481,18 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
                                    " entries, more than the limit of " +
                                    std::to_string(options_.max_chunks_per_request));
   }
-  uint32_t chunk_tokens;
+  NamespaceSpec spec;
+  NamespaceId ns_id;
   {
     std::lock_guard lock(mu_);
     KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
     KVTIER_RETURN_IF_ERROR(CheckEpoch(req.epoch()));
     auto found = FindNamespace(req.namespace_id());
     if (!found.ok()) return found.status();
-    chunk_tokens = (*found)->spec.chunk_tokens;
+    spec = (*found)->spec;
+    ns_id = (*found)->id;
   }
+  const uint32_t chunk_tokens = spec.chunk_tokens;
   // Validate every chunk before touching any state.
   std::vector<ReservedChunk> chunks(n);
   for (int i = 0; i < n; ++i) {
@@ -506,14 +509,21 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
                                      std::to_string(chunk_tokens) + " int32 token ids (" +
                                      std::to_string(chunk_tokens * 4) + " bytes)");
     }
-    if (i > 0 && *parent != chunks[i - 1].key) {
+    if (spec.engine_keyed) {
+      if (*parent != ns_id) {
+        return Status::InvalidArgument(Field("chunks", i, "parent_key") +
+                                       " is not the namespace id (engine-keyed namespace)");
+      }
+    } else if (i > 0 && *parent != chunks[i - 1].key) {
       return Status::InvalidArgument(Field("chunks", i, "parent_key") +
                                      " is not the key of chunks[" + std::to_string(i - 1) + "]");
     }
     chunks[i].tokens = UnpackTokens(c.tokens());
-    if (ComputeChunkKey(*parent, chunks[i].tokens) != *key) {
-      return Status::InvalidArgument(Field("chunks", i, "key") +
-                                     " is not XXH3-128(parent_key || tokens)");
+    if (spec.ChunkKeyOf(*parent, chunks[i].tokens) != *key) {
+      return Status::InvalidArgument(
+          Field("chunks", i, "key") +
+          (spec.engine_keyed ? " is not the first 16 bytes of the engine hash in tokens"
+                             : " is not XXH3-128(parent_key || tokens)"));
     }
     chunks[i].key = *key;
     chunks[i].parent = *parent;

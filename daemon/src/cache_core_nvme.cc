@@ -134,7 +134,7 @@ void CacheCore::PromoteStep(uint64_t id) {
   std::vector<int32_t> tokens;
   for (const Read& r : plan) {
     keys.push_back(p.keys[r.index]);
-    parents.push_back(r.index == 0 ? snap.id : p.keys[r.index - 1]);
+    parents.push_back(snap.spec.ChunkParent(snap.id, p.keys, r.index));
     tokens.insert(tokens.end(), p.tokens.begin() + static_cast<ptrdiff_t>(r.index * ct),
                   p.tokens.begin() + static_cast<ptrdiff_t>((r.index + 1) * ct));
   }
@@ -198,7 +198,7 @@ Status CacheCore::Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse*
   if (!resolved.ok()) return resolved.status();
   const NamespaceState& ns = *resolved;
   const std::span<const int32_t> all = *prompt;
-  const std::vector<ChunkKey> keys = ComputeChunkKeys(ns.id, all, ns.spec.chunk_tokens);
+  const std::vector<ChunkKey> keys = ns.spec.ChunkKeys(ns.id, all);
   const size_t limit =
       req.max_chunks() == 0 ? keys.size() : std::min<size_t>(keys.size(), req.max_chunks());
 

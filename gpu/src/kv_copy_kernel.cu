@@ -28,6 +28,7 @@ __global__ void KvCopyKernel(KvCopyParams p) {
       const int64_t t = row - pl * p.chunk_tokens;
       const KvCopyPlaneParams& q = p.planes[pl];
       const int64_t block = blocks[t / p.block_size];
+      if (block < 0) continue;  // kSkipBlock: the engine holds this block already
       unsigned char* cache_token = p.tensors[q.tensor] + q.offset_bytes +
                                    block * q.block_stride_bytes +
                                    (t % p.block_size) * q.token_stride_bytes;

@@ -101,6 +101,7 @@ void RunKvCopyOnHost(const KvCopyParams& p) {
     for (int32_t pl = 0; pl < p.num_planes; ++pl) {
       const KvCopyPlaneParams& q = p.planes[pl];
       for (int64_t t = 0; t < p.chunk_tokens; ++t) {
+        if (blocks[t / p.block_size] < 0) continue;  // kSkipBlock
         unsigned char* cache_token = p.tensors[q.tensor] + q.offset_bytes +
                                      blocks[t / p.block_size] * q.block_stride_bytes +
                                      (t % p.block_size) * q.token_stride_bytes;

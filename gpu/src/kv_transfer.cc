@@ -31,7 +31,9 @@ bool InPool(const DeviceBuffer* pool, const void* p, size_t bytes) {
 std::vector<int32_t> KvCopyReport::FailedBlockIds() const {
   std::vector<int32_t> ids;
   for (const ChunkCopyFailure& f : failed_chunks) {
-    ids.insert(ids.end(), f.block_ids.begin(), f.block_ids.end());
+    for (int32_t id : f.block_ids) {
+      if (id != kSkipBlock) ids.push_back(id);  // a skipped block was never written
+    }
   }
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
@@ -84,10 +86,10 @@ GpuStatus KvTransfer::Create(Runtime& runtime, KvChunkSet chunks, const KvTransf
     }
   }
   for (size_t i = 0; i < chunks.block_ids.size(); ++i) {
-    if (chunks.block_ids[i] < 0 || chunks.block_ids[i] >= layout->num_blocks()) {
+    if (chunks.block_ids[i] < kSkipBlock || chunks.block_ids[i] >= layout->num_blocks()) {
       return bad("block id " + std::to_string(chunks.block_ids[i]) + " of chunk " +
                  std::to_string(i / bpc) + " is outside [0, " +
-                 std::to_string(layout->num_blocks()) + ")");
+                 std::to_string(layout->num_blocks()) + ") (or -1, skip)");
     }
   }
   std::unique_ptr<KvTransfer> transfer(new KvTransfer(runtime, std::move(chunks), options, stream));

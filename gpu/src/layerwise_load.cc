@@ -24,7 +24,7 @@ GpuStatus LayerwiseLoad::Create(Runtime& runtime, KvChunkSet chunks,
   if (GpuStatus s = internal::CheckLayerTensors(chunks, layers, "LayerwiseLoad"); !s.ok()) return s;
   std::unordered_set<int32_t> seen;
   for (int32_t id : chunks.block_ids) {
-    if (!seen.insert(id).second) {
+    if (id != kSkipBlock && !seen.insert(id).second) {
       return GpuStatus::InvalidArgument("LayerwiseLoad: block id " + std::to_string(id) +
                                         " is the destination of two tokens");
     }

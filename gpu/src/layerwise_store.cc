@@ -22,6 +22,12 @@ GpuStatus LayerwiseStore::Create(Runtime& runtime, KvChunkSet chunks,
   if (GpuStatus s = internal::CheckLayerTensors(chunks, layers, "LayerwiseStore"); !s.ok()) {
     return s;
   }
+  for (int32_t id : chunks.block_ids) {
+    if (id == kSkipBlock) {
+      return GpuStatus::InvalidArgument("LayerwiseStore: block id -1 (skip): every block of a "
+                                        "stored chunk must be copied");
+    }
+  }
   std::unique_ptr<KvTransfer> transfer;
   if (GpuStatus s =
           KvTransfer::Create(runtime, std::move(chunks), options, store_stream, &transfer);

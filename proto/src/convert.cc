@@ -16,6 +16,7 @@ v1::NamespaceSpec ToProto(const NamespaceSpec& s) {
   p.set_tp_rank(s.tp_rank);
   p.set_tp_size(s.tp_size);
   p.set_cache_salt(s.cache_salt);
+  p.set_engine_keyed(s.engine_keyed);
   return p;
 }
 
@@ -33,6 +34,7 @@ NamespaceSpec FromProto(const v1::NamespaceSpec& p) {
   s.tp_rank = p.tp_rank();
   s.tp_size = p.tp_size();
   s.cache_salt = p.cache_salt();
+  s.engine_keyed = p.engine_keyed();
   return s;
 }
 

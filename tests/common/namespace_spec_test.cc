@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include <string>
 
 #include "common/status_printer.h"
@@ -137,6 +139,34 @@ TEST(NamespaceSpec, PayloadOverOneGiBIsRejected) {
   s.chunk_tokens = 256;                      // 1 GiB: the limit itself is fine
   EXPECT_TRUE(s.Validate().ok()) << s.Validate().ToString();
   s.chunk_tokens = 257;
+  EXPECT_EQ(s.Validate().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(NamespaceSpec, EngineKeyedChunksAreNamedByTheFirst16BytesOfTheEngineHash) {
+  NamespaceSpec s = Mha("m", 2, 2, 8);
+  s.chunk_tokens = 16;
+  const std::string plain = s.CanonicalString();
+  s.engine_keyed = true;
+  ASSERT_TRUE(s.Validate().ok()) << s.Validate().ToString();
+  EXPECT_EQ(s.CanonicalString(), plain + "|keys=engine");  // token-keyed digests unchanged
+  // Two pages: ids 0..7 of each carry a 32-byte hash, the rest are zero.
+  std::vector<int32_t> tokens(32, 0);
+  for (int i = 0; i < 8; ++i) {
+    tokens[i] = 0x01010101 * (i + 1);
+    tokens[16 + i] = 0x10101010 + i;
+  }
+  const NamespaceId ns = s.Digest();
+  const std::vector<ChunkKey> keys = s.ChunkKeys(ns, tokens);
+  ASSERT_EQ(keys.size(), 2u);
+  EXPECT_EQ(keys[0], ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(&tokens[0])));
+  EXPECT_EQ(keys[1], ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(&tokens[16])));
+  EXPECT_EQ(s.ChunkParent(ns, keys, 1), ns);  // not chained: the engine's hash chains
+  s.engine_keyed = false;
+  EXPECT_EQ(s.ChunkParent(ns, keys, 1), keys[0]);
+  EXPECT_EQ(s.ChunkKeys(ns, tokens), ComputeChunkKeys(ns, tokens, 16));
+
+  s.engine_keyed = true;
+  s.chunk_tokens = 7;  // 28 bytes cannot carry a 32-byte hash
   EXPECT_EQ(s.Validate().code(), StatusCode::kInvalidArgument);
 }
 

@@ -326,6 +326,49 @@ TEST_P(FaultTest, StoreReportsTheChunkWhosePayloadIsIncomplete) {
   }
 }
 
+TEST(KvTransfer, ASkippedBlockIsLeftUntouchedByALoadAndRefusedByAStore) {
+  std::unique_ptr<Runtime> runtime = Runtime::CreateHost();
+  Stream stream;
+  KVTIER_ASSERT_GPU_OK(runtime->CreateStream(&stream));
+  LayerwiseRig rig;
+  ASSERT_NO_FATAL_FAILURE(rig.Init(*runtime, stream));
+  // The engine holds the first two blocks of chunk 0 itself: a load must not write them.
+  KvChunkSet chunks = rig.Chunks();
+  const int32_t skipped[2] = {chunks.block_ids[0], chunks.block_ids[1]};
+  chunks.block_ids[0] = chunks.block_ids[1] = kSkipBlock;
+  std::unique_ptr<KvTransfer> transfer;
+  KVTIER_ASSERT_GPU_OK(
+      KvTransfer::Create(*runtime, chunks, KvTransferOptions(), stream, &transfer));
+  for (int64_t l = 0; l < LayerwiseRig::kLayers; ++l) {
+    KVTIER_ASSERT_GPU_OK(
+        transfer->QueueLayer(l, KvCopyDirection::kPayloadToCache, rig.layers[l]));
+  }
+  KVTIER_ASSERT_GPU_OK(runtime->Synchronize(stream));
+  EXPECT_TRUE(transfer->Report().failed_chunks.empty());
+  const int64_t block_elems = rig.spec.block_size_tokens * rig.spec.num_kv_heads * rig.spec.head_dim;
+  for (int64_t l = 0; l < LayerwiseRig::kLayers; ++l) {
+    std::vector<uint8_t> want =
+        rig.ExpectedTensor(l, std::vector<uint8_t>(rig.span, 0), [](int64_t) { return true; });
+    for (int32_t b : skipped) {  // [2, num_blocks, block, heads, dim]: K and V of block b
+      for (int64_t plane = 0; plane < 2; ++plane) {
+        const int64_t elem = (plane * rig.spec.num_blocks + b) * block_elems;
+        std::memset(&want[elem * rig.spec.elem_bytes], 0, block_elems * rig.spec.elem_bytes);
+      }
+    }
+    std::vector<uint8_t> got(rig.span);
+    std::memcpy(got.data(), rig.tensors[l].data(), rig.span);
+    EXPECT_EQ(got, want) << "layer " << l;
+  }
+  std::unique_ptr<LayerwiseStore> store;
+  EXPECT_EQ(LayerwiseStore::Create(*runtime, chunks, rig.layers, KvTransferOptions(), stream,
+                                   &store)
+                .code(),
+            GpuCode::kInvalidArgument);
+  chunks.block_ids[0] = -2;
+  EXPECT_EQ(KvTransfer::Create(*runtime, chunks, KvTransferOptions(), stream, &transfer).code(),
+            GpuCode::kInvalidArgument);
+}
+
 TEST(LayerwiseStore, ALayerNeverWrittenFailsEveryChunk) {
   std::unique_ptr<Runtime> runtime = Runtime::CreateHost();
   Stream store_stream, compute;

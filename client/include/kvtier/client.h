@@ -173,6 +173,8 @@ class ChunkLease {
   uint32_t ValidChunks() const;
   // Ends the lease (in the background). Idempotent.
   void Release();
+  // True from a hit until Release() (the payloads are pinned for this lease).
+  bool held() const;
   // The arena mapping the payloads lie in (to register it with a GPU runtime).
   std::shared_ptr<Arena> mapping() const;
   // Chunk i's slot sequence number at lookup (its HBM copy holds the same).
@@ -217,6 +219,8 @@ class ChunkReservation {
   Result<StoreResult> Commit();
   // Drops the reservation. Idempotent.
   void Abort();
+  // True while the slots may be written: reserved, and neither committed nor aborted.
+  bool writable() const;
   // The arena mapping the slots lie in (to register it with a GPU runtime).
   std::shared_ptr<Arena> mapping() const;
 

@@ -123,7 +123,10 @@ class LayerwiseLoader {
   // holds tokens [j * block_size, (j + 1) * block_size)) on `load_stream`,
   // one event per layer. Chunks before `first_chunk` are already in the
   // engine's blocks (its own prefix cache hit: num_computed_tokens /
-  // chunk_tokens): they are leased, not copied. Returns the tokens cached
+  // chunk_tokens): they are leased, not copied. A block id of -1
+  // (gpu::kSkipBlock) leaves that block untouched: pass it for the blocks of
+  // the engine's own hit inside the first copied chunk when that hit does
+  // not end on a chunk boundary. Returns the tokens cached
   // through this load (engine's and copied, whole chunks), no more than
   // `block_ids` covers; below first_chunk * chunk_tokens nothing was copied. A
   // miss or an unreachable daemon delivers 0 tokens (no error). Errors:

@@ -39,7 +39,8 @@ NamespaceHandle OpenNamespace(Client& c, const std::string& model_id, uint32_t n
                               nb::handle kv_dtype, const std::string& layout,
                               uint32_t num_kv_heads, uint32_t head_dim, uint32_t latent_dim,
                               uint32_t chunk_tokens, uint32_t tp_rank, uint32_t tp_size,
-                              const std::string& lora_id, const std::string& cache_salt) {
+                              const std::string& lora_id, const std::string& cache_salt,
+                              bool engine_keyed) {
   NamespaceSpec spec;
   spec.model_id = model_id;
   spec.lora_id = lora_id;
@@ -53,6 +54,7 @@ NamespaceHandle OpenNamespace(Client& c, const std::string& model_id, uint32_t n
   spec.tp_rank = tp_rank;
   spec.tp_size = tp_size;
   spec.cache_salt = cache_salt;
+  spec.engine_keyed = engine_keyed;
   nb::gil_scoped_release release;
   return ValueOrThrow(c.OpenNamespace(spec));
 }
@@ -81,11 +83,14 @@ void BindClient(nb::module_& m) {
            nb::arg("kv_dtype") = "fp16", nb::arg("layout") = "mha", nb::arg("num_kv_heads") = 0,
            nb::arg("head_dim") = 0, nb::arg("latent_dim") = 0, nb::arg("chunk_tokens") = 256,
            nb::arg("tp_rank") = 0, nb::arg("tp_size") = 1, nb::arg("lora_id") = "",
-           nb::arg("cache_salt") = "",
+           nb::arg("cache_salt") = "", nb::arg("engine_keyed") = false,
            "Validates a namespace and registers it with the daemon (again after each "
            "reconnect). kv_dtype: a kvtier name (fp16, bf16, fp32, fp8_e4m3, fp8_e5m2, int8), "
            "a torch dtype or a numpy dtype. layout: 'mha' (num_kv_heads and head_dim of this "
-           "TP rank) or 'mla' (latent_dim; tp_rank 0 of 1).\n\n"
+           "TP rank) or 'mla' (latent_dim; tp_rank 0 of 1). engine_keyed: chunks are named by the "
+           "engine's own page hashes (SGLang HiCache) instead of token ids: pass each chunk's "
+           "32-byte hash as its first 8 int32 'token ids' (little-endian), zeros after; "
+           "chunk_tokens (the page size) must then be >= 8.\n\n"
            "Raises InvalidArgument naming the bad field. A daemon that is down is not an "
            "error.")
       .def_static(

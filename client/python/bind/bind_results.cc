@@ -5,6 +5,8 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <cstring>
+
 #include "bindings.h"
 #include "convert.h"
 #include "kvtier/client.h"
@@ -12,10 +14,15 @@
 namespace kvtier::python {
 namespace {
 
-// numpy uint8 arrays over arena bytes (no copy) that keep `owner`, the lease or
-// reservation holding the arena mapping, alive.
-using ReadOnlyBytes = nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>>;
-using WritableBytes = nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>;
+// Payloads cross by copy: a view into the arena that outlived its lease or reservation could
+// read a reused slot or write into a committed one.
+void CheckReserved(const ChunkReservation& r, size_t k) {
+  if (k >= r.size()) {
+    throw StatusError(Status::InvalidArgument("k: reserved chunk " + std::to_string(k) +
+                                              " does not exist (size " +
+                                              std::to_string(r.size()) + ")"));
+  }
+}
 
 }  // namespace
 
@@ -41,6 +48,8 @@ void BindResults(nb::module_& m) {
       .def_prop_ro("tp_rank", [](const NamespaceHandle& h) { return h.spec.tp_rank; })
       .def_prop_ro("tp_size", [](const NamespaceHandle& h) { return h.spec.tp_size; })
       .def_prop_ro("cache_salt", [](const NamespaceHandle& h) { return h.spec.cache_salt; })
+      .def_prop_ro("engine_keyed", [](const NamespaceHandle& h) { return h.spec.engine_keyed; },
+                   "Whether the engine's page hashes name the chunks (see open_namespace).")
       .def_prop_ro("payload_bytes",
                    [](const NamespaceHandle& h) { return h.layout.payload_bytes; },
                    "Bytes of one chunk payload: layer-major [num_layers][K,V][chunk_tokens]"
@@ -112,27 +121,48 @@ void BindResults(nb::module_& m) {
   auto lease = nb::class_<ChunkLease>(
       m, "ChunkLease",
       "A lease on the cached prefix of a prompt (Client.acquire). The payloads stay in place "
-      "in the shared arena until release() or the end of the `with` block. After copying "
-      "them, call valid_chunks() before trusting what was copied.")
+      "in the shared arena until release() or the end of the `with` block; read() copies "
+      "them out. After reading, call valid_chunks() before trusting what was read.")
       .def_prop_ro("num_chunks", &ChunkLease::num_chunks,
                    "Leading chunks leased (0 on a miss or a fail-open).")
       .def(
-          "payload",
-          [](ChunkLease& lease, size_t i) {
+          "read",
+          [](ChunkLease& lease, size_t i, nb::handle out) -> nb::object {
+            if (!lease.held()) {
+              throw StatusError(Status::FailedPrecondition(
+                  "read: the lease was released (or nothing was leased)"));
+            }
             if (i >= lease.num_chunks()) {
               throw StatusError(Status::InvalidArgument(
-                  "chunk " + std::to_string(i) + " is not leased (num_chunks " +
+                  "i: chunk " + std::to_string(i) + " is not leased (num_chunks " +
                   std::to_string(lease.num_chunks()) + ")"));
             }
             std::span<const std::byte> p = lease.payload(i);
-            size_t shape[1] = {p.size()};
-            return ReadOnlyBytes(reinterpret_cast<const uint8_t*>(p.data()), 1, shape,
-                                 nb::find(&lease));
+            if (out.is_none()) {
+              nb::bytes copy(p.data(), p.size());
+              return copy;
+            }
+            nb::object holder;
+            std::span<std::byte> dst = BytesOf(out, /*writable=*/true, "out", &holder);
+            if (dst.size() < p.size()) {
+              throw StatusError(Status::InvalidArgument(
+                  "out: " + std::to_string(dst.size()) + " bytes, fewer than the payload's " +
+                  std::to_string(p.size())));
+            }
+            {
+              nb::gil_scoped_release release;
+              std::memcpy(dst.data(), p.data(), p.size());
+            }
+            return nb::none();
           },
-          nb::arg("i"),
-          "Chunk i's payload (payload_bytes, uint8) where it lies in the shared arena, "
-          "without a copy. Valid while the lease is held; do not write to it.\n\n"
-          "Raises InvalidArgument when i >= num_chunks.")
+          nb::arg("i"), nb::arg("out").none() = nb::none(),
+          nb::sig("def read(self, i: int, out: typing.Any = None) -> bytes | None"),
+          "Copies chunk i's payload (payload_bytes) out of the shared arena: into `out` (a "
+          "writable C-contiguous CPU buffer of at least payload_bytes; returns None), or into "
+          "new bytes. Check valid_chunks() after reading: a lease that lapsed past its TTL "
+          "may have let the slot be reused.\n\n"
+          "Raises FailedPrecondition after release(), InvalidArgument when i >= num_chunks "
+          "or `out` is too small, read-only or not contiguous.")
       .def("valid_chunks", &ChunkLease::ValidChunks, nb::call_guard<nb::gil_scoped_release>(),
            "After copying: how many leading chunks still hold what they held when leased "
            "(a lease that lapsed past its TTL shortens the prefix).")
@@ -149,27 +179,44 @@ void BindResults(nb::module_& m) {
 
   auto reservation = nb::class_<ChunkReservation>(
       m, "ChunkReservation",
-      "Arena slots reserved for the chunks of a prompt not yet stored (Client.reserve). Write "
-      "every payload(k), then commit(); leaving the `with` block without commit() aborts, and "
-      "nothing half-written ever becomes visible.")
+      "Arena slots reserved for the chunks of a prompt not yet stored (Client.reserve). "
+      "write(k, data) every chunk, then commit(); leaving the `with` block without commit() "
+      "aborts, and nothing half-written ever becomes visible.")
       .def("__len__", &ChunkReservation::size, "Chunks to write.")
-      .def("chunk_index", &ChunkReservation::chunk_index, nb::arg("k"),
-           "Index of reserved chunk k among the prompt's full chunks.")
       .def(
-          "payload",
-          [](ChunkReservation& r, size_t k) {
-            if (k >= r.size()) {
-              throw StatusError(Status::InvalidArgument(
-                  "reserved chunk " + std::to_string(k) + " does not exist (size " +
-                  std::to_string(r.size()) + ")"));
-            }
-            std::span<std::byte> p = r.payload(k);
-            size_t shape[1] = {p.size()};
-            return WritableBytes(reinterpret_cast<uint8_t*>(p.data()), 1, shape, nb::find(&r));
+          "chunk_index",
+          [](const ChunkReservation& r, size_t k) {
+            CheckReserved(r, k);
+            return r.chunk_index(k);
           },
           nb::arg("k"),
-          "Where to write reserved chunk k: a writable uint8 array of payload_bytes in the "
-          "shared arena. Raises InvalidArgument when k >= len(self).")
+          "Index of reserved chunk k among the prompt's full chunks. Raises InvalidArgument "
+          "when k >= len(self).")
+      .def(
+          "write",
+          [](ChunkReservation& r, size_t k, nb::handle data) {
+            if (!r.writable()) {
+              throw StatusError(Status::FailedPrecondition(
+                  "write: the reservation was committed or aborted (or holds nothing)"));
+            }
+            CheckReserved(r, k);
+            nb::object holder;
+            std::span<std::byte> src = BytesOf(data, /*writable=*/false, "data", &holder);
+            std::span<std::byte> dst = r.payload(k);
+            if (src.size() != dst.size()) {
+              throw StatusError(Status::InvalidArgument(
+                  "data: " + std::to_string(src.size()) + " bytes, not the payload's " +
+                  std::to_string(dst.size())));
+            }
+            nb::gil_scoped_release release;
+            std::memcpy(dst.data(), src.data(), src.size());
+          },
+          nb::arg("k"), nb::arg("data"),
+          "Copies `data` (exactly payload_bytes, a C-contiguous CPU buffer: layer-major "
+          "[num_layers][K,V][chunk_tokens][num_kv_heads][head_dim]) into reserved chunk k's "
+          "slot. Nothing is visible before commit().\n\n"
+          "Raises FailedPrecondition after commit() or abort(), InvalidArgument when "
+          "k >= len(self) or data has another size.")
       .def(
           "commit",
           [](ChunkReservation& r) {

@@ -313,26 +313,38 @@ def test_reserve_and_acquire_as_context_managers(kvtierd: KvtierdProcess) -> Non
         with c.reserve(ns, tokens) as r:
             assert len(r) == 3
             for k in range(len(r)):
-                np.asarray(r.payload(k))[:] = data[r.chunk_index(k)]
+                r.write(r.chunk_index(k), data[r.chunk_index(k)])
+            with pytest.raises(kvtier.InvalidArgument, match="k: reserved chunk 3"):
+                r.chunk_index(3)
+            with pytest.raises(kvtier.InvalidArgument, match="data: "):
+                r.write(0, data[0][:-1])
             committed = r.commit()
             assert committed.stored_chunks == 3
             with pytest.raises(kvtier.FailedPrecondition):
                 r.commit()
+            # After commit the slots belong to the cache: no more writes through `r`.
+            with pytest.raises(kvtier.FailedPrecondition):
+                r.write(0, data[0])
         with c.reserve(ns, prompt(11, CHUNK)) as r:
-            np.asarray(r.payload(0))[:] = 1
-        # left without commit: aborted, nothing visible
+            r.write(0, np.ones(ns.payload_bytes, dtype=np.uint8))
+        # left without commit: aborted, nothing visible, no more writes
         assert c.lookup(ns, prompt(11, CHUNK)).num_chunks == 0
+        with pytest.raises(kvtier.FailedPrecondition):
+            r.write(0, data[0])
 
         with c.acquire(ns, tokens) as lease:
             assert lease.num_chunks == 3
+            out = np.zeros(ns.payload_bytes, dtype=np.uint8)
             for i in range(3):
-                view = np.asarray(lease.payload(i))
-                assert np.array_equal(view, data[i])
-                assert not view.flags.writeable
+                assert lease.read(i) == data[i].tobytes()
+                lease.read(i, out)
+                assert np.array_equal(out, data[i])
             assert lease.valid_chunks() == 3
             with pytest.raises(kvtier.InvalidArgument):
-                lease.payload(3)
+                lease.read(3)
             assert kvtierd.admin().stats()["active_leases"] > 0
+        with pytest.raises(kvtier.FailedPrecondition):
+            lease.read(0)  # released with the block
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and kvtierd.admin().stats()["active_leases"]:
             time.sleep(0.05)
@@ -382,3 +394,41 @@ def test_admin_client_raises_when_the_daemon_is_gone(kvtierd: KvtierdProcess) ->
     kvtierd.kill9()
     with pytest.raises((kvtier.Unavailable, kvtier.DeadlineExceeded)):
         admin.stats()
+
+
+def hash_tokens(hashes: list[bytes], chunk_tokens: int) -> np.ndarray:
+    """Engine-keyed chunks: each 32-byte page hash as the first 8 int32 ids, zeros after."""
+    out = np.zeros((len(hashes), chunk_tokens), dtype=np.int32)
+    for i, h in enumerate(hashes):
+        out[i, :8] = np.frombuffer(h, dtype="<i4")
+    return out.reshape(-1)
+
+
+def test_engine_keyed_namespace_names_chunks_by_the_engines_hash(
+        kvtierd: KvtierdProcess) -> None:
+    import hashlib
+    with connect(kvtierd) as c:
+        ns = open_ns(c, model_id="test/engine", engine_keyed=True)
+        assert ns.engine_keyed
+        hashes = [hashlib.sha256(f"page {i}".encode()).digest() for i in range(3)]
+        tokens = hash_tokens(hashes, CHUNK)
+        assert kvtier.Client.chunk_keys(ns, tokens) == [h[:16] for h in hashes]
+        data = payloads(ns, 3, 20)
+        assert c.store(ns, tokens, data).stored_chunks == 3
+        out = np.zeros_like(data)
+        assert c.load(ns, tokens, out).num_chunks == 3 and np.array_equal(out, data)
+        # Pages are not chained by kvtier: a run starting at page 1 is found on its own.
+        assert c.lookup(ns, hash_tokens(hashes[1:], CHUNK)).num_chunks == 2
+        # A crafted collision (same first 16 bytes, another hash) is a miss, and storing it
+        # does not replace the real page.
+        forged = [hashes[0][:16] + bytes(16)]
+        assert c.lookup(ns, hash_tokens(forged, CHUNK)).num_chunks == 0
+        assert c.store(ns, hash_tokens(forged, CHUNK),
+                       payloads(ns, 1, 21)).stored_chunks == 0
+        assert c.load(ns, hash_tokens(forged, CHUNK), bytearray(ns.payload_bytes)).num_chunks == 0
+        assert c.load(ns, tokens, out).num_chunks == 3 and np.array_equal(out, data)
+        # The token-keyed namespace of the same model is another namespace.
+        plain = open_ns(c, model_id="test/engine")
+        assert plain.id != ns.id and c.lookup(plain, tokens).num_chunks == 0
+        with pytest.raises(kvtier.InvalidArgument, match="below 8"):
+            open_ns(c, model_id="test/engine", engine_keyed=True, chunk_tokens=4)

@@ -4,8 +4,11 @@
 // (XXH3-128 of a canonical string) is the namespace id everywhere, on disk too.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "kvtier/chunk_key.h"
 #include "kvtier/status.h"
@@ -42,13 +45,22 @@ struct NamespaceSpec {
   uint32_t tp_size = 1;
   // Tenant isolation salt set by the engine or gateway; empty for none. Default: "".
   std::string cache_salt;
+  // Engine-keyed (DESIGN.md "engine-keyed namespace"): the engine names each chunk with its
+  // own page hash (SGLang HiCache: SHA-256) instead of kvtier hashing token ids. A chunk's
+  // chunk_tokens int32 "token ids" then carry that hash: its kEngineHashBytes bytes first
+  // (little-endian words), zeros after; so chunk_tokens must be >= 8. The chunk key is the
+  // first 16 bytes of the hash, every chunk's parent is the namespace digest (the engine's
+  // hash chains the prefix itself), and the slot header keeps the whole hash, checked on
+  // every lookup and read: a mismatch is a miss. Default: false.
+  bool engine_keyed = false;
 
   // Checks every field; INVALID_ARGUMENT naming the first bad field.
   Status Validate() const;
 
   // The canonical string hashed into the digest:
   // kvtier/v1|model=M|lora=L|dtype=D|layout=Y|layers=N|kv_heads=H|head_dim=E|
-  // latent_dim=A|chunk_tokens=C|tp_rank=R|tp_size=S|salt=T
+  // latent_dim=A|chunk_tokens=C|tp_rank=R|tp_size=S|salt=T, followed by |keys=engine for
+  // an engine-keyed namespace (so token-keyed digests are those of DESIGN.md).
   std::string CanonicalString() const;
   // XXH3-128 of CanonicalString(): the namespace id.
   NamespaceId Digest() const;
@@ -60,7 +72,19 @@ struct NamespaceSpec {
   uint64_t PayloadBytes() const { return BytesPerToken() * chunk_tokens; }
   // Bytes of one layer of one chunk payload (a contiguous range of the payload).
   uint64_t LayerBytes() const { return PayloadBytes() / num_layers; }
+
+  // Keys of the full chunks of `tokens` in this namespace (digest `ns`): the chained
+  // XXH3-128 of DESIGN.md "chunk key", or the engine's hashes when engine_keyed.
+  std::vector<ChunkKey> ChunkKeys(const NamespaceId& ns, std::span<const int32_t> tokens) const;
+  // The parent of chunk i of a prompt with `keys`: keys[i - 1], or `ns` for chunk 0 and for
+  // every chunk of an engine-keyed namespace.
+  ChunkKey ChunkParent(const NamespaceId& ns, std::span<const ChunkKey> keys, size_t i) const;
+  // The key a chunk with this parent and these chunk_tokens ids must have.
+  ChunkKey ChunkKeyOf(const ChunkKey& parent, std::span<const int32_t> tokens) const;
 };
+
+// Bytes of an engine's page hash an engine-keyed chunk carries (SHA-256).
+inline constexpr size_t kEngineHashBytes = 32;
 
 // Largest chunk payload a namespace may have (1 GiB).
 inline constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 30;

@@ -193,3 +193,41 @@ def test_bad_extra_config_is_refused_with_its_name(kvtierd: KvtierdProcess,
         Engine(model_dir, kvtierd.socket, extra={"sokcet": "/tmp/x"})
     with pytest.raises(kvtier.InvalidArgument):
         Engine(model_dir, "/nonexistent-dir/kvtierd.sock" + "x" * 200)
+
+
+def test_blocks_of_the_engines_own_prefix_hit_are_left_alone(
+        kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine]) -> None:
+    """The engine's prefix cache holds 48 tokens (3 blocks), kvtier 96 (3 chunks of 32): the
+    chunk straddling the engine's hit is copied around its blocks, never into them."""
+    tokens = prompt(13, 3 * CHUNK + 7)
+    a = make(engines, model_dir, kvtierd)
+    a.add("a", tokens)
+    a.step()
+
+    b = make(engines, model_dir, kvtierd)
+    b.add("r0", tokens[:48] + prompt(14, 20))  # fills B's prefix cache with 3 blocks
+    b.step()
+    owned = b.block_ids("r0")[:3]
+    marker = torch.full_like(b.kv_caches[next(iter(b.kv_caches))][owned[2]], 77.0)
+    for cache in b.kv_caches.values():
+        cache[owned[2]] = marker  # what the engine itself holds in its third block
+    b.add("r1", tokens)
+    step = b.step()
+    assert step.computed["r1"] == (3 * CHUNK, len(tokens))
+    assert b.block_ids("r1")[:3] == owned  # vLLM's own hit: the same blocks
+    for cache in b.kv_caches.values():
+        assert torch.equal(cache[owned[2]], marker)  # not overwritten by the load
+    assert b.kv_matches("r1", tokens, range(48, len(tokens)))
+
+
+def test_a_cache_salt_kvtier_cannot_name_is_hashed_not_fatal(
+        kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine]) -> None:
+    tokens = prompt(15, 2 * CHUNK + 1)
+    a = make(engines, model_dir, kvtierd)
+    a.add("a", tokens, cache_salt="tenant|a")  # '|' is not allowed in a namespace field
+    a.step()
+    b = make(engines, model_dir, kvtierd)
+    b.add("b", tokens, cache_salt="tenant|a")
+    assert b.step().computed["b"] == (2 * CHUNK, len(tokens))
+    b.add("c", tokens, cache_salt="tenant|b")
+    assert b.step().computed["c"] == (0, len(tokens))

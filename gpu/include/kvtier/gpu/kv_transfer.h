@@ -18,6 +18,9 @@
 
 namespace kvtier::gpu {
 
+// A block id that leaves its block out of a copy (see KvChunkSet::block_ids).
+inline constexpr int32_t kSkipBlock = -1;
+
 struct KvTransferOptions {
   // How bytes cross PCIe. Default: kDefaultCopyPath (kDma; see kv_copy.h for why).
   CopyPath path = kDefaultCopyPath;
@@ -47,7 +50,9 @@ struct KvChunkSet {
   // bytes, layer-major (DESIGN.md "chunk payload"), inside *arena or *device_pool.
   std::vector<void*> payloads;
   // [num_chunks][chunk_tokens / block_size] engine block ids, in token order: chunk c's
-  // token t lives in block block_ids[c * blocks_per_chunk + t / block_size].
+  // token t lives in block block_ids[c * blocks_per_chunk + t / block_size]. kSkipBlock (-1)
+  // leaves that block out: a load does not write it (the engine holds those tokens already);
+  // LayerwiseStore refuses it (the payload would keep stale bytes).
   std::vector<int32_t> block_ids;
   // Device memory that payloads may lie in instead of the arena (the daemon's HBM pool,
   // opened with Runtime::OpenExported), made by the same runtime. Borrowed: must outlive the

@@ -8,7 +8,8 @@ Enable it with::
 
 ``kv_connector_extra_config`` keys (all optional):
 
-- ``socket``: kvtierd's socket. Default: ``${XDG_RUNTIME_DIR:-/tmp}/kvtier/kvtierd.sock``.
+- ``socket``: kvtierd's socket; ``{tp_rank}`` in it is replaced by the worker's tensor-parallel
+  rank (one kvtierd per GPU). Default: ``${XDG_RUNTIME_DIR:-/tmp}/kvtier/kvtierd.sock``.
 - ``deadline_ms``: deadline of each call to the daemon; past it the cache fails open (a
   miss, recomputed). Default: 100.
 - ``chunk_tokens``: tokens per kvtier chunk; a multiple of vLLM's block size. Default: 256.
@@ -45,6 +46,7 @@ tensors are recognised too.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
@@ -203,6 +205,16 @@ def _namespace_spec(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
     return args
 
 
+def _namespace_text(value: Optional[str]) -> str:
+    """A cache salt or LoRA name as a namespace field: kvtier's fields hold at most 512 bytes
+    and no '|', so any other value is replaced by its SHA-256 (still one namespace per value)."""
+    if not value:
+        return ""
+    if "|" in value or len(value.encode()) > 512:
+        return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+    return value
+
+
 def _paged_cache(tensors: list[torch.Tensor], head_size: int, mla: bool) -> kvtier.PagedKvCache:
     """kvtier's view of vLLM's per-layer KV cache tensors (see the module docstring)."""
     t = tensors[0]
@@ -234,15 +246,19 @@ class KvtierConnector(KVConnectorBase_V1):
         self._settings = _Settings.parse(dict(extra), model)
         self._block_size = vllm_config.cache_config.block_size
         self._chunk = self._settings.chunk_tokens
+        if vllm_config.parallel_config.pipeline_parallel_size > 1:
+            raise ValueError("kvtier: pipeline parallelism is not supported yet (the stages' "
+                             "layers would share one namespace)")
         tp_rank = 0
         if role == KVConnectorRole.WORKER and vllm_config.parallel_config.tensor_parallel_size > 1:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
             tp_rank = get_tensor_model_parallel_rank()
         self._spec = _namespace_spec(vllm_config, kv_cache_config, self._settings, tp_rank)
         self._client = kvtier.Client.connect(
-            socket=self._settings.socket, deadline_ms=self._settings.deadline_ms,
+            socket=self._settings.socket.replace("{tp_rank}", str(tp_rank)),
+            deadline_ms=self._settings.deadline_ms,
             client_name=f"vllm-{role.name.lower()}-tp{tp_rank}")
-        self._namespaces: dict[tuple[str, str], kvtier.Namespace] = {}
+        self._namespaces: dict[tuple[str, str], Optional[kvtier.Namespace]] = {}
         # Scheduler side.
         self._tickets: dict[str, kvtier.PrefetchTicket] = {}
         self._engine_tokens: dict[str, int] = {}
@@ -267,12 +283,20 @@ class KvtierConnector(KVConnectorBase_V1):
 
     # ---------------------------------------------------------------- shared
 
-    def _namespace(self, cache_salt: Optional[str], lora_name: Optional[str]) -> kvtier.Namespace:
-        key = (cache_salt or "", lora_name or "")
-        ns = self._namespaces.get(key)
-        if ns is None:
+    def _namespace(self, cache_salt: Optional[str],
+                   lora_name: Optional[str]) -> Optional[kvtier.Namespace]:
+        """The namespace of a salt and LoRA adapter; None when the daemon refuses it (e.g. it
+        holds too many namespaces): those requests run without the cache."""
+        key = (_namespace_text(cache_salt), _namespace_text(lora_name))
+        if key in self._namespaces:
+            return self._namespaces[key]
+        ns: Optional[kvtier.Namespace] = None
+        try:
             ns = self._client.open_namespace(**self._spec, cache_salt=key[0], lora_id=key[1])
-            self._namespaces[key] = ns
+        except kvtier.Error as e:
+            logger.warning("kvtier: namespace (salt %r, lora %r) refused, its requests run "
+                           "without the cache: %s", key[0], key[1], e)
+        self._namespaces[key] = ns
         return ns
 
     @staticmethod
@@ -291,6 +315,8 @@ class KvtierConnector(KVConnectorBase_V1):
         rid = request.request_id
         self._request_keys[rid] = (request.cache_salt, self._lora_name(request))
         ns = self._namespace(*self._request_keys[rid])
+        if ns is None:
+            return 0, False
         if rid not in self._tickets:
             ticket = self._client.prefetch(ns, tokens,
                                            deadline_ms=self._settings.prefetch_deadline_ms)
@@ -429,17 +455,23 @@ class KvtierConnector(KVConnectorBase_V1):
             assert self._arena is not None and self._cache is not None
             assert self._runtime is not None and self._load_stream is not None
             ns = self._namespace(spec.cache_salt, spec.lora_name)
-            loader = kvtier.LayerwiseLoader(self._client, ns, self._arena, self._cache,
-                                            self._runtime)
+            # The engine's own prefix-cache blocks are left alone (-1), also inside the first
+            # chunk copied when its hit does not end on a chunk boundary.
+            owned = spec.engine_tokens // self._block_size
+            blocks = [-1] * min(owned, len(spec.block_ids)) + spec.block_ids[owned:]
+            loader = (kvtier.LayerwiseLoader(self._client, ns, self._arena, self._cache,
+                                             self._runtime) if ns is not None else None)
             try:
-                delivered = loader.start_load(spec.token_ids, spec.block_ids, self._load_stream,
-                                              first_chunk=spec.engine_tokens // self._chunk)
+                delivered = 0 if loader is None else loader.start_load(
+                    spec.token_ids, blocks, self._load_stream,
+                    first_chunk=spec.engine_tokens // self._chunk)
             except kvtier.Error as e:
                 logger.warning("kvtier: load of request %s failed (%s); recomputing it",
                                spec.req_id, e)
                 delivered = 0
             else:
-                self._loaders.append(loader)
+                if loader is not None:
+                    self._loaders.append(loader)
             if delivered < spec.promised_tokens:
                 # The prefix shrank since the scheduler counted it: recompute the rest.
                 lost = self._block_range(spec.block_ids, max(delivered, spec.engine_tokens),
@@ -478,6 +510,8 @@ class KvtierConnector(KVConnectorBase_V1):
         assert self._cache is not None and self._runtime is not None
         assert self._store_stream is not None
         ns = self._namespace(spec.cache_salt, spec.lora_name)
+        if ns is None:
+            return
         storer = kvtier.LayerwiseStorer(self._client, ns, self._arena, self._cache, self._runtime)
         try:
             if storer.start(spec.token_ids, spec.block_ids, self._store_stream,
@@ -501,6 +535,11 @@ class KvtierConnector(KVConnectorBase_V1):
             if result.fail_open is not None:
                 self._stats.data["fail_open_calls"] += 1
         self._storers = None
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        # Layer-by-layer waits and saves run between graph pieces, never inside a full graph.
+        return True
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()

@@ -115,7 +115,7 @@ std::vector<ChunkKey> NamespaceSpec::ChunkKeys(const NamespaceId& ns,
   std::vector<ChunkKey> keys;
   keys.reserve(tokens.size() / chunk_tokens);
   for (size_t i = 0; i + chunk_tokens <= tokens.size(); i += chunk_tokens) {
-    keys.push_back(ChunkKeyOf(ns, tokens.subspan(i, chunk_tokens)));
+    keys.push_back(ComputeChunkKey(ns, tokens.subspan(i, chunk_tokens)));  // every parent: ns
   }
   return keys;
 }
@@ -126,9 +126,7 @@ ChunkKey NamespaceSpec::ChunkParent(const NamespaceId& ns, std::span<const Chunk
 }
 
 ChunkKey NamespaceSpec::ChunkKeyOf(const ChunkKey& parent, std::span<const int32_t> tokens) const {
-  if (!engine_keyed) return ComputeChunkKey(parent, tokens);
-  // REQUIRES: tokens.size() == chunk_tokens >= 8 (Validate).
-  return ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(tokens.data()));
+  return ComputeChunkKey(parent, tokens);
 }
 
 }  // namespace kvtier

@@ -520,10 +520,8 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
     }
     chunks[i].tokens = UnpackTokens(c.tokens());
     if (spec.ChunkKeyOf(*parent, chunks[i].tokens) != *key) {
-      return Status::InvalidArgument(
-          Field("chunks", i, "key") +
-          (spec.engine_keyed ? " is not the first 16 bytes of the engine hash in tokens"
-                             : " is not XXH3-128(parent_key || tokens)"));
+      return Status::InvalidArgument(Field("chunks", i, "key") +
+                                     " is not XXH3-128(parent_key || tokens)");
     }
     chunks[i].key = *key;
     chunks[i].parent = *parent;

@@ -142,7 +142,7 @@ TEST(NamespaceSpec, PayloadOverOneGiBIsRejected) {
   EXPECT_EQ(s.Validate().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(NamespaceSpec, EngineKeyedChunksAreNamedByTheFirst16BytesOfTheEngineHash) {
+TEST(NamespaceSpec, EngineKeyedChunksAreKeyedByNamespaceAndEngineHashUnchained) {
   NamespaceSpec s = Mha("m", 2, 2, 8);
   s.chunk_tokens = 16;
   const std::string plain = s.CanonicalString();
@@ -158,8 +158,13 @@ TEST(NamespaceSpec, EngineKeyedChunksAreNamedByTheFirst16BytesOfTheEngineHash) {
   const NamespaceId ns = s.Digest();
   const std::vector<ChunkKey> keys = s.ChunkKeys(ns, tokens);
   ASSERT_EQ(keys.size(), 2u);
-  EXPECT_EQ(keys[0], ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(&tokens[0])));
-  EXPECT_EQ(keys[1], ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(&tokens[16])));
+  const std::span<const int32_t> all(tokens);
+  EXPECT_EQ(keys[0], ComputeChunkKey(ns, all.subspan(0, 16)));
+  EXPECT_EQ(keys[1], ComputeChunkKey(ns, all.subspan(16, 16)));  // parent ns, not keys[0]
+  NamespaceSpec other = s;
+  other.tp_rank = 1;
+  other.tp_size = 2;  // another rank, the same page hashes: other chunks
+  EXPECT_NE(other.ChunkKeys(other.Digest(), tokens)[0], keys[0]);
   EXPECT_EQ(s.ChunkParent(ns, keys, 1), ns);  // not chained: the engine's hash chains
   s.engine_keyed = false;
   EXPECT_EQ(s.ChunkParent(ns, keys, 1), keys[0]);

@@ -20,5 +20,9 @@ set_tests_properties(python_typing PROPERTIES WORKING_DIRECTORY ${CMAKE_BINARY_D
 add_test(NAME python_vllm
   COMMAND ${KVTIER_VENV_ROOT}/vllm/bin/python -m pytest -q -p no:cacheprovider
           ${_kvtier_py_tests}/vllm)
-set_tests_properties(python_sdk python_typing python_vllm PROPERTIES
+# The SGLang HiCache storage backend against the real sglang package (its own venv).
+add_test(NAME python_sglang
+  COMMAND ${KVTIER_VENV_ROOT}/sglang/bin/python -m pytest -q -p no:cacheprovider
+          -W ignore::UserWarning ${_kvtier_py_tests}/sglang)
+set_tests_properties(python_sdk python_typing python_vllm python_sglang PROPERTIES
   LABELS integration ENVIRONMENT "${_kvtier_py_env}" TIMEOUT 900)

@@ -48,10 +48,11 @@ struct NamespaceSpec {
   // Engine-keyed (DESIGN.md "engine-keyed namespace"): the engine names each chunk with its
   // own page hash (SGLang HiCache: SHA-256) instead of kvtier hashing token ids. A chunk's
   // chunk_tokens int32 "token ids" then carry that hash: its kEngineHashBytes bytes first
-  // (little-endian words), zeros after; so chunk_tokens must be >= 8. The chunk key is the
-  // first 16 bytes of the hash, every chunk's parent is the namespace digest (the engine's
-  // hash chains the prefix itself), and the slot header keeps the whole hash, checked on
-  // every lookup and read: a mismatch is a miss. Default: false.
+  // (little-endian words), zeros after; so chunk_tokens must be >= 8. Every chunk's parent is
+  // the namespace digest (the engine's hash chains the prefix itself), so the chunk key is
+  // XXH3-128(digest || the chunk's ids): the same page hash in two namespaces (two TP ranks)
+  // names two chunks. The slot header keeps the whole hash, checked on every lookup and
+  // read: a mismatch is a miss. Default: false.
   bool engine_keyed = false;
 
   // Checks every field; INVALID_ARGUMENT naming the first bad field.
@@ -74,7 +75,7 @@ struct NamespaceSpec {
   uint64_t LayerBytes() const { return PayloadBytes() / num_layers; }
 
   // Keys of the full chunks of `tokens` in this namespace (digest `ns`): the chained
-  // XXH3-128 of DESIGN.md "chunk key", or the engine's hashes when engine_keyed.
+  // XXH3-128 of DESIGN.md "chunk key"; engine_keyed: each chunk hashed with parent `ns`.
   std::vector<ChunkKey> ChunkKeys(const NamespaceId& ns, std::span<const int32_t> tokens) const;
   // The parent of chunk i of a prompt with `keys`: keys[i - 1], or `ns` for chunk 0 and for
   // every chunk of an engine-keyed namespace.

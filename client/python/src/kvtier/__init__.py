@@ -2,8 +2,8 @@
 
 The classes are the C++ client SDK's, bound with nanobind (``kvtier._kvtier``); see each
 docstring for shapes, units and the exceptions raised. Engine integrations live in
-``kvtier.integrations`` (the vLLM KV connector) and import their engine only when imported
-themselves.
+``kvtier.integrations`` (the vLLM KV connector, the SGLang HiCache storage backend) and import
+their engine only when imported themselves.
 
 The cache fails open: when kvtierd is down or slow, lookups and loads report a miss (the
 result's ``fail_open`` says why) and the engine recomputes. Errors that are the caller's own

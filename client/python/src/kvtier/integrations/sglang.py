@@ -1,0 +1,259 @@
+"""kvtier as an SGLang HiCache storage backend (``HiCacheStorage``, SGLang 0.5.23).
+
+Enable it with::
+
+    python -m sglang.launch_server --model-path MODEL --enable-hierarchical-cache \\
+        --page-size 64 --hicache-storage-backend dynamic \\
+        --hicache-storage-backend-extra-config '{"backend_name": "kvtier",
+            "module_path": "kvtier.integrations.sglang", "class_name": "KvtierStorage",
+            "interface_v1": 1, "socket": "/tmp/kvtier/kvtierd.sock"}'
+
+``interface_v1: 1`` is required: SGLang then calls the zero-copy batch calls
+(``batch_get_v1`` / ``batch_set_v1``) over its registered host pool, which is all this backend
+implements. Extra config keys of kvtier's own (optional): ``socket`` (default
+``${XDG_RUNTIME_DIR:-/tmp}/kvtier/kvtierd.sock``; ``{tp_rank}`` becomes the rank),
+``deadline_ms`` (100), ``model_id`` (default: SGLang's model name).
+
+SGLang names each page by its own chained SHA-256 hash, so the backend opens an
+engine-keyed namespace (DESIGN.md): one kvtier chunk per SGLang page (``--page-size`` must be
+at least 8) named by the namespace and that hash alone (kvtier does not chain pages: the hash
+already covers the prefix), and the daemon checks the whole hash on every lookup and read (a
+mismatch is a miss). TP ranks of an MHA model have namespaces of their own. Pages are copied between SGLang's host
+pool and kvtierd's arena by kvtier's gather/scatter (host runtime), in kvtier's payload
+order, for the ``layer_first`` and ``page_first`` host layouts. MLA models keep one copy
+shared by every TP rank (rank 0 of 1; only SGLang's storage writer writes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from typing import Any, List, Optional
+
+import numpy as np
+import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+)
+
+import kvtier
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["KvtierStorage"]
+
+_OWN_KEYS = {"socket", "deadline_ms", "model_id"}
+_SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1"}
+
+
+def _page_hash(key: str) -> bytes:
+    """The 32 bytes a page is named by: SGLang's SHA-256 hex key, or the SHA-256 of any other
+    key string."""
+    if len(key) == 64:
+        try:
+            return bytes.fromhex(key)
+        except ValueError:
+            pass
+    return hashlib.sha256(key.encode()).digest()
+
+
+class KvtierStorage(HiCacheStorage):
+    """SGLang HiCache L3 storage on kvtierd (see the module docstring). Thread-safe: SGLang's
+    prefetch and backup threads call it concurrently."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
+        extra = dict(storage_config.extra_config or {})
+        unknown = sorted(set(extra) - _OWN_KEYS - _SGLANG_KEYS)
+        if unknown:
+            raise ValueError(f"kvtier: unknown hicache storage extra config keys {unknown}; "
+                             f"known: {sorted(_OWN_KEYS | _SGLANG_KEYS)}")
+        if not int(extra.get("interface_v1", 0)):
+            raise ValueError('kvtier: add "interface_v1": 1 to '
+                             "--hicache-storage-backend-extra-config (kvtier implements the "
+                             "zero-copy batch_get_v1/batch_set_v1 calls)")
+        self._config = storage_config
+        self._model_id = str(extra.get("model_id") or storage_config.model_name or "")
+        if not self._model_id:
+            raise ValueError("kvtier: no model name: set model_id in the extra config")
+        socket = str(extra.get("socket", "")).replace("{tp_rank}", str(storage_config.tp_rank))
+        self._client = kvtier.Client.connect(socket=socket,
+                                             deadline_ms=int(extra.get("deadline_ms", 100)),
+                                             client_name=f"sglang-tp{storage_config.tp_rank}")
+        self._runtime = kvtier.Runtime.host()  # the host pool is CPU memory
+        self._arena = kvtier.GpuArena(self._runtime)
+        self._lock = threading.Lock()  # one transfer at a time: the streams are shared
+        self._load_stream = self._runtime.create_stream()
+        self._store_stream = self._runtime.create_stream()
+        self._written_stream = self._runtime.create_stream()  # nothing pending: pool is written
+        self._ns: Optional[kvtier.Namespace] = None
+        self._cache: Optional[kvtier.PagedKvCache] = None
+        self._page = 0
+        self._layers = 0
+        self._metrics: dict[str, list[float]] = {"prefetch_pgs": [], "backup_pgs": [],
+                                                 "prefetch_bandwidth": [],
+                                                 "backup_bandwidth": []}
+        logger.info("kvtier storage backend (tp %d of %d) on %s", storage_config.tp_rank,
+                    storage_config.tp_size, socket or "the default socket")
+
+    # ------------------------------------------------------------------ setup
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        super().register_mem_pool_host(mem_pool_host)
+        pool = mem_pool_host
+        page, layers, layout = int(pool.page_size), int(pool.layer_num), str(pool.layout)
+        mla = self._config.is_mla_model
+        buf = pool.kv_buffer
+        if mla:  # [layers, size, 1, latent] or [size, layers, 1, latent]
+            per_layer = ([buf[i, :, 0] for i in range(layers)] if layout == "layer_first" else
+                         [buf[:, i, 0] for i in range(layers)] if layout == "page_first" else None)
+            if per_layer is None:
+                raise ValueError(f"kvtier: host layout {layout!r} is not supported "
+                                 "(layer_first, page_first)")
+            latent = int(per_layer[0].shape[-1])
+            tensors = [t.unflatten(0, (-1, page)) for t in per_layer]
+            self._cache = kvtier.PagedKvCache("mla", tensors)
+            spec: dict[str, Any] = dict(layout="mla", latent_dim=latent)
+        else:  # K and V: [2, layers, size, heads, dim] or [2, size, layers, heads, dim]
+            pairs = ([(buf[0, i], buf[1, i]) for i in range(layers)] if layout == "layer_first"
+                     else [(buf[0, :, i], buf[1, :, i]) for i in range(layers)]
+                     if layout == "page_first" else None)
+            if pairs is None:
+                raise ValueError(f"kvtier: host layout {layout!r} is not supported "
+                                 "(layer_first, page_first)")
+            self._cache = kvtier.PagedKvCache("sglang_mha", pairs, page_size=page)
+            spec = dict(layout="mha", num_kv_heads=int(pool.head_num),
+                        head_dim=int(pool.head_dim), tp_rank=self._config.tp_rank,
+                        tp_size=self._config.tp_size)
+        self._ns = self._client.open_namespace(model_id=self._model_id, num_layers=layers,
+                                               kv_dtype=pool.dtype, chunk_tokens=page,
+                                               engine_keyed=True, **spec)
+        self._page, self._layers = page, layers
+        logger.info("kvtier: host pool registered (%s, %d layers, page %d): namespace %s",
+                    layout, layers, page, self._ns.id)
+
+    # --------------------------------------------------------------- helpers
+
+    def _tokens(self, keys: List[str]) -> np.ndarray:
+        out = np.zeros((len(keys), self._page), dtype=np.int32)
+        for i, key in enumerate(keys):
+            out[i, :8] = np.frombuffer(_page_hash(key), dtype="<i4")
+        return out.reshape(-1)
+
+    def _block_ids(self, host_indices: torch.Tensor, num_pages: int) -> list[int]:
+        first = host_indices[: num_pages * self._page : self._page]
+        return (first // self._page).tolist()
+
+    def _ready(self) -> kvtier.Namespace:
+        if self._ns is None or self._cache is None:
+            raise RuntimeError("kvtier: register_mem_pool_host was not called")
+        return self._ns
+
+    # ------------------------------------------------------------- the calls
+
+    def batch_exists(self, keys: List[str],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+        """How many leading pages of `keys` kvtierd holds (0 when it is unreachable)."""
+        if not keys:
+            return 0
+        return self._client.lookup(self._ready(), self._tokens(keys)).num_chunks
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        """Loads the leading run of `keys` into the host pool at `host_indices` (page-aligned
+        token slots, len(keys) * page_size). True for each page loaded, in order."""
+        ns = self._ready()
+        if not keys:
+            return []
+        assert self._cache is not None
+        start = time.perf_counter()
+        blocks = self._block_ids(host_indices, len(keys))
+        with self._lock:
+            loader = kvtier.LayerwiseLoader(self._client, ns, self._arena, self._cache,
+                                            self._runtime)
+            pages = loader.start_load(self._tokens(keys), blocks, self._load_stream)
+            pages //= self._page
+            failed = set(loader.finish())
+        ok = 0
+        while ok < pages and blocks[ok] not in failed:
+            ok += 1
+        self._record("prefetch", ok, ns, start)
+        return [i < ok for i in range(len(keys))]
+
+    def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        """Stores the pages of `keys` from the host pool at `host_indices`. All True when
+        every page is in kvtierd afterwards (stored now or before)."""
+        ns = self._ready()
+        if not keys:
+            return []
+        if not self._config.is_storage_writer:
+            return [True] * len(keys)  # MLA: another rank writes the shared copy
+        assert self._cache is not None
+        start = time.perf_counter()
+        tokens = self._tokens(keys)
+        with self._lock:
+            storer = kvtier.LayerwiseStorer(self._client, ns, self._arena, self._cache,
+                                            self._runtime)
+            stored = 0
+            if storer.start(tokens, self._block_ids(host_indices, len(keys)),
+                            self._store_stream) > 0:
+                for layer in range(self._layers):
+                    storer.layer_done(layer, self._written_stream)
+                result = storer.finish()
+                stored = result.stored_chunks
+        present = self._client.lookup(ns, tokens).num_chunks
+        self._record("backup", stored, ns, start)
+        return [i < present for i in range(len(keys))]
+
+    def _record(self, kind: str, pages: int, ns: kvtier.Namespace, start: float) -> None:
+        if not self._config.enable_storage_metrics or pages == 0:
+            return
+        seconds = max(time.perf_counter() - start, 1e-9)
+        self._metrics[f"{kind}_pgs"].append(pages)
+        self._metrics[f"{kind}_bandwidth"].append(pages * ns.payload_bytes / seconds / 1e9)
+
+    # The non-zero-copy calls: SGLang uses them only without interface_v1, which __init__
+    # refuses (their flat pages are in SGLang's layout, not kvtier's payload order).
+    def get(self, key: str, target_location: Optional[Any] = None,
+            target_sizes: Optional[Any] = None) -> torch.Tensor | None:
+        raise NotImplementedError("kvtier implements batch_get_v1 (interface_v1: 1)")
+
+    def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None) -> List[torch.Tensor | None] | int:
+        raise NotImplementedError("kvtier implements batch_get_v1 (interface_v1: 1)")
+
+    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
+            target_sizes: Optional[Any] = None) -> bool:
+        raise NotImplementedError("kvtier implements batch_set_v1 (interface_v1: 1)")
+
+    def batch_set(self, keys: List[str], values: Optional[Any] = None,
+                  target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None) -> bool:
+        raise NotImplementedError("kvtier implements batch_set_v1 (interface_v1: 1)")
+
+    def clear(self) -> bool:
+        logger.warning("kvtier: clear() is not supported yet; kvtierd keeps the pages (its "
+                       "LRU evicts them); restart kvtierd with --nvme-bytes 0 to drop them")
+        return False
+
+    def get_stats(self) -> Any:
+        """SGLang's StorageMetrics of the calls since the last get_stats (None unless
+        enable_storage_metrics)."""
+        if not self._config.enable_storage_metrics:
+            return None
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+        m, self._metrics = self._metrics, {k: [] for k in self._metrics}
+        return StorageMetrics(prefetch_pgs=[int(x) for x in m["prefetch_pgs"]],
+                              backup_pgs=[int(x) for x in m["backup_pgs"]],
+                              prefetch_bandwidth=m["prefetch_bandwidth"],
+                              backup_bandwidth=m["backup_bandwidth"])
+
+    def close(self) -> None:
+        self._client.close()

@@ -120,6 +120,18 @@ def test_storage_metrics_and_daemon_down(kvtierd: KvtierdProcess) -> None:
     assert s.batch_set_v1(keys, indices([0, 1])) == [False, False]
 
 
+def test_host_indices_that_are_not_whole_pages_are_refused(kvtierd: KvtierdProcess) -> None:
+    pool = host_pool("layer_first", seed=5)
+    s = storage(kvtierd.socket, pool)
+    keys = page_keys(2, "bad-indices")
+    before = pool.kv_buffer.clone()
+    shifted = indices([1, 2]) + 3  # not page-aligned
+    assert s.batch_set_v1(keys, shifted) == [False, False]
+    assert s.batch_get_v1(keys, shifted) == [False, False]
+    assert s.batch_get_v1(keys, indices([1])) == [False, False]  # one page for two keys
+    assert s.batch_exists(keys) == 0 and torch.equal(pool.kv_buffer, before)
+
+
 def test_bad_configurations_are_refused(kvtierd: KvtierdProcess) -> None:
     pool = host_pool("layer_first", seed=None)
     with pytest.raises(ValueError, match="interface_v1"):

@@ -143,9 +143,21 @@ class KvtierStorage(HiCacheStorage):
             out[i, :8] = np.frombuffer(_page_hash(key), dtype="<i4")
         return out.reshape(-1)
 
-    def _block_ids(self, host_indices: torch.Tensor, num_pages: int) -> list[int]:
-        first = host_indices[: num_pages * self._page : self._page]
-        return (first // self._page).tolist()
+    def _block_ids(self, host_indices: torch.Tensor, num_pages: int) -> Optional[list[int]]:
+        """The host pool pages of `num_pages` whole pages of token slots; None (logged) when
+        `host_indices` is not num_pages runs of page_size consecutive, page-aligned slots."""
+        page = self._page
+        if host_indices.dim() != 1 or host_indices.numel() != num_pages * page:
+            logger.error("kvtier: %d host indices for %d pages of %d tokens",
+                         host_indices.numel(), num_pages, page)
+            return None
+        runs = host_indices.reshape(num_pages, page).to(torch.int64)
+        first = runs[:, 0]
+        if bool((first % page != 0).any()) or not torch.equal(
+                runs - first[:, None], torch.arange(page, dtype=torch.int64).expand_as(runs)):
+            logger.error("kvtier: host indices are not whole, page-aligned pages")
+            return None
+        return (first // page).tolist()
 
     def _ready(self) -> kvtier.Namespace:
         if self._ns is None or self._cache is None:
@@ -174,6 +186,8 @@ class KvtierStorage(HiCacheStorage):
         assert self._cache is not None
         start = time.perf_counter()
         blocks = self._block_ids(host_indices, len(keys))
+        if blocks is None:
+            return [False] * len(keys)
         with self._lock:
             loader = kvtier.LayerwiseLoader(self._client, ns, self._arena, self._cache,
                                             self._runtime)
@@ -198,12 +212,14 @@ class KvtierStorage(HiCacheStorage):
         assert self._cache is not None
         start = time.perf_counter()
         tokens = self._tokens(keys)
+        blocks = self._block_ids(host_indices, len(keys))
+        if blocks is None:
+            return [False] * len(keys)
         with self._lock:
             storer = kvtier.LayerwiseStorer(self._client, ns, self._arena, self._cache,
                                             self._runtime)
             stored = 0
-            if storer.start(tokens, self._block_ids(host_indices, len(keys)),
-                            self._store_stream) > 0:
+            if storer.start(tokens, blocks, self._store_stream) > 0:
                 for layer in range(self._layers):
                     storer.layer_done(layer, self._written_stream)
                 result = storer.finish()

@@ -20,7 +20,9 @@ namespace {
 
 using std::chrono::milliseconds;
 
-size_t MaxChunks(std::optional<size_t> max_chunks) { return max_chunks.value_or(SIZE_MAX); }
+size_t MaxChunks(std::optional<int64_t> max_chunks) {
+  return max_chunks ? IndexFrom(*max_chunks, "max_chunks") : SIZE_MAX;
+}
 
 std::unique_ptr<Client> Connect(const std::string& socket, int64_t deadline_ms,
                                 int64_t connect_timeout_ms, int64_t reconnect_interval_ms,
@@ -172,7 +174,8 @@ void BindClient(nb::module_& m) {
       .def(
           "store",
           [](Client& c, const NamespaceHandle& ns, nb::handle tokens, nb::handle data,
-             size_t first_chunk) {
+             int64_t first_chunk_arg) {
+            const size_t first_chunk = IndexFrom(first_chunk_arg, "first_chunk");
             std::vector<int32_t> t = TokensFrom(tokens);
             nb::object holder;
             std::span<std::byte> src = BytesOf(data, /*writable=*/false, "data", &holder);
@@ -188,27 +191,32 @@ void BindClient(nb::module_& m) {
       .def(
           "acquire",
           [](Client& c, const NamespaceHandle& ns, nb::handle tokens,
-             std::optional<size_t> max_chunks, const PrefetchTicket* ticket) {
+             std::optional<int64_t> max_chunks, const PrefetchTicket* ticket) {
             std::vector<int32_t> t = TokensFrom(tokens);
             nb::gil_scoped_release release;
             return ValueOrThrow(c.Acquire(ns, t, MaxChunks(max_chunks), ticket));
           },
           nb::arg("ns"), nb::arg("tokens"), nb::arg("max_chunks").none() = nb::none(),
           nb::arg("ticket").none() = nb::none(), nb::keep_alive<0, 1>(),
-          "Leases the cached prefix of `tokens` (at most max_chunks chunks): load without the "
-          "copy. Use as a context manager; the lease ends with the block.\n\n"
+          "Leases the cached prefix of `tokens` (at most max_chunks chunks), pinned in the "
+          "arena until release(): read(i) copies a chunk out. Use as a context manager; the "
+          "lease ends with the block.\n\n"
           "Raises InvalidArgument for bad tokens or a namespace not opened here.")
       .def(
           "reserve",
-          [](Client& c, const NamespaceHandle& ns, nb::handle tokens, size_t first_chunk) {
+          [](Client& c, const NamespaceHandle& ns, nb::handle tokens, int64_t first_chunk) {
             std::vector<int32_t> t = TokensFrom(tokens);
-            nb::gil_scoped_release release;
-            return ValueOrThrow(c.Reserve(ns, t, first_chunk));
+            const size_t first = IndexFrom(first_chunk, "first_chunk");
+            Result<ChunkReservation> r = [&] {
+              nb::gil_scoped_release release;
+              return c.Reserve(ns, t, first);
+            }();
+            return PyReservation(ValueOrThrow(std::move(r)));
           },
           nb::arg("ns"), nb::arg("tokens"), nb::arg("first_chunk") = 0, nb::keep_alive<0, 1>(),
           "Reserves arena slots for the full chunks of `tokens` from first_chunk on that are "
-          "not cached: store without the writes. Use as a context manager; write each "
-          "payload(k), then commit().\n\n"
+          "not cached: store without the writes. Use as a context manager; write(k, data) "
+          "every reserved chunk, then commit().\n\n"
           "Raises InvalidArgument for bad tokens or a namespace not opened here.")
       .def_prop_ro("connected", &Client::connected, "True while a session with the daemon is open.")
       .def("close", &Client::Close, nb::call_guard<nb::gil_scoped_release>(),

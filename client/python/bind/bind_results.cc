@@ -16,12 +16,14 @@ namespace {
 
 // Payloads cross by copy: a view into the arena that outlived its lease or reservation could
 // read a reused slot or write into a committed one.
-void CheckReserved(const ChunkReservation& r, size_t k) {
+size_t CheckReserved(const ChunkReservation& r, int64_t k_arg) {
+  const size_t k = IndexFrom(k_arg, "k");
   if (k >= r.size()) {
     throw StatusError(Status::InvalidArgument("k: reserved chunk " + std::to_string(k) +
                                               " does not exist (size " +
                                               std::to_string(r.size()) + ")"));
   }
+  return k;
 }
 
 }  // namespace
@@ -127,10 +129,12 @@ void BindResults(nb::module_& m) {
                    "Leading chunks leased (0 on a miss or a fail-open).")
       .def(
           "read",
-          [](ChunkLease& lease, size_t i, nb::handle out) -> nb::object {
+          [](ChunkLease& lease, int64_t i_arg, nb::handle out) -> nb::object {
+            const size_t i = IndexFrom(i_arg, "i");
             if (!lease.held()) {
               throw StatusError(Status::FailedPrecondition(
-                  "read: the lease was released (or nothing was leased)"));
+                  lease.num_chunks() == 0 ? "read: nothing was leased (a miss)"
+                                          : "read: the lease was released"));
             }
             if (i >= lease.num_chunks()) {
               throw StatusError(Status::InvalidArgument(
@@ -177,61 +181,72 @@ void BindResults(nb::module_& m) {
 
   DefContextManager(lease, [](ChunkLease& l) { l.Release(); });
 
-  auto reservation = nb::class_<ChunkReservation>(
+  auto reservation = nb::class_<PyReservation>(
       m, "ChunkReservation",
       "Arena slots reserved for the chunks of a prompt not yet stored (Client.reserve). "
       "write(k, data) every chunk, then commit(); leaving the `with` block without commit() "
       "aborts, and nothing half-written ever becomes visible.")
-      .def("__len__", &ChunkReservation::size, "Chunks to write.")
+      .def("__len__", [](const PyReservation& p) { return p.r.size(); }, "Chunks to write.")
       .def(
           "chunk_index",
-          [](const ChunkReservation& r, size_t k) {
-            CheckReserved(r, k);
-            return r.chunk_index(k);
+          [](const PyReservation& p, int64_t k) {
+            return p.r.chunk_index(CheckReserved(p.r, k));
           },
           nb::arg("k"),
           "Index of reserved chunk k among the prompt's full chunks. Raises InvalidArgument "
-          "when k >= len(self).")
+          "when k is negative or >= len(self).")
       .def(
           "write",
-          [](ChunkReservation& r, size_t k, nb::handle data) {
-            if (!r.writable()) {
+          [](PyReservation& p, int64_t k_arg, nb::handle data) {
+            if (!p.r.writable()) {
               throw StatusError(Status::FailedPrecondition(
                   "write: the reservation was committed or aborted (or holds nothing)"));
             }
-            CheckReserved(r, k);
+            const size_t k = CheckReserved(p.r, k_arg);
             nb::object holder;
             std::span<std::byte> src = BytesOf(data, /*writable=*/false, "data", &holder);
-            std::span<std::byte> dst = r.payload(k);
+            std::span<std::byte> dst = p.r.payload(k);
             if (src.size() != dst.size()) {
               throw StatusError(Status::InvalidArgument(
                   "data: " + std::to_string(src.size()) + " bytes, not the payload's " +
                   std::to_string(dst.size())));
             }
-            nb::gil_scoped_release release;
-            std::memcpy(dst.data(), src.data(), src.size());
+            {
+              nb::gil_scoped_release release;
+              std::memcpy(dst.data(), src.data(), src.size());
+            }
+            p.written[k] = true;
           },
           nb::arg("k"), nb::arg("data"),
           "Copies `data` (exactly payload_bytes, a C-contiguous CPU buffer: layer-major "
           "[num_layers][K,V][chunk_tokens][num_kv_heads][head_dim]) into reserved chunk k's "
           "slot. Nothing is visible before commit().\n\n"
-          "Raises FailedPrecondition after commit() or abort(), InvalidArgument when "
-          "k >= len(self) or data has another size.")
+          "Raises FailedPrecondition after commit() or abort(), InvalidArgument when k is "
+          "negative or >= len(self), or data has another size.")
       .def(
           "commit",
-          [](ChunkReservation& r) {
+          [](PyReservation& p) {
+            for (size_t k = 0; k < p.written.size() && p.r.writable(); ++k) {
+              if (!p.written[k]) {
+                throw StatusError(Status::FailedPrecondition(
+                    "commit: reserved chunk " + std::to_string(k) +
+                    " was not written (write every chunk, or abort)"));
+              }
+            }
             nb::gil_scoped_release release;
-            return ValueOrThrow(r.Commit());
+            return ValueOrThrow(p.r.Commit());
           },
-          "Makes the written chunks visible. Raises FailedPrecondition when already committed "
-          "or aborted; daemon trouble is a fail_open in the result.")
-      .def("abort", &ChunkReservation::Abort, nb::call_guard<nb::gil_scoped_release>(),
-           "Drops the reservation. Idempotent.")
-      .def_ro("already_stored_chunks", &ChunkReservation::already_stored_chunks)
-      .def_ro("dropped_chunks", &ChunkReservation::dropped_chunks)
-      .def_prop_ro("fail_open",
-                   [](const ChunkReservation& r) { return FailOpenOf(r.fail_open); });
-  DefContextManager(reservation, [](ChunkReservation& r) { r.Abort(); });
+          "Makes the written chunks visible. Raises FailedPrecondition when a reserved chunk "
+          "was not written, or when already committed or aborted; daemon trouble is a "
+          "fail_open in the result.")
+      .def(
+          "abort", [](PyReservation& p) { p.r.Abort(); },
+          nb::call_guard<nb::gil_scoped_release>(), "Drops the reservation. Idempotent.")
+      .def_prop_ro("already_stored_chunks",
+                   [](const PyReservation& p) { return p.r.already_stored_chunks; })
+      .def_prop_ro("dropped_chunks", [](const PyReservation& p) { return p.r.dropped_chunks; })
+      .def_prop_ro("fail_open", [](const PyReservation& p) { return FailOpenOf(p.r.fail_open); });
+  DefContextManager(reservation, [](PyReservation& p) { p.r.Abort(); });
 }
 
 }  // namespace kvtier::python

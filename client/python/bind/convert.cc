@@ -172,6 +172,14 @@ std::string KvDtypeFrom(nb::handle obj) {
       "fp8_e5m2/float8_e5m2 or int8 (a name, a torch dtype or a numpy dtype)"));
 }
 
+size_t IndexFrom(int64_t value, const char* what) {
+  if (value < 0) {
+    throw StatusError(Status::InvalidArgument(std::string(what) + ": " + std::to_string(value) +
+                                              " is negative"));
+  }
+  return static_cast<size_t>(value);
+}
+
 PrefetchPolicy PrefetchPolicyFrom(const std::string& name) {
   if (name == "best_effort") return PrefetchPolicy::kBestEffort;
   if (name == "wait_complete") return PrefetchPolicy::kWaitComplete;

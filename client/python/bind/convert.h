@@ -67,6 +67,9 @@ std::span<std::byte> BytesOf(nb::handle obj, bool writable, const char* what,
 // Errors: INVALID_ARGUMENT listing the accepted names.
 std::string KvDtypeFrom(nb::handle obj);
 
+// A non-negative Python int as an index or count. Errors: INVALID_ARGUMENT naming `what`.
+size_t IndexFrom(int64_t value, const char* what);
+
 // "best_effort", "wait_complete", "timeout" and back. Errors: INVALID_ARGUMENT.
 PrefetchPolicy PrefetchPolicyFrom(const std::string& name);
 const char* PrefetchPolicyName(PrefetchPolicy policy);

@@ -325,6 +325,16 @@ def test_reserve_and_acquire_as_context_managers(kvtierd: KvtierdProcess) -> Non
             # After commit the slots belong to the cache: no more writes through `r`.
             with pytest.raises(kvtier.FailedPrecondition):
                 r.write(0, data[0])
+        # A chunk left unwritten is never published (its slot may hold stale bytes).
+        with c.reserve(ns, prompt(12, 2 * CHUNK)) as r:
+            r.write(0, data[0])
+            with pytest.raises(kvtier.FailedPrecondition, match="chunk 1 was not written"):
+                r.commit()
+            with pytest.raises(kvtier.InvalidArgument, match="k: -1 is negative"):
+                r.write(-1, data[0])
+        assert c.lookup(ns, prompt(12, 2 * CHUNK)).num_chunks == 0
+        with pytest.raises(kvtier.InvalidArgument, match="first_chunk: -1 is negative"):
+            c.reserve(ns, tokens, first_chunk=-1)
         with c.reserve(ns, prompt(11, CHUNK)) as r:
             r.write(0, np.ones(ns.payload_bytes, dtype=np.uint8))
         # left without commit: aborted, nothing visible, no more writes

@@ -19,17 +19,16 @@ LAYERS, HEADS, DIM, PAGE, DEVICE_TOKENS = 2, 2, 16, 16, 256
 LORA_RANK, ROPE_DIM = 16, 8  # MLA latent: kv_lora_rank + qk_rope_head_dim
 
 
-def host_pool(layout: str, seed: int | None) -> MHATokenToKVPoolHost:
+def host_pool(layout: str, seed: int | None,
+              dtype: torch.dtype = torch.float16) -> MHATokenToKVPoolHost:
     """A host pool of 528 token slots (33 pages), random contents unless seed is None."""
-    k = tuple(torch.zeros(DEVICE_TOKENS + PAGE, HEADS, DIM, dtype=torch.float16)
-              for _ in range(LAYERS))
-    v = tuple(torch.zeros(DEVICE_TOKENS + PAGE, HEADS, DIM, dtype=torch.float16)
-              for _ in range(LAYERS))
+    k = tuple(torch.zeros(DEVICE_TOKENS + PAGE, HEADS, DIM, dtype=dtype) for _ in range(LAYERS))
+    v = tuple(torch.zeros(DEVICE_TOKENS + PAGE, HEADS, DIM, dtype=dtype) for _ in range(LAYERS))
     ptrs = [torch.tensor([t.data_ptr() for t in x], dtype=torch.uint64) for x in (k, v)]
     info = MHABufferInfo(buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs[0], v_data_ptrs=ptrs[1],
                                            layout=KVBufferLayout.NHD),
                          page_size=PAGE, head_num=HEADS, head_dim=DIM, v_head_dim=DIM,
-                         dtype=torch.float16, device=torch.device("cpu"))
+                         dtype=dtype, device=torch.device("cpu"))
     pool = MHATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu",
                                 device_capacity_tokens=DEVICE_TOKENS, start_layer=0,
                                 end_layer=LAYERS)
@@ -59,9 +58,9 @@ def mla_pool(layout: str, seed: int | None) -> MLATokenToKVPoolHost:
 
 
 def storage(socket: str, pool: Any, tp_rank: int = 0, tp_size: int = 1, mla: bool = False,
-            metrics: bool = False, **extra: Any) -> KvtierStorage:
+            metrics: bool = False, pp: tuple[int, int] = (0, 1), **extra: Any) -> KvtierStorage:
     config = HiCacheStorageConfig(
-        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp[0], pp_size=pp[1], attn_cp_rank=0,
         attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=metrics,
         is_page_first_layout=pool.layout == "page_first", model_name="test/tiny-llama",
         extra_config={"backend_name": "kvtier", "module_path": "kvtier.integrations.sglang",

@@ -129,6 +129,7 @@ def test_host_indices_that_are_not_whole_pages_are_refused(kvtierd: KvtierdProce
     assert s.batch_set_v1(keys, shifted) == [False, False]
     assert s.batch_get_v1(keys, shifted) == [False, False]
     assert s.batch_get_v1(keys, indices([1])) == [False, False]  # one page for two keys
+    assert s.batch_get_v1(keys[:1], indices([1]) - 2 * 16) == [False]  # before the pool
     assert s.batch_exists(keys) == 0 and torch.equal(pool.kv_buffer, before)
 
 
@@ -140,3 +141,12 @@ def test_bad_configurations_are_refused(kvtierd: KvtierdProcess) -> None:
         storage(kvtierd.socket, pool, sokcet="/tmp/x")
     with pytest.raises(ValueError, match="page_first_direct"):
         storage(kvtierd.socket, host_pool("page_first_direct", seed=None))
+    with pytest.raises(ValueError, match="deadline_ms must be an integer"):
+        storage(kvtierd.socket, pool, deadline_ms="abc")
+    with pytest.raises(ValueError, match="pp_size 2 is not supported"):
+        storage(kvtierd.socket, pool, pp=(1, 2))
+    # fp8 KV: SGLang's host pool holds uint8; the extra config says which fp8.
+    fp8 = host_pool("layer_first", seed=None, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="kv_dtype"):
+        storage(kvtierd.socket, fp8)
+    assert storage(kvtierd.socket, fp8, kv_dtype="fp8_e5m2")._ready().kv_dtype == "fp8_e5m2"

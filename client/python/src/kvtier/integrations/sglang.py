@@ -11,8 +11,11 @@ Enable it with::
 ``interface_v1: 1`` is required: SGLang then calls the zero-copy batch calls
 (``batch_get_v1`` / ``batch_set_v1``) over its registered host pool, which is all this backend
 implements. Extra config keys of kvtier's own (optional): ``socket`` (default
-``${XDG_RUNTIME_DIR:-/tmp}/kvtier/kvtierd.sock``; ``{tp_rank}`` becomes the rank),
-``deadline_ms`` (100), ``model_id`` (default: SGLang's model name).
+``${XDG_RUNTIME_DIR:-/tmp}/kvtier/kvtierd.sock``; ``{tp_rank}`` becomes the rank, 0 for MLA
+whose shared copy lives on rank 0's daemon), ``deadline_ms`` (100), ``model_id`` (default:
+SGLang's model name), ``kv_dtype`` (``fp8_e4m3`` or ``fp8_e5m2``; required with an fp8 KV
+cache, which SGLang's host pool stores as uint8). Pipeline and context parallelism are
+refused (not supported yet).
 
 SGLang names each page by its own chained SHA-256 hash, so the backend opens an
 engine-keyed namespace (DESIGN.md): one kvtier chunk per SGLang page (``--page-size`` must be
@@ -46,8 +49,25 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["KvtierStorage"]
 
-_OWN_KEYS = {"socket", "deadline_ms", "model_id"}
+_OWN_KEYS = {"socket", "deadline_ms", "model_id", "kv_dtype"}
 _SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1"}
+
+
+def _int_setting(extra: dict[str, Any], key: str, default: int) -> int:
+    value = extra.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"kvtier: {key} must be an integer, not {value!r}")
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"kvtier: {key} must be an integer, not {value!r}") from None
+
+
+def _namespace_text(value: str) -> str:
+    """A model name as a namespace field: at most 512 bytes and no '|' (else its SHA-256)."""
+    if "|" in value or len(value.encode()) > 512:
+        return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+    return value
 
 
 def _page_hash(key: str) -> bytes:
@@ -71,17 +91,27 @@ class KvtierStorage(HiCacheStorage):
         if unknown:
             raise ValueError(f"kvtier: unknown hicache storage extra config keys {unknown}; "
                              f"known: {sorted(_OWN_KEYS | _SGLANG_KEYS)}")
-        if not int(extra.get("interface_v1", 0)):
+        for name, size in (("pp_size", storage_config.pp_size),
+                           ("attn_cp_size", storage_config.attn_cp_size),
+                           ("dcp_size", storage_config.dcp_size)):
+            if size > 1:
+                raise ValueError(f"kvtier: {name} {size} is not supported yet (the ranks' pages "
+                                 "would share one namespace)")
+        if not _int_setting(extra, "interface_v1", 0):
             raise ValueError('kvtier: add "interface_v1": 1 to '
                              "--hicache-storage-backend-extra-config (kvtier implements the "
                              "zero-copy batch_get_v1/batch_set_v1 calls)")
         self._config = storage_config
-        self._model_id = str(extra.get("model_id") or storage_config.model_name or "")
+        self._model_id = _namespace_text(str(extra.get("model_id") or
+                                             storage_config.model_name or ""))
         if not self._model_id:
             raise ValueError("kvtier: no model name: set model_id in the extra config")
-        socket = str(extra.get("socket", "")).replace("{tp_rank}", str(storage_config.tp_rank))
+        self._kv_dtype = extra.get("kv_dtype")
+        # MLA's one shared copy lives on rank 0's daemon: every rank asks that one.
+        rank = 0 if storage_config.is_mla_model else storage_config.tp_rank
+        socket = str(extra.get("socket", "")).replace("{tp_rank}", str(rank))
         self._client = kvtier.Client.connect(socket=socket,
-                                             deadline_ms=int(extra.get("deadline_ms", 100)),
+                                             deadline_ms=_int_setting(extra, "deadline_ms", 100),
                                              client_name=f"sglang-tp{storage_config.tp_rank}")
         self._runtime = kvtier.Runtime.host()  # the host pool is CPU memory
         self._arena = kvtier.GpuArena(self._runtime)
@@ -128,8 +158,15 @@ class KvtierStorage(HiCacheStorage):
             spec = dict(layout="mha", num_kv_heads=int(pool.head_num),
                         head_dim=int(pool.head_dim), tp_rank=self._config.tp_rank,
                         tp_size=self._config.tp_size)
+        dtype: Any = pool.dtype
+        if dtype == torch.uint8:  # SGLang keeps fp8 KV in uint8 storage
+            if self._kv_dtype not in ("fp8_e4m3", "fp8_e5m2"):
+                raise ValueError('kvtier: the host pool stores fp8 KV as uint8: add "kv_dtype": '
+                                 '"fp8_e4m3" or "fp8_e5m2" (as --kv-cache-dtype) to the extra '
+                                 "config")
+            dtype = self._kv_dtype
         self._ns = self._client.open_namespace(model_id=self._model_id, num_layers=layers,
-                                               kv_dtype=pool.dtype, chunk_tokens=page,
+                                               kv_dtype=dtype, chunk_tokens=page,
                                                engine_keyed=True, **spec)
         self._page, self._layers = page, layers
         logger.info("kvtier: host pool registered (%s, %d layers, page %d): namespace %s",
@@ -153,7 +190,8 @@ class KvtierStorage(HiCacheStorage):
             return None
         runs = host_indices.reshape(num_pages, page).to(torch.int64)
         first = runs[:, 0]
-        if bool((first % page != 0).any()) or not torch.equal(
+        size = int(self.mem_pool_host.size)
+        if bool(((first % page != 0) | (first < 0) | (first + page > size)).any()) or not torch.equal(
                 runs - first[:, None], torch.arange(page, dtype=torch.int64).expand_as(runs)):
             logger.error("kvtier: host indices are not whole, page-aligned pages")
             return None

@@ -1,20 +1,9 @@
-"""Fixtures of the SGLang storage backend tests: a real kvtierd per test."""
+"""The SGLang storage backend tests use the kvtierd fixture of ../conftest.py; this puts
+their helpers (sglang_pools) on the path."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Iterator
 
-import pytest
-
-sys.path.insert(0, str(Path(__file__).parent.parent))
 sys.path.insert(0, str(Path(__file__).parent))
-
-from kvtierd_process import KvtierdProcess  # noqa: E402
-
-
-@pytest.fixture
-def kvtierd() -> Iterator[KvtierdProcess]:
-    with KvtierdProcess() as daemon:
-        yield daemon

@@ -1,23 +1,14 @@
-"""Fixtures of the vLLM connector tests: a real kvtierd and a tiny local model config."""
+"""The vLLM connector tests use the kvtierd fixture of ../conftest.py; this adds a tiny local
+model config and puts their helpers (engine_harness) on the path."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent.parent))
 sys.path.insert(0, str(Path(__file__).parent))
-
-from kvtierd_process import KvtierdProcess  # noqa: E402
-
-
-@pytest.fixture
-def kvtierd() -> Iterator[KvtierdProcess]:
-    with KvtierdProcess() as daemon:
-        yield daemon
 
 
 @pytest.fixture(scope="session")

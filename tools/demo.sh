@@ -8,7 +8,7 @@
 set -euo pipefail
 BIN=${1:-build/bin}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-TRACE="$REPO/../shared/data/traces/conversation_trace.jsonl"
+TRACE="$REPO/data/traces/conversation_trace.jsonl"
 WORK=$(mktemp -d /tmp/kvtier-demo.XXXXXX)
 SOCK="$WORK/kvtierd.sock"
 # On the build folder's disk: the NVMe tier needs O_DIRECT, which tmpfs may refuse.

@@ -17,8 +17,8 @@ namespace kvtier::testing {
 namespace {
 
 std::string TracePath() {
-  const char* shared = std::getenv("KVTIER_SHARED_DIR");
-  return std::string(shared ? shared : KVTIER_SHARED_DIR_DEFAULT) +
+  const char* root = std::getenv("KVTIER_DATA_ROOT");
+  return std::string(root ? root : KVTIER_DATA_ROOT_DEFAULT) +
          "/data/traces/conversation_trace.jsonl";
 }
 

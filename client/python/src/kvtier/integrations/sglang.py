@@ -44,6 +44,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 import kvtier
+from kvtier.integrations._names import namespace_text
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +62,6 @@ def _int_setting(extra: dict[str, Any], key: str, default: int) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"kvtier: {key} must be an integer, not {value!r}") from None
-
-
-def _namespace_text(value: str) -> str:
-    """A model name as a namespace field: at most 512 bytes and no '|' (else its SHA-256)."""
-    if "|" in value or len(value.encode()) > 512:
-        return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
-    return value
 
 
 def _page_hash(key: str) -> bytes:
@@ -102,7 +96,7 @@ class KvtierStorage(HiCacheStorage):
                              "--hicache-storage-backend-extra-config (kvtier implements the "
                              "zero-copy batch_get_v1/batch_set_v1 calls)")
         self._config = storage_config
-        self._model_id = _namespace_text(str(extra.get("model_id") or
+        self._model_id = namespace_text(str(extra.get("model_id") or
                                              storage_config.model_name or ""))
         if not self._model_id:
             raise ValueError("kvtier: no model name: set model_id in the extra config")

@@ -46,7 +46,6 @@ tensors are recognised too.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
@@ -64,6 +63,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import kvtier
+from kvtier.integrations._names import namespace_text
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -205,16 +205,6 @@ def _namespace_spec(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
     return args
 
 
-def _namespace_text(value: Optional[str]) -> str:
-    """A cache salt or LoRA name as a namespace field: kvtier's fields hold at most 512 bytes
-    and no '|', so any other value is replaced by its SHA-256 (still one namespace per value)."""
-    if not value:
-        return ""
-    if "|" in value or len(value.encode()) > 512:
-        return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
-    return value
-
-
 def _paged_cache(tensors: list[torch.Tensor], head_size: int, mla: bool) -> kvtier.PagedKvCache:
     """kvtier's view of vLLM's per-layer KV cache tensors (see the module docstring)."""
     t = tensors[0]
@@ -287,7 +277,7 @@ class KvtierConnector(KVConnectorBase_V1):
                    lora_name: Optional[str]) -> Optional[kvtier.Namespace]:
         """The namespace of a salt and LoRA adapter; None when the daemon refuses it (e.g. it
         holds too many namespaces): those requests run without the cache."""
-        key = (_namespace_text(cache_salt), _namespace_text(lora_name))
+        key = (namespace_text(cache_salt), namespace_text(lora_name))
         if key in self._namespaces:
             return self._namespaces[key]
         ns: Optional[kvtier.Namespace] = None

@@ -17,10 +17,10 @@ class AdminClient::Impl {
         deadline_(deadline) {}
 
   template <typename Req, typename Resp, typename Method>
-  Status Call(Method method, Resp* resp) {
+  Status Call(Method method, Resp* resp, const Req& req = Req()) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + deadline_);
-    return FromGrpcStatus((stub_.get()->*method)(&ctx, Req(), resp));
+    return FromGrpcStatus((stub_.get()->*method)(&ctx, req, resp));
   }
 
  private:
@@ -77,6 +77,18 @@ Result<std::vector<NamespaceInfo>> AdminClient::Namespaces() {
     if (!id) return Status::DataLoss("daemon returned a namespace_id that is not 16 bytes");
     out.push_back({*id, FromProto(n.spec()), n.chunks(), n.slot_bytes()});
   }
+  return out;
+}
+
+Result<std::vector<TierEviction>> AdminClient::Evict(const EvictScope& scope) {
+  v1::EvictRequest req;
+  req.set_all(scope.all);
+  if (scope.ns) req.set_namespace_id(scope.ns->ToBytes());
+  req.set_tokens(PackTokens(scope.tokens));
+  v1::EvictResponse r;
+  KVTIER_RETURN_IF_ERROR((impl_->Call(&v1::Admin::Stub::Evict, &r, req)));
+  std::vector<TierEviction> out;
+  for (const auto& t : r.tiers()) out.push_back({t.tier(), t.removed(), t.kept()});
   return out;
 }
 

@@ -42,6 +42,27 @@ std::string ChunkKey::ToHex() const {
   return s;
 }
 
+std::optional<ChunkKey> ChunkKey::FromHex(std::string_view hex) {
+  if (hex.size() != 32) return std::nullopt;
+  ChunkKey k;
+  for (size_t i = 0; i < 32; ++i) {
+    const char c = hex[i];
+    uint64_t v;
+    if (c >= '0' && c <= '9') {
+      v = static_cast<uint64_t>(c - '0');
+    } else if (c >= 'a' && c <= 'f') {
+      v = static_cast<uint64_t>(c - 'a' + 10);
+    } else if (c >= 'A' && c <= 'F') {
+      v = static_cast<uint64_t>(c - 'A' + 10);
+    } else {
+      return std::nullopt;
+    }
+    uint64_t& half = i < 16 ? k.hi : k.lo;
+    half = (half << 4) | v;
+  }
+  return k;
+}
+
 ChunkKey ComputeChunkKey(const ChunkKey& parent, std::span<const int32_t> tokens) {
   XXH3_state_t state;
   XXH3_128bits_reset(&state);

@@ -139,6 +139,7 @@ void CacheCore::PromoteStep(uint64_t id) {
                   p.tokens.begin() + static_cast<ptrdiff_t>((r.index + 1) * ct));
   }
   const bool is_ticket = !p.on_done;
+  const uint64_t generation = evict_generation_;
   ++ns->active_reservations;  // the namespace keeps its slot class while the lock is dropped
   std::vector<NvmeTier::ReadRequest> reads;
   for (size_t k = 0; k < plan.size(); ++k) {
@@ -155,7 +156,8 @@ void CacheCore::PromoteStep(uint64_t id) {
   NoteNvmeIo(io.ok());
   it = promotions_.find(id);
   Promotion* live = it == promotions_.end() ? nullptr : &it->second;
-  bool stopped = false;
+  // An admin eviction meanwhile may have removed what was read: keep none of it.
+  bool stopped = generation != evict_generation_;
   size_t promoted = 0;
   for (size_t k = 0; k < plan.size(); ++k) {
     uint32_t h = ChunkIndex::kNone;
@@ -335,6 +337,7 @@ size_t CacheCore::WriteThroughOnce() {
   std::vector<Demotion> demoted;
   {
     std::lock_guard lock(mu_);
+    if (admin_evictions_running_ > 0) return 0;  // it waits for the writes in flight
     while (!demotions_.empty() && demoted.size() < kBatch) {
       demoted.push_back(std::move(demotions_.front()));
       demotions_.pop_front();
@@ -354,7 +357,7 @@ size_t CacheCore::WriteThroughOnce() {
     }
     std::lock_guard lock(mu_);
     NoteNvmeIo(stored.ok());
-    nvme_in_flight_ -= demoted.size();
+    EndNvmeWrites(demoted.size());
     for (const Demotion& d : demoted) {
       demoting_.erase(d.key);
       demotion_bytes_ -= d.layout.slot_bytes;
@@ -373,6 +376,7 @@ size_t CacheCore::WriteThroughOnce() {
   size_t taken = 0;
   {
     std::lock_guard lock(mu_);
+    if (admin_evictions_running_ > 0) return 0;
     uint64_t batch_bytes = 0;  // the copies below are heap memory: at most kBatchBytes
     while (!nvme_queue_.empty() && taken < kBatch && batch_bytes < kBatchBytes) {
       const PendingWrite w = nvme_queue_.front();
@@ -419,13 +423,18 @@ size_t CacheCore::WriteThroughOnce() {
   }
   std::lock_guard lock(mu_);
   if (!images.empty()) NoteNvmeIo(stored.ok());
-  nvme_in_flight_ -= items.size();
+  EndNvmeWrites(items.size());
   if (stored.ok()) {
     for (size_t i = 0; i < *stored && i < items.size(); ++i) {
       counters_.nvme_write_bytes += items[i].layout.payload_bytes;
     }
   }
   return taken;
+}
+
+void CacheCore::EndNvmeWrites(size_t n) {
+  nvme_in_flight_ -= n;
+  if (nvme_in_flight_ == 0) nvme_idle_cv_.notify_all();
 }
 
 void CacheCore::NoteNvmeIo(bool ok) {

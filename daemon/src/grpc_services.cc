@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include "kvtier/proto/convert.h"
 #include "kvtier/proto/status_mapping.h"
 
 namespace kvtier {
@@ -156,6 +157,31 @@ grpc::ServerUnaryReactor* AdminService::Namespaces(grpc::CallbackServerContext* 
                                                    v1::NamespacesResponse* resp) {
   core_.Namespaces(resp);
   return Done(ctx, Status::Ok());
+}
+
+grpc::ServerUnaryReactor* AdminService::Evict(grpc::CallbackServerContext* ctx,
+                                              const v1::EvictRequest* req,
+                                              v1::EvictResponse* resp) {
+  std::string scope = "everything";
+  if (!req->all()) {
+    auto id = KeyFromWire(req->namespace_id());
+    scope = "namespace " + (id ? id->ToHex() : "(malformed)");
+    if (!req->tokens().empty()) {
+      scope += " prefix of " + std::to_string(req->tokens().size() / 4) + " tokens";
+    }
+  }
+  const Status st = core_.Evict(*req, resp);
+  std::string outcome;
+  for (const v1::TierEviction& t : resp->tiers()) {
+    outcome += fmt::format("{}{}: {} removed, {} kept under lease", outcome.empty() ? "" : "; ",
+                           t.tier(), t.removed(), t.kept());
+  }
+  if (st.ok()) {
+    spdlog::info("admin: evict {} (peer {}): {}", scope, ctx->peer(), outcome);
+  } else {
+    spdlog::warn("admin: evict {} (peer {}) refused: {}", scope, ctx->peer(), st.ToString());
+  }
+  return Done(ctx, st);
 }
 
 }  // namespace kvtier

@@ -54,6 +54,9 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* Namespaces(grpc::CallbackServerContext* ctx,
                                        const v1::NamespacesRequest* req,
                                        v1::NamespacesResponse* resp) override;
+  // Leaves an audit line (who, what, what it did) in the daemon's log.
+  grpc::ServerUnaryReactor* Evict(grpc::CallbackServerContext* ctx, const v1::EvictRequest* req,
+                                  v1::EvictResponse* resp) override;
 
  private:
   CacheCore& core_;

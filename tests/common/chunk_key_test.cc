@@ -228,5 +228,21 @@ TEST(ChunkKey, IsZeroOnlyForTheZeroKey) {
   EXPECT_FALSE((ChunkKey{1, 0}.IsZero()));
 }
 
+TEST(ChunkKey, FromHexReadsWhatToHexWrites) {
+  const ChunkKey k{0x0123456789abcdefULL, 0xfedcba9876543210ULL};
+  EXPECT_EQ(k.ToHex(), "fedcba98765432100123456789abcdef");
+  ASSERT_TRUE(ChunkKey::FromHex(k.ToHex()).has_value());
+  EXPECT_EQ(*ChunkKey::FromHex(k.ToHex()), k);
+  EXPECT_EQ(*ChunkKey::FromHex("FEDCBA98765432100123456789ABCDEF"), k);
+}
+
+TEST(ChunkKey, FromHexRefusesWrongLengthAndNonHexDigits) {
+  EXPECT_FALSE(ChunkKey::FromHex("").has_value());
+  EXPECT_FALSE(ChunkKey::FromHex("fedcba98765432100123456789abcde").has_value());
+  EXPECT_FALSE(ChunkKey::FromHex("fedcba98765432100123456789abcdef0").has_value());
+  EXPECT_FALSE(ChunkKey::FromHex("gedcba98765432100123456789abcdef").has_value());
+  EXPECT_FALSE(ChunkKey::FromHex("fedcba9876543210 123456789abcdef").has_value());
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -8,59 +8,11 @@
 #include <future>
 #include <thread>
 
-#include "daemon/cache_core_harness.h"
+#include "daemon/cache_core_nvme_harness.h"
 #include "kvtier/daemon/cache_core.h"
-#include "kvtier/tiers/io_uring_file_device.h"
-#include "testing/fault_injection_device.h"
 
 namespace kvtier::testing {
 namespace {
-
-namespace fs = std::filesystem;
-
-class CacheCoreNvmeTest : public CacheCoreHarness {
- protected:
-  CacheCoreNvmeTest() : dir_(fs::current_path() / ("core-nvme-" + std::to_string(getpid()))) {
-    fs::create_directories(dir_);
-  }
-  ~CacheCoreNvmeTest() override {
-    core_.reset();
-    fs::remove_all(dir_);
-  }
-
-  // DRAM of `dram_slots` slots over an NVMe device whose writes fail after
-  // `good_writes`.
-  void StartWithNvme(uint64_t dram_slots, uint64_t good_writes,
-                     NvmeWritePolicy policy = NvmeWritePolicy::kWriteThrough,
-                     uint64_t write_back_buffer_bytes = uint64_t{256} << 20) {
-    auto inner = IoUringFileDevice::Open({(dir_ / "slots.dat").string(), 4 << 20, 8});
-    ASSERT_TRUE(inner.ok()) << inner.status().ToString();
-    inner_ = std::move(inner).value();
-    auto faulty = std::make_unique<FaultInjectionDevice>(*inner_, good_writes);
-    faulty_ = faulty.get();
-    std::vector<std::unique_ptr<BlockDevice>> devices;
-    devices.push_back(std::move(faulty));
-    auto index = NvmeIndex::Open((dir_ / "index").string());
-    ASSERT_TRUE(index.ok());
-    auto nvme = NvmeTier::Create(std::move(devices), std::move(index).value());
-    ASSERT_TRUE(nvme.ok()) << nvme.status().ToString();
-    CacheCoreOptions o = Options(dram_slots);
-    o.nvme_write_policy = policy;
-    o.selective_min_hits = 2;
-    o.write_back_buffer_bytes = write_back_buffer_bytes;
-    Start(o, std::move(nvme).value());
-  }
-
-  const v1::TierStats& NvmeStats(v1::StatsResponse& s) {
-    s = Stats();
-    EXPECT_EQ(s.tiers_size(), 2);
-    return s.tiers(1);
-  }
-
-  fs::path dir_;
-  std::unique_ptr<IoUringFileDevice> inner_;
-  FaultInjectionDevice* faulty_ = nullptr;
-};
 
 TEST_F(CacheCoreNvmeTest, WriteThroughThenPromotionServesTheSameBytes) {
   StartWithNvme(/*dram_slots=*/3, /*good_writes=*/1000);

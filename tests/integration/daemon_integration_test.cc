@@ -92,6 +92,13 @@ class DaemonTest : public ::testing::Test {
     return o;
   }
 
+  // `kvtier_test_client store-load` against the daemon: some traffic.
+  CommandResult StoreLoad(const char* seed, const char* requests) {
+    return RunCommand({BinPath("kvtier_test_client"), "store-load", "--socket", socket_, "--seed",
+                       seed, "--requests", requests},
+                      60s);
+  }
+
   // `kvtierctl --json stats`, parsed; fails the test when it does not parse.
   json Stats(DaemonProcess& d) {
     CommandResult r = d.Ctl({"--json", "stats"});
@@ -398,9 +405,7 @@ TEST_F(DaemonTest, SecondDaemonOnSameSocketIsRefusedAndFirstKeepsServing) {
   json hj = ParseJson(h);
   ASSERT_FALSE(hj.is_discarded()) << h.Describe();
   EXPECT_EQ(hj["pid"], daemon.pid());
-  CommandResult c = RunCommand({BinPath("kvtier_test_client"), "store-load", "--socket", socket_,
-                                "--seed", "3", "--requests", "4"},
-                               60s);
+  CommandResult c = StoreLoad("3", "4");
   EXPECT_TRUE(c.ok()) << c.Describe();
 }
 
@@ -410,9 +415,7 @@ TEST_F(DaemonTest, KvtierctlJsonOutputParsesAndHasTheDocumentedFields) {
   DaemonProcess daemon(Opts());
   ASSERT_EQ(daemon.Start(), "");
   // Some traffic so that counters and namespaces are not all zero.
-  CommandResult c = RunCommand({BinPath("kvtier_test_client"), "store-load", "--socket", socket_,
-                                "--seed", "4", "--requests", "6"},
-                               60s);
+  CommandResult c = StoreLoad("4", "6");
   ASSERT_TRUE(c.ok()) << c.Describe();
 
   json s = Stats(daemon);
@@ -466,6 +469,47 @@ TEST_F(DaemonTest, KvtierctlJsonOutputParsesAndHasTheDocumentedFields) {
     EXPECT_TRUE(r.ok()) << sub << ": " << r.Describe();
     EXPECT_FALSE(r.out.empty()) << sub;
   }
+}
+
+TEST_F(DaemonTest, KvtierctlEvictDropsANamespaceAndLeavesAnAuditLine) {
+  DaemonProcess daemon(Opts());
+  ASSERT_EQ(daemon.Start(), "");
+  CommandResult c = StoreLoad("5", "4");
+  ASSERT_TRUE(c.ok()) << c.Describe();
+  json nj = ParseJson(daemon.Ctl({"--json", "namespaces"}));
+  ASSERT_EQ(nj["namespaces"].size(), 1u);
+  const std::string id = nj["namespaces"][0]["namespace_id"];
+  const uint64_t chunks = nj["namespaces"][0]["chunks"];
+  ASSERT_GT(chunks, 0u);
+
+  CommandResult e = daemon.Ctl({"--json", "evict", "--namespace", id});
+  ASSERT_TRUE(e.ok()) << e.Describe();
+  json ej = ParseJson(e);
+  ASSERT_FALSE(ej.is_discarded()) << e.out;
+  ASSERT_EQ(ej["tiers"][0]["tier"], "dram") << e.out;
+  EXPECT_EQ(ej["tiers"][0]["removed"], chunks) << e.out;
+  EXPECT_EQ(ej["tiers"][0]["kept"], 0u) << e.out;
+  EXPECT_EQ(Stats(daemon)["tiers"][0]["chunks"], 0u);
+  EXPECT_NE(ReadFileOrEmpty(dir_.Sub("kvtierd.log")).find("admin: evict namespace " + id),
+            std::string::npos)
+      << "no audit line";
+
+  // Usage errors exit 2 and name the option; a scope the daemon refuses exits 1.
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"evict"}, {"evict", "--all", "--namespace", id},
+        {"evict", "--namespace", "nothex"}, {"evict", "--namespace", id, "--tokens", "1,x"}}) {
+    CommandResult r = daemon.Ctl(bad);
+    EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 2) << r.Describe();
+    EXPECT_FALSE(r.err.empty()) << r.Describe();
+  }
+  CommandResult short_prefix = daemon.Ctl({"evict", "--namespace", id, "--tokens", "1,2,3"});
+  EXPECT_TRUE(short_prefix.exit.exited && short_prefix.exit.exit_code == 1)
+      << short_prefix.Describe();
+  EXPECT_NE(short_prefix.err.find("less than one chunk"), std::string::npos)
+      << short_prefix.Describe();
+  CommandResult all = daemon.Ctl({"evict", "--all"});
+  EXPECT_TRUE(all.ok()) << all.Describe();
+  EXPECT_NE(all.out.find("removed"), std::string::npos) << all.Describe();
 }
 
 TEST_F(DaemonTest, KvtierctlHealthFailsWithoutADaemon) {

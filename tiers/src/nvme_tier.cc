@@ -246,6 +246,35 @@ void NvmeTier::EraseLocked(uint32_t h) {
   chunks_.Erase(h);
 }
 
+Result<SubtreeRemoval> NvmeTier::RemoveSubtrees(
+    const std::function<bool(const ChunkKey& key, const NamespaceId& ns)>& pick) {
+  std::lock_guard lock(mu_);
+  SubtreeRemoval tally;
+  std::vector<uint32_t> order = chunks_.SubtreesDeepestFirst(
+      [&](uint32_t h) { return pick(chunks_.Get(h).key, ns_[h]); });
+  // Children come first, so a chunk is removable once none of its children stays.
+  std::unordered_map<uint32_t, uint32_t> children_removed;
+  std::vector<uint32_t> removable;
+  std::vector<ChunkKey> keys;
+  for (uint32_t h : order) {
+    const ChunkEntry& e = chunks_.Get(h);
+    if (e.leases != 0 || e.resident_children != children_removed[h]) {
+      ++tally.kept;
+      continue;
+    }
+    removable.push_back(h);
+    keys.push_back(e.key);
+    if (e.parent != ns_[h]) {
+      if (uint32_t ph = chunks_.Find(e.parent); ph != ChunkIndex::kNone) ++children_removed[ph];
+    }
+  }
+  if (keys.empty()) return tally;
+  KVTIER_RETURN_IF_ERROR(index_->Delete(keys));  // records before slots, as eviction does
+  for (uint32_t h : removable) EraseLocked(h);
+  tally.removed = removable.size();
+  return tally;
+}
+
 bool NvmeTier::EvictOneLocked(uint64_t same_size) {
   auto victim = policy_->PickVictim([&](uint32_t h) {
     const ChunkEntry& e = chunks_.Get(h);

@@ -75,4 +75,20 @@ void SlotTier::Remove(uint32_t handle) {
   --ns_chunks_[e.ns_index];
 }
 
+SubtreeRemoval SlotTier::RemoveSubtrees(const std::function<bool(uint32_t)>& pick,
+                                        const std::function<void(uint32_t)>& on_remove) {
+  SubtreeRemoval tally;
+  for (uint32_t h : index_.SubtreesDeepestFirst(pick)) {
+    const ChunkEntry& e = index_.Get(h);
+    if (e.leases != 0 || e.resident_children != 0) {
+      ++tally.kept;
+      continue;
+    }
+    on_remove(h);
+    Remove(h);
+    ++tally.removed;
+  }
+  return tally;
+}
+
 }  // namespace kvtier

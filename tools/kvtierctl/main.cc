@@ -1,9 +1,11 @@
 // kvtierctl: the admin CLI of kvtierd.
 //   kvtierctl [--socket PATH] [--json] stats | health | namespaces
+//   kvtierctl evict (--all | --namespace ID [--tokens 1,2,3 | --tokens-file F.json])
 // Human tables by default, --json for scripts. Exit codes: 0 OK (health:
 // serving), 1 daemon unreachable or not serving, 2 usage error.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "kvtier/admin_client.h"
@@ -76,6 +78,34 @@ void PrintStats(const kvtier::DaemonStats& s) {
               static_cast<unsigned long long>(s.prefetched_chunks));
 }
 
+// The scope of `kvtierctl evict`; a usage error names the bad option.
+kvtier::Result<kvtier::EvictScope> ParseEvictScope(bool all, const std::string& ns_hex,
+                                                   std::vector<int32_t> tokens,
+                                                   const std::string& tokens_file) {
+  if (all == !ns_hex.empty()) {
+    return kvtier::Status::InvalidArgument("give exactly one of --all and --namespace");
+  }
+  if (all) return kvtier::EvictScope::All();
+  auto id = kvtier::ChunkKey::FromHex(ns_hex);
+  if (!id) {
+    return kvtier::Status::InvalidArgument("--namespace '" + ns_hex +
+                                           "' is not a namespace id (32 hex digits, as "
+                                           "`kvtierctl namespaces` prints)");
+  }
+  if (!tokens_file.empty()) {
+    std::ifstream in(tokens_file);
+    if (!in) return kvtier::Status::InvalidArgument("--tokens-file " + tokens_file + ": cannot open");
+    try {
+      tokens = json::parse(in).get<std::vector<int32_t>>();
+    } catch (const json::exception& e) {
+      return kvtier::Status::InvalidArgument("--tokens-file " + tokens_file +
+                                             " is not a JSON array of int32 token ids: " +
+                                             e.what());
+    }
+  }
+  return kvtier::EvictScope::Prefix(*id, std::move(tokens));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -92,11 +122,34 @@ int main(int argc, char** argv) {
   auto* stats = app.add_subcommand("stats", "tier capacities, hits, evictions, bytes moved");
   auto* health = app.add_subcommand("health", "exit 0 when the daemon is serving");
   auto* namespaces = app.add_subcommand("namespaces", "namespaces the daemon holds");
-  for (auto* sub : {stats, health, namespaces}) sub->add_flag("--json", as_json, "print JSON");
+  auto* evict = app.add_subcommand(
+      "evict", "drop cached chunks from every tier now (chunks under lease are kept and counted)");
+  bool evict_all = false;
+  std::string evict_ns, tokens_file;
+  std::vector<int32_t> evict_tokens;
+  evict->add_flag("--all", evict_all, "every chunk of every namespace");
+  evict->add_option("--namespace", evict_ns, "every chunk of this namespace (its id)");
+  auto* tokens_opt = evict->add_option("--tokens", evict_tokens,
+                                       "with --namespace: evict the prompts beginning with these "
+                                       "token ids (comma-separated)")
+                         ->delimiter(',');
+  evict->add_option("--tokens-file", tokens_file, "the same, as a JSON array in a file")
+      ->excludes(tokens_opt);
+  for (auto* sub : {stats, health, namespaces, evict}) sub->add_flag("--json", as_json, "print JSON");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;  // --help exits 0; usage errors exit 2
+  }
+
+  kvtier::EvictScope evict_scope;
+  if (evict->parsed()) {
+    auto scope = ParseEvictScope(evict_all, evict_ns, evict_tokens, tokens_file);
+    if (!scope.ok()) {
+      std::fprintf(stderr, "kvtierctl evict: %s\n", scope.status().message().c_str());
+      return 2;
+    }
+    evict_scope = std::move(*scope);
   }
 
   auto admin_or = kvtier::AdminClient::Connect(socket_path, std::chrono::milliseconds(timeout_ms));
@@ -143,6 +196,27 @@ int main(int argc, char** argv) {
                   h->pid, static_cast<unsigned long long>(h->epoch));
     }
     return h->serving ? 0 : 1;
+  } else if (evict->parsed()) {
+    auto tiers = admin->Evict(evict_scope);
+    if (!tiers.ok()) return fail(tiers.status());
+    if (as_json) {
+      json arr = json::array();
+      for (const auto& t : *tiers) arr.push_back({{"tier", t.tier}, {"removed", t.removed}, {"kept", t.kept}});
+      std::printf("%s\n", json{{"tiers", arr}}.dump(2).c_str());
+    } else {
+      std::printf("%-6s %10s %10s\n", "tier", "removed", "kept");
+      uint64_t kept = 0;
+      for (const auto& t : *tiers) {
+        std::printf("%-6s %10llu %10llu\n", t.tier.c_str(), static_cast<unsigned long long>(t.removed),
+                    static_cast<unsigned long long>(t.kept));
+        kept += t.kept;
+      }
+      if (kept > 0) {
+        std::printf("%llu chunks were kept: a lease, a read or a copy holds them (or a chunk after "
+                    "them); run evict again once they are released\n",
+                    static_cast<unsigned long long>(kept));
+      }
+    }
   } else if (namespaces->parsed()) {
     auto list = admin->Namespaces();
     if (!list.ok()) return fail(list.status());

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,29 @@ struct NamespaceInfo {
   uint64_t slot_bytes = 0;
 };
 
+// What an admin eviction takes, from every tier: everything, one namespace, or
+// a prompt prefix of one namespace (the chunk holding the last full chunk of
+// `tokens` and every chunk after it: all cached prompts beginning with them;
+// the namespace must be open in the daemon).
+struct EvictScope {
+  bool all = false;
+  std::optional<NamespaceId> ns;
+  std::vector<int32_t> tokens;
+
+  static EvictScope All() { return {true, std::nullopt, {}}; }
+  static EvictScope Namespace(const NamespaceId& id) { return {false, id, {}}; }
+  static EvictScope Prefix(const NamespaceId& id, std::vector<int32_t> prefix) {
+    return {false, id, std::move(prefix)};
+  }
+};
+
+// One tier's part of an eviction.
+struct TierEviction {
+  std::string tier;      // "hbm", "dram" or "nvme"
+  uint64_t removed = 0;  // chunks dropped
+  uint64_t kept = 0;     // selected but pinned (leased, read or copied), or a pinned chunk's ancestor
+};
+
 class AdminClient {
  public:
   // Opens a channel to the daemon's socket (no RPC yet). `deadline` bounds
@@ -76,6 +100,11 @@ class AdminClient {
   Result<DaemonStats> Stats();
   Result<DaemonHealth> Health();
   Result<std::vector<NamespaceInfo>> Namespaces();
+  // Drops the scope's chunks now (the daemon logs who asked). Errors:
+  // INVALID_ARGUMENT (no scope, tokens shorter than one chunk), NOT_FOUND (a
+  // prefix of a namespace not open there), IO_ERROR (the NVMe index refused:
+  // nothing was evicted), and those of every call.
+  Result<std::vector<TierEviction>> Evict(const EvictScope& scope);
 
  private:
   class Impl;

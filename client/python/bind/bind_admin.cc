@@ -1,6 +1,7 @@
 // kvtier.AdminClient: the operator's view (what kvtierctl prints), as plain dicts. Unlike
 // Client it does not fail open: an unreachable daemon raises Unavailable or DeadlineExceeded.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 
@@ -9,6 +10,7 @@
 #include "bindings.h"
 #include "convert.h"
 #include "kvtier/admin_client.h"
+#include "kvtier/socket_path.h"
 
 namespace kvtier::python {
 namespace {
@@ -60,10 +62,12 @@ void BindAdmin(nb::module_& m) {
           "connect",
           [](const std::string& socket, int64_t deadline_ms) {
             nb::gil_scoped_release release;
-            return ValueOrThrow(AdminClient::Connect(socket, std::chrono::milliseconds(deadline_ms)));
+            return ValueOrThrow(AdminClient::Connect(socket.empty() ? DefaultSocketPath() : socket,
+                                                     std::chrono::milliseconds(deadline_ms)));
           },
-          nb::arg("socket"), nb::arg("deadline_ms") = 1000,
-          "Opens a channel to kvtierd's socket (no RPC yet); deadline_ms bounds each call.\n\n"
+          nb::arg("socket") = "", nb::arg("deadline_ms") = 1000,
+          "Opens a channel to kvtierd's socket ('' = ${XDG_RUNTIME_DIR:-/tmp}/kvtier/"
+          "kvtierd.sock, as Client.connect) with no RPC yet; deadline_ms bounds each call.\n\n"
           "Raises InvalidArgument for an empty path or a nonpositive deadline.")
       .def(
           "stats",
@@ -126,7 +130,51 @@ void BindAdmin(nb::module_& m) {
           nb::sig("def namespaces(self) -> list[dict[str, typing.Any]]"),
           "Namespaces the daemon knows: dicts with id, spec (canonical string), model_id, "
           "chunks (resident in DRAM), slot_bytes.\n\n"
-          "Raises Unavailable or DeadlineExceeded when the daemon does not answer.");
+          "Raises Unavailable or DeadlineExceeded when the daemon does not answer.")
+      .def(
+          "evict",
+          [](AdminClient& a, bool all, std::optional<std::string> ns, nb::handle tokens) {
+            EvictScope scope;
+            scope.all = all;
+            if (ns) {
+              scope.ns = ChunkKey::FromHex(*ns);
+              if (!scope.ns) {
+                ThrowIfError(Status::InvalidArgument(
+                    "namespace '" + *ns + "' is not a namespace id (32 hex digits, as "
+                    "Namespace.id and namespaces() give)"));
+              }
+            }
+            if (!tokens.is_none()) scope.tokens = TokensFrom(tokens);
+            std::vector<TierEviction> tiers;
+            {
+              nb::gil_scoped_release release;
+              tiers = ValueOrThrow(a.Evict(scope));
+            }
+            nb::dict out;
+            for (const TierEviction& t : tiers) {
+              nb::dict d;
+              d["removed"] = t.removed;
+              d["kept"] = t.kept;
+              out[t.tier.c_str()] = d;
+            }
+            return out;
+          },
+          nb::kw_only(), nb::arg("all") = false, nb::arg("namespace") = nb::none(),
+          nb::arg("tokens") = nb::none(),
+          nb::sig("def evict(self, *, all: bool = False, namespace: str | None = None, "
+                  "tokens: object | None = None) -> dict[str, dict[str, int]]"),
+          "Drops cached chunks from every tier now; the daemon logs who asked. Exactly one "
+          "scope: all=True; namespace (its id, 32 hex digits); or namespace with tokens (a "
+          "list, int32/int64 array or tensor of token ids; for an engine-keyed namespace, "
+          "chunk ids): the chunk holding the last full chunk of those tokens and every chunk "
+          "after it, that is every cached prompt that begins with them.\n\n"
+          "Returns {tier: {'removed': chunks dropped, 'kept': chunks kept because a lease, "
+          "a read or a copy pins them or one after them}} for 'hbm', 'dram' and 'nvme' (the "
+          "tiers that are on).\n\n"
+          "Raises InvalidArgument for no scope or two, a malformed id or tokens shorter than "
+          "one chunk; NotFound for tokens of a namespace not open in the daemon; IOError "
+          "when the NVMe index refused (nothing was evicted); Unavailable or "
+          "DeadlineExceeded when the daemon does not answer.");
 }
 
 }  // namespace kvtier::python

@@ -399,6 +399,45 @@ def test_admin_stats_count_what_was_stored_and_hit(kvtierd: KvtierdProcess) -> N
         assert any(n["id"] == ns.id for n in admin.namespaces())
 
 
+def test_admin_evict_drops_a_prefix_a_namespace_or_everything(kvtierd: KvtierdProcess) -> None:
+    admin = kvtierd.admin()
+    with connect(kvtierd) as c:
+        ns, other = open_ns(c), open_ns(c, model_id="test/other")
+        a = prompt(30, 3 * CHUNK)
+        b = np.concatenate([a[:2 * CHUNK], prompt(31, CHUNK)])  # shares chunks 0 and 1 with a
+        c.store(ns, a, payloads(ns, 3, 30))
+        c.store(ns, b, payloads(ns, 3, 31))
+        c.store(other, a, payloads(other, 3, 32))
+        # Prompts beginning with a's first 2 chunks (plus a partial tail): chunk 1 and after.
+        got = admin.evict(namespace=ns.id, tokens=a[:2 * CHUNK + 5])
+        assert got["dram"] == {"removed": 3, "kept": 0}
+        assert c.lookup(ns, a).num_chunks == 1 and c.lookup(ns, b).num_chunks == 1
+        # A lease keeps its chunks (and reports them); the other namespace is untouched.
+        with c.acquire(ns, a) as lease:
+            assert lease.num_chunks == 1
+            assert admin.evict(namespace=ns.id)["dram"] == {"removed": 0, "kept": 1}
+        deadline = time.monotonic() + 5  # the SDK hands releases to a background thread
+        while admin.stats()["active_leases"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert admin.evict(namespace=ns.id)["dram"] == {"removed": 1, "kept": 0}
+        assert c.lookup(ns, a).num_chunks == 0
+        assert c.lookup(other, a).num_chunks == 3
+        assert admin.evict(all=True)["dram"] == {"removed": 3, "kept": 0}
+        assert c.lookup(other, a).num_chunks == 0
+        before = admin.stats()
+        bad: list[dict[str, object]] = [
+            {}, {"all": True, "namespace": ns.id}, {"all": True, "tokens": a},
+            {"namespace": "xyz"}, {"namespace": ns.id, "tokens": a[:CHUNK - 1]},
+            {"namespace": ns.id, "tokens": [2**31]}]
+        for kw in bad:
+            with pytest.raises(kvtier.InvalidArgument):
+                admin.evict(**kw)  # type: ignore[arg-type]
+        with pytest.raises(kvtier.NotFound):
+            admin.evict(namespace="0" * 32, tokens=a)
+        after = admin.stats()
+        assert [t["chunks"] for t in after["tiers"]] == [t["chunks"] for t in before["tiers"]]
+
+
 def test_admin_client_raises_when_the_daemon_is_gone(kvtierd: KvtierdProcess) -> None:
     admin = kvtierd.admin()
     kvtierd.kill9()

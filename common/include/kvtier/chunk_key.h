@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string_view>
 #include <functional>
 #include <span>
 #include <string>
@@ -32,6 +34,8 @@ struct ChunkKey {
   static ChunkKey FromBytes(const std::byte* in);
   // 32 lower-case hex digits, high64 first (the usual way to print a 128-bit hash).
   std::string ToHex() const;
+  // The inverse of ToHex (either case); nullopt unless `hex` is 32 hex digits.
+  static std::optional<ChunkKey> FromHex(std::string_view hex);
 };
 
 struct ChunkKeyHash {

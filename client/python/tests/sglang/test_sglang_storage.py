@@ -120,6 +120,22 @@ def test_storage_metrics_and_daemon_down(kvtierd: KvtierdProcess) -> None:
     assert s.batch_set_v1(keys, indices([0, 1])) == [False, False]
 
 
+def test_clear_drops_this_backends_pages_only(kvtierd: KvtierdProcess) -> None:
+    mine = storage(kvtierd.socket, host_pool("layer_first", seed=6))
+    other = storage(kvtierd.socket, host_pool("layer_first", seed=7), tp_rank=1, tp_size=2)
+    keys = page_keys(3, "clear")
+    assert mine.batch_set_v1(keys, indices([0, 1, 2])) == [True] * 3
+    assert other.batch_set_v1(keys, indices([0, 1, 2])) == [True] * 3
+    assert mine.clear() is True
+    assert mine.batch_exists(keys) == 0
+    assert mine.batch_get_v1(keys, indices([4, 5, 6])) == [False] * 3
+    assert other.batch_exists(keys) == 3  # another TP rank's namespace
+    assert mine.batch_set_v1(keys, indices([0, 1, 2])) == [True] * 3  # stored again later
+    assert mine.batch_exists(keys) == 3
+    kvtierd.kill9()
+    assert mine.clear() is False  # unreachable: logged, not raised
+
+
 def test_host_indices_that_are_not_whole_pages_are_refused(kvtierd: KvtierdProcess) -> None:
     pool = host_pool("layer_first", seed=5)
     s = storage(kvtierd.socket, pool)

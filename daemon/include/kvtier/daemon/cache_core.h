@@ -149,6 +149,12 @@ class CacheCore {
   Status CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWriteResponse* resp);
   Status AbortWrite(const v1::AbortWriteRequest& req);
 
+  // Admin eviction (v1::EvictRequest says the scopes). Waits for NVMe writes
+  // in flight; holds mu_ meanwhile only while it scans. Errors:
+  // INVALID_ARGUMENT for a bad scope, NOT_FOUND for a prefix of a namespace
+  // not open here, IO_ERROR when the NVMe index refuses (nothing removed).
+  Status Evict(const v1::EvictRequest& req, v1::EvictResponse* resp);
+
   void Stats(v1::StatsResponse* resp);
   void Namespaces(v1::NamespacesResponse* resp);
 
@@ -337,6 +343,14 @@ class CacheCore {
   std::unordered_set<ChunkKey, ChunkKeyHash> demoting_;               // GUARDED_BY(mu_)
   uint64_t demotion_bytes_ = 0;                                       // GUARDED_BY(mu_)
   uint64_t nvme_in_flight_ = 0;                                       // GUARDED_BY(mu_)
+  // Admin evictions: while one runs the NVMe writer takes nothing new, and it
+  // waits on nvme_idle_cv_ for nvme_in_flight_ to reach 0. A promotion whose
+  // reads overlapped an eviction (the generation moved) keeps none of them.
+  uint32_t admin_evictions_running_ = 0;                              // GUARDED_BY(mu_)
+  uint64_t evict_generation_ = 0;                                     // GUARDED_BY(mu_)
+  std::condition_variable nvme_idle_cv_;
+  // REQUIRES: mu_ held. Ends `n` NVMe writes in flight.
+  void EndNvmeWrites(size_t n);
   std::unordered_map<uint64_t, Promotion> promotions_;                // GUARDED_BY(mu_)
   // Slot bytes the prefetch tickets hold (keys.size() * slot_bytes each); at
   // most half the arena, so that tickets never starve stores and lookups of room.

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
 #include <vector>
 
@@ -24,6 +25,14 @@ struct ChunkEntry {
   uint32_t resident_children = 0;  // chunks in this tier whose parent is this one
   uint32_t hits = 0;               // lookups that hit it here (saturating)
   uint32_t write_holds = 0;        // pending writes to a lower tier: evicted only as a last resort
+};
+
+// What an admin eviction did in one tier: chunks removed, and chunks it
+// selected but kept because a lease (or a read or copy in flight) pins them
+// or one of their descendants.
+struct SubtreeRemoval {
+  uint64_t removed = 0;
+  uint64_t kept = 0;
 };
 
 class ChunkIndex {
@@ -50,6 +59,11 @@ class ChunkIndex {
     for (const auto& entry : map_) f(entry.second);
   }
   void Reserve(size_t num_chunks) { map_.reserve(num_chunks); }
+
+  // The chunks `pick(handle)` selects and every descendant of theirs here,
+  // deepest first: each child comes before its parent, the order a leaf-first
+  // removal takes (an admin eviction). O(chunks) time and memory.
+  std::vector<uint32_t> SubtreesDeepestFirst(const std::function<bool(uint32_t)>& pick) const;
 
  private:
   std::unordered_map<ChunkKey, uint32_t, ChunkKeyHash> map_;

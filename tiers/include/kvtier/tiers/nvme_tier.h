@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -116,6 +117,13 @@ class NvmeTier {
   // stay mapped while registered; no I/O runs while registering). Errors:
   // RESOURCE_EXHAUSTED when the kernel refuses (I/O keeps working without).
   Status RegisterBuffers(std::span<const std::span<std::byte>> regions);
+
+  // Admin eviction: removes the chunks `pick(key, ns)` selects and all their
+  // descendants here (records first, in one batch), keeping those a read pins
+  // and their ancestors. Not counted as evictions. Errors: IO_ERROR when the
+  // index refuses the batch (then nothing is removed).
+  Result<SubtreeRemoval> RemoveSubtrees(
+      const std::function<bool(const ChunkKey& key, const NamespaceId& ns)>& pick);
 
   bool Contains(const ChunkKey& key) const;
   NvmeTierCounters counters() const;

@@ -89,6 +89,12 @@ class SlotTier {
   // Drops a resident chunk now, as eviction would (without the listener).
   // REQUIRES: no lease and no resident child.
   void Remove(uint32_t handle);
+  // Admin eviction: removes the chunks `pick(handle)` selects and all their
+  // descendants here, children first, keeping those pinned or with a pinned
+  // descendant. `on_remove(handle)` runs just before each removal. Not counted
+  // as evictions.
+  SubtreeRemoval RemoveSubtrees(const std::function<bool(uint32_t)>& pick,
+                                const std::function<void(uint32_t)>& on_remove);
 
   uint64_t capacity_bytes() const { return allocator_.capacity_bytes(); }
   uint64_t used_bytes() const { return allocator_.used_bytes(); }

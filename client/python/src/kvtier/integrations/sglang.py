@@ -54,6 +54,10 @@ _OWN_KEYS = {"socket", "deadline_ms", "model_id", "kv_dtype"}
 _SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1"}
 
 
+# clear() waits for kvtierd's NVMe writes in flight; it is rare, so it may take its time.
+_CLEAR_DEADLINE_MS = 10_000
+
+
 def _int_setting(extra: dict[str, Any], key: str, default: int) -> int:
     value = extra.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -104,6 +108,7 @@ class KvtierStorage(HiCacheStorage):
         # MLA's one shared copy lives on rank 0's daemon: every rank asks that one.
         rank = 0 if storage_config.is_mla_model else storage_config.tp_rank
         socket = str(extra.get("socket", "")).replace("{tp_rank}", str(rank))
+        self._socket = socket
         self._client = kvtier.Client.connect(socket=socket,
                                              deadline_ms=_int_setting(extra, "deadline_ms", 100),
                                              client_name=f"sglang-tp{storage_config.tp_rank}")
@@ -287,9 +292,26 @@ class KvtierStorage(HiCacheStorage):
         raise NotImplementedError("kvtier implements batch_set_v1 (interface_v1: 1)")
 
     def clear(self) -> bool:
-        logger.warning("kvtier: clear() is not supported yet; kvtierd keeps the pages (its "
-                       "LRU evicts them); restart kvtierd with --nvme-bytes 0 to drop them")
-        return False
+        """Drops every page of this backend's namespace from kvtierd, in every tier (what
+        SGLang's flush_cache asks for, e.g. after a weight update). Other namespaces (models,
+        TP ranks) keep theirs. False, with a log line, when kvtierd is unreachable or kept
+        pages that a transfer was reading (call again once it is done)."""
+        if self._ns is None:
+            return True  # no pool registered: nothing was stored through this backend
+        try:
+            admin = kvtier.AdminClient.connect(socket=self._socket, deadline_ms=_CLEAR_DEADLINE_MS)
+            tiers = admin.evict(namespace=self._ns.id)
+        except kvtier.Error as e:
+            logger.error("kvtier: clear() failed, kvtierd keeps the pages: %s", e)
+            return False
+        removed = sum(t["removed"] for t in tiers.values())
+        kept = sum(t["kept"] for t in tiers.values())
+        if kept:
+            logger.warning("kvtier: clear() dropped %d chunks but %d are being read and stay; "
+                           "call it again once the transfers finish", removed, kept)
+            return False
+        logger.info("kvtier: clear() dropped %d chunks of namespace %s", removed, self._ns.id)
+        return True
 
     def get_stats(self) -> Any:
         """SGLang's StorageMetrics of the calls since the last get_stats (None unless

@@ -2,6 +2,12 @@
 builds from KVTransferConfig, and a worker-side connector driven as vLLM's model runner
 drives it, over CPU KV cache tensors allocated by vLLM's own allocate_kv_cache.
 
+Tensor parallelism is simulated by several worker-side connectors, each on a kvtierd of its
+own (one daemon per rank, as ``{tp_rank}`` in the socket gives), over the same tensors; their
+outputs are merged by vLLM's own KVOutputAggregator, as its executor merges its workers'.
+The KV cache events the scheduler publishes are recorded (a publisher in place of vLLM's
+null one).
+
 The "model" writes, for every token it computes, KV values that are a function of the token
 id, its position and the layer (fake_kv), so a test can tell bit for bit whether a block holds
 what this engine computed, what another engine stored, or nothing.
@@ -12,11 +18,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
-from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
-                         SchedulerConfig, VllmConfig)
+from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig, KVTransferConfig,
+                         ModelConfig, SchedulerConfig, VllmConfig)
+from vllm.distributed.kv_events import EventBatch, EventPublisher, KVCacheEvent
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
@@ -65,6 +73,23 @@ class StepResult:
     output: SchedulerOutput
     computed: dict[str, tuple[int, int]]  # req_id -> [first, end) token positions computed
     load_errors: set[int]
+    kv_output: KVConnectorOutput  # what the scheduler got (merged over the workers)
+    worker_events: list[Optional[list[KVCacheEvent]]]  # per worker, before the merge
+    published: list[KVCacheEvent]  # what the scheduler published this step
+
+
+class RecordingPublisher(EventPublisher):
+    """Keeps what the scheduler publishes (in place of the null publisher)."""
+
+    def __init__(self) -> None:
+        super().__init__(data_parallel_rank=0)
+        self.batches: list[EventBatch] = []
+
+    def publish(self, events: EventBatch) -> None:
+        self.batches.append(events)
+
+    def shutdown(self) -> None:
+        return
 
 
 @dataclass
@@ -80,26 +105,35 @@ class Engine:
                  chunk_tokens: int = 32, max_batched_tokens: int = 4096,
                  layout: KVCacheLayout = KVCacheLayout.LBHNC,
                  extra: Optional[dict[str, Any]] = None,
-                 failure_policy: str = "recompute", mla: bool = False) -> None:
+                 failure_policy: str = "recompute", mla: bool = False,
+                 kv_events: bool = False,
+                 worker_sockets: Optional[list[str]] = None) -> None:
+        """worker_sockets: one worker-side connector (a simulated TP rank) per socket.
+        Default: one, on `socket`. kv_events: vLLM's enable_kv_cache_events."""
         self.mla = mla
-        model = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16",
-                            max_model_len=4096)
-        cache = CacheConfig(block_size=BLOCK_SIZE)
-        cache.num_gpu_blocks = num_blocks
-        sched = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_batched_tokens,
-                                max_model_len=4096, enable_chunked_prefill=True,
-                                is_encoder_decoder=False)
-        config = {"socket": socket, "chunk_tokens": chunk_tokens, "deadline_ms": 2000,
-                  "gpu_backend": "host"}
-        config.update(extra or {})
-        kv = KVTransferConfig(kv_connector="KvtierConnector",
-                              kv_connector_module_path="kvtier.integrations.vllm",
-                              kv_role="kv_both", kv_connector_extra_config=config,
-                              kv_load_failure_policy=failure_policy)
-        self.vllm_config = VllmConfig(model_config=model, cache_config=cache,
-                                      scheduler_config=sched,
-                                      device_config=DeviceConfig(device="cpu"),
-                                      kv_transfer_config=kv)
+
+        def vllm_config(sock: str) -> VllmConfig:
+            model = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16",
+                                max_model_len=4096)
+            cache = CacheConfig(block_size=BLOCK_SIZE)
+            cache.num_gpu_blocks = num_blocks
+            sched = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_batched_tokens,
+                                    max_model_len=4096, enable_chunked_prefill=True,
+                                    is_encoder_decoder=False)
+            config = {"socket": sock, "chunk_tokens": chunk_tokens, "deadline_ms": 2000,
+                      "gpu_backend": "host"}
+            config.update(extra or {})
+            kv = KVTransferConfig(kv_connector="KvtierConnector",
+                                  kv_connector_module_path="kvtier.integrations.vllm",
+                                  kv_role="kv_both", kv_connector_extra_config=config,
+                                  kv_load_failure_policy=failure_policy)
+            events = (KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+                      if kv_events else None)
+            return VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched,
+                              device_config=DeviceConfig(device="cpu"), kv_transfer_config=kv,
+                              kv_events_config=events)
+
+        self.vllm_config = vllm_config(socket)
         spec: FullAttentionSpec = (
             MLAAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=LATENT,
                              dtype=torch.float16) if mla else
@@ -121,10 +155,19 @@ class Engine:
                                        self.vllm_config),
                                    block_size=BLOCK_SIZE, log_stats=True)
         assert isinstance(self.scheduler.connector, KvtierConnector)
-        self.worker = KvtierConnector(self.vllm_config, KVConnectorRole.WORKER,
-                                      self.kv_cache_config)
+        self.publisher = RecordingPublisher()
+        self.scheduler.kv_event_publisher = self.publisher
+        self.workers: list[KvtierConnector] = []
+        for sock in worker_sockets or [socket]:
+            config = self.vllm_config if sock == socket else vllm_config(sock)
+            self.workers.append(KvtierConnector(config, KVConnectorRole.WORKER,
+                                                self.kv_cache_config))
+        self.worker = self.workers[0]
+        self._aggregator = KVOutputAggregator.from_connector(self.scheduler.connector,
+                                                             len(self.workers))
         self.kv_caches = allocate_kv_cache(self.kv_cache_config, torch.device("cpu"), layout)
-        self.worker.register_kv_caches(self.kv_caches)
+        for worker in self.workers:
+            worker.register_kv_caches(self.kv_caches)
         self._running: dict[str, _Running] = {}
         self._hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
 
@@ -136,7 +179,11 @@ class Engine:
         self.scheduler.add_request(request)
         return request
 
-    def step(self, *, kill_before_load: Optional[Any] = None) -> StepResult:
+    def step(self, *, kill_before_load: Optional[Callable[[], None]] = None,
+             kill_before_commit: Optional[Callable[[], None]] = None) -> StepResult:
+        """One scheduler step and its forward pass on every worker. kill_before_load runs after
+        the workers got the step's metadata; kill_before_commit after every layer was saved,
+        before wait_for_save commits."""
         out = self.scheduler.schedule()
         computed: dict[str, tuple[int, int]] = {}
         for new in out.scheduled_new_reqs:
@@ -157,34 +204,51 @@ class Engine:
 
         meta = out.kv_connector_metadata
         assert meta is not None
-        self.worker.bind_connector_metadata(meta)
+        for worker in self.workers:
+            worker.bind_connector_metadata(meta)
         if kill_before_load is not None:
             kill_before_load()
-        self.worker.start_load_kv(None)  # type: ignore[arg-type]
+        for worker in self.workers:
+            worker.start_load_kv(None)  # type: ignore[arg-type]
         for layer, name in enumerate(LAYER_NAMES):
-            self.worker.wait_for_layer_load(name)
+            for worker in self.workers:
+                worker.wait_for_layer_load(name)
             for rid, (first, end) in computed.items():
                 self._write_kv(layer, rid, first, end)
-            self.worker.save_kv_layer(name, self.kv_caches[name], None)  # type: ignore[arg-type]
-        self.worker.wait_for_save()
-        errors = self.worker.get_block_ids_with_load_errors()
-        stats = self.worker.get_kv_connector_stats()
-        self.worker.clear_connector_metadata()
+            for worker in self.workers:
+                worker.save_kv_layer(name, self.kv_caches[name], None)  # type: ignore[arg-type]
+        if kill_before_commit is not None:
+            kill_before_commit()
+        kv_outputs = []
+        for worker in self.workers:
+            worker.wait_for_save()
+            kv_outputs.append(KVConnectorOutput(
+                invalid_block_ids=worker.get_block_ids_with_load_errors(),
+                kv_connector_stats=worker.get_kv_connector_stats(),
+                kv_cache_events=worker.get_kv_connector_kv_cache_events()))
+            worker.clear_connector_metadata()
+        worker_events = [None if o.kv_cache_events is None else
+                         list(o.kv_cache_events.get_all_events()) for o in kv_outputs]
 
         req_ids = list(computed)
         sampled = []
         for rid in req_ids:
             run, end = self._running[rid], computed[rid][1]
             sampled.append([1] if end >= len(run.tokens) else [])  # a token once prefilled
-        mro = ModelRunnerOutput(req_ids=req_ids,
-                                req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                sampled_token_ids=sampled,
-                                kv_connector_output=KVConnectorOutput(
-                                    invalid_block_ids=errors, kv_connector_stats=stats))
+        outputs = [ModelRunnerOutput(req_ids=req_ids,
+                                     req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                     sampled_token_ids=sampled, kv_connector_output=kv)
+                   for kv in kv_outputs]
+        mro = outputs[0] if len(outputs) == 1 else self._aggregator.aggregate(outputs)
+        assert mro is not None and mro.kv_connector_output is not None
+        kv_output = mro.kv_connector_output
+        batches = len(self.publisher.batches)
         self.scheduler.update_from_output(out, mro)
+        published = [e for b in self.publisher.batches[batches:] for e in b.events]
         for rid in out.finished_req_ids:
             self._running.pop(rid, None)
-        return StepResult(out, computed, errors)
+        return StepResult(out, computed, kv_output.invalid_block_ids, kv_output, worker_events,
+                          published)
 
     def _write_kv(self, layer: int, rid: str, first: int, end: int) -> None:
         run = self._running[rid]
@@ -213,6 +277,7 @@ class Engine:
             t.zero_()
 
     def close(self) -> None:
-        self.worker.shutdown()
+        for worker in self.workers:
+            worker.shutdown()
         assert self.scheduler.connector is not None
         self.scheduler.connector.shutdown()

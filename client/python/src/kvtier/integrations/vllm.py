@@ -36,6 +36,31 @@ What runs where (the scheduler and each worker have their own ``kvtier.Client``)
   the daemon no longer had when the worker loaded (the prefix shrank after the scheduler
   counted it). vLLM recomputes them.
 
+KV cache events (vLLM's ``--kv-events-config '{"enable_kv_cache_events": true}'``; without it
+the connector records nothing):
+
+- ``BlockStored``, ``medium="CPU"`` (kvtier's DRAM tier, where stores land; the medium vLLM's
+  CPU offloading uses), one per committed store of a request's step: the vLLM blocks its
+  chunks cover (``chunk_tokens / block_size`` blocks a chunk), with vLLM's own block hashes
+  (``maybe_convert_block_hash`` of ``request.block_hashes``, as vLLM's block pool publishes
+  them), ``parent_block_hash`` the hash of the block before the first (None at the prompt's
+  start), the tokens covered, vLLM's ``block_size``, the request's LoRA (``lora_id``,
+  ``lora_name``) and ``group_idx`` 0 (the one full-attention group).
+- A store is announced only when its commit succeeded with nothing dropped, and then all the
+  chunks of that store: kvtier's ``StoreResult`` counts the chunks it stored now and those it
+  already held, but does not say which are which, so chunks kvtier already held (e.g. the
+  prefix this request loaded) are announced again; consumers deduplicate repeated
+  announcements of a hash, as they must for vLLM's offloading connector and for its
+  ``kv_cache_report_mode="full"`` prefix-cache hits. A store that failed or dropped any
+  chunk announces nothing (a missed announcement costs a router one cache miss; a false one
+  would send it requests kvtier cannot serve).
+- Each worker reports the stores it committed (``get_kv_connector_kv_cache_events``); the
+  scheduler publishes (``take_events``) only the events every worker reported in that step,
+  i.e. a chunk counts as stored only when every tensor-parallel rank stored its shard.
+- ``BlockRemoved`` and ``AllBlocksCleared`` are never sent: the connector does not learn of
+  kvtier's evictions. They will come from the daemon's own KV events (planned, issue 13).
+  ``reset_cache`` is not implemented (vLLM's reset leaves kvtier's chunks in place).
+
 KV layouts: vLLM's standardized per-layer view ``[num_blocks, num_kv_heads, block_size,
 2 * head_size]`` of every MHA backend (flash-attn, flashinfer, triton, CPU), in any
 physical order (NHD, HND, cross-layer), read from the tensors' strides; MLA
@@ -47,10 +72,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
+from vllm.distributed.kv_events import (
+    MEDIUM_CPU,
+    BlockStored,
+    KVCacheEvent,
+    KVConnectorKVEvents,
+    KVEventAggregator,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -59,8 +92,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.logger import init_logger
 from vllm.model_executor.models.utils import extract_layer_index
+from vllm.v1.core.kv_cache_utils import (
+    ExternalBlockHash,
+    maybe_convert_block_hash,
+    resolve_block_hashes,
+)
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
+from vllm.v1.outputs import KVConnectorOutput
 
 import kvtier
 from kvtier.integrations._names import namespace_text
@@ -77,7 +116,8 @@ if TYPE_CHECKING:
 # Under vLLM's logger, so these lines reach vLLM's log handler and level.
 logger = init_logger("vllm.kvtier_connector")
 
-__all__ = ["KvtierConnector", "KvtierConnectorMetadata", "KvtierConnectorStats"]
+__all__ = ["KvtierConnector", "KvtierConnectorMetadata", "KvtierConnectorStats",
+           "KvtierKVEvents"]
 
 
 @dataclass
@@ -120,6 +160,17 @@ class _LoadSpec:
 
 
 @dataclass
+class _StoredBlocks:
+    """What a worker needs, beyond its _SaveSpec, to announce the save as a BlockStored: vLLM's
+    hashes of the blocks the saved chunks cover. Only sent when KV cache events are enabled."""
+
+    block_hashes: list[ExternalBlockHash]  # chunk_tokens / block_size per saved chunk
+    parent_block_hash: Optional[ExternalBlockHash]  # of the block before; None at token 0
+    lora_id: Optional[int]
+    session_id: Optional[str]
+
+
+@dataclass
 class _SaveSpec:
     req_id: str
     token_ids: list[int]  # the prompt through the last full chunk this step computed
@@ -127,6 +178,7 @@ class _SaveSpec:
     first_chunk: int      # chunks before it were saved by earlier steps
     cache_salt: Optional[str]
     lora_name: Optional[str]
+    stored_blocks: Optional[_StoredBlocks] = None  # None: KV cache events off
 
 
 @dataclass
@@ -162,6 +214,43 @@ class KvtierConnectorStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         return not any(self.data[key] for key in _STAT_KEYS)
+
+
+class KvtierKVEvents(KVConnectorKVEvents):
+    """The KV cache events of one step, as vLLM's KVEventAggregator counts them: one worker's
+    (each event once), or after vLLM's executor merged the workers' (``add_events`` and
+    ``increment_workers``), every worker's. ``aggregate`` keeps the events every worker sent.
+    Not thread-safe."""
+
+    def __init__(self, num_workers: int) -> None:
+        self._aggregator = KVEventAggregator(num_workers)
+
+    def add_events(self, events: list[KVCacheEvent]) -> None:
+        self._aggregator.add_events(events)
+
+    def aggregate(self) -> "KvtierKVEvents":
+        common = self._aggregator.get_common_events()
+        self._aggregator.clear_events()
+        self._aggregator.add_events(common)
+        self._aggregator.reset_workers()
+        return self
+
+    def increment_workers(self, count: int = 1) -> None:
+        self._aggregator.increment_workers(count)
+
+    def get_all_events(self) -> list[KVCacheEvent]:
+        return self._aggregator.get_all_events()
+
+    def get_number_of_workers(self) -> int:
+        return self._aggregator.get_number_of_workers()
+
+    def clear_events(self) -> None:
+        self._aggregator.clear_events()
+        self._aggregator.reset_workers()
+
+    def __repr__(self) -> str:
+        return (f"<KvtierKVEvents workers={self.get_number_of_workers()} "
+                f"events={self.get_all_events()}>")
 
 
 @dataclass
@@ -249,12 +338,19 @@ class KvtierConnector(KVConnectorBase_V1):
             deadline_ms=self._settings.deadline_ms,
             client_name=f"vllm-{role.name.lower()}-tp{tp_rank}")
         self._namespaces: dict[tuple[str, str], Optional[kvtier.Namespace]] = {}
+        events = vllm_config.kv_events_config
+        self._events_enabled = bool(events is not None and events.enable_kv_cache_events)
         # Scheduler side.
         self._tickets: dict[str, kvtier.PrefetchTicket] = {}
         self._engine_tokens: dict[str, int] = {}
         self._pending_loads: dict[str, tuple[int, int]] = {}
         self._request_keys: dict[str, tuple[Optional[str], Optional[str]]] = {}
         self._trackers: dict[str, _Tracker] = {}
+        # KV cache events (empty unless enabled): the requests, for their block hashes, at the
+        # granularity vLLM hashes them; the events every worker reported, until take_events.
+        self._event_requests: dict[str, "Request"] = {}
+        self._hash_block_size = kv_cache_config.hash_block_size or self._block_size
+        self._published: list[KVCacheEvent] = []
         # Worker side.
         self._runtime: Optional[kvtier.Runtime] = None
         self._arena: Optional[kvtier.GpuArena] = None
@@ -268,6 +364,9 @@ class KvtierConnector(KVConnectorBase_V1):
         self._storers: Optional[list[tuple[_SaveSpec, kvtier.LayerwiseStorer]]] = None
         self._load_errors: set[int] = set()
         self._stats = KvtierConnectorStats()
+        # The BlockStored of this worker's committed saves since the last report; None when
+        # there is nothing to report (events off, or no save was due).
+        self._stored_events: Optional[list[BlockStored]] = None
         logger.info("kvtier connector (%s) on %s: %s", role.name.lower(),
                     self._settings.socket or "the default socket", self._spec)
 
@@ -304,6 +403,8 @@ class KvtierConnector(KVConnectorBase_V1):
         tokens = request.prompt_token_ids or []
         rid = request.request_id
         self._request_keys[rid] = (request.cache_salt, self._lora_name(request))
+        if self._events_enabled:
+            self._event_requests[rid] = request
         ns = self._namespace(*self._request_keys[rid])
         if ns is None:
             return 0, False
@@ -382,8 +483,37 @@ class KvtierConnector(KVConnectorBase_V1):
         if full_chunks > tracker.saved_chunks:
             meta.saves.append(_SaveSpec(rid, tracker.token_ids[:full_chunks * self._chunk],
                                         list(tracker.block_ids), tracker.saved_chunks,
-                                        tracker.cache_salt, tracker.lora_name))
+                                        tracker.cache_salt, tracker.lora_name,
+                                        self._stored_blocks(rid, tracker.saved_chunks,
+                                                            full_chunks)))
             tracker.saved_chunks = full_chunks
+
+    def _stored_blocks(self, rid: str, first_chunk: int, end_chunk: int) -> Optional[_StoredBlocks]:
+        """vLLM's hashes of the blocks of chunks [first_chunk, end_chunk) of a request, for the
+        worker's BlockStored; None when events are off or vLLM has not hashed those blocks.
+
+        The workers announce a save, not the scheduler: only a worker knows whether its commit
+        succeeded, and vLLM's executor merges the workers' events so that take_events can keep
+        those every rank reported. The hashes are the scheduler's (the workers never see the
+        Request), so they travel with the save: 8 bytes a block with vLLM's default int hashes.
+        """
+        request = self._event_requests.get(rid)
+        if request is None:
+            return None
+        hashes = resolve_block_hashes(request.block_hashes, self._hash_block_size,
+                                      self._block_size)
+        per_chunk = self._chunk // self._block_size
+        first, end = first_chunk * per_chunk, end_chunk * per_chunk
+        if len(hashes) < end:
+            logger.warning_once("kvtier: vLLM has not hashed the blocks of a stored prompt "
+                                "(%d of %d); its KV cache events are not sent", len(hashes), end)
+            return None
+        lora = request.lora_request
+        return _StoredBlocks(
+            block_hashes=[maybe_convert_block_hash(h) for h in hashes[first:end]],
+            parent_block_hash=maybe_convert_block_hash(hashes[first - 1]) if first > 0 else None,
+            lora_id=lora.adapter_id if lora is not None else None,
+            session_id=request.session_id)
 
     def _forget(self, rid: str) -> None:
         self._tickets.pop(rid, None)
@@ -391,6 +521,22 @@ class KvtierConnector(KVConnectorBase_V1):
         self._pending_loads.pop(rid, None)
         self._request_keys.pop(rid, None)
         self._trackers.pop(rid, None)
+        self._event_requests.pop(rid, None)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        """Keeps the step's KV cache events that every worker reported (vLLM's executor merged
+        one KvtierKVEvents per worker into connector_output.kv_cache_events). Counted per
+        output, not across outputs: two ranks' reports of different steps are not a quorum."""
+        events = connector_output.kv_cache_events
+        if not self._events_enabled or not isinstance(events, KvtierKVEvents):
+            return
+        self._published.extend(events.aggregate().get_all_events())
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        """The KV cache events kept since the last call (BlockStored, in the order the first
+        worker reported them), and forgets them."""
+        events, self._published = self._published, []
+        return events
 
     def request_finished(self, request: "Request",
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
@@ -511,12 +657,18 @@ class KvtierConnector(KVConnectorBase_V1):
             logger.warning("kvtier: save of request %s failed (%s)", spec.req_id, e)
 
     def wait_for_save(self) -> None:
+        meta = self._connector_metadata
+        if (self._events_enabled and isinstance(meta, KvtierConnectorMetadata) and meta.saves
+                and self._stored_events is None):
+            # Every worker reports on a step with saves, even with no event of its own, so
+            # that the scheduler counts every worker (vLLM's executor skips a None).
+            self._stored_events = []
         for loader in self._loaders:
             failed = loader.finish()
             self._load_errors.update(failed)
             self._stats.data["load_error_blocks"] += len(failed)
         self._loaders = []
-        for _, storer in self._storers or []:
+        for spec, storer in self._storers or []:
             result = storer.finish()
             self._stats.data["stored_tokens"] += result.stored_chunks * self._chunk
             self._stats.data["already_stored_tokens"] += (
@@ -524,7 +676,34 @@ class KvtierConnector(KVConnectorBase_V1):
             self._stats.data["dropped_chunks"] += result.dropped_chunks
             if result.fail_open is not None:
                 self._stats.data["fail_open_calls"] += 1
+            # Announced only when every chunk of the save is in kvtier's DRAM now: stored by
+            # this commit, or held already (the reservation pinned those through the commit;
+            # "already" also covers a chunk another client is committing at this moment).
+            if (self._stored_events is not None and spec.stored_blocks is not None
+                    and result.fail_open is None and result.dropped_chunks == 0
+                    and result.stored_chunks > 0):
+                self._stored_events.append(self._block_stored(spec, spec.stored_blocks))
         self._storers = None
+
+    def _block_stored(self, spec: _SaveSpec, blocks: _StoredBlocks) -> BlockStored:
+        """The BlockStored of a committed save: the chunks from spec.first_chunk on (see the
+        module docstring). Identical on every worker, so vLLM's aggregator can count it."""
+        return BlockStored(block_hashes=list(blocks.block_hashes),
+                           parent_block_hash=blocks.parent_block_hash,
+                           token_ids=spec.token_ids[spec.first_chunk * self._chunk:],
+                           block_size=self._block_size, lora_id=blocks.lora_id,
+                           medium=MEDIUM_CPU, lora_name=spec.lora_name, group_idx=0,
+                           session_id=blocks.session_id)
+
+    def get_kv_connector_kv_cache_events(self) -> Optional[KVConnectorKVEvents]:
+        """This worker's BlockStored since the last call, each once; an empty KvtierKVEvents
+        after a step whose saves all failed; None when events are off or no save was due."""
+        if self._stored_events is None:
+            return None
+        events = KvtierKVEvents(num_workers=1)
+        events.add_events(list(dict.fromkeys(self._stored_events)))  # a duplicate: once
+        self._stored_events = None
+        return events
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:

@@ -108,6 +108,9 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
   if (!nvme.ok()) return nvme.status();
   if (*nvme) {
     core->nvme_ = std::move(nvme).value();
+    // Above every image NVMe holds: a lapsed reader's sequence can never match
+    // an image promoted into its slot (each run's arena starts empty).
+    core->next_sequence_ = core->nvme_->max_sequence() + 1;
     spdlog::info("NVMe tier: {} chunks indexed at start over {} path(s) of {} bytes",
                  core->nvme_->counters().chunks, options.nvme.paths.size(),
                  options.nvme.bytes_per_path);

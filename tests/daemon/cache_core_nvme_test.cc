@@ -35,6 +35,35 @@ TEST_F(CacheCoreNvmeTest, WriteThroughThenPromotionServesTheSameBytes) {
   EXPECT_GT(NvmeStats(s).hits(), 0u);
 }
 
+// Issue 10, item 1: every run used to start sequences at 1 while an image
+// promoted from NVMe kept the sequence of the run that wrote it, so a reader
+// whose lease lapsed saw its sequence on another prompt's chunk in its slot.
+TEST_F(CacheCoreNvmeTest, APromotedImageNeverCarriesASequenceThisRunHandedOut) {
+  StartWithNvme(/*dram_slots=*/1, /*good_writes=*/1000);
+  const auto a = Tokens(4), b = Tokens(4, 100);
+  ASSERT_EQ(Store(a), 1u);
+  while (core_->WriteThroughOnce() > 0) {
+  }
+  core_.reset();  // restart over the same slot file and index
+  inner_.reset();
+  StartWithNvme(1, 1000);
+  ASSERT_EQ(Store(b), 1u);
+  const v1::LookupResponse lease_b = Lookup(b, true);
+  ASSERT_EQ(lease_b.num_chunks(), 1u);
+  const uint64_t seq_b = lease_b.chunks(0).sequence();
+  ASSERT_NE(seq_b, 0u);
+  clock_.Advance(std::chrono::seconds(2));  // b's lease lapses
+  core_->ExpireNow();
+  const v1::LookupResponse lease_a = Lookup(a, true);  // promoted into b's slot
+  ASSERT_EQ(lease_a.num_chunks(), 1u);
+  ASSERT_EQ(lease_a.chunks(0).payload_offset(), lease_b.chunks(0).payload_offset());
+  // What b's stalled reader checks after its copy: the sequence in b's slot.
+  const std::byte* slot =
+      client_arena_->base() + lease_b.chunks(0).payload_offset() - kHeaderBytes;
+  EXPECT_NE(SlotSequence(slot), seq_b) << "the reader of b would take a's bytes as b's";
+  EXPECT_TRUE(LeasedBytesMatch(a, lease_a));
+}
+
 TEST_F(CacheCoreNvmeTest, WhenNvmeLagsNewStoresStillFitAndUnwrittenEvictionsAreCounted) {
   StartWithNvme(/*dram_slots=*/4, /*good_writes=*/1000);
   // 4 chunks committed, none written yet: the first 2 (half the arena) are

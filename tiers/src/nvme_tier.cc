@@ -150,6 +150,7 @@ Status NvmeTier::Rebuild() {
     return a.last_access_ms < b.last_access_ms;
   });
   std::lock_guard lock(mu_);
+  for (const NvmeRecord& r : records) max_sequence_ = std::max(max_sequence_, r.sequence);
   std::vector<ChunkKey> dropped;
   // Extents in one pass per device: sort the records' ranges by offset.
   std::vector<bool> usable(records.size(), false);
@@ -362,6 +363,13 @@ Result<size_t> NvmeTier::Write(std::span<const NvmeImage> images) {
     st = index_->Put(records);
   }
   std::lock_guard lock(mu_);
+  if (st.ok()) {
+    for (const Planned& p : planned) {
+      SlotHeader h;
+      std::memcpy(&h, p.image->image.data(), sizeof(h));
+      max_sequence_ = std::max(max_sequence_, h.sequence);
+    }
+  }
   for (uint32_t h : pinned) --chunks_.Get(h).leases;
   if (!st.ok()) {
     for (const Planned& p : planned) {
@@ -469,6 +477,11 @@ Status NvmeTier::RegisterBuffers(std::span<const std::span<std::byte>> regions) 
 bool NvmeTier::Contains(const ChunkKey& key) const {
   std::lock_guard lock(mu_);
   return chunks_.Find(key) != ChunkIndex::kNone;
+}
+
+uint64_t NvmeTier::max_sequence() const {
+  std::lock_guard lock(mu_);
+  return max_sequence_;
 }
 
 NvmeTierCounters NvmeTier::counters() const {

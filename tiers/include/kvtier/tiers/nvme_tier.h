@@ -127,6 +127,10 @@ class NvmeTier {
 
   bool Contains(const ChunkKey& key) const;
   NvmeTierCounters counters() const;
+  // The highest slot sequence any record held at start or any write stored
+  // since (0 for an empty tier): the daemon hands out sequences above it, so
+  // an image promoted from here never carries one a lease of this run was given.
+  uint64_t max_sequence() const;
 
  private:
   struct Location {
@@ -153,6 +157,7 @@ class NvmeTier {
   std::vector<NamespaceId> ns_;                          // GUARDED_BY(mu_), per handle
   std::unique_ptr<EvictionPolicy> policy_;               // GUARDED_BY(mu_)
   NvmeTierCounters counters_;                            // GUARDED_BY(mu_)
+  uint64_t max_sequence_ = 0;                            // GUARDED_BY(mu_)
 };
 
 }  // namespace kvtier

@@ -272,25 +272,28 @@ Result<CacheCore::NamespaceState> CacheCore::ResolveRequest(uint64_t session_id,
   return **found;  // a copy: the state may be given to another namespace when idle
 }
 
+bool CacheCore::TokenCheck(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
+                           std::span<const int32_t> tokens, size_t i, uint32_t h) {
+  const uint32_t ct = ns.spec.chunk_tokens;
+  const SlotIdentity id{ns.id, keys[i], ns.spec.ChunkParent(ns.id, keys, i),
+                        tokens.subspan(i * ct, ct)};
+  const Status st = VerifySlotHeader(dram_->SlotAddress(dram_->Get(h).slot_offset), ns.layout, id,
+                                     /*check_header_checksum=*/false);
+  if (st.ok()) return true;
+  ++counters_.token_check_failures;
+  spdlog::warn("token check failed for chunk {} of namespace {}: {}", keys[i].ToHex(),
+               ns.id.ToHex(), st.message());
+  return false;
+}
+
 std::vector<uint32_t> CacheCore::DramPrefix(const NamespaceState& ns,
                                             const std::vector<ChunkKey>& keys,
                                             std::span<const int32_t> tokens, size_t limit) {
-  const uint32_t ct = ns.spec.chunk_tokens;
   std::vector<uint32_t> hits;
   hits.reserve(std::min(limit, keys.size()));
   for (size_t i = 0; i < keys.size() && hits.size() < limit; ++i) {
     const uint32_t h = dram_->Find(keys[i]);
-    if (h == ChunkIndex::kNone) break;
-    const SlotIdentity id{ns.id, keys[i], ns.spec.ChunkParent(ns.id, keys, i),
-                          tokens.subspan(i * ct, ct)};
-    Status st = VerifySlotHeader(dram_->SlotAddress(dram_->Get(h).slot_offset), ns.layout, id,
-                                 /*check_header_checksum=*/false);
-    if (!st.ok()) {
-      ++counters_.token_check_failures;
-      spdlog::warn("token check failed for chunk {} of namespace {}: {}", keys[i].ToHex(),
-                   ns.id.ToHex(), st.message());
-      break;
-    }
+    if (h == ChunkIndex::kNone || !TokenCheck(ns, keys, tokens, i, h)) break;
     hits.push_back(h);
   }
   return hits;
@@ -299,6 +302,8 @@ std::vector<uint32_t> CacheCore::DramPrefix(const NamespaceState& ns,
 size_t CacheCore::ContinuationRun(const std::vector<ChunkKey>& keys, size_t from,
                                   size_t limit) const {
   if (!nvme_) return 0;
+  // keys[from] in DRAM: the DRAM prefix stopped there because it failed the token check.
+  if (from < limit && dram_->Find(keys[from]) != ChunkIndex::kNone) return 0;
   size_t n = 0;
   for (size_t i = from; i < limit; ++i, ++n) {
     if (!nvme_->Contains(keys[i]) && dram_->Find(keys[i]) == ChunkIndex::kNone) break;

@@ -111,10 +111,13 @@ void CacheCore::PromoteStep(uint64_t id) {
   };
   std::vector<Read> plan;
   if (ns != nullptr) {
-    // Chunks in DRAM already (another request promoted or stored them) join at once.
+    // Chunks in DRAM already (another request promoted or stored them) join at
+    // once if they pass the token check; one that fails ends the promotion
+    // (the read plan below stops at a key in DRAM).
     while (p.ready.size() < p.keys.size()) {
-      const uint32_t h = dram_->Find(p.keys[p.ready.size()]);
-      if (h == ChunkIndex::kNone) break;
+      const size_t i = p.ready.size();
+      const uint32_t h = dram_->Find(p.keys[i]);
+      if (h == ChunkIndex::kNone || !TokenCheck(*ns, p.keys, p.tokens, i, h)) break;
       dram_->Pin(h);
       p.ready.push_back(h);
     }

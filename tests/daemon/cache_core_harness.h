@@ -85,7 +85,10 @@ class CacheCoreDriver {
     return o;
   }
 
-  void Start(const CacheCoreOptions& options, std::unique_ptr<NvmeTier> nvme = nullptr) {
+  // `engine_keyed`: the namespace is engine-keyed (its chunks do not chain), with
+  // chunk_tokens 8 and head_dim 32 so that the slot sizes stay the tiny ones.
+  void Start(const CacheCoreOptions& options, std::unique_ptr<NvmeTier> nvme = nullptr,
+             bool engine_keyed = false) {
     auto core = nvme ? CacheCore::Create(options, kEpoch, clock_, std::move(nvme))
                      : CacheCore::Create(options, kEpoch, clock_);
     ASSERT_TRUE(core.ok()) << core.status().ToString();
@@ -97,11 +100,35 @@ class CacheCoreDriver {
     v1::OpenNamespaceRequest req;
     req.set_session_id(session_);
     *req.mutable_spec() = TinyProtoSpec();
+    spec_ = TinySpec();
+    if (engine_keyed) {
+      req.mutable_spec()->set_engine_keyed(true);
+      req.mutable_spec()->set_chunk_tokens(8);
+      req.mutable_spec()->set_head_dim(32);
+      spec_.engine_keyed = true;
+      spec_.chunk_tokens = 8;
+      spec_.head_dim = 32;
+    }
     v1::OpenNamespaceResponse resp;
     const Status st = core_->OpenNamespace(req, &resp);
     ASSERT_TRUE(st.ok()) << st.ToString();
     ns_wire_ = resp.namespace_id();
-    ns_ = TinySpec().Digest();
+    ns_ = spec_.Digest();
+    ASSERT_EQ(ns_.ToBytes(), ns_wire_);
+  }
+
+  std::vector<ChunkKey> Keys(const std::vector<int32_t>& tokens) const {
+    return spec_.ChunkKeys(ns_, tokens);
+  }
+
+  // Rewrites the slot of the chunk at `payload_offset` (through the client's
+  // mapping) as if a prompt with `other_tokens` had been stored under the same
+  // 128-bit key: a self-consistent header (valid checksums) that only the
+  // token ids tell apart. The seam the collision tests force equal keys with.
+  void ForgeCollision(uint64_t payload_offset, const ChunkKey& key, const ChunkKey& parent,
+                      const std::vector<int32_t>& other_tokens) {
+    std::byte* slot = client_arena_->base() + payload_offset - kHeaderBytes;
+    SealSlot(slot, SlotLayout::For(spec_), {ns_, key, parent, other_tokens}, 12345);
   }
 
   v1::ReserveWriteRequest ReserveRequest(const std::vector<int32_t>& tokens, uint64_t session,
@@ -110,12 +137,13 @@ class CacheCoreDriver {
     req.set_session_id(session);
     req.set_epoch(kEpoch);
     req.set_namespace_id(ns_wire_);
-    const auto keys = ComputeChunkKeys(ns_, tokens, kChunkTokens);
+    const auto keys = Keys(tokens);
+    const uint32_t ct = spec_.chunk_tokens;
     for (size_t i = first_chunk; i < keys.size(); ++i) {
       auto* c = req.add_chunks();
       c->set_key(keys[i].ToBytes());
-      c->set_parent_key((i == 0 ? ns_ : keys[i - 1]).ToBytes());
-      c->set_tokens(PackTokens(std::span(tokens).subspan(i * kChunkTokens, kChunkTokens)));
+      c->set_parent_key(spec_.ChunkParent(ns_, keys, i).ToBytes());
+      c->set_tokens(PackTokens(std::span(tokens).subspan(i * ct, ct)));
     }
     return req;
   }
@@ -130,7 +158,7 @@ class CacheCoreDriver {
 
   // Writes each RESERVED chunk's payload through the client mapping.
   void WritePayloads(const std::vector<int32_t>& tokens, const v1::ReserveWriteResponse& resp) {
-    const auto keys = ComputeChunkKeys(ns_, tokens, kChunkTokens);
+    const auto keys = Keys(tokens);
     int loc = 0;
     for (int i = 0; i < resp.outcomes_size(); ++i) {
       if (resp.outcomes(i) != v1::RESERVED) continue;
@@ -250,7 +278,7 @@ class CacheCoreDriver {
 
   // True when every leased location holds the payload of the matching chunk.
   bool LeasedBytesMatch(const std::vector<int32_t>& tokens, const v1::LookupResponse& resp) const {
-    const auto keys = ComputeChunkKeys(ns_, tokens, kChunkTokens);
+    const auto keys = Keys(tokens);
     for (int i = 0; i < resp.chunks_size(); ++i) {
       const auto p = PayloadFor(keys[i]);
       if (std::memcmp(client_arena_->base() + resp.chunks(i).payload_offset(), p.data(),
@@ -268,6 +296,7 @@ class CacheCoreDriver {
   uint64_t session_ = 0;
   std::string ns_wire_;
   NamespaceId ns_;
+  NamespaceSpec spec_;
 };
 
 class CacheCoreHarness : public ::testing::Test, public CacheCoreDriver {

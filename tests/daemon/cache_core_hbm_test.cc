@@ -120,6 +120,27 @@ TEST_F(CacheCoreHbmTest, AHitIsCopiedIntoHbmAndTheNextLeaseHoldsTheHbmCopy) {
   EXPECT_TRUE(Release(r.lease_id()).ok());
 }
 
+// The collision seam with HBM on: a chunk whose DRAM header fails the token
+// check is not leased from HBM either, nor are the chunks after it.
+TEST_F(CacheCoreHbmTest, ACollidingChunkIsNotLeasedFromHbm) {
+  ASSERT_NO_FATAL_FAILURE(StartWithHbm(16, 8));
+  const auto t = Tokens(3 * kChunkTokens);
+  const auto keys = Keys(t);
+  ASSERT_EQ(Store(t), 3u);
+  LookupHbm(t, false);
+  ASSERT_NO_FATAL_FAILURE(WaitHbmChunks(3));
+  const v1::LookupResponse l = LookupHbm(t, true);
+  ASSERT_EQ(l.hbm_chunks(), 3u);
+  ASSERT_TRUE(Release(l.lease_id()).ok());
+  ForgeCollision(l.chunks(1).payload_offset(), keys[1], keys[0], {4, 5, 6, 8});
+  const v1::LookupResponse cut = LookupHbm(t, true);
+  EXPECT_EQ(cut.num_chunks(), 1u);
+  EXPECT_EQ(cut.hbm_chunks(), 1u);
+  v1::PrefetchResponse p;
+  ASSERT_TRUE(Prefetch(t, &p, 0, 0, 0, /*to_hbm=*/true).ok());
+  EXPECT_EQ(p.total_chunks(), 1u);
+}
+
 TEST_F(CacheCoreHbmTest, ALookupWithoutHbmNeitherLeasesNorCopiesIntoHbm) {
   ASSERT_NO_FATAL_FAILURE(StartWithHbm(16, 8));
   const auto t = Tokens(2 * kChunkTokens);

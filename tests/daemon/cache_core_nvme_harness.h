@@ -29,7 +29,8 @@ class CacheCoreNvmeTest : public CacheCoreHarness {
   // `good_writes`.
   void StartWithNvme(uint64_t dram_slots, uint64_t good_writes,
                      NvmeWritePolicy policy = NvmeWritePolicy::kWriteThrough,
-                     uint64_t write_back_buffer_bytes = uint64_t{256} << 20) {
+                     uint64_t write_back_buffer_bytes = uint64_t{256} << 20,
+                     bool engine_keyed = false) {
     auto inner = IoUringFileDevice::Open({(dir_ / "slots.dat").string(), 4 << 20, 8});
     ASSERT_TRUE(inner.ok()) << inner.status().ToString();
     inner_ = std::move(inner).value();
@@ -45,7 +46,7 @@ class CacheCoreNvmeTest : public CacheCoreHarness {
     o.nvme_write_policy = policy;
     o.selective_min_hits = 2;
     o.write_back_buffer_bytes = write_back_buffer_bytes;
-    Start(o, std::move(nvme).value());
+    Start(o, std::move(nvme).value(), engine_keyed);
   }
 
   const v1::TierStats& NvmeStats(v1::StatsResponse& s) {

@@ -64,6 +64,63 @@ TEST_F(CacheCoreNvmeTest, APromotedImageNeverCarriesASequenceThisRunHandedOut) {
   EXPECT_TRUE(LeasedBytesMatch(a, lease_a));
 }
 
+// Issue 10, item 2: a Lookup with acquire or a Prefetch whose DRAM prefix
+// stopped at a chunk failing the token check used to count that chunk into
+// the NVMe continuation, and the promotion leased it unchecked.
+TEST_F(CacheCoreNvmeTest, ACollidingDramChunkIsNotLeasedThroughAPromotionOrATicket) {
+  StartWithNvme(/*dram_slots=*/16, /*good_writes=*/1000);
+  const auto a = Tokens(12);
+  ASSERT_EQ(Store(a), 3u);
+  while (core_->WriteThroughOnce() > 0) {
+  }
+  const auto keys = Keys(a);
+  const v1::LookupResponse l = Lookup(a, true);
+  ASSERT_EQ(l.num_chunks(), 3u);
+  ASSERT_TRUE(Release(l.lease_id()).ok());
+  ForgeCollision(l.chunks(1).payload_offset(), keys[1], keys[0], {4, 5, 6, 8});
+  const v1::LookupResponse cut = Lookup(a, true);
+  EXPECT_EQ(cut.num_chunks(), 1u);
+  EXPECT_TRUE(LeasedBytesMatch(a, cut));
+  ASSERT_TRUE(Release(cut.lease_id()).ok());
+  v1::PrefetchResponse p;
+  ASSERT_TRUE(Prefetch(a, &p).ok());
+  EXPECT_EQ(p.total_chunks(), 1u) << "the ticket must stop at the colliding chunk too";
+  if (p.ticket() != 0) {
+    WaitPrefetchDone(p.ticket());
+    const v1::LookupResponse taken = LookupWithTicket(a, p.ticket());
+    EXPECT_EQ(taken.num_chunks(), 1u);
+    EXPECT_TRUE(LeasedBytesMatch(a, taken));
+  }
+}
+
+// The promotion itself token-checks a chunk it finds in DRAM: in an
+// engine-keyed namespace (chunks do not chain) chunk 2 can be in DRAM while
+// chunk 1 is on NVMe only.
+TEST_F(CacheCoreNvmeTest, APromotionTokenChecksTheDramChunksItJoins) {
+  StartWithNvme(/*dram_slots=*/4, 1000, NvmeWritePolicy::kWriteThrough, uint64_t{256} << 20,
+                /*engine_keyed=*/true);
+  const auto a = Tokens(24);  // 3 chunks of 8
+  ASSERT_EQ(Store(a), 3u);
+  ASSERT_EQ(Store(Tokens(8, 500)), 1u);  // the fourth slot
+  while (core_->WriteThroughOnce() > 0) {
+  }
+  const auto keys = Keys(a);
+  std::vector<int32_t> first_and_last(a.begin(), a.begin() + 8);
+  first_and_last.insert(first_and_last.end(), a.begin() + 16, a.end());
+  const v1::LookupResponse both = Lookup(first_and_last, true);  // LRU: chunk 1, b, 0, 2
+  ASSERT_EQ(both.num_chunks(), 2u);
+  ASSERT_TRUE(Release(both.lease_id()).ok());
+  ASSERT_EQ(Store(Tokens(8, 900)), 1u);  // evicts chunk 1
+  ASSERT_EQ(Lookup(std::vector<int32_t>(a.begin() + 8, a.begin() + 16), false).num_chunks(), 1u)
+      << "chunk 1 is still on NVMe";
+  ForgeCollision(both.chunks(1).payload_offset(), keys[2], ns_,
+                 std::vector<int32_t>(8, 77));
+  // Chunk 0 in DRAM, chunk 1 promoted into the slot of b (the LRU one), chunk 2 in DRAM.
+  const v1::LookupResponse got = Lookup(a, true);
+  EXPECT_EQ(got.num_chunks(), 2u) << "chunk 2 fails the token check";
+  EXPECT_TRUE(LeasedBytesMatch(a, got));
+}
+
 TEST_F(CacheCoreNvmeTest, WhenNvmeLagsNewStoresStillFitAndUnwrittenEvictionsAreCounted) {
   StartWithNvme(/*dram_slots=*/4, /*good_writes=*/1000);
   // 4 chunks committed, none written yet: the first 2 (half the arena) are

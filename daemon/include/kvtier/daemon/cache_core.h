@@ -251,12 +251,18 @@ class CacheCore {
   // returns a copy of the namespace. REQUIRES: mu_ not held.
   Result<NamespaceState> ResolveRequest(uint64_t session_id, uint64_t epoch,
                                         const std::string& namespace_id) const;
+  // Whether DRAM chunk `h`, found under keys[i], holds chunk i of `tokens` in
+  // its slot header (the token check every leased chunk passes); a failure is
+  // counted and logged.
+  bool TokenCheck(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
+                  std::span<const int32_t> tokens, size_t i, uint32_t h);
   // The DRAM-resident leading chunks of `keys` (at most `limit`), each checked
   // against its tokens in the slot header.
   std::vector<uint32_t> DramPrefix(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
                                    std::span<const int32_t> tokens, size_t limit);
   // How many chunks from keys[from] on (below `limit`) are on NVMe or in
-  // DRAM, in a row: what a promotion can make ready. 0 without NVMe.
+  // DRAM, in a row: what a promotion can make ready (it token-checks those in
+  // DRAM). 0 without NVMe, or when keys[from] is in DRAM (it failed the check).
   size_t ContinuationRun(const std::vector<ChunkKey>& keys, size_t from, size_t limit) const;
   // What a Lookup found, for its answer and the counters.
   struct LookupTally {

@@ -756,7 +756,7 @@ void CacheCore::Stats(v1::StatsResponse* resp) {
     nt->set_corrupt_reads(n.corrupt_reads);
     nt->set_io_errors(counters_.nvme_io_errors);
     nt->set_skipped_writes(counters_.nvme_skipped_writes);
-    nt->set_degraded(counters_.nvme_failure_streak >= kNvmeDegradedAfter);
+    nt->set_degraded(NvmeDegraded());
   }
   resp->set_lookups(counters_.lookups);
   resp->set_lookup_tokens(counters_.lookup_tokens);

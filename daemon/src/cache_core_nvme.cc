@@ -354,12 +354,8 @@ size_t CacheCore::WriteThroughOnce() {
       images.push_back({d.key, d.parent, d.ns, {d.image.get(), d.layout.slot_bytes}});
     }
     Result<size_t> stored = nvme_->Write(images);
-    if (!stored.ok()) {
-      spdlog::warn("NVMe write-back of {} chunks failed: {}", images.size(),
-                   stored.status().ToString());
-    }
     std::lock_guard lock(mu_);
-    NoteNvmeIo(stored.ok());
+    NoteNvmeWrite(stored.status(), "write-back", images.size());
     EndNvmeWrites(demoted.size());
     for (const Demotion& d : demoted) {
       demoting_.erase(d.key);
@@ -420,12 +416,8 @@ size_t CacheCore::WriteThroughOnce() {
     for (const Item& it : items) dram_->Unpin(it.handle);
   }
   Result<size_t> stored = images.empty() ? Result<size_t>(size_t{0}) : nvme_->Write(images);
-  if (!stored.ok()) {
-    spdlog::warn("NVMe write-through of {} chunks failed: {}", images.size(),
-                 stored.status().ToString());
-  }
   std::lock_guard lock(mu_);
-  if (!images.empty()) NoteNvmeIo(stored.ok());
+  if (!images.empty()) NoteNvmeWrite(stored.status(), "write-through", images.size());
   EndNvmeWrites(items.size());
   if (stored.ok()) {
     for (size_t i = 0; i < *stored && i < items.size(); ++i) {
@@ -441,23 +433,46 @@ void CacheCore::EndNvmeWrites(size_t n) {
 }
 
 void CacheCore::NoteNvmeIo(bool ok) {
+  const bool was_degraded = NvmeDegraded();
   if (ok) {
-    if (counters_.nvme_failure_streak >= kNvmeDegradedAfter) {
-      spdlog::info("NVMe tier: I/O succeeds again; no longer degraded");
-    }
     counters_.nvme_failure_streak = 0;
-    return;
+  } else {
+    ++counters_.nvme_io_errors;
+    ++counters_.nvme_failure_streak;
   }
-  ++counters_.nvme_io_errors;
-  if (++counters_.nvme_failure_streak == kNvmeDegradedAfter) {
+  if (was_degraded == NvmeDegraded()) return;
+  if (was_degraded) {
+    spdlog::info("NVMe tier: I/O succeeds again; no longer degraded");
+  } else if (const std::string why = nvme_->write_failure(); !why.empty()) {
+    spdlog::error("NVMe tier degraded until kvtierd restarts: its index takes no more writes "
+                  "({}); DRAM keeps serving, NVMe chunks are still read", why);
+  } else {
     spdlog::error("NVMe tier degraded: {} I/O batches failed in a row; DRAM keeps serving",
                   kNvmeDegradedAfter);
   }
 }
 
+void CacheCore::NoteNvmeWrite(const Status& status, const char* what, size_t chunks) {
+  NoteNvmeIo(status.ok());
+  if (status.ok() == !nvme_writes_failing_) return;
+  nvme_writes_failing_ = !status.ok();
+  if (nvme_writes_failing_) {  // once per run of failures: io_errors counts each batch
+    spdlog::warn("NVMe {} of {} chunks failed: {}; later failures are counted in io_errors{}",
+                 what, chunks, status.ToString(),
+                 nvme_->write_failure().empty() ? "" : "; the tier is degraded until kvtierd restarts");
+  } else {
+    spdlog::info("NVMe writes succeed again");
+  }
+}
+
+bool CacheCore::NvmeDegraded() const {
+  return nvme_ && (counters_.nvme_failure_streak >= kNvmeDegradedAfter ||
+                   !nvme_->write_failure().empty());
+}
+
 std::vector<std::string> CacheCore::DegradedTiers() const {
   std::lock_guard lock(mu_);
-  if (nvme_ && counters_.nvme_failure_streak >= kNvmeDegradedAfter) return {"nvme"};
+  if (NvmeDegraded()) return {"nvme"};
   return {};
 }
 

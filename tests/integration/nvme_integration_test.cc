@@ -2,8 +2,11 @@
 // kill -9, with every loaded byte verified (the replay's deterministic payloads).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -215,6 +218,95 @@ TEST_F(NvmeDaemonTest, FlippedByteInTheSlotFileIsACountedMissNotServed) {
   ASSERT_FALSE(second.is_discarded());
   EXPECT_EQ(second["verify_errors"], 0) << "a corrupt NVMe image was served";
   EXPECT_GT(Tier(daemon, "nvme")["corrupt_reads"].get<uint64_t>(), 0u);
+}
+
+// ---- A full disk (issue 10, item 3): NVMe on a small loop-mounted ext4 that
+// fills up. Needs root and loop devices; where the machine does not allow a
+// mount the test says so and is skipped (counted as skipped, not passed). ----
+
+class FullDiskTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to loop-mount a small ext4";
+    const std::string img = dir_.Sub("disk.img");
+    mnt_ = dir_.Sub("mnt");
+    std::filesystem::create_directories(mnt_);
+    CommandResult mk = RunCommand({"/bin/sh", "-c",
+                                   "truncate -s 64M " + img + " && mkfs.ext4 -q -F " + img +
+                                       " && mount -o loop " + img + " " + mnt_},
+                                  60s);
+    if (!mk.ok()) GTEST_SKIP() << "this machine cannot loop-mount an ext4: " << mk.Describe();
+    mounted_ = true;
+    std::filesystem::create_directories(mnt_ + "/nv");
+  }
+  void TearDown() override {
+    daemon_.reset();
+    if (mounted_) (void)RunCommand({"/bin/umount", "-l", mnt_}, 60s);
+  }
+
+  DaemonProcess::Options Opts() {
+    DaemonProcess::Options o;
+    o.socket_path = dir_.Sub("run/kvtierd.sock");
+    o.dram_bytes = "16MiB";
+    o.extra_args = {"--nvme-path", mnt_ + "/nv", "--nvme-bytes", "32MiB"};
+    o.log_path = dir_.Sub("kvtierd.log");
+    return o;
+  }
+
+  // Writes (appends to) a file until the file system refuses: ENOSPC.
+  void FillTheDisk() {
+    FILE* f = std::fopen((mnt_ + "/filler").c_str(), "a");
+    ASSERT_NE(f, nullptr);
+    std::vector<char> block(1 << 20, 'x');
+    while (std::fwrite(block.data(), 1, block.size(), f) == block.size() && std::fflush(f) == 0) {
+    }
+    std::fclose(f);
+  }
+
+  TempDir dir_{"kvtier-full-disk"};
+  std::string mnt_;
+  bool mounted_ = false;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(FullDiskTest, DramKeepsServingTheTierDegradesAndARestartOnAFullDiskIsRefused) {
+  daemon_ = std::make_unique<DaemonProcess>(Opts());
+  ASSERT_EQ(daemon_->Start(), "");
+  ASSERT_NO_FATAL_FAILURE(FillTheDisk());
+  const std::string out = dir_.Sub("replay.json");
+  for (int i = 0; i < 1; ++i) {  // enough NVMe writes to need index space
+    CommandResult r = RunCommand({BinPath("kvtier-replay"), "--socket", dir_.Sub("run/kvtierd.sock"),
+                                  "--trace", ConversationTracePath(),
+                                  "--quiet", "--json", out},
+                                 300s);
+    ASSERT_TRUE(r.ok()) << r.Describe() << daemon_->log();
+    const json j = json::parse(ReadFileOrEmpty(out), nullptr, false);
+    ASSERT_FALSE(j.is_discarded());
+    EXPECT_EQ(j["verify_errors"], 0u) << j.dump();
+  }
+  ASSERT_TRUE(daemon_->running()) << "kvtierd died on a full disk:\n" << daemon_->log();
+  CommandResult stats = daemon_->Ctl({"--json", "stats"});
+  ASSERT_TRUE(stats.ok()) << stats.Describe();
+  const json s = json::parse(stats.out, nullptr, false);
+  json nvme;
+  for (const auto& t : s["tiers"]) {
+    if (t["name"] == "nvme") nvme = t;
+  }
+  ASSERT_FALSE(nvme.is_null()) << stats.out;
+  EXPECT_GT(nvme["io_errors"].get<uint64_t>(), 0u) << stats.out;
+  EXPECT_EQ(nvme["degraded"], true) << stats.out;
+  CommandResult health = daemon_->Ctl({"health"});
+  EXPECT_TRUE(health.ok()) << health.Describe();  // serving, with NVMe degraded
+  EXPECT_NE(health.out.find("degraded: nvme"), std::string::npos) << health.Describe();
+
+  const ExitInfo stop = daemon_->Stop();
+  EXPECT_TRUE(stop.exited && stop.exit_code == 0) << stop.ToString() << daemon_->log();
+  // With the disk still full (what RocksDB freed at close taken too), a start
+  // is refused with a message, not an abort.
+  ASSERT_NO_FATAL_FAILURE(FillTheDisk());
+  CommandResult again = RunCommand(daemon_->Argv(), 60s);
+  EXPECT_TRUE(again.exit.exited && again.exit.exit_code == 1) << again.Describe();
+  EXPECT_NE((again.out + again.err).find("free space"), std::string::npos) << again.Describe();
 }
 
 }  // namespace

@@ -16,14 +16,8 @@
 namespace kvtier::testing {
 namespace {
 
-std::string TracePath() {
-  const char* root = std::getenv("KVTIER_DATA_ROOT");
-  return std::string(root ? root : KVTIER_DATA_ROOT_DEFAULT) +
-         "/data/traces/conversation_trace.jsonl";
-}
-
 TEST(TraceCrossCheck, WholeConversationTraceMatchesLruReferenceWithZeroVerifyErrors) {
-  const std::string trace = TracePath();
+  const std::string trace = ConversationTracePath();
   if (!std::filesystem::exists(trace)) GTEST_SKIP() << trace << " is not present";
   auto spec = tools::ModelPreset("tiny", 512);
   ASSERT_TRUE(spec.ok());

@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <optional>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,15 @@ class TempDir {
 };
 
 // How a finished child ended.
+#ifdef KVTIER_DATA_ROOT_DEFAULT
+// The conversation trace shipped in data/traces ($KVTIER_DATA_ROOT overrides the checkout).
+inline std::string ConversationTracePath() {
+  const char* root = std::getenv("KVTIER_DATA_ROOT");
+  return std::string(root ? root : KVTIER_DATA_ROOT_DEFAULT) +
+         "/data/traces/conversation_trace.jsonl";
+}
+#endif
+
 struct ExitInfo {
   bool exited = false;   // returned from main / called exit (WIFEXITED)
   int exit_code = -1;    // WEXITSTATUS when exited

@@ -3,7 +3,11 @@
 #include "kvtier/tiers/nvme_index.h"
 
 #include <gtest/gtest.h>
+#include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <filesystem>
 #include <fstream>
@@ -109,6 +113,78 @@ TEST_F(NvmeIndexTest, DamagedDatabaseIsReportedNotServed) {
         << idx.status().ToString();
     EXPECT_NE(idx.status().message().find(dir_.string()), std::string::npos);
   }
+}
+
+// ---- A disk that fills up: the real file system, wrapped so that appends to
+// RocksDB's files fail with ENOSPC once `room` bytes have been written. ----
+
+class FillingFile : public rocksdb::FSWritableFileOwnerWrapper {
+ public:
+  FillingFile(std::unique_ptr<rocksdb::FSWritableFile> file, std::atomic<int64_t>& room)
+      : FSWritableFileOwnerWrapper(std::move(file)), room_(room) {}
+  rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
+                           rocksdb::IODebugContext* dbg) override {
+    if (room_.fetch_sub(static_cast<int64_t>(data.size())) < static_cast<int64_t>(data.size())) {
+      return rocksdb::IOStatus::NoSpace("injected: no space left on device");
+    }
+    return FSWritableFileOwnerWrapper::Append(data, options, dbg);
+  }
+  rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
+                           const rocksdb::DataVerificationInfo& /*info*/,
+                           rocksdb::IODebugContext* dbg) override {
+    return Append(data, options, dbg);
+  }
+
+ private:
+  std::atomic<int64_t>& room_;
+};
+
+class FillingFs : public rocksdb::FileSystemWrapper {
+ public:
+  FillingFs() : FileSystemWrapper(rocksdb::FileSystem::Default()) {}
+  const char* Name() const override { return "FillingFs"; }
+  rocksdb::IOStatus NewWritableFile(const std::string& name, const rocksdb::FileOptions& options,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* result,
+                                    rocksdb::IODebugContext* dbg) override {
+    std::unique_ptr<rocksdb::FSWritableFile> file;
+    rocksdb::IOStatus s = target()->NewWritableFile(name, options, &file, dbg);
+    if (s.ok()) *result = std::make_unique<FillingFile>(std::move(file), room);
+    return s;
+  }
+  std::atomic<int64_t> room{int64_t{1} << 40};
+};
+
+TEST_F(NvmeIndexTest, AFullDiskFailsWritesWithIoErrorsAndNeverAborts) {
+  auto fs = std::make_shared<FillingFs>();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
+  {
+    auto idx = NvmeIndex::Open(dir_.string(), env.get());
+    ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+    ASSERT_TRUE((*idx)->Put(std::vector<NvmeRecord>{Record(1)}).ok());
+    fs->room = 0;  // the disk is full from now on
+    for (int i = 2; i < 6; ++i) {  // RocksDB 7.8 aborted on the second failed write
+      const Status st = (*idx)->Put(std::vector<NvmeRecord>{Record(i)});
+      EXPECT_EQ(st.code(), StatusCode::kIOError) << st.ToString();
+      const Status del = (*idx)->Delete(std::vector<ChunkKey>{Record(1).key});
+      EXPECT_EQ(del.code(), StatusCode::kIOError) << del.ToString();
+      EXPECT_NE(del.message().find(dir_.string()), std::string::npos) << del.message();
+    }
+  }  // closed with the disk still full: no abort
+  // A start on the full disk is refused with an error that says so.
+  auto full = NvmeIndex::Open(dir_.string(), env.get());
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.status().code(), StatusCode::kIOError);
+  EXPECT_NE(full.status().message().find("free space"), std::string::npos)
+      << full.status().ToString();
+  EXPECT_NE(full.status().message().find(dir_.string()), std::string::npos)
+      << full.status().ToString();
+  // Space again: what was durable before the disk filled is there.
+  fs->room = int64_t{1} << 40;
+  auto idx = NvmeIndex::Open(dir_.string(), env.get());
+  ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+  const auto all = All(**idx);
+  ASSERT_EQ(all.count(1), 1u);
+  EXPECT_EQ(all.at(1), Record(1));
 }
 
 }  // namespace

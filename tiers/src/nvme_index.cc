@@ -1,9 +1,15 @@
 #include "kvtier/tiers/nvme_index.h"
 
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
 #include <rocksdb/write_batch.h>
+#include <spdlog/spdlog.h>
 
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <unordered_map>
 
 namespace kvtier {
@@ -56,26 +62,96 @@ Status ToStatus(const rocksdb::Status& s, const std::string& what) {
   return Status::IOError(what + ": " + s.ToString());
 }
 
+// RocksDB's log lines at WARN and above, into kvtierd's log.
+class SpdlogRocksLogger : public rocksdb::Logger {
+ public:
+  explicit SpdlogRocksLogger(std::string dir)
+      : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL), dir_(std::move(dir)) {}
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
+  }
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    if (level < GetInfoLogLevel()) return;
+    char line[1024];
+    std::vsnprintf(line, sizeof(line), format, ap);
+    for (size_t n = std::strlen(line); n > 0 && (line[n - 1] == '\n' || line[n - 1] == ' '); --n) {
+      line[n - 1] = '\0';
+    }
+    {  // RocksDB repeats some lines every few seconds (a full disk): once a minute
+      std::lock_guard lock(mu_);
+      const auto now = std::chrono::steady_clock::now();
+      auto [it, fresh] = seen_.try_emplace(line, now);
+      if (!fresh && now - it->second < std::chrono::minutes(1)) return;
+      it->second = now;
+      if (seen_.size() > 256) seen_.clear();
+    }
+    if (level >= rocksdb::InfoLogLevel::ERROR_LEVEL) {
+      spdlog::error("RocksDB (NVMe index {}): {}", dir_, line);
+    } else {
+      spdlog::warn("RocksDB (NVMe index {}): {}", dir_, line);
+    }
+  }
+
+ private:
+  std::string dir_;
+  std::mutex mu_;
+  // Each line's last time in the log. GUARDED_BY(mu_)
+  std::unordered_map<std::string, std::chrono::steady_clock::time_point> seen_;
+};
+
+constexpr char kProbeKey[] = "probe";
+constexpr char kFreeSpaceHint[] = ": if its disk is full, free space there or start with --nvme-bytes 0";  // sorts after the 'a' and 'c' prefixes ForEach reads
+
 }  // namespace
 
 NvmeIndex::NvmeIndex(std::unique_ptr<rocksdb::DB> db, std::string dir)
     : db_(std::move(db)), dir_(std::move(dir)) {}
 NvmeIndex::~NvmeIndex() {
+  if (!db_) return;
+  if (!failed_.empty()) {
+    (void)db_->Close();  // no flush: the disk refused the last write
+    return;
+  }
   // Flushed at a clean close, so the next start does not replay the log (with
   // millions of chunks that replay dominated start-up).
-  if (db_) {
-    (void)db_->Flush(rocksdb::FlushOptions());
-    (void)db_->Close();
-  }
+  (void)db_->Flush(rocksdb::FlushOptions());
+  (void)db_->Close();
 }
 
-Result<std::unique_ptr<NvmeIndex>> NvmeIndex::Open(const std::string& dir) {
+std::string NvmeIndex::failure() const {
+  std::lock_guard lock(mu_);
+  return failed_;
+}
+
+Status NvmeIndex::Write(rocksdb::WriteBatch& batch, bool sync, const char* what) {
+  std::lock_guard lock(mu_);
+  if (!failed_.empty()) {
+    return Status::IOError(std::string(what) + " NVMe index " + dir_ +
+                           ": refused after an earlier write failed (" + failed_ + ")");
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = sync;
+  const Status st = ToStatus(db_->Write(wo, &batch), std::string(what) + " NVMe index " + dir_);
+  if (!st.ok()) {
+    failed_ = st.message();
+    spdlog::error("{}; the NVMe index takes no more writes until kvtierd restarts", st.message());
+  }
+  return st;
+}
+
+Result<std::unique_ptr<NvmeIndex>> NvmeIndex::Open(const std::string& dir, rocksdb::Env* env) {
   rocksdb::Options options;
+  if (env != nullptr) options.env = env;
+  options.info_log = std::make_shared<SpdlogRocksLogger>(dir);
   options.create_if_missing = true;
   options.paranoid_checks = true;
   // A small memtable bounds the log a crash restart replays (16 MiB, about
   // 200,000 records). Default: 64 MiB.
   options.write_buffer_size = 16 << 20;
+  // Made here so that RocksDB does not log a missing directory as an error.
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);  // a failure is RocksDB's to report
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s;
   try {
@@ -83,8 +159,21 @@ Result<std::unique_ptr<NvmeIndex>> NvmeIndex::Open(const std::string& dir) {
   } catch (const std::exception& e) {
     return Status::IOError("open NVMe index " + dir + ": " + e.what());
   }
+  if (!s.ok() && !s.IsCorruption()) {
+    return Status::IOError("NVMe index " + dir + " cannot be opened for writing (" + s.ToString() +
+                           ")" + kFreeSpaceHint);
+  }
   KVTIER_RETURN_IF_ERROR(ToStatus(s, "open NVMe index " + dir));
-  return std::unique_ptr<NvmeIndex>(new NvmeIndex(std::unique_ptr<rocksdb::DB>(raw), dir));
+  std::unique_ptr<NvmeIndex> index(new NvmeIndex(std::unique_ptr<rocksdb::DB>(raw), dir));
+  // A start that cannot write the index (a full disk) is refused here, not at
+  // the first chunk.
+  rocksdb::WriteBatch probe;
+  probe.Put(kProbeKey, "");
+  if (Status st = index->Write(probe, /*sync=*/true, "probe"); !st.ok()) {
+    return Status::IOError("NVMe index " + dir + " cannot be written (" + st.message() + ")" +
+                           kFreeSpaceHint);
+  }
+  return index;
 }
 
 Status NvmeIndex::Put(std::span<const NvmeRecord> records) {
@@ -97,9 +186,7 @@ Status NvmeIndex::Put(std::span<const NvmeRecord> records) {
       batch.Put(DbKey(kAccessPrefix, r.key), t);
     }
   }
-  rocksdb::WriteOptions wo;
-  wo.sync = true;
-  return ToStatus(db_->Write(wo, &batch), "write NVMe index " + dir_);
+  return Write(batch, /*sync=*/true, "write");
 }
 
 Status NvmeIndex::Delete(std::span<const ChunkKey> keys) {
@@ -108,7 +195,7 @@ Status NvmeIndex::Delete(std::span<const ChunkKey> keys) {
     batch.Delete(DbKey(kRecordPrefix, k));
     batch.Delete(DbKey(kAccessPrefix, k));
   }
-  return ToStatus(db_->Write(rocksdb::WriteOptions(), &batch), "delete from NVMe index " + dir_);
+  return Write(batch, /*sync=*/false, "delete from");
 }
 
 Status NvmeIndex::PutAccessTimes(std::span<const std::pair<ChunkKey, uint64_t>> times) {
@@ -118,8 +205,7 @@ Status NvmeIndex::PutAccessTimes(std::span<const std::pair<ChunkKey, uint64_t>> 
     kvtier::Put(t, ms);
     batch.Put(DbKey(kAccessPrefix, key), t);
   }
-  return ToStatus(db_->Write(rocksdb::WriteOptions(), &batch),
-                  "write access times to NVMe index " + dir_);
+  return Write(batch, /*sync=*/false, "write access times to");
 }
 
 Status NvmeIndex::ForEach(const std::function<void(const NvmeRecord&)>& fn) const {

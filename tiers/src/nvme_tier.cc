@@ -276,7 +276,7 @@ Result<SubtreeRemoval> NvmeTier::RemoveSubtrees(
   return tally;
 }
 
-bool NvmeTier::EvictOneLocked(uint64_t same_size) {
+Result<bool> NvmeTier::EvictOneLocked(uint64_t same_size) {
   auto victim = policy_->PickVictim([&](uint32_t h) {
     const ChunkEntry& e = chunks_.Get(h);
     return e.leases == 0 && e.resident_children == 0 &&
@@ -286,21 +286,24 @@ bool NvmeTier::EvictOneLocked(uint64_t same_size) {
   // The record goes before the slot is reused; a crash in between leaves at
   // most a record whose header no longer matches, which a read rejects.
   std::vector<ChunkKey> key = {chunks_.Get(*victim).key};
-  if (!index_->Delete(key).ok()) return false;
+  KVTIER_RETURN_IF_ERROR(index_->Delete(key));
   EraseLocked(*victim);
   ++counters_.evictions;
   return true;
 }
 
-std::optional<NvmeTier::Location> NvmeTier::AllocateLocked(uint64_t slot_bytes) {
+Result<std::optional<NvmeTier::Location>> NvmeTier::AllocateLocked(uint64_t slot_bytes) {
   for (;;) {
     for (uint32_t d = 0; d < allocators_.size(); ++d) {
       if (auto off = allocators_[d].Allocate(slot_bytes)) {
         counters_.used_bytes += slot_bytes;
-        return Location{d, *off};
+        return std::optional<Location>(Location{d, *off});
       }
     }
-    if (!EvictOneLocked(slot_bytes) && !EvictOneLocked(0)) return std::nullopt;
+    Result<bool> evicted = EvictOneLocked(slot_bytes);
+    if (evicted.ok() && !*evicted) evicted = EvictOneLocked(0);
+    if (!evicted.ok()) return evicted.status();
+    if (!*evicted) return std::optional<Location>();
   }
 }
 
@@ -311,16 +314,22 @@ Result<size_t> NvmeTier::Write(std::span<const NvmeImage> images) {
   };
   std::vector<Planned> planned;
   std::vector<uint32_t> pinned;
+  if (std::string failed = index_->failure(); !failed.empty()) {
+    return Status::IOError("the NVMe index takes no writes since one failed (" + failed + ")");
+  }
   {
     std::lock_guard lock(mu_);
     std::vector<ChunkKey> in_batch;
+    auto give_back = [&] {
+      for (uint32_t h : pinned) --chunks_.Get(h).leases;
+      for (const Planned& p : planned) {
+        allocators_[p.loc.device].Free(p.loc.offset, p.image->image.size());
+        counters_.used_bytes -= p.image->image.size();
+      }
+    };
     for (const NvmeImage& img : images) {
       if (img.image.empty() || img.image.size() % kBlockBytes != 0) {
-        for (uint32_t h : pinned) --chunks_.Get(h).leases;
-        for (const Planned& p : planned) {
-          allocators_[p.loc.device].Free(p.loc.offset, p.image->image.size());
-          counters_.used_bytes -= p.image->image.size();
-        }
+        give_back();
         return Status::InvalidArgument("a slot image is not a positive multiple of 4096 bytes");
       }
       if (chunks_.Find(img.key) != ChunkIndex::kNone) continue;
@@ -333,8 +342,12 @@ Result<size_t> NvmeTier::Write(std::span<const NvmeImage> images) {
         pinned.push_back(ph);
       }
       auto loc = AllocateLocked(img.image.size());
-      if (!loc) break;
-      planned.push_back({&img, *loc});
+      if (!loc.ok()) {  // the index refused an eviction: nothing of this batch is written
+        give_back();
+        return loc.status();
+      }
+      if (!*loc) break;
+      planned.push_back({&img, **loc});
       in_batch.push_back(img.key);
     }
   }

@@ -111,7 +111,8 @@ class CacheCore {
   ~CacheCore();
 
   // Tiers whose I/O failed kNvmeDegradedAfter times in a row (until one
-  // succeeds again): "nvme". DRAM keeps serving; NVMe misses are misses.
+  // succeeds again), or whose index takes no more writes (a full disk, until
+  // kvtierd restarts): "nvme". DRAM keeps serving; NVMe misses are misses.
   std::vector<std::string> DegradedTiers() const;
   static constexpr uint32_t kNvmeDegradedAfter = 3;
 
@@ -238,6 +239,12 @@ class CacheCore {
   };
   // REQUIRES: mu_ held.
   void NoteNvmeIo(bool ok);
+  // REQUIRES: mu_ held. NoteNvmeIo for a write batch of `chunks`, logging when
+  // writes start failing (once) and when they succeed again.
+  void NoteNvmeWrite(const Status& status, const char* what, size_t chunks);
+  // REQUIRES: mu_ held. See DegradedTiers.
+  bool NvmeDegraded() const;
+  bool nvme_writes_failing_ = false;  // GUARDED_BY(mu_)
 
   CacheCore(const CacheCoreOptions& options, std::unique_ptr<DramTier> dram, const Clock& clock)
       : options_(options), clock_(clock), dram_(std::move(dram)) {}

@@ -5,6 +5,12 @@
 //
 // Records are written only after their slot's data is durable (the caller
 // syncs the device first); access times are written in batches, not per hit.
+//
+// Errors: after the first failed write (a full disk, EIO) the index refuses
+// every later write with that error and is closed without a flush: RocksDB 7.8
+// aborts the process when a file writer that failed is used again. RocksDB's
+// own log goes to kvtierd's (warnings and errors), not to a LOG file on the
+// same disk. A start whose probe write fails is refused.
 // Keys: 'c' + 16-byte chunk key -> record; 'a' + 16-byte chunk key -> access ms.
 //
 // Thread-safety: thread-safe (RocksDB is).
@@ -13,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -22,6 +29,8 @@
 
 namespace rocksdb {
 class DB;
+class Env;
+class WriteBatch;
 }
 
 namespace kvtier {
@@ -45,7 +54,10 @@ class NvmeIndex {
   // Opens (creating when missing) the RocksDB database in `dir`. Errors:
   // DATA_LOSS when RocksDB reports corruption (start kvtierd with
   // --rebuild-index), IO_ERROR otherwise, both naming `dir`.
-  static Result<std::unique_ptr<NvmeIndex>> Open(const std::string& dir);
+  // `env`: RocksDB's environment (tests wrap the real file system to inject
+  // faults); nullptr is the default one. It must outlive the index.
+  static Result<std::unique_ptr<NvmeIndex>> Open(const std::string& dir,
+                                                 rocksdb::Env* env = nullptr);
   ~NvmeIndex();
 
   // Adds or replaces records in one synced write batch. Errors: IO_ERROR.
@@ -59,10 +71,18 @@ class NvmeIndex {
   // DATA_LOSS naming the first malformed value (iteration stops), IO_ERROR.
   Status ForEach(const std::function<void(const NvmeRecord&)>& fn) const;
 
+  // The first failed write (the index refuses writes since); empty while healthy.
+  std::string failure() const;
+
  private:
   NvmeIndex(std::unique_ptr<rocksdb::DB> db, std::string dir);
+  // One write batch, refused once a write has failed. Errors: IO_ERROR naming `what`.
+  Status Write(rocksdb::WriteBatch& batch, bool sync, const char* what);
+
   std::unique_ptr<rocksdb::DB> db_;
   std::string dir_;
+  mutable std::mutex mu_;
+  std::string failed_;  // GUARDED_BY(mu_): the first failed write; empty while healthy
 };
 
 }  // namespace kvtier

@@ -127,6 +127,9 @@ class NvmeTier {
 
   bool Contains(const ChunkKey& key) const;
   NvmeTierCounters counters() const;
+  // Why the tier takes no more writes (its index failed a write, e.g. on a
+  // full disk) until kvtierd restarts; empty while it does. Reads go on.
+  std::string write_failure() const { return index_->failure(); }
   // The highest slot sequence any record held at start or any write stored
   // since (0 for an empty tier): the daemon hands out sequences above it, so
   // an image promoted from here never carries one a lease of this run was given.
@@ -140,8 +143,12 @@ class NvmeTier {
   NvmeTier(std::vector<std::unique_ptr<BlockDevice>> devices, std::unique_ptr<NvmeIndex> index);
   Status Rebuild();
   // REQUIRES: mu_ held.
-  std::optional<Location> AllocateLocked(uint64_t slot_bytes);
-  bool EvictOneLocked(uint64_t same_size);
+  // A free slot, evicting as needed; nullopt when nothing is evictable.
+  // Errors: IO_ERROR when the index refuses to drop a victim's record.
+  Result<std::optional<Location>> AllocateLocked(uint64_t slot_bytes);
+  // Evicts one chunk (of `same_size` slot bytes unless 0); false when none is evictable.
+  // Errors: IO_ERROR when the index refuses to drop its record (it stays).
+  Result<bool> EvictOneLocked(uint64_t same_size);
   void EraseLocked(uint32_t handle);
   // Indexes a chunk whose slot is already taken in its allocator.
   uint32_t IndexLocked(const ChunkKey& key, const ChunkKey& parent, const NamespaceId& ns,

@@ -77,7 +77,8 @@ Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const in
   max_chunks = std::min<size_t>(max_chunks, tokens.size() / ns.spec.chunk_tokens);
   ChunkLease lease;
   if (max_chunks == 0) return lease;
-  auto conn = impl_->GetFor(ns);
+  auto deadline = impl_->CallDeadline();
+  auto conn = impl_->GetFor(ns, deadline);
   if (!conn.ok()) {
     lease.fail_open = conn.status();
     return lease;
@@ -86,8 +87,9 @@ Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const in
   v1::LookupResponse resp;
   {
     const bool take_over = ticket != nullptr && WaitForPrefetch(*this, *ticket, c.session_id);
+    if (ticket != nullptr) deadline = impl_->CallDeadline();  // the policy's wait comes first
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
+    SetDeadline(ctx, deadline);
     v1::LookupRequest req = MakeLookup(c, ns, /*acquire=*/true);
     req.set_max_chunks(static_cast<uint32_t>(std::min<size_t>(max_chunks, UINT32_MAX)));
     if (take_over) req.set_prefetch_ticket(ticket->id);

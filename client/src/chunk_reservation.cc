@@ -97,7 +97,8 @@ Result<ChunkReservation> Client::Reserve(const NamespaceHandle& ns, std::span<co
   ChunkReservation r;
   if (first_chunk >= keys.size()) return r;
   const auto all_dropped = static_cast<uint32_t>(keys.size() - first_chunk);
-  auto conn = impl_->GetFor(ns);
+  const auto deadline = impl_->CallDeadline();
+  auto conn = impl_->GetFor(ns, deadline);
   if (!conn.ok()) {
     r.fail_open = conn.status();
     r.dropped_chunks = all_dropped;
@@ -117,7 +118,7 @@ Result<ChunkReservation> Client::Reserve(const NamespaceHandle& ns, std::span<co
   v1::ReserveWriteResponse resp;
   {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
+    SetDeadline(ctx, deadline);
     Status st = FromGrpcStatus(c.stub->ReserveWrite(&ctx, req, &resp));
     impl_->Report(*conn, st, &ns.id);
     if (!st.ok()) {

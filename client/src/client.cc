@@ -18,7 +18,7 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   KVTIER_RETURN_IF_ERROR(
       CheckSocketPath(options.socket_path.empty() ? DefaultSocketPath() : options.socket_path));
   std::unique_ptr<Client> client(new Client(std::make_unique<Impl>(options)));
-  auto conn = client->impl_->Get(options.connect_timeout);
+  auto conn = client->impl_->Get(Clock::now() + options.connect_timeout);
   if (!conn.ok()) {
     spdlog::warn("kvtier client: kvtierd not reachable at {} ({}); failing open until it is",
                  client->impl_->options().socket_path, conn.status().message());
@@ -32,9 +32,10 @@ void Client::Close() { impl_->Close(); }
 Result<NamespaceHandle> Client::OpenNamespace(const NamespaceSpec& spec) {
   KVTIER_RETURN_IF_ERROR(spec.Validate());
   NamespaceHandle ns{spec.Digest(), spec, SlotLayout::For(spec)};
-  auto conn = impl_->Get(impl_->options().deadline);
+  const auto deadline = impl_->CallDeadline();
+  auto conn = impl_->Get(deadline);
   if (conn.ok()) {
-    Status st = impl_->EnsureRegistered(*conn, spec, ns.id);
+    Status st = impl_->EnsureRegistered(*conn, spec, ns.id, deadline);
     // The daemon's refusals of this namespace itself are the caller's to see:
     // a slot larger than the arena, or the daemon's namespace limit.
     if (st.code() == StatusCode::kInvalidArgument ||
@@ -55,14 +56,15 @@ std::vector<ChunkKey> Client::ChunkKeys(const NamespaceHandle& ns,
 Result<LookupResult> Client::Lookup(const NamespaceHandle& ns, std::span<const int32_t> tokens) {
   if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
   LookupResult result;
-  auto conn = impl_->GetFor(ns);
+  const auto deadline = impl_->CallDeadline();
+  auto conn = impl_->GetFor(ns, deadline);
   if (!conn.ok()) {
     result.fail_open = conn.status();
     return result;
   }
   v1::LookupResponse resp;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
+  SetDeadline(ctx, deadline);
   v1::LookupRequest req = MakeLookup(**conn, ns, /*acquire=*/false);
   LentTokens lent(req, tokens);
   Status st = FromGrpcStatus((*conn)->stub->Lookup(&ctx, req, &resp));
@@ -99,7 +101,8 @@ Result<PrefetchTicket> Client::Prefetch(const NamespaceHandle& ns, std::span<con
                                                        static_cast<int64_t>(tokens.size()) / 1000);
       break;
   }
-  auto conn = impl_->GetFor(ns);
+  const auto deadline = impl_->CallDeadline();
+  auto conn = impl_->GetFor(ns, deadline);
   if (!conn.ok()) {
     ticket.fail_open = conn.status();
     return ticket;
@@ -117,7 +120,7 @@ Result<PrefetchTicket> Client::Prefetch(const NamespaceHandle& ns, std::span<con
   LentTokens lent(req, tokens);
   v1::PrefetchResponse resp;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
+  SetDeadline(ctx, deadline);
   Status st = FromGrpcStatus((*conn)->stub->Prefetch(&ctx, req, &resp));
   impl_->Report(*conn, st, &ns.id);
   if (!st.ok()) {
@@ -139,7 +142,8 @@ PrefetchProgress Client::PrefetchStatus(const PrefetchTicket& ticket) {
                                                : ticket.fail_open;
     return progress;
   }
-  auto conn = impl_->Get(impl_->options().deadline);
+  const auto deadline = impl_->CallDeadline();
+  auto conn = impl_->Get(deadline);
   if (!conn.ok() || (*conn)->session_id != ticket.session_id) {
     progress.fail_open = conn.ok() ? Status::NotFound("the ticket's session ended (reconnected)")
                                    : conn.status();
@@ -150,7 +154,7 @@ PrefetchProgress Client::PrefetchStatus(const PrefetchTicket& ticket) {
   req.set_ticket(ticket.id);
   v1::PrefetchStatusResponse resp;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + impl_->options().deadline);
+  SetDeadline(ctx, deadline);
   Status st = FromGrpcStatus((*conn)->stub->PrefetchStatus(&ctx, req, &resp));
   impl_->Report(*conn, st);
   if (!st.ok()) {
@@ -166,7 +170,7 @@ PrefetchProgress Client::PrefetchStatus(const PrefetchTicket& ticket) {
 }
 
 std::optional<HbmPoolInfo> Client::HbmPool() {
-  auto conn = impl_->Get(impl_->options().deadline);
+  auto conn = impl_->Get(impl_->CallDeadline());
   if (!conn.ok()) return std::nullopt;
   return (*conn)->hbm;
 }

@@ -117,6 +117,12 @@ struct Connection {
   }
 };
 
+// Sets `ctx`'s deadline to the steady-clock `deadline` (gRPC takes system time).
+inline void SetDeadline(grpc::ClientContext& ctx, Clock::time_point deadline) {
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::max<Clock::duration>(deadline - Clock::now(), Clock::duration::zero()));
+}
+
 inline bool BreaksConnection(const Status& st) {
   switch (st.code()) {
     case StatusCode::kUnavailable:
@@ -145,10 +151,13 @@ class Releaser {
     cv_.notify_one();
   }
 
-  void Stop() {
+  // `drop_pending`: forget queued releases (their session is about to end)
+  // instead of making them; the one in flight finishes within its deadline.
+  void Stop(bool drop_pending = false) {
     {
       std::lock_guard lock(mu_);
       stopped_ = true;
+      if (drop_pending) queue_.clear();
     }
     cv_.notify_one();
     if (thread_.joinable()) thread_.join();
@@ -240,6 +249,7 @@ using client_internal::LentTokens;
 using client_internal::MakeLookup;
 using client_internal::Releaser;
 using client_internal::SessionStream;
+using client_internal::SetDeadline;
 using client_internal::WaitForPrefetch;
 
 class Client::Impl {
@@ -250,22 +260,44 @@ class Client::Impl {
 
   const ClientOptions& options() const { return options_; }
 
+  // The deadline of an SDK call starting now: every step of the call (connecting,
+  // registering its namespace, its RPCs) fits in it.
+  Clock::time_point CallDeadline() const { return Clock::now() + options_.deadline; }
+
   // A live connection, reconnecting when the last one broke and the
-  // reconnect interval has passed. Errors: why there is none (fail open).
-  Result<std::shared_ptr<Connection>> Get(std::chrono::milliseconds budget) {
-    std::lock_guard lock(mu_);
-    if (conn_ && conn_->alive()) return conn_;
+  // reconnect interval has passed. The connection attempt runs outside mu_:
+  // other callers wait for it only until their own `deadline`. Errors: why
+  // there is none (fail open).
+  Result<std::shared_ptr<Connection>> Get(Clock::time_point deadline) {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      if (closed_) return Status::FailedPrecondition("client is closed");
+      if (conn_ && conn_->alive()) return conn_;
+      if (!dialing_) break;
+      if (!dial_done_.wait_until(lock, deadline, [&] { return !dialing_; })) {
+        return Status::DeadlineExceeded("still connecting to kvtierd at " +
+                                        options_.socket_path);
+      }
+    }
     const auto now = Clock::now();
     if (now - last_attempt_ < options_.reconnect_interval) {
       return Status::Unavailable("not connected to kvtierd (" + last_error_ + ")");
     }
     last_attempt_ = now;
-    auto fresh = Dial(now + budget);
+    dialing_ = true;
+    std::shared_ptr<Arena> arena = arena_;
+    lock.unlock();
+    auto fresh = Dial(deadline, arena);
+    lock.lock();
+    dialing_ = false;
+    dial_done_.notify_all();
     if (!fresh.ok()) {
       last_error_ = fresh.status().message();
       conn_.reset();
       return fresh.status();
     }
+    if (closed_) return Status::FailedPrecondition("client is closed");
+    arena_ = (*fresh)->arena;
     conn_ = std::move(fresh).value();
     return conn_;
   }
@@ -286,21 +318,22 @@ class Client::Impl {
   }
 
   // A live connection on which `ns` is registered (registering it first when
-  // needed). Errors: why not, for the caller to fail open with.
-  Result<std::shared_ptr<Connection>> GetFor(const NamespaceHandle& ns) {
-    auto conn = Get(options_.deadline);
+  // needed), by `deadline`. Errors: why not, for the caller to fail open with.
+  Result<std::shared_ptr<Connection>> GetFor(const NamespaceHandle& ns,
+                                             Clock::time_point deadline) {
+    auto conn = Get(deadline);
     if (!conn.ok()) return conn.status();
-    KVTIER_RETURN_IF_ERROR(EnsureRegistered(*conn, ns.spec, ns.id));
+    KVTIER_RETURN_IF_ERROR(EnsureRegistered(*conn, ns.spec, ns.id, deadline));
     return conn;
   }
 
   Status EnsureRegistered(const std::shared_ptr<Connection>& conn, const NamespaceSpec& spec,
-                          const NamespaceId& id) {
+                          const NamespaceId& id, Clock::time_point deadline) {
     {
       std::lock_guard lock(conn->registered_mu);
       if (conn->registered.count(id) > 0) return Status::Ok();
     }
-    Status st = Register(*conn, spec, Clock::now() + options_.deadline);
+    Status st = Register(*conn, spec, deadline);
     Report(conn, st);
     if (!st.ok()) return st;
     std::lock_guard lock(conn->registered_mu);
@@ -328,15 +361,20 @@ class Client::Impl {
     *req.mutable_spec() = ToProto(spec);
     v1::OpenNamespaceResponse resp;
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + (deadline - Clock::now()));
+    SetDeadline(ctx, deadline);
     return FromGrpcStatus(conn.stub->OpenNamespace(&ctx, req, &resp));
   }
 
+  // Pending lease releases are dropped (ending the session ends those leases
+  // in the daemon), so that a daemon that does not answer cannot hold it up.
   void Close() {
-    releaser_.Stop();  // pending releases first, while their session is open
-    std::lock_guard lock(mu_);
-    conn_.reset();
-    closed_ = true;
+    releaser_.Stop(/*drop_pending=*/true);
+    std::shared_ptr<Connection> last;
+    {
+      std::lock_guard lock(mu_);
+      last = std::move(conn_);
+      closed_ = true;
+    }
   }
 
   void ReleaseLater(std::shared_ptr<Connection> conn, uint64_t lease_id) {
@@ -348,9 +386,10 @@ class Client::Impl {
   }
 
  private:
-  // REQUIRES: mu_ held.
-  Result<std::shared_ptr<Connection>> Dial(Clock::time_point deadline) {
-    if (closed_) return Status::FailedPrecondition("client is closed");
+  // A new connection by `deadline`, mapping the arena unless `arena` (the one
+  // mapped before) has the session's epoch. REQUIRES: mu_ not held.
+  Result<std::shared_ptr<Connection>> Dial(Clock::time_point deadline,
+                                           const std::shared_ptr<Arena>& arena) {
     auto c = std::make_shared<Connection>();
     grpc::ChannelArguments args;
     for (const auto& [name, value] : TransportArgs()) args.SetInt(name, value);
@@ -367,8 +406,8 @@ class Client::Impl {
       c->hbm = HbmPoolInfo{pool.ipc_handle(), pool.pool_bytes(), pool.backend(), pool.device(),
                            c->epoch};
     }
-    if (arena_ && arena_->epoch() == c->epoch) {
-      c->arena = arena_;
+    if (arena && arena->epoch() == c->epoch) {
+      c->arena = arena;
     } else {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       auto got = ReceiveArenaFd(ArenaSocketPath(options_.socket_path),
@@ -381,8 +420,7 @@ class Client::Impl {
       }
       auto mapped = Arena::Map(fd, msg.arena_bytes, msg.epoch);
       if (!mapped.ok()) return mapped.status();
-      arena_ = std::shared_ptr<Arena>(std::move(mapped).value());
-      c->arena = arena_;
+      c->arena = std::shared_ptr<Arena>(std::move(mapped).value());
       spdlog::debug("kvtier client: mapped arena epoch {:016x} ({} bytes)", msg.epoch,
                    msg.arena_bytes);
     }
@@ -397,6 +435,8 @@ class Client::Impl {
   Clock::time_point last_attempt_{};                           // GUARDED_BY(mu_)
   std::string last_error_ = "never connected";                 // GUARDED_BY(mu_)
   bool closed_ = false;                                        // GUARDED_BY(mu_)
+  bool dialing_ = false;  // a thread is connecting, outside mu_   // GUARDED_BY(mu_)
+  std::condition_variable dial_done_;
   Releaser releaser_;
 };
 

@@ -7,8 +7,14 @@
 // Failure model (DESIGN.md): the cache fails open. When the daemon is down,
 // slower than `deadline`, or answers with an error, Lookup/Load report zero
 // cached tokens and Store drops the write; the reason is in `fail_open`. The
-// engine then recomputes. A call never blocks past its deadline (one deadline
-// per RPC; Store and Load make two or three RPCs). After a daemon restart the
+// engine then recomputes. A call never blocks past its deadline, whatever the
+// daemon does (stopped, accepting and never answering, slow): connecting,
+// registering the namespace and the call's RPC share one deadline, and a call
+// waits for another thread's connection attempt only until its own deadline.
+// The exceptions: Store's commit gets a deadline of its own after the writes,
+// and a Load with a prefetch ticket first waits as the ticket's policy says.
+// Close() drops queued lease releases (ending the session ends those leases)
+// and returns within one deadline. After a daemon restart the
 // client reconnects (at most every `reconnect_interval`), remaps the new arena
 // epoch and re-registers its namespaces by itself.
 //
@@ -39,7 +45,7 @@ namespace kvtier {
 struct ClientOptions {
   // kvtierd's gRPC socket. Default: "" = ${XDG_RUNTIME_DIR:-/tmp}/kvtier/kvtierd.sock.
   std::string socket_path;
-  // Deadline of each RPC. Default: 100 ms.
+  // Deadline of each call (see the failure model above). Default: 100 ms.
   std::chrono::milliseconds deadline{100};
   // Deadline of the first connection in Connect() (session + arena). Default: 2 s.
   std::chrono::milliseconds connect_timeout{2000};

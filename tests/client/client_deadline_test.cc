@@ -1,0 +1,190 @@
+// Issue 10, item 4: every SDK call returns (failing open) within its deadline
+// plus a small margin whatever the daemon does, and Close() within 1 s:
+// - a stopped daemon (SIGSTOP on the real kvtierd);
+// - a socket that accepts connections and never answers.
+// The bounds are liveness limits a hang or a serialised dial breaks (seconds),
+// far above what the calls take when they work.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "kvtier/client.h"
+#include "kvtier/tools/model_presets.h"
+#include "testing/daemon_process.h"
+
+namespace kvtier {
+namespace {
+
+using testing::DaemonProcess;
+using testing::TempDir;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr auto kDeadline = 300ms;
+constexpr auto kMargin = 400ms;  // a call may take kDeadline + kMargin at most
+
+NamespaceSpec Spec() {
+  auto spec = tools::ModelPreset("tiny", 16);
+  EXPECT_TRUE(spec.ok());
+  return *spec;
+}
+
+std::vector<int32_t> Tokens(int32_t first, size_t n) {
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = first + static_cast<int32_t>(i);
+  return t;
+}
+
+// Runs `call` from `threads` threads `rounds` times each; the longest call.
+template <typename F>
+std::chrono::milliseconds LongestCall(int threads, int rounds, F call) {
+  std::atomic<int64_t> longest{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int r = 0; r < rounds; ++r) {
+        const auto start = Clock::now();
+        call(t, r);
+        const int64_t ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+        int64_t seen = longest.load();
+        while (ms > seen && !longest.compare_exchange_weak(seen, ms)) {
+        }
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  return std::chrono::milliseconds(longest.load());
+}
+
+// A Unix socket that accepts every connection and never reads or writes.
+class SilentSocket {
+ public:
+  explicit SilentSocket(const std::string& path) {
+    fd_ = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << path;
+    EXPECT_EQ(listen(fd_, 64), 0);
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        const int c = accept(fd_, nullptr, nullptr);
+        if (c >= 0) held_.push_back(c);
+      }
+    });
+  }
+  ~SilentSocket() {
+    stop_ = true;
+    shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    for (int c : held_) close(c);
+    close(fd_);
+  }
+
+ private:
+  int fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::vector<int> held_;
+  std::thread thread_;
+};
+
+TEST(ClientDeadline, ASocketThatNeverAnswersCostsEachCallItsDeadlineAtMost) {
+  TempDir dir("kvtier-deadline");
+  const std::string path = dir.Sub("run/kvtierd.sock");
+  std::filesystem::create_directories(dir.Sub("run"));
+  SilentSocket silent(path);
+  ClientOptions o;
+  o.socket_path = path;
+  o.deadline = kDeadline;
+  o.connect_timeout = kDeadline;
+  o.reconnect_interval = 0ms;  // every call may try to connect
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto ns = (*client)->OpenNamespace(Spec());
+  ASSERT_TRUE(ns.ok()) << ns.status().ToString();
+  const auto tokens = Tokens(1, 64);
+  const auto longest = LongestCall(8, 3, [&](int, int) {
+    auto l = (*client)->Lookup(*ns, tokens);
+    ASSERT_TRUE(l.ok());
+    EXPECT_FALSE(l->fail_open.ok());
+  });
+  EXPECT_LE(longest, kDeadline + kMargin) << "a call waited for other threads' connection attempts";
+  const auto start = Clock::now();
+  (*client)->Close();
+  EXPECT_LE(Clock::now() - start, 1s);
+}
+
+class StoppedDaemonTest : public ::testing::Test {
+ protected:
+  StoppedDaemonTest()
+      : daemon_([&] {
+          DaemonProcess::Options o;
+          o.socket_path = dir_.Sub("run/kvtierd.sock");
+          o.log_path = dir_.Sub("kvtierd.log");
+          return o;
+        }()) {}
+  void SetUp() override { ASSERT_EQ(daemon_.Start(), ""); }
+  void TearDown() override {
+    if (stopped_) kill(daemon_.pid(), SIGCONT);
+  }
+  void Stop() {
+    ASSERT_EQ(kill(daemon_.pid(), SIGSTOP), 0);
+    stopped_ = true;
+  }
+
+  TempDir dir_{"kvtier-deadline"};
+  DaemonProcess daemon_;
+  bool stopped_ = false;
+};
+
+TEST_F(StoppedDaemonTest, EveryCallFailsOpenWithinItsDeadlineAndCloseWithinASecond) {
+  ClientOptions o;
+  o.socket_path = daemon_.socket_path();
+  o.deadline = kDeadline;
+  o.connect_timeout = 5s;
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok());
+  auto ns = (*client)->OpenNamespace(Spec());
+  ASSERT_TRUE(ns.ok());
+  const uint64_t pb = ns->layout.payload_bytes;
+  const auto stored = Tokens(1, 64);
+  std::vector<std::byte> data(4 * pb, std::byte{7});
+  auto st = (*client)->Store(*ns, stored, data);
+  ASSERT_TRUE(st.ok() && st->fail_open.ok() && st->stored_chunks == 4);
+  std::vector<ChunkLease> held;  // released after the stop: Close must not wait on them
+  for (int i = 0; i < 8; ++i) {
+    auto lease = (*client)->Acquire(*ns, stored);
+    ASSERT_TRUE(lease.ok() && lease->num_chunks() == 4);
+    held.push_back(std::move(*lease));
+  }
+  ASSERT_NO_FATAL_FAILURE(Stop());
+
+  const auto longest = LongestCall(4, 2, [&](int t, int r) {
+    const auto tokens = Tokens(1000 * (t * 2 + r + 1), 64);
+    std::vector<std::byte> out(4 * pb);
+    switch ((t + r) % 4) {
+      case 0: EXPECT_FALSE((*client)->Lookup(*ns, stored)->fail_open.ok()); break;
+      case 1: EXPECT_FALSE((*client)->Load(*ns, stored, out)->fail_open.ok()); break;
+      case 2: EXPECT_FALSE((*client)->Store(*ns, tokens, data)->fail_open.ok()); break;
+      case 3: EXPECT_FALSE((*client)->Prefetch(*ns, stored)->fail_open.ok()); break;
+    }
+  });
+  EXPECT_LE(longest, kDeadline + kMargin);
+  held.clear();  // 8 releases queued for a daemon that does not answer
+  const auto start = Clock::now();
+  (*client)->Close();
+  EXPECT_LE(Clock::now() - start, 1s) << "Close waited on releases the session's end makes moot";
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -302,7 +302,20 @@ void CacheCore::Demote(uint32_t handle, bool count_skips) {
   }
 }
 
-size_t CacheCore::FlushWriteBack() {
+size_t CacheCore::PendingNvmeWrites() const {
+  std::lock_guard lock(mu_);
+  return nvme_queue_.size() + demotions_.size() + nvme_in_flight_;
+}
+
+size_t CacheCore::WriteBackDramOnly() const {
+  if (!nvme_ || options_.nvme_write_policy != NvmeWritePolicy::kWriteBack) return 0;
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  dram_->ForEachChunk([&](uint32_t h) { n += !nvme_->Contains(dram_->Get(h).key); });
+  return n;
+}
+
+size_t CacheCore::FlushWriteBack(const std::function<bool()>& keep_going) {
   if (!nvme_ || options_.nvme_write_policy != NvmeWritePolicy::kWriteBack) return 0;
   std::vector<ChunkKey> keys;
   {
@@ -312,7 +325,7 @@ size_t CacheCore::FlushWriteBack() {
     });
   }
   size_t next = 0, queued = 0;
-  while (next < keys.size() && DegradedTiers().empty()) {
+  while (next < keys.size() && DegradedTiers().empty() && keep_going()) {
     {
       std::lock_guard lock(mu_);
       while (next < keys.size() && demotion_bytes_ < options_.write_back_buffer_bytes) {
@@ -327,7 +340,7 @@ size_t CacheCore::FlushWriteBack() {
         ++queued;
       }
     }
-    while (WriteThroughOnce() > 0) {
+    while (keep_going() && WriteThroughOnce() > 0) {
     }
   }
   return queued;

@@ -236,7 +236,39 @@ void Daemon::NvmeLoop() {
   }
 }
 
-void Daemon::Shutdown() {
+void Daemon::DrainNvme(const std::atomic<bool>* abort) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto until = start + options_.drain_timeout;
+  auto next_report = start + std::chrono::seconds(1);
+  auto keep_going = [&] {
+    const auto now = Clock::now();
+    if (now >= next_report) {
+      spdlog::info("shutdown: {} NVMe writes pending after {} ms (at most {} ms more)",
+                   core_->PendingNvmeWrites(),
+                   std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
+                   std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count());
+      next_report = now + std::chrono::seconds(1);
+    }
+    return now < until && (abort == nullptr || !abort->load());
+  };
+  // What was committed reaches NVMe first; then write-back's DRAM-only chunks.
+  while (keep_going() && core_->WriteThroughOnce() > 0) {
+  }
+  if (const size_t n = core_->FlushWriteBack(keep_going); n > 0) {
+    spdlog::info("write-back: flushed {} chunks from DRAM to NVMe at shutdown", n);
+  }
+  const size_t left = core_->PendingNvmeWrites() + core_->WriteBackDramOnly();
+  if (left > 0) {
+    spdlog::warn("shutdown: stopped draining after {} ms ({}); {} chunks were not written to "
+                 "NVMe and are lost",
+                 std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count(),
+                 abort != nullptr && abort->load() ? "a second signal" : "--drain-timeout-ms",
+                 left);
+  }
+}
+
+void Daemon::Shutdown(const std::atomic<bool>* abort) {
   if (shut_down_) return;
   shut_down_ = true;
   stopping_.store(true);
@@ -244,14 +276,7 @@ void Daemon::Shutdown() {
   if (arena_thread_.joinable()) arena_thread_.join();
   if (sweep_thread_.joinable()) sweep_thread_.join();
   if (nvme_thread_.joinable()) nvme_thread_.join();
-  if (core_ && core_->nvme_enabled()) {  // what was committed reaches NVMe before we exit
-    while (core_->WriteThroughOnce() > 0) {
-    }
-    // Write-back: what is only in DRAM goes down now (a kill -9 loses it).
-    if (const size_t n = core_->FlushWriteBack(); n > 0) {
-      spdlog::info("write-back: flushed {} chunks from DRAM to NVMe at shutdown", n);
-    }
-  }
+  if (core_ && core_->nvme_enabled()) DrainNvme(abort);
   if (arena_listen_fd_ >= 0) close(arena_listen_fd_);
   if (owns_socket_) {  // a daemon refused by the lock must not remove the server's sockets
     unlink(options_.socket_path.c_str());

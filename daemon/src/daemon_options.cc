@@ -30,7 +30,7 @@ struct RawOptions {
   bool nvme_paths_from_config = false;  // a flag's --nvme-bytes 0 then wins over them
   int64_t nvme_queue_depth = 32;
   int64_t nvme_workers = 2;
-  int64_t lease_ttl_ms = 0, reservation_ttl_ms = 0;
+  int64_t lease_ttl_ms = 0, reservation_ttl_ms = 0, drain_timeout_ms = 0;
   std::string hbm_bytes = "0", gpu_backend = "cuda";
   int64_t gpu = 0;
   std::string hbm_where, gpu_where;  // "config FILE: " when the value came from there
@@ -122,16 +122,18 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
       } else if (key == "gpu_backend") {
         expected = "cuda or host";
         if (!flag_given) raw->gpu_backend = kv.second.as<std::string>();
-      } else if (key == "lease_ttl_ms" || key == "reservation_ttl_ms") {
+      } else if (key == "lease_ttl_ms" || key == "reservation_ttl_ms" ||
+                 key == "drain_timeout_ms") {
         expected = "an integer number of milliseconds";
         if (!flag_given) {
-          (key == "lease_ttl_ms" ? raw->lease_ttl_ms : raw->reservation_ttl_ms) =
-              kv.second.as<int64_t>();
+          (key == "lease_ttl_ms"         ? raw->lease_ttl_ms
+           : key == "reservation_ttl_ms" ? raw->reservation_ttl_ms
+                                         : raw->drain_timeout_ms) = kv.second.as<int64_t>();
         }
       } else {
         return Status::InvalidArgument("config " + path + ": unknown key '" + key +
                                        "' (socket, socket_group, log_level, dram_bytes, "
-                                       "lease_ttl_ms, reservation_ttl_ms, nvme_paths, nvme_bytes, "
+                                       "lease_ttl_ms, reservation_ttl_ms, drain_timeout_ms, nvme_paths, nvme_bytes, "
                                        "nvme_queue_depth, nvme_workers, nvme_write_policy, "
                                        "selective_min_hits, hbm_bytes, gpu, gpu_backend)");
       }
@@ -155,6 +157,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   raw.dram_bytes = std::to_string(opts.core.dram_bytes);
   raw.lease_ttl_ms = opts.core.lease_ttl.count();
   raw.reservation_ttl_ms = opts.core.reservation_ttl.count();
+  raw.drain_timeout_ms = opts.drain_timeout.count();
   std::string config;
 
   CLI::App app{"kvtierd: tiered KV-cache offload daemon (HBM, DRAM and NVMe tiers)", "kvtierd"};
@@ -173,6 +176,10 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
       ->capture_default_str();
   app.add_option("--reservation-ttl-ms", raw.reservation_ttl_ms,
                  "an uncommitted write is freed after this")
+      ->capture_default_str();
+  app.add_option("--drain-timeout-ms", raw.drain_timeout_ms,
+                 "at shutdown, how long pending NVMe writes may take before kvtierd stops "
+                 "without them (a second SIGTERM/SIGINT stops at once)")
       ->capture_default_str();
   app.add_option("--nvme-path", raw.nvme_paths,
                  "directory for an NVMe slot file (repeatable; it must exist). Default: "
@@ -225,6 +232,11 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   opts.log_level = raw.log_level;
   opts.core.dram_bytes = *dram;
   opts.core.lease_ttl = std::chrono::milliseconds(raw.lease_ttl_ms);
+  if (raw.drain_timeout_ms < 0 || raw.drain_timeout_ms > 3'600'000) {
+    return Status::InvalidArgument("drain_timeout_ms " + std::to_string(raw.drain_timeout_ms) +
+                                   " is outside 0..3600000 (1 hour)");
+  }
+  opts.drain_timeout = std::chrono::milliseconds(raw.drain_timeout_ms);
   auto nvme_bytes = ParseBytes(raw.nvme_bytes);
   if (!nvme_bytes.ok()) return Status::InvalidArgument("nvme_bytes: " + nvme_bytes.status().message());
   // Checked whether the tier is on or not: a typo is an error either way.

@@ -4,10 +4,23 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 
 #include "kvtier/daemon/daemon.h"
 #include "kvtier/logging.h"
+
+namespace {
+
+const char* SignalName(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // Block the stop signals in every thread; the main thread waits for them.
@@ -43,9 +56,21 @@ int main(int argc, char** argv) {
   }
   int sig = 0;
   sigwait(&stop, &sig);
-  spdlog::info("{} received, shutting down",
-               sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM");
-  (*daemon)->Shutdown();
+  spdlog::info("{} received, shutting down (a second signal stops without the NVMe drain)",
+               SignalName(sig));
+  // A second signal ends the drain at once; should even that hang (an NVMe
+  // write that never returns), the process exits 5 s later with what is durable.
+  static std::atomic<bool> abort_drain{false};
+  std::thread([stop] {
+    int again = 0;
+    sigwait(&stop, &again);
+    spdlog::warn("{} received again: stopping without waiting for NVMe writes", SignalName(again));
+    abort_drain.store(true);
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    spdlog::error("shutdown did not finish 5 s after the second signal; exiting now");
+    _exit(1);
+  }).detach();
+  (*daemon)->Shutdown(&abort_drain);
   spdlog::info("stopped");
   return 0;
 }

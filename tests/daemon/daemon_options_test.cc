@@ -130,6 +130,20 @@ TEST_F(DaemonOptionsTest, TtlsOutsideTheirRangeAreNamed) {
   EXPECT_TRUE(Parse({"--lease-ttl-ms", "100", "--reservation-ttl-ms", "86400000"}).ok());
 }
 
+TEST_F(DaemonOptionsTest, DrainTimeoutDefaultsToTenSecondsAndIsBounded) {
+  auto d = Parse({});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->drain_timeout, milliseconds(10000));
+  auto r = Parse({"--drain-timeout-ms", "0"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->drain_timeout, milliseconds(0));
+  EXPECT_TRUE(Names(ErrorOf({"--drain-timeout-ms", "-1"}), "drain_timeout_ms"));
+  EXPECT_TRUE(Names(ErrorOf({"--drain-timeout-ms", "3600001"}), "drain_timeout_ms"));
+  auto y = Parse({"--config", WriteConfig("drain_timeout_ms: 2500\n")});
+  ASSERT_TRUE(y.ok()) << y.status().ToString();
+  EXPECT_EQ(y->drain_timeout, milliseconds(2500));
+}
+
 TEST_F(DaemonOptionsTest, UnknownFlagIsNamed) {
   EXPECT_TRUE(Names(ErrorOf({"--dram-size", "1GiB"}), "--dram-size"));
 }

@@ -122,8 +122,14 @@ class CacheCore {
   // Under write-back it writes the images copied out at eviction instead.
   size_t WriteThroughOnce();
   // Write-back at a clean shutdown: writes every DRAM chunk not yet on NVMe
-  // (stops early when the tier is degraded). Returns how many it queued.
-  size_t FlushWriteBack();
+  // (stops early when the tier is degraded or `keep_going` says no, checked
+  // between batches). Returns how many it queued.
+  size_t FlushWriteBack(const std::function<bool()>& keep_going = [] { return true; });
+  // NVMe writes queued or in flight (what stats call pending_writes).
+  size_t PendingNvmeWrites() const;
+  // Under write-back: DRAM chunks not on NVMe (what a shutdown has still to
+  // write); 0 under the other policies.
+  size_t WriteBackDramOnly() const;
   bool nvme_enabled() const { return nvme_ != nullptr; }
   // The HBM pool a client opens (for SessionOpened); nullptr when the tier is off.
   // Set by Create and never changed.

@@ -39,8 +39,11 @@ class Daemon {
   static Result<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
   ~Daemon();
 
-  // Stops serving (idempotent). Pending RPCs get a short grace period.
-  void Shutdown();
+  // Stops serving (idempotent). Pending RPCs get a short grace period; pending
+  // NVMe writes get options.drain_timeout (progress logged each second), or
+  // until `*abort` turns true (a second signal): then kvtierd stops with what
+  // is durable.
+  void Shutdown(const std::atomic<bool>* abort = nullptr);
 
   CacheCore& core() { return *core_; }
 
@@ -51,6 +54,8 @@ class Daemon {
   void ArenaLoop();
   void SweepLoop();
   void NvmeLoop();  // write-through worker
+  // Shutdown's NVMe drain, bounded by drain_timeout and `abort`.
+  void DrainNvme(const std::atomic<bool>* abort);
 
   DaemonOptions options_;
   int lock_fd_ = -1;

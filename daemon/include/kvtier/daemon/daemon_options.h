@@ -30,6 +30,10 @@ struct DaemonOptions {
   // True when core.nvme.paths is the default, kDefaultNvmePath: kvtierd
   // creates that directory when it is missing (a path given must exist).
   bool nvme_default_path = false;
+  // At shutdown, how long the NVMe writes still pending (write-through queue,
+  // write-back of what is only in DRAM) may take; past it kvtierd stops
+  // without them (they are lost, as with kill -9). Range 0..1 h. Default: 10 s.
+  std::chrono::milliseconds drain_timeout{10000};
   // Rebuild the NVMe tier's RocksDB index from the slot headers before
   // serving (when the index is missing or corrupt). Default: false.
   bool rebuild_index = false;

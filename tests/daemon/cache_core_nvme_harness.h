@@ -31,7 +31,7 @@ class CacheCoreNvmeTest : public CacheCoreHarness {
                      NvmeWritePolicy policy = NvmeWritePolicy::kWriteThrough,
                      uint64_t write_back_buffer_bytes = uint64_t{256} << 20,
                      bool engine_keyed = false) {
-    auto inner = IoUringFileDevice::Open({(dir_ / "slots.dat").string(), 4 << 20, 8});
+    auto inner = IoUringFileDevice::Open({(dir_ / "slots.dat").string(), 4 << 20, 8, {}});
     ASSERT_TRUE(inner.ok()) << inner.status().ToString();
     inner_ = std::move(inner).value();
     auto faulty = std::make_unique<FaultInjectionDevice>(*inner_, good_writes);

@@ -3,6 +3,7 @@
 #include "kvtier/tiers/io_uring_file_device.h"
 
 #include <gtest/gtest.h>
+#include <liburing.h>
 #include <linux/magic.h>
 #include <sys/statfs.h>
 #include <sys/mman.h>
@@ -49,7 +50,7 @@ class IoUringFileDeviceTest : public ::testing::Test {
   ~IoUringFileDeviceTest() override { fs::remove_all(dir_); }
 
   std::unique_ptr<IoUringFileDevice> OpenOrDie(uint64_t bytes, uint32_t depth = 4) {
-    auto d = IoUringFileDevice::Open({(dir_ / "slots.dat").string(), bytes, depth});
+    auto d = IoUringFileDevice::Open({(dir_ / "slots.dat").string(), bytes, depth, {}});
     EXPECT_TRUE(d.ok()) << d.status().ToString();
     return d.ok() ? std::move(d).value() : nullptr;
   }
@@ -70,6 +71,54 @@ TEST_F(IoUringFileDeviceTest, WrittenBlocksReadBackIdentically) {
   EXPECT_EQ(std::memcmp(out.bytes, in.bytes, in.size), 0);
   EXPECT_EQ(dev->counters().write_bytes.load(), 3 * kBlockBytes);
   EXPECT_EQ(dev->counters().read_bytes.load(), 3 * kBlockBytes);
+}
+
+// Issue 10, item 6: a submit error used to return with requests in flight and
+// others still queued in the ring, which the next batch then submitted and
+// whose completions it took for its own. The real io_uring_submit_and_wait,
+// wrapped so that one call fails with EIO.
+TEST_F(IoUringFileDeviceTest, ASubmitErrorLeavesNothingInFlightForTheNextBatch) {
+  constexpr size_t kBlocks = 32;
+  std::atomic<int> calls{0};
+  IoUringFileOptions o{(dir_ / "slots.dat").string(), 1 << 20, 4, {}};
+  o.submit_and_wait = [&](io_uring* ring, unsigned wait_nr) {
+    if (++calls == 3) return -EIO;
+    return io_uring_submit_and_wait(ring, wait_nr);
+  };
+  auto opened = IoUringFileDevice::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  IoUringFileDevice& dev = **opened;
+  Aligned out(kBlocks * kBlockBytes), in(kBlocks * kBlockBytes);
+  std::memset(out.bytes, 0xAB, out.size);
+  std::vector<IoRequest> writes, reads;
+  for (size_t b = 0; b < kBlocks; ++b) {
+    writes.push_back({IoRequest::Op::kWrite, b * kBlockBytes,
+                      out.span().subspan(b * kBlockBytes, kBlockBytes)});
+    reads.push_back({IoRequest::Op::kRead, b * kBlockBytes,
+                     in.span().subspan(b * kBlockBytes, kBlockBytes)});
+  }
+  const Status failed = dev.Submit(writes);
+  EXPECT_FALSE(failed.ok());
+  EXPECT_NE(failed.message().find("io_uring_submit"), std::string::npos) << failed.ToString();
+  // The next batch reads every block itself: each is all written or all
+  // untouched (the file starts as zeros), never left unread (0xEE).
+  std::memset(in.bytes, 0xEE, in.size);
+  const Status read = dev.Submit(reads);
+  ASSERT_TRUE(read.ok()) << read.ToString();
+  size_t written = 0;
+  for (size_t b = 0; b < kBlocks; ++b) {
+    const std::byte first = in.bytes[b * kBlockBytes];
+    ASSERT_TRUE(first == std::byte{0xAB} || first == std::byte{0}) << "block " << b << " unread";
+    written += first == std::byte{0xAB};
+    for (size_t k = 0; k < kBlockBytes; ++k) {
+      ASSERT_EQ(in.bytes[b * kBlockBytes + k], first) << "block " << b << " torn at " << k;
+    }
+  }
+  EXPECT_LT(written, kBlocks) << "the failed submit stopped the batch";
+  // And the device keeps working: a full round trip.
+  ASSERT_TRUE(dev.Submit(writes).ok());
+  ASSERT_TRUE(dev.Submit(reads).ok());
+  EXPECT_EQ(std::memcmp(in.bytes, out.bytes, in.size), 0);
 }
 
 TEST_F(IoUringFileDeviceTest, BatchDeeperThanTheQueueCompletesEveryRequest) {
@@ -249,26 +298,26 @@ TEST_F(IoUringFileDeviceTest, MisalignedOrOutOfRangeRequestsAreRejectedBeforeAny
 }
 
 TEST_F(IoUringFileDeviceTest, StartUpErrorsNameTheProblem) {
-  auto missing = IoUringFileDevice::Open({(dir_ / "nope" / "slots.dat").string(), 1 << 20, 4});
+  auto missing = IoUringFileDevice::Open({(dir_ / "nope" / "slots.dat").string(), 1 << 20, 4, {}});
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("does not exist"), std::string::npos);
 
   std::FILE* f = std::fopen((dir_ / "plain").c_str(), "w");
   ASSERT_NE(f, nullptr);
   std::fclose(f);
-  auto not_dir = IoUringFileDevice::Open({(dir_ / "plain" / "slots.dat").string(), 1 << 20, 4});
+  auto not_dir = IoUringFileDevice::Open({(dir_ / "plain" / "slots.dat").string(), 1 << 20, 4, {}});
   ASSERT_FALSE(not_dir.ok());
   EXPECT_NE(not_dir.status().message().find("not a directory"), std::string::npos);
 
   struct statvfs vfs {};
   ASSERT_EQ(statvfs(dir_.c_str(), &vfs), 0);
   const uint64_t too_big = (uint64_t{vfs.f_bavail} * vfs.f_frsize + (uint64_t{1} << 30)) & ~4095ULL;
-  auto full = IoUringFileDevice::Open({(dir_ / "huge.dat").string(), too_big, 4});
+  auto full = IoUringFileDevice::Open({(dir_ / "huge.dat").string(), too_big, 4, {}});
   ASSERT_FALSE(full.ok());
   EXPECT_NE(full.status().message().find("free"), std::string::npos) << full.status().message();
   EXPECT_FALSE(fs::exists(dir_ / "huge.dat")) << "a refused file was left behind";
 
-  auto odd = IoUringFileDevice::Open({(dir_ / "odd.dat").string(), 1000, 4});
+  auto odd = IoUringFileDevice::Open({(dir_ / "odd.dat").string(), 1000, 4, {}});
   EXPECT_EQ(odd.status().code(), StatusCode::kInvalidArgument);
 }
 
@@ -279,7 +328,7 @@ TEST_F(IoUringFileDeviceTest, TmpfsIsRefusedWithItsReason) {
     GTEST_SKIP() << "/dev/shm is not tmpfs here";
   }
   const std::string path = "/dev/shm/kvtier-tmpfs-" + std::to_string(getpid());
-  auto d = IoUringFileDevice::Open({path, 1 << 20, 4});
+  auto d = IoUringFileDevice::Open({path, 1 << 20, 4, {}});
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(d.status().message().find("tmpfs"), std::string::npos) << d.status().message();
@@ -290,12 +339,12 @@ TEST_F(IoUringFileDeviceTest, ASlotFileHasOneOwner) {
   auto first = OpenOrDie(1 << 20);
   ASSERT_TRUE(first);
   const std::string path = (dir_ / "slots.dat").string();
-  auto second = IoUringFileDevice::Open({path, 1 << 20, 4});
+  auto second = IoUringFileDevice::Open({path, 1 << 20, 4, {}});
   ASSERT_FALSE(second.ok()) << "the same file opened twice";
   EXPECT_NE(second.status().message().find("in use"), std::string::npos)
       << second.status().message();
   first.reset();
-  auto again = IoUringFileDevice::Open({path, 1 << 20, 4});
+  auto again = IoUringFileDevice::Open({path, 1 << 20, 4, {}});
   EXPECT_TRUE(again.ok()) << "free once the owner closed it: " << again.status().ToString();
 }
 

@@ -229,7 +229,7 @@ TEST_F(NvmeTierTest, OrphanWithoutItsParentIsNotWritten) {
 }
 
 TEST_F(NvmeTierTest, InjectedWriteErrorIndexesNothingAndFreesTheSlots) {
-  auto inner = IoUringFileDevice::Open({(dir_ / "slots.dat").string(), 1 << 20, 8});
+  auto inner = IoUringFileDevice::Open({(dir_ / "slots.dat").string(), 1 << 20, 8, {}});
   ASSERT_TRUE(inner.ok());
   auto faulty = std::make_unique<testing::FaultInjectionDevice>(**inner, /*good_writes=*/1);
   auto* faulty_raw = faulty.get();
@@ -270,7 +270,7 @@ TEST_F(NvmeTierTest, LostIndexIsRebuiltFromSlotHeaders) {
   }
   fs::remove_all(dir_ / "index");
   {
-    auto dev = IoUringFileDevice::Open({(dir_ / "kvtier-slots.dat").string(), 16 << 20, 8});
+    auto dev = IoUringFileDevice::Open({(dir_ / "kvtier-slots.dat").string(), 16 << 20, 8, {}});
     ASSERT_TRUE(dev.ok());
     auto index = NvmeIndex::Open((dir_ / "index").string());
     ASSERT_TRUE(index.ok());

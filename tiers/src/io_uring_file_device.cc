@@ -80,9 +80,14 @@ class IoUringFileDevice::Ring {
     return ret;
   }
   bool has_buffers() const { return has_buffers_; }
+  // The ring's state is unknown (waiting for completions failed): the thread
+  // gets a new ring on its next request.
+  void Poison() { poisoned_ = true; }
+  bool poisoned() const { return poisoned_; }
 
  private:
   Ring() = default;
+  bool poisoned_ = false;
   io_uring ring_{};
   bool ready_ = false;
   bool fixed_file_ = false;
@@ -93,6 +98,8 @@ class IoUringFileDevice::Ring {
 namespace {
 
 constexpr uint64_t kMaxFixedBytes = uint64_t{1} << 30;  // the kernel's limit per fixed buffer
+// user_data of a request turned into a no-op after a submit error: never a batch index.
+constexpr uint64_t kNopTag = UINT64_MAX;
 
 uint64_t ThisThreadToken() {
   static std::atomic<uint64_t> next{1};
@@ -202,6 +209,7 @@ Result<IoUringFileDevice::Ring*> IoUringFileDevice::ThreadRing(
   {
     std::lock_guard lock(mu_);
     auto& slot = rings_[ThisThreadToken()];
+    if (slot && slot->poisoned()) slot.reset();
     if (!slot) {
       auto created = Ring::Create(options_.queue_depth, fd_);
       if (!created.ok()) {
@@ -268,17 +276,47 @@ Status IoUringFileDevice::SubmitStreamingImpl(std::span<const IoRequest> batch,
       ++in_flight;
     }
   };
+  const auto submit = [&](unsigned wait_nr) {
+    return options_.submit_and_wait ? options_.submit_and_wait(ring, wait_nr)
+                                    : io_uring_submit_and_wait(ring, wait_nr);
+  };
+  // A submit error must not return with I/O in flight: the kernel would still
+  // read into or write from buffers the caller has freed, and the completions
+  // would land in the next batch. Requests the kernel never took become no-ops
+  // (their completions, tagged kNopTag, are skipped by every batch), and the
+  // ones it took are waited for.
+  const auto abandon = [&](int err, const char* call) {
+    if (first_error.ok()) first_error = Status::FromErrno(err, call);
+    const unsigned queued = io_uring_sq_ready(ring);
+    for (unsigned k = 0; k < queued; ++k) {
+      io_uring_sqe* sqe = &ring->sq.sqes[(ring->sq.sqe_tail - 1 - k) & ring->sq.ring_mask];
+      io_uring_prep_nop(sqe);
+      io_uring_sqe_set_data64(sqe, kNopTag);
+    }
+    in_flight -= queued;
+  };
   for (;;) {
     fill();
     if (in_flight == 0) break;
-    int ret = io_uring_submit_and_wait(ring, 1);
-    if (ret < 0 && ret != -EINTR) return Status::FromErrno(-ret, "io_uring_submit_and_wait");
+    int ret = first_error.ok() ? submit(1) : 0;
+    if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
+      abandon(-ret, "io_uring_submit_and_wait");
+      if (in_flight == 0) break;
+    }
     io_uring_cqe* cqe;
-    unsigned head, seen = 0;
+    ret = io_uring_wait_cqe(ring, &cqe);
+    if (ret < 0 && ret != -EINTR) {
+      // Cannot happen with a ring in use; should it, the ring is not reused.
+      r.Poison();
+      return Status::FromErrno(-ret, "io_uring_wait_cqe");
+    }
+    unsigned head, seen = 0, counted = 0;
     done.clear();
     io_uring_for_each_cqe(ring, head, cqe) {
       ++seen;
-      const size_t i = io_uring_cqe_get_data64(cqe);
+      const uint64_t i = io_uring_cqe_get_data64(cqe);
+      if (i == kNopTag) continue;  // a request an earlier submit error left behind
+      ++counted;
       const IoRequest& q = batch[i];
       const char* what = q.op == IoRequest::Op::kRead ? "read" : "write";
       if (cqe->res < 0) {
@@ -298,14 +336,16 @@ Status IoUringFileDevice::SubmitStreamingImpl(std::span<const IoRequest> batch,
       }
     }
     io_uring_cq_advance(ring, seen);
-    in_flight -= seen;
+    in_flight -= counted;
     if (on_complete && !done.empty()) {
       // Refill the queue first, so the device stays busy while the caller
       // works on what completed.
       fill();
       if (io_uring_sq_ready(ring) > 0) {
         ret = io_uring_submit(ring);
-        if (ret < 0 && ret != -EINTR) return Status::FromErrno(-ret, "io_uring_submit");
+        if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
+          abandon(-ret, "io_uring_submit");
+        }
       }
       for (size_t i : done) on_complete(i);
     }

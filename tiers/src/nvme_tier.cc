@@ -29,8 +29,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options)
   if (options.paths.empty()) return Status::InvalidArgument("no NVMe path given");
   std::vector<std::unique_ptr<BlockDevice>> devices;
   for (const std::string& path : options.paths) {
-    auto d = IoUringFileDevice::Open(
-        {path + "/kvtier-slots.dat", options.bytes_per_path, options.queue_depth});
+    auto d = IoUringFileDevice::Open({path + "/kvtier-slots.dat", options.bytes_per_path, options.queue_depth, {}});
     if (!d.ok()) return d.status();
     devices.push_back(std::move(d).value());
   }
@@ -130,8 +129,7 @@ Result<size_t> NvmeTier::RebuildIndex(const NvmeTierOptions& options) {
   std::vector<std::unique_ptr<IoUringFileDevice>> devices;
   std::vector<BlockDevice*> raw;
   for (const std::string& path : options.paths) {
-    auto d = IoUringFileDevice::Open(
-        {path + "/kvtier-slots.dat", options.bytes_per_path, options.queue_depth});
+    auto d = IoUringFileDevice::Open({path + "/kvtier-slots.dat", options.bytes_per_path, options.queue_depth, {}});
     if (!d.ok()) return d.status();
     raw.push_back(d->get());
     devices.push_back(std::move(d).value());

@@ -12,12 +12,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 
 #include "kvtier/tiers/block_device.h"
+
+struct io_uring;
 
 namespace kvtier {
 
@@ -29,6 +32,9 @@ struct IoUringFileOptions {
   uint64_t bytes = 0;
   // Requests in flight per ring. Range 1..4096. Default: 32.
   uint32_t queue_depth = 32;
+  // Submits the ring's queued requests and waits for `wait_nr` completions:
+  // io_uring_submit_and_wait when empty. Tests wrap it to inject submit errors.
+  std::function<int(io_uring* ring, unsigned wait_nr)> submit_and_wait;
 };
 
 class IoUringFileDevice final : public BlockDevice {

@@ -306,7 +306,10 @@ TEST_F(FullDiskTest, DramKeepsServingTheTierDegradesAndARestartOnAFullDiskIsRefu
   ASSERT_EQ(daemon_->Start(), "");
   ASSERT_NO_FATAL_FAILURE(FillTheDisk());
   const std::string out = dir_.Sub("replay.json");
-  for (int i = 0; i < 1; ++i) {  // enough NVMe writes to need index space
+  // Replays until the index needs space the disk no longer has (at most 4).
+  json nvme;
+  std::string stats_text;
+  for (int i = 0; i < 4 && !(nvme.is_object() && nvme["degraded"] == true); ++i) {
     CommandResult r = RunCommand({BinPath("kvtier-replay"), "--socket", dir_.Sub("run/kvtierd.sock"),
                                   "--trace", ConversationTracePath(),
                                   "--quiet", "--json", out},
@@ -315,18 +318,18 @@ TEST_F(FullDiskTest, DramKeepsServingTheTierDegradesAndARestartOnAFullDiskIsRefu
     const json j = json::parse(ReadFileOrEmpty(out), nullptr, false);
     ASSERT_FALSE(j.is_discarded());
     EXPECT_EQ(j["verify_errors"], 0u) << j.dump();
+    ASSERT_TRUE(daemon_->running()) << "kvtierd died on a full disk:\n" << daemon_->log();
+    CommandResult stats = daemon_->Ctl({"--json", "stats"});
+    ASSERT_TRUE(stats.ok()) << stats.Describe();
+    stats_text = stats.out;
+    const json s = json::parse(stats.out, nullptr, false);
+    for (const auto& t : s["tiers"]) {
+      if (t["name"] == "nvme") nvme = t;
+    }
+    ASSERT_FALSE(nvme.is_null()) << stats.out;
   }
-  ASSERT_TRUE(daemon_->running()) << "kvtierd died on a full disk:\n" << daemon_->log();
-  CommandResult stats = daemon_->Ctl({"--json", "stats"});
-  ASSERT_TRUE(stats.ok()) << stats.Describe();
-  const json s = json::parse(stats.out, nullptr, false);
-  json nvme;
-  for (const auto& t : s["tiers"]) {
-    if (t["name"] == "nvme") nvme = t;
-  }
-  ASSERT_FALSE(nvme.is_null()) << stats.out;
-  EXPECT_GT(nvme["io_errors"].get<uint64_t>(), 0u) << stats.out;
-  EXPECT_EQ(nvme["degraded"], true) << stats.out;
+  EXPECT_GT(nvme["io_errors"].get<uint64_t>(), 0u) << stats_text;
+  EXPECT_EQ(nvme["degraded"], true) << stats_text;
   CommandResult health = daemon_->Ctl({"health"});
   EXPECT_TRUE(health.ok()) << health.Describe();  // serving, with NVMe degraded
   EXPECT_NE(health.out.find("degraded: nvme"), std::string::npos) << health.Describe();

@@ -373,7 +373,13 @@ size_t CacheCore::WriteThroughOnce() {
     for (const Demotion& d : demoted) {
       demoting_.erase(d.key);
       demotion_bytes_ -= d.layout.slot_bytes;
-      if (nvme_->Contains(d.key)) counters_.nvme_write_bytes += d.layout.payload_bytes;
+      // Counted by where each chunk is now, not by how many Write stored: it
+      // skips some (parent gone, no room) and a failed batch stores none.
+      if (nvme_->Contains(d.key)) {
+        counters_.nvme_write_bytes += d.layout.payload_bytes;
+      } else {
+        ++counters_.nvme_lost_writes;
+      }
     }
     return demoted.size();
   }
@@ -432,9 +438,11 @@ size_t CacheCore::WriteThroughOnce() {
   std::lock_guard lock(mu_);
   if (!images.empty()) NoteNvmeWrite(stored.status(), "write-through", images.size());
   EndNvmeWrites(items.size());
-  if (stored.ok()) {
-    for (size_t i = 0; i < *stored && i < items.size(); ++i) {
-      counters_.nvme_write_bytes += items[i].layout.payload_bytes;
+  for (const Item& it : items) {  // as for write-back: by where each chunk is now
+    if (nvme_->Contains(it.key)) {
+      counters_.nvme_write_bytes += it.layout.payload_bytes;
+    } else {
+      ++counters_.nvme_lost_writes;
     }
   }
   return taken;

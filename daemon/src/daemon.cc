@@ -214,7 +214,24 @@ void Daemon::ArenaLoop() {
     pollfd pfd{arena_listen_fd_, POLLIN, 0};
     if (poll(&pfd, 1, 100) <= 0) continue;
     int conn = accept4(arena_listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (conn < 0) continue;
+    if (conn < 0) {
+      const int err = errno;
+      if (err == EINTR || err == EAGAIN || err == ECONNABORTED) continue;
+      // Out of file descriptors (EMFILE, ENFILE) or memory: the connection
+      // waits in the backlog and poll says so again at once. Say it once a
+      // run of failures, and back off instead of spinning.
+      if (!accept_failing_) {
+        spdlog::error("arena socket: accept failed: {}; clients cannot map the arena until it "
+                      "succeeds (raise the open-files limit?)", std::strerror(err));
+        accept_failing_ = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    if (accept_failing_) {
+      spdlog::info("arena socket: accept succeeds again");
+      accept_failing_ = false;
+    }
     Status st = SendArenaFd(conn, msg, core_->arena().fd());
     if (!st.ok()) spdlog::warn("arena socket: {}", st.ToString());
     close(conn);

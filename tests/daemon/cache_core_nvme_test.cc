@@ -198,6 +198,8 @@ TEST_F(CacheCoreNvmeTest, FailingWritesDegradeTheTierWhileDramKeepsServing) {
   EXPECT_TRUE(NvmeStats(s).degraded());
   EXPECT_GE(NvmeStats(s).io_errors(), CacheCore::kNvmeDegradedAfter);
   EXPECT_EQ(NvmeStats(s).chunks(), 0u);
+  EXPECT_EQ(NvmeStats(s).lost_writes(), 4u) << "each chunk the failed batches did not store";
+  EXPECT_EQ(NvmeStats(s).write_bytes(), 0u);
   EXPECT_EQ(core_->DegradedTiers(), std::vector<std::string>{"nvme"});
   EXPECT_EQ(s.active_leases(), 0u);
   // A working device again: the next success clears the degraded state.
@@ -207,6 +209,8 @@ TEST_F(CacheCoreNvmeTest, FailingWritesDegradeTheTierWhileDramKeepsServing) {
   }
   EXPECT_FALSE(NvmeStats(s).degraded());
   EXPECT_TRUE(core_->DegradedTiers().empty());
+  EXPECT_EQ(NvmeStats(s).lost_writes(), 4u);
+  EXPECT_EQ(NvmeStats(s).write_bytes(), kPayloadBytes);
 }
 
 TEST_F(CacheCoreNvmeTest, SelectivePolicyWritesAChunkOnlyAfterItsSecondHit) {

@@ -512,6 +512,42 @@ TEST_F(DaemonTest, KvtierctlEvictDropsANamespaceAndLeavesAnAuditLine) {
   EXPECT_NE(all.out.find("removed"), std::string::npos) << all.Describe();
 }
 
+// Issue 10, item 7: out of file descriptors, the arena socket's accept fails
+// and poll keeps saying a connection waits: kvtierd used to spin silently.
+TEST_F(DaemonTest, AnArenaAcceptFailureIsLoggedOnceAndDoesNotSpin) {
+  DaemonProcess daemon(Opts());
+  ASSERT_EQ(daemon.Start(), "");
+  const std::string pid = std::to_string(daemon.pid());
+  size_t open_fds = 0;
+  for ([[maybe_unused]] const auto& e :
+       std::filesystem::directory_iterator("/proc/" + pid + "/fd")) {
+    ++open_fds;
+  }
+  const std::string limit = std::to_string(open_fds);
+  CommandResult lower = RunCommand({"/usr/bin/prlimit", "--pid", pid, "--nofile=" + limit + ":"}, 20s);
+  if (!lower.ok()) GTEST_SKIP() << "prlimit cannot lower kvtierd's open-files limit here: " << lower.Describe();
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", (socket_ + ".arena").c_str());
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);  // the backlog takes it
+  std::this_thread::sleep_for(1500ms);
+  const std::string log = ReadFileOrEmpty(dir_.Sub("kvtierd.log"));
+  size_t lines = 0;
+  for (size_t at = log.find("arena socket: accept failed"); at != std::string::npos;
+       at = log.find("arena socket: accept failed", at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 1u) << log;
+  EXPECT_NE(log.find("open-files limit"), std::string::npos) << log;
+  ASSERT_TRUE(RunCommand({"/usr/bin/prlimit", "--pid", pid, "--nofile=1024:"}, 20s).ok());
+  std::this_thread::sleep_for(500ms);
+  EXPECT_NE(ReadFileOrEmpty(dir_.Sub("kvtierd.log")).find("accept succeeds again"),
+            std::string::npos);
+  close(fd);
+  EXPECT_TRUE(daemon.Ctl({"health"}).ok());
+}
+
 TEST_F(DaemonTest, KvtierctlHealthFailsWithoutADaemon) {
   CommandResult h =
       RunCommand({BinPath("kvtierctl"), "--socket", socket_, "--timeout-ms", "500", "health"}, 20s);

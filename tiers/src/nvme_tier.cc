@@ -472,7 +472,15 @@ Status NvmeTier::ReadMany(std::span<ReadRequest> requests) {
       policy_->OnAccess(h);
     }
   }
-  if (!bad.empty()) (void)index_->Delete(bad);
+  if (!bad.empty()) {
+    // The in-memory index has dropped them already; a failed delete leaves
+    // records that the next start's reads reject again. The index then takes
+    // no more writes, which makes the tier degraded (write_failure).
+    if (Status st = index_->Delete(bad); !st.ok()) {
+      spdlog::error("NVMe tier: dropping the records of {} corrupt chunks failed: {}", bad.size(),
+                    st.ToString());
+    }
+  }
   return io;
 }
 

@@ -33,6 +33,7 @@ json StatsJson(const kvtier::DaemonStats& s) {
                      {"corrupt_reads", t.corrupt_reads},
                      {"io_errors", t.io_errors},
                      {"skipped_writes", t.skipped_writes},
+                     {"lost_writes", t.lost_writes},
                      {"degraded", t.degraded}});
   }
   return {{"tiers", tiers},

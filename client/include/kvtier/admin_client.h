@@ -35,6 +35,8 @@ struct TierStats {
   uint64_t io_errors = 0;        // nvme: failed read or write batches
   bool degraded = false;         // repeated I/O failures: the other tiers serve
   uint64_t skipped_writes = 0;   // nvme: evicted from DRAM before write-through reached them
+  uint64_t lost_writes = 0;      // nvme: handed to the NVMe writer and not stored (failed
+                                 // batch, no room, parent gone)
 };
 
 struct DaemonStats {

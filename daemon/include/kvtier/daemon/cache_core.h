@@ -237,6 +237,7 @@ class CacheCore {
     uint64_t nvme_io_errors = 0;
     uint64_t prefetched_chunks = 0;
     uint64_t nvme_skipped_writes = 0;
+    uint64_t nvme_lost_writes = 0;
     uint64_t hbm_hits = 0;
     uint64_t hbm_read_bytes = 0;
     uint64_t hbm_write_bytes = 0;

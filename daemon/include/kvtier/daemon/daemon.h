@@ -68,6 +68,7 @@ class Daemon {
   std::unique_ptr<grpc::Server> server_;
   std::atomic<bool> stopping_{false};
   std::thread arena_thread_;
+  bool accept_failing_ = false;  // ArenaLoop's own: logged once per run of failures
   std::thread sweep_thread_;
   std::thread nvme_thread_;
   bool shut_down_ = false;

@@ -81,10 +81,19 @@ Result<std::vector<NamespaceInfo>> AdminClient::Namespaces() {
 }
 
 Result<std::vector<TierEviction>> AdminClient::Evict(const EvictScope& scope) {
+  // The wire cannot tell empty tokens from none (a whole namespace): refused here.
+  if (scope.tokens && scope.tokens->empty()) {
+    return Status::InvalidArgument(
+        "tokens is empty: give at least one chunk of token ids, or none to evict the whole "
+        "namespace");
+  }
+  if (scope.tokens && scope.all) {
+    return Status::InvalidArgument("tokens name a prompt prefix of a namespace; all takes none");
+  }
   v1::EvictRequest req;
   req.set_all(scope.all);
   if (scope.ns) req.set_namespace_id(scope.ns->ToBytes());
-  req.set_tokens(PackTokens(scope.tokens));
+  if (scope.tokens) req.set_tokens(PackTokens(*scope.tokens));
   v1::EvictResponse r;
   KVTIER_RETURN_IF_ERROR((impl_->Call(&v1::Admin::Stub::Evict, &r, req)));
   std::vector<TierEviction> out;

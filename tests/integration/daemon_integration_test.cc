@@ -495,9 +495,20 @@ TEST_F(DaemonTest, KvtierctlEvictDropsANamespaceAndLeavesAnAuditLine) {
       << "no audit line";
 
   // Usage errors exit 2 and name the option; a scope the daemon refuses exits 1.
+  // Token files that are empty, hold values that are not int32, or are no file
+  // at all are usage errors too (an empty list used to evict the whole namespace).
+  const std::string empty = dir_.Sub("empty.json"), wide = dir_.Sub("wide.json"),
+                    fractions = dir_.Sub("fractions.json");
+  ASSERT_TRUE(testing::WriteFile(empty, "[]"));
+  ASSERT_TRUE(testing::WriteFile(wide, "[4294967296, 1, 2, 3]"));
+  ASSERT_TRUE(testing::WriteFile(fractions, "[0.5, 1.5]"));
   for (const std::vector<std::string>& bad :
        {std::vector<std::string>{"evict"}, {"evict", "--all", "--namespace", id},
-        {"evict", "--namespace", "nothex"}, {"evict", "--namespace", id, "--tokens", "1,x"}}) {
+        {"evict", "--namespace", "nothex"}, {"evict", "--namespace", id, "--tokens", "1,x"},
+        {"evict", "--all", "--tokens", "1,2"}, {"evict", "--namespace", id, "--tokens-file", empty},
+        {"evict", "--namespace", id, "--tokens-file", wide},
+        {"evict", "--namespace", id, "--tokens-file", fractions},
+        {"evict", "--namespace", id, "--tokens-file", dir_.path()}}) {
     CommandResult r = daemon.Ctl(bad);
     EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 2) << r.Describe();
     EXPECT_FALSE(r.err.empty()) << r.Describe();

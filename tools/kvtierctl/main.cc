@@ -4,7 +4,9 @@
 // Human tables by default, --json for scripts. Exit codes: 0 OK (health:
 // serving), 1 daemon unreachable or not serving, 2 usage error.
 #include <CLI/CLI.hpp>
+#include <climits>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -80,29 +82,50 @@ void PrintStats(const kvtier::DaemonStats& s) {
 }
 
 // The scope of `kvtierctl evict`; a usage error names the bad option.
+// `tokens_given`: --tokens was on the command line (possibly empty).
 kvtier::Result<kvtier::EvictScope> ParseEvictScope(bool all, const std::string& ns_hex,
-                                                   std::vector<int32_t> tokens,
+                                                   bool tokens_given, std::vector<int32_t> tokens,
                                                    const std::string& tokens_file) {
-  if (all == !ns_hex.empty()) {
-    return kvtier::Status::InvalidArgument("give exactly one of --all and --namespace");
+  using kvtier::Status;
+  if (all == !ns_hex.empty()) return Status::InvalidArgument("give exactly one of --all and --namespace");
+  if (all && (tokens_given || !tokens_file.empty())) {
+    return Status::InvalidArgument("--tokens and --tokens-file go with --namespace, not --all");
   }
   if (all) return kvtier::EvictScope::All();
   auto id = kvtier::ChunkKey::FromHex(ns_hex);
   if (!id) {
-    return kvtier::Status::InvalidArgument("--namespace '" + ns_hex +
-                                           "' is not a namespace id (32 hex digits, as "
-                                           "`kvtierctl namespaces` prints)");
+    return Status::InvalidArgument("--namespace '" + ns_hex +
+                                   "' is not a namespace id (32 hex digits, as "
+                                   "`kvtierctl namespaces` prints)");
   }
   if (!tokens_file.empty()) {
-    std::ifstream in(tokens_file);
-    if (!in) return kvtier::Status::InvalidArgument("--tokens-file " + tokens_file + ": cannot open");
-    try {
-      tokens = json::parse(in).get<std::vector<int32_t>>();
-    } catch (const json::exception& e) {
-      return kvtier::Status::InvalidArgument("--tokens-file " + tokens_file +
-                                             " is not a JSON array of int32 token ids: " +
-                                             e.what());
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(tokens_file, ec)) {
+      return Status::InvalidArgument("--tokens-file " + tokens_file + ": not a readable file");
     }
+    std::ifstream in(tokens_file);
+    json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_array()) {
+      return Status::InvalidArgument("--tokens-file " + tokens_file +
+                                     " is not a JSON array of int32 token ids");
+    }
+    tokens.clear();
+    for (size_t i = 0; i < j.size(); ++i) {
+      const json& v = j[i];
+      if (!v.is_number_integer() || v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX ||
+          (v.is_number_unsigned() && v.get<uint64_t>() > INT32_MAX)) {
+        return Status::InvalidArgument("--tokens-file " + tokens_file + ": element " +
+                                       std::to_string(i) + " (" + v.dump() +
+                                       ") is not an int32 token id");
+      }
+      tokens.push_back(v.get<int32_t>());
+    }
+    tokens_given = true;
+  }
+  if (!tokens_given) return kvtier::EvictScope::Namespace(*id);
+  if (tokens.empty()) {
+    return Status::InvalidArgument("the token list is empty: give at least one chunk of ids, or "
+                                   "no --tokens to evict the whole namespace");
   }
   return kvtier::EvictScope::Prefix(*id, std::move(tokens));
 }
@@ -145,7 +168,8 @@ int main(int argc, char** argv) {
 
   kvtier::EvictScope evict_scope;
   if (evict->parsed()) {
-    auto scope = ParseEvictScope(evict_all, evict_ns, evict_tokens, tokens_file);
+    auto scope = ParseEvictScope(evict_all, evict_ns, tokens_opt->count() > 0, evict_tokens,
+                                 tokens_file);
     if (!scope.ok()) {
       std::fprintf(stderr, "kvtierctl evict: %s\n", scope.status().message().c_str());
       return 2;
@@ -211,6 +235,12 @@ int main(int argc, char** argv) {
         std::printf("%-6s %10llu %10llu\n", t.tier.c_str(), static_cast<unsigned long long>(t.removed),
                     static_cast<unsigned long long>(t.kept));
         kept += t.kept;
+      }
+      uint64_t removed = 0;
+      for (const auto& t : *tiers) removed += t.removed;
+      if (removed == 0 && kept == 0) {
+        std::printf("nothing matched: no chunk of that scope is cached (check the namespace id "
+                    "with `kvtierctl namespaces`)\n");
       }
       if (kept > 0) {
         std::printf("%llu chunks were kept: a lease, a read or a copy holds them (or a chunk after "

@@ -74,10 +74,10 @@ struct NamespaceInfo {
 struct EvictScope {
   bool all = false;
   std::optional<NamespaceId> ns;
-  std::vector<int32_t> tokens;
+  std::optional<std::vector<int32_t>> tokens;  // a prefix: at least one full chunk
 
-  static EvictScope All() { return {true, std::nullopt, {}}; }
-  static EvictScope Namespace(const NamespaceId& id) { return {false, id, {}}; }
+  static EvictScope All() { return {true, std::nullopt, std::nullopt}; }
+  static EvictScope Namespace(const NamespaceId& id) { return {false, id, std::nullopt}; }
   static EvictScope Prefix(const NamespaceId& id, std::vector<int32_t> prefix) {
     return {false, id, std::move(prefix)};
   }
@@ -102,10 +102,11 @@ class AdminClient {
   Result<DaemonStats> Stats();
   Result<DaemonHealth> Health();
   Result<std::vector<NamespaceInfo>> Namespaces();
-  // Drops the scope's chunks now (the daemon logs who asked). Errors:
-  // INVALID_ARGUMENT (no scope, tokens shorter than one chunk), NOT_FOUND (a
-  // prefix of a namespace not open there), IO_ERROR (the NVMe index refused:
-  // nothing was evicted), and those of every call.
+  // Drops the scope's chunks now (the daemon logs the eviction). Errors:
+  // INVALID_ARGUMENT (no scope or two, tokens with `all`, empty tokens or
+  // fewer than one chunk), NOT_FOUND (a prefix of a namespace not open
+  // there), INTERNAL (the NVMe index refused, e.g. a full disk: nothing was
+  // evicted), and those of every call.
   Result<std::vector<TierEviction>> Evict(const EvictScope& scope);
 
  private:

@@ -145,7 +145,7 @@ void BindAdmin(nb::module_& m) {
                     "Namespace.id and namespaces() give)"));
               }
             }
-            if (!tokens.is_none()) scope.tokens = TokensFrom(tokens);
+            if (!tokens.is_none()) scope.tokens = TokensFrom(tokens);  // empty: refused
             std::vector<TierEviction> tiers;
             {
               nb::gil_scoped_release release;
@@ -164,7 +164,7 @@ void BindAdmin(nb::module_& m) {
           nb::arg("tokens") = nb::none(),
           nb::sig("def evict(self, *, all: bool = False, namespace: str | None = None, "
                   "tokens: object | None = None) -> dict[str, dict[str, int]]"),
-          "Drops cached chunks from every tier now; the daemon logs who asked. Exactly one "
+          "Drops cached chunks from every tier now; the daemon logs the eviction. Exactly one "
           "scope: all=True; namespace (its id, 32 hex digits); or namespace with tokens (a "
           "list, int32/int64 array or tensor of token ids; for an engine-keyed namespace, "
           "chunk ids): the chunk holding the last full chunk of those tokens and every chunk "
@@ -172,9 +172,10 @@ void BindAdmin(nb::module_& m) {
           "Returns {tier: {'removed': chunks dropped, 'kept': chunks kept because a lease, "
           "a read or a copy pins them or one after them}} for 'hbm', 'dram' and 'nvme' (the "
           "tiers that are on).\n\n"
-          "Raises InvalidArgument for no scope or two, a malformed id or tokens shorter than "
-          "one chunk; NotFound for tokens of a namespace not open in the daemon; IOError "
-          "when the NVMe index refused (nothing was evicted); Unavailable or "
+          "Raises InvalidArgument for no scope or two, tokens with all, a malformed id, or "
+          "tokens empty or shorter than one chunk; NotFound for tokens of a namespace not "
+          "open in the daemon; Internal when the NVMe index refused, e.g. on a full disk "
+          "(nothing was evicted); Unavailable or "
           "DeadlineExceeded when the daemon does not answer.");
 }
 

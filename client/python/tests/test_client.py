@@ -427,6 +427,7 @@ def test_admin_evict_drops_a_prefix_a_namespace_or_everything(kvtierd: KvtierdPr
         before = admin.stats()
         bad: list[dict[str, object]] = [
             {}, {"all": True, "namespace": ns.id}, {"all": True, "tokens": a},
+            {"namespace": ns.id, "tokens": []}, {"namespace": ns.id, "tokens": np.zeros(0, np.int32)},
             {"namespace": "xyz"}, {"namespace": ns.id, "tokens": a[:CHUNK - 1]},
             {"namespace": ns.id, "tokens": [2**31]}]
         for kw in bad:

@@ -292,10 +292,11 @@ class KvtierStorage(HiCacheStorage):
         raise NotImplementedError("kvtier implements batch_set_v1 (interface_v1: 1)")
 
     def clear(self) -> bool:
-        """Drops every page of this backend's namespace from kvtierd, in every tier (what
-        SGLang's flush_cache asks for, e.g. after a weight update). Other namespaces (models,
-        TP ranks) keep theirs. False, with a log line, when kvtierd is unreachable or kept
-        pages that a transfer was reading (call again once it is done)."""
+        """Drops every page of this backend's namespace from kvtierd, in every tier (SGLang
+        calls it for POST /hicache/storage-backend/clear; its flush_cache does not). Other
+        namespaces (models, TP ranks) keep theirs. False, with a log line, when kvtierd is
+        unreachable, its NVMe tier is degraded, or it kept pages that a transfer was reading
+        (call again once it is done)."""
         if self._ns is None:
             return True  # no pool registered: nothing was stored through this backend
         try:

@@ -302,6 +302,13 @@ void CacheCore::Demote(uint32_t handle, bool count_skips) {
   }
 }
 
+void CacheCore::PersistNvmeAccessTimes() {
+  if (!nvme_ || !nvme_->write_failure().empty()) return;
+  if (Status st = nvme_->PersistAccessTimes(); !st.ok()) {
+    spdlog::warn("NVMe tier: persisting access times failed: {}", st.ToString());
+  }
+}
+
 size_t CacheCore::PendingNvmeWrites() const {
   std::lock_guard lock(mu_);
   return nvme_queue_.size() + demotions_.size() + nvme_in_flight_;

@@ -240,9 +240,14 @@ void Daemon::ArenaLoop() {
 
 void Daemon::SweepLoop() {
   using namespace std::chrono_literals;
+  auto next_persist = std::chrono::steady_clock::now() + 1s;
   while (!stopping_.load()) {
     std::this_thread::sleep_for(50ms);
     core_->ExpireNow();
+    if (std::chrono::steady_clock::now() >= next_persist) {
+      core_->PersistNvmeAccessTimes();
+      next_persist = std::chrono::steady_clock::now() + 1s;
+    }
   }
 }
 

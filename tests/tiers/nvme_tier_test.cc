@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -217,6 +220,40 @@ TEST_F(NvmeTierTest, FullTierEvictsLeavesFirst) {
   EXPECT_FALSE(tier->Contains(a.keys[2])) << "the leaf goes first";
   EXPECT_TRUE(tier->Contains(b.keys[0]));
   EXPECT_EQ(tier->counters().evictions, 1u);
+}
+
+// Issue 10, item 9: access times were never persisted, so after a restart the
+// LRU order was the index's key order. Three one-chunk prompts: the one with
+// the largest key is written second and never read, so it is the LRU victim;
+// in key order it would be the last one evicted.
+TEST_F(NvmeTierTest, LruOrderSurvivesARestart) {
+  std::vector<Chain> c;
+  for (uint32_t s = 0; s < 3; ++s) c.emplace_back(spec_, 40 + s, 1);
+  std::sort(c.begin(), c.end(), [](const Chain& a, const Chain& b) {
+    return a.keys[0].ToBytes() < b.keys[0].ToBytes();  // the index's key order
+  });
+  Chain& smallest = c[0];
+  Chain& middle = c[1];
+  Chain& victim = c[2];
+  {
+    auto tier = OpenTier(3 * layout_.slot_bytes);
+    ASSERT_TRUE(tier);
+    for (Chain* w : {&smallest, &victim, &middle}) {
+      ASSERT_EQ(*tier->Write(w->Images()), 1u);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // distinct write times
+    }
+    AlignedBuf buf(layout_.slot_bytes);
+    ASSERT_TRUE(tier->Read(smallest.Id(0), layout_, buf.span()).ok());
+    ASSERT_TRUE(tier->PersistAccessTimes().ok());
+  }
+  auto tier = OpenTier(3 * layout_.slot_bytes);
+  ASSERT_TRUE(tier);
+  ASSERT_EQ(tier->counters().chunks, 3u);
+  Chain fourth(spec_, 50, 1);
+  ASSERT_EQ(*tier->Write(fourth.Images()), 1u);
+  EXPECT_FALSE(tier->Contains(victim.keys[0])) << "the least recently used chunk goes first";
+  EXPECT_TRUE(tier->Contains(smallest.keys[0]));
+  EXPECT_TRUE(tier->Contains(middle.keys[0]));
 }
 
 TEST_F(NvmeTierTest, OrphanWithoutItsParentIsNotWritten) {

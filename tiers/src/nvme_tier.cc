@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
@@ -23,7 +24,27 @@ NvmeTier::NvmeTier(std::vector<std::unique_ptr<BlockDevice>> devices,
   }
 }
 
-NvmeTier::~NvmeTier() = default;
+namespace {
+
+uint64_t UnixMs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+}  // namespace
+
+NvmeTier::~NvmeTier() {
+  if (index_ && index_->failure().empty()) (void)PersistAccessTimes();
+}
+
+Status NvmeTier::PersistAccessTimes() {
+  std::lock_guard lock(mu_);  // so that an eviction's delete cannot pass these puts
+  if (dirty_access_.empty()) return Status::Ok();
+  std::vector<std::pair<ChunkKey, uint64_t>> times(dirty_access_.begin(), dirty_access_.end());
+  dirty_access_.clear();
+  return index_->PutAccessTimes(times);
+}
 
 Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options) {
   if (options.paths.empty()) return Status::InvalidArgument("no NVMe path given");
@@ -240,6 +261,7 @@ void NvmeTier::EraseLocked(uint32_t h) {
     }
   }
   allocators_[e.ns_index].Free(e.slot_offset, slot_bytes_[h]);
+  dirty_access_.erase(e.key);
   counters_.used_bytes -= slot_bytes_[h];
   --counters_.chunks;
   chunks_.Erase(h);
@@ -364,12 +386,13 @@ Result<size_t> NvmeTier::Write(std::span<const NvmeImage> images) {
     if (st.ok()) st = devices_[d]->Sync();
   }
   if (st.ok() && !planned.empty()) {
+    const uint64_t written_ms = UnixMs();  // a chunk's first access: LRU order after a restart
     std::vector<NvmeRecord> records;
     for (const Planned& p : planned) {
       SlotHeader h;
       std::memcpy(&h, p.image->image.data(), sizeof(h));
       records.push_back({p.image->key, p.image->parent, p.image->ns, p.loc.device, p.loc.offset,
-                         p.image->image.size(), h.sequence, h.payload_checksum, 0});
+                         p.image->image.size(), h.sequence, h.payload_checksum, written_ms});
     }
     st = index_->Put(records);
   }
@@ -450,6 +473,7 @@ Status NvmeTier::ReadMany(std::span<ReadRequest> requests) {
     });
   }
   std::lock_guard lock(mu_);
+  const uint64_t now_ms = UnixMs();
   std::vector<ChunkKey> bad;
   for (size_t i = 0; i < requests.size(); ++i) {
     const uint32_t h = handles[i];
@@ -470,6 +494,7 @@ Status NvmeTier::ReadMany(std::span<ReadRequest> requests) {
       EraseLocked(h);
     } else {
       policy_->OnAccess(h);
+      dirty_access_[requests[i].id.key] = now_ms;
     }
   }
   if (!bad.empty()) {

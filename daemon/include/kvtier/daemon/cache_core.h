@@ -131,6 +131,9 @@ class CacheCore {
   // write); 0 under the other policies.
   size_t WriteBackDramOnly() const;
   bool nvme_enabled() const { return nvme_ != nullptr; }
+  // NvmeTier::PersistAccessTimes (nothing without NVMe). The daemon calls it
+  // about once a second so that NVMe's LRU order survives a restart.
+  void PersistNvmeAccessTimes();
   // The HBM pool a client opens (for SessionOpened); nullptr when the tier is off.
   // Set by Create and never changed.
   const HbmTier* hbm() const { return hbm_.get(); }

@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kvtier/slot_image.h"
@@ -125,6 +126,12 @@ class NvmeTier {
   Result<SubtreeRemoval> RemoveSubtrees(
       const std::function<bool(const ChunkKey& key, const NamespaceId& ns)>& pick);
 
+  // Writes the access times of the chunks read since the last call to the
+  // index in one unsynced batch (a crash loses at most that batch's LRU order).
+  // The daemon calls it about once a second; the destructor once more. A
+  // chunk's write time is its first access time. Errors: IO_ERROR.
+  Status PersistAccessTimes();
+
   bool Contains(const ChunkKey& key) const;
   NvmeTierCounters counters() const;
   // Why the tier takes no more writes (its index failed a write, e.g. on a
@@ -165,6 +172,8 @@ class NvmeTier {
   std::unique_ptr<EvictionPolicy> policy_;               // GUARDED_BY(mu_)
   NvmeTierCounters counters_;                            // GUARDED_BY(mu_)
   uint64_t max_sequence_ = 0;                            // GUARDED_BY(mu_)
+  // Chunks read since the last PersistAccessTimes -> unix ms. GUARDED_BY(mu_)
+  std::unordered_map<ChunkKey, uint64_t, ChunkKeyHash> dirty_access_;
 };
 
 }  // namespace kvtier

@@ -51,7 +51,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   KVTIER_RETURN_IF_ERROR(d->PrepareSocketDir());
   if (options.nvme_default_path) {
     std::error_code ec;
-    std::filesystem::create_directories(options.core.nvme.paths[0], ec);
+    d->created_nvme_dir_ = std::filesystem::create_directories(options.core.nvme.paths[0], ec);
     if (ec) {
       return Status::InvalidArgument("cannot create the default NVMe directory ./" +
                                      options.core.nvme.paths[0] + ": " + ec.message() +
@@ -110,6 +110,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   if (d->core_->nvme_enabled()) d->nvme_thread_ = std::thread([p = d.get()] { p->NvmeLoop(); });
   spdlog::info("kvtierd serving on {} (DRAM arena {} bytes, epoch {:016x})", options.socket_path,
                options.core.dram_bytes, d->core_->epoch());
+  d->started_ = true;
   return d;
 }
 
@@ -303,6 +304,15 @@ void Daemon::Shutdown(const std::atomic<bool>* abort) {
   if (owns_socket_) {  // a daemon refused by the lock must not remove the server's sockets
     unlink(options_.socket_path.c_str());
     unlink(ArenaSocketPath(options_.socket_path).c_str());
+  }
+  if (!started_) {
+    // A refused start leaves nothing behind: its lock file (unlinked while we
+    // still hold the lock) and the default NVMe directory it made, if empty.
+    if (owns_socket_) unlink((options_.socket_path + ".lock").c_str());
+    if (created_nvme_dir_) {
+      std::error_code ec;
+      std::filesystem::remove(options_.core.nvme.paths[0], ec);  // only when empty
+    }
   }
   if (lock_fd_ >= 0) close(lock_fd_);
   arena_listen_fd_ = lock_fd_ = -1;

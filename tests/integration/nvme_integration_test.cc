@@ -92,6 +92,9 @@ TEST_F(NvmeDaemonTest, ADefaultNvmeTierThatCannotStartSaysHowToSizeOrTurnItOff) 
   EXPECT_NE(error.find("--nvme-bytes 0"), std::string::npos) << error;
   EXPECT_FALSE(std::filesystem::exists(nvme_dir_ / "kvtier-data" / "kvtier-slots.dat"))
       << "a refused start leaves no slot file";
+  EXPECT_FALSE(std::filesystem::exists(nvme_dir_ / "kvtier-data"))
+      << "nor the default directory it made";
+  EXPECT_FALSE(std::filesystem::exists(o.socket_path + ".lock")) << "nor its lock file";
 }
 
 TEST_F(NvmeDaemonTest, ChunksComeBackFromNvmeWithTheRightBytesAfterARestart) {

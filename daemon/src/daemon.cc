@@ -47,6 +47,18 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
                                      " bytes)");
     }
   }
+  // A tier this small holds a few tiny test slots at most: no real model's
+  // chunk (llama3-8b fp16 with 256-token chunks: a 32 MiB slot) fits.
+  constexpr uint64_t kSmallTierBytes = uint64_t{1} << 20;
+  if (options.core.dram_bytes < kSmallTierBytes) {
+    spdlog::warn("dram_bytes {} is less than 1 MiB: a namespace whose slot is larger is refused "
+                 "at open (llama3-8b fp16 with 256-token chunks needs 32 MiB a slot)",
+                 options.core.dram_bytes);
+  }
+  if (!options.core.nvme.paths.empty() && options.core.nvme.bytes_per_path < kSmallTierBytes) {
+    spdlog::warn("nvme_bytes {} is less than 1 MiB: the NVMe tier holds almost nothing (0 "
+                 "turns it off)", options.core.nvme.bytes_per_path);
+  }
   std::unique_ptr<Daemon> d(new Daemon(options));
   KVTIER_RETURN_IF_ERROR(d->PrepareSocketDir());
   if (options.nvme_default_path) {

@@ -236,13 +236,6 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   opts.socket_group = raw.socket_group;
   opts.log_level = raw.log_level;
   opts.core.dram_bytes = *dram;
-  // Below 1 MiB no real namespace's slot fits (llama3-8b fp16, 256-token
-  // chunks: 32 MiB a slot), and kvtierd would start a cache that holds nothing.
-  constexpr uint64_t kMinTierBytes = uint64_t{1} << 20;
-  if (*dram < kMinTierBytes) {
-    return Status::InvalidArgument(raw.dram_bytes_from + " " + std::to_string(*dram) +
-                                   " is less than 1 MiB: too small to hold a chunk");
-  }
   opts.core.lease_ttl = std::chrono::milliseconds(raw.lease_ttl_ms);
   if (raw.drain_timeout_ms < 0 || raw.drain_timeout_ms > 3'600'000) {
     return Status::InvalidArgument("drain_timeout_ms " + std::to_string(raw.drain_timeout_ms) +
@@ -255,11 +248,6 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   if (*nvme_bytes % 4096 != 0) {
     return Status::InvalidArgument("nvme_bytes " + std::to_string(*nvme_bytes) +
                                    " is not a multiple of 4096");
-  }
-  if (*nvme_bytes != 0 && *nvme_bytes < kMinTierBytes) {
-    return Status::InvalidArgument("nvme_bytes " + std::to_string(*nvme_bytes) +
-                                   " is less than 1 MiB: too small to hold a chunk (0 turns the "
-                                   "NVMe tier off)");
   }
   if (raw.nvme_queue_depth < 1 || raw.nvme_queue_depth > 4096) {
     return Status::InvalidArgument("nvme_queue_depth " + std::to_string(raw.nvme_queue_depth) +

@@ -144,13 +144,7 @@ TEST_F(DaemonOptionsTest, DrainTimeoutDefaultsToTenSecondsAndIsBounded) {
   EXPECT_EQ(y->drain_timeout, milliseconds(2500));
 }
 
-// Issue 10, item 13: sizes that hold nothing and duplicate YAML keys used to be accepted silently.
-TEST_F(DaemonOptionsTest, TiersTooSmallToHoldAChunkAreRefused) {
-  EXPECT_TRUE(Names(ErrorOf({"--dram-bytes", "4KiB"}), "less than 1 MiB"));
-  EXPECT_TRUE(Names(ErrorOf({"--nvme-bytes", "4KiB"}), "nvme_bytes"));
-  EXPECT_TRUE(Parse({"--nvme-bytes", "0", "--dram-bytes", "1MiB"}).ok());
-}
-
+// Issue 10, item 13: duplicate YAML keys used to be accepted silently (the last won).
 TEST_F(DaemonOptionsTest, ADuplicateYamlKeyIsAnErrorNamingIt) {
   const std::string cfg = WriteConfig("dram_bytes: 64MiB\nlog_level: info\ndram_bytes: 1GiB\n");
   const std::string error = ErrorOf({"--config", cfg});

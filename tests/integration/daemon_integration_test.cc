@@ -594,6 +594,17 @@ void ExpectStartupError(const std::vector<std::string>& args, const std::string&
       << "message does not name '" << needle << "': " << r.Describe();
 }
 
+// Issue 10, item 13: a tier too small for a real model's chunk started without a word.
+TEST_F(DaemonTest, TiersTooSmallForARealChunkAreWarnedAbout) {
+  DaemonProcess::Options o = Opts({"--nvme-path", dir_.path(), "--nvme-bytes", "64KiB"});
+  o.dram_bytes = "256KiB";
+  DaemonProcess daemon(o);
+  ASSERT_EQ(daemon.Start(), "");
+  const std::string log = ReadFileOrEmpty(dir_.Sub("kvtierd.log"));
+  EXPECT_NE(log.find("dram_bytes 262144 is less than 1 MiB"), std::string::npos) << log;
+  EXPECT_NE(log.find("nvme_bytes 65536 is less than 1 MiB"), std::string::npos) << log;
+}
+
 TEST_F(DaemonTest, StartupRejectsBadDramBytes) {
   ExpectStartupError({"--socket", socket_, "--dram-bytes", "12XB"}, "--dram-bytes");
   ExpectStartupError({"--socket", socket_, "--dram-bytes", "lots"}, "--dram-bytes");

@@ -14,6 +14,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -137,9 +139,29 @@ class StoppedDaemonTest : public ::testing::Test {
   void TearDown() override {
     if (stopped_) kill(daemon_.pid(), SIGCONT);
   }
+  // SIGSTOP, then waits until every thread of kvtierd is stopped (the signal is
+  // asynchronous: a thread could still answer a call just after kill returns).
   void Stop() {
     ASSERT_EQ(kill(daemon_.pid(), SIGSTOP), 0);
     stopped_ = true;
+    const std::string tasks = "/proc/" + std::to_string(daemon_.pid()) + "/task";
+    for (auto until = Clock::now() + 5s; Clock::now() < until;
+         std::this_thread::sleep_for(1ms)) {
+      bool all = true;
+      for (const auto& t : std::filesystem::directory_iterator(tasks)) {
+        std::ifstream stat(t.path() / "stat");
+        std::string line;
+        std::getline(stat, line);
+        const size_t close_paren = line.rfind(')');
+        if (close_paren == std::string::npos || close_paren + 2 >= line.size() ||
+            line[close_paren + 2] != 'T') {
+          all = false;
+          break;
+        }
+      }
+      if (all) return;
+    }
+    FAIL() << "kvtierd's threads did not all stop within 5 s of SIGSTOP";
   }
 
   TempDir dir_{"kvtier-deadline"};

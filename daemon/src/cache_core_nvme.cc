@@ -317,8 +317,11 @@ size_t CacheCore::PendingNvmeWrites() const {
 size_t CacheCore::WriteBackDramOnly() const {
   if (!nvme_ || options_.nvme_write_policy != NvmeWritePolicy::kWriteBack) return 0;
   std::lock_guard lock(mu_);
-  size_t n = 0;
-  dram_->ForEachChunk([&](uint32_t h) { n += !nvme_->Contains(dram_->Get(h).key); });
+  size_t n = 0;  // those queued for the writer are PendingNvmeWrites', not counted twice
+  dram_->ForEachChunk([&](uint32_t h) {
+    const ChunkKey& key = dram_->Get(h).key;
+    n += !nvme_->Contains(key) && demoting_.count(key) == 0;
+  });
   return n;
 }
 
@@ -335,7 +338,8 @@ size_t CacheCore::FlushWriteBack(const std::function<bool()>& keep_going) {
   while (next < keys.size() && DegradedTiers().empty() && keep_going()) {
     {
       std::lock_guard lock(mu_);
-      while (next < keys.size() && demotion_bytes_ < options_.write_back_buffer_bytes) {
+      while (next < keys.size() && demotion_bytes_ < options_.write_back_buffer_bytes &&
+             (next % 64 != 0 || keep_going())) {  // copying 256 MiB takes a while: check often
         const uint32_t h = dram_->Find(keys[next++]);
         if (h == ChunkIndex::kNone) continue;
         Demote(h, /*count_skips=*/false);

@@ -179,6 +179,8 @@ Status Daemon::PrepareSocketDir() {
     }
     return Status::FromErrno(errno, "flock " + lock_path);
   }
+  holds_lock_ = true;
+
   // We hold the lock: socket files left behind are from a dead daemon. Anything
   // else at those paths is not ours to remove.
   for (const std::string& p : {options_.socket_path, ArenaSocketPath(options_.socket_path)}) {
@@ -278,7 +280,7 @@ void Daemon::DrainNvme(const std::atomic<bool>* abort) {
   auto next_report = start + std::chrono::seconds(1);
   auto keep_going = [&] {
     const auto now = Clock::now();
-    if (now >= next_report) {
+    if (now >= next_report && now < until) {
       spdlog::info("shutdown: {} NVMe writes pending after {} ms (at most {} ms more)",
                    core_->PendingNvmeWrites(),
                    std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count(),
@@ -291,15 +293,17 @@ void Daemon::DrainNvme(const std::atomic<bool>* abort) {
   while (keep_going() && core_->WriteThroughOnce() > 0) {
   }
   if (const size_t n = core_->FlushWriteBack(keep_going); n > 0) {
-    spdlog::info("write-back: flushed {} chunks from DRAM to NVMe at shutdown", n);
+    spdlog::info("write-back: queued {} DRAM-only chunks for NVMe at shutdown", n);
   }
   const size_t left = core_->PendingNvmeWrites() + core_->WriteBackDramOnly();
   if (left > 0) {
-    spdlog::warn("shutdown: stopped draining after {} ms ({}); {} chunks were not written to "
-                 "NVMe and are lost",
+    const char* why = abort != nullptr && abort->load() ? "a second signal stopped the drain"
+                      : Clock::now() >= until           ? "--drain-timeout-ms ran out"
+                                                        : "the NVMe tier did not take them (no room, "
+                                                          "their parent gone from NVMe, or degraded)";
+    spdlog::warn("shutdown: after {} ms, {} chunks were not written to NVMe and are lost ({})",
                  std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count(),
-                 abort != nullptr && abort->load() ? "a second signal" : "--drain-timeout-ms",
-                 left);
+                 left, why);
   }
 }
 
@@ -320,7 +324,7 @@ void Daemon::Shutdown(const std::atomic<bool>* abort) {
   if (!started_) {
     // A refused start leaves nothing behind: its lock file (unlinked while we
     // still hold the lock) and the default NVMe directory it made, if empty.
-    if (owns_socket_) unlink((options_.socket_path + ".lock").c_str());
+    if (holds_lock_) unlink((options_.socket_path + ".lock").c_str());
     if (created_nvme_dir_) {
       std::error_code ec;
       std::filesystem::remove(options_.core.nvme.paths[0], ec);  // only when empty

@@ -40,7 +40,12 @@ struct RawOptions {
 Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) {
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path);
+    const std::vector<YAML::Node> docs = YAML::LoadAllFromFile(path);
+    if (docs.size() > 1) {  // LoadFile would read the first and drop the rest unseen
+      return Status::InvalidArgument("config " + path + " holds " + std::to_string(docs.size()) +
+                                     " YAML documents (---); kvtierd reads one");
+    }
+    if (!docs.empty()) root = docs[0];
   } catch (const YAML::Exception& e) {
     return Status::InvalidArgument("config " + path + ": " + e.what());
   }

@@ -152,6 +152,11 @@ TEST_F(DaemonOptionsTest, ADuplicateYamlKeyIsAnErrorNamingIt) {
   EXPECT_TRUE(Names(error, "twice")) << error;
 }
 
+TEST_F(DaemonOptionsTest, AConfigOfSeveralYamlDocumentsIsRefused) {
+  const std::string cfg = WriteConfig("dram_bytes: 16MiB\n---\ndram_bytes: 32MiB\nbogus_key: 1\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), "2 YAML documents"));
+}
+
 TEST_F(DaemonOptionsTest, UnknownFlagIsNamed) {
   EXPECT_TRUE(Names(ErrorOf({"--dram-size", "1GiB"}), "--dram-size"));
 }

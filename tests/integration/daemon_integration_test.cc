@@ -701,6 +701,7 @@ TEST_F(DaemonTest, FileAtTheSocketPathIsNeverRemoved) {
   EXPECT_FALSE(r.ok());
   EXPECT_NE(r.err.find("not a socket"), std::string::npos) << r.Describe();
   EXPECT_EQ(ReadFileOrEmpty(path), "precious");
+  EXPECT_FALSE(Exists(path + ".lock")) << "a refused start leaves no lock file";
 }
 
 // A socket some other program is listening on is not a dead daemon's leftover.

@@ -127,8 +127,8 @@ class CacheCore {
   size_t FlushWriteBack(const std::function<bool()>& keep_going = [] { return true; });
   // NVMe writes queued or in flight (what stats call pending_writes).
   size_t PendingNvmeWrites() const;
-  // Under write-back: DRAM chunks not on NVMe (what a shutdown has still to
-  // write); 0 under the other policies.
+  // Under write-back: DRAM chunks neither on NVMe nor queued for it (what a
+  // shutdown has still to write besides PendingNvmeWrites); 0 under the other policies.
   size_t WriteBackDramOnly() const;
   bool nvme_enabled() const { return nvme_ != nullptr; }
   // NvmeTier::PersistAccessTimes (nothing without NVMe). The daemon calls it

@@ -72,6 +72,7 @@ class Daemon {
   std::thread sweep_thread_;
   std::thread nvme_thread_;
   bool shut_down_ = false;
+  bool holds_lock_ = false;        // the socket's lock is ours (another daemon's is never unlinked)
   bool started_ = false;           // Start() completed: a refused start cleans up after itself
   bool created_nvme_dir_ = false;  // Start() made the default NVMe directory
 };

@@ -25,6 +25,7 @@
 #include "kvtier/proto/convert.h"
 #include "kvtier/proto/status_mapping.h"
 #include "kvtier/proto/transport_args.h"
+#include "kvtier/request_id.h"
 #include "kvtier/socket_path.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
 

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "kvtier/proto/convert.h"
+#include "kvtier/request_id.h"
 #include "request_checks.h"
 
 namespace kvtier {
@@ -314,6 +315,7 @@ size_t CacheCore::ContinuationRun(const std::vector<ChunkKey>& keys, size_t from
 void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, Done done) {
   auto prompt = PromptTokens(req.tokens(), options_.max_prompt_tokens);
   if (!prompt.ok()) return done(prompt.status());
+  if (Status st = CheckRequestId(req.request_id()); !st.ok()) return done(st);
   if (req.prefetch_ticket() != 0 && !req.acquire()) {
     return done(Status::InvalidArgument("prefetch_ticket is set without acquire (a ticket's "
                                         "chunks are taken over by a Lookup that leases them)"));
@@ -324,10 +326,15 @@ void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, D
   const std::span<const int32_t> all = *prompt;
   // Hash outside the lock: it is the bulk of a long prompt's lookup.
   const std::vector<ChunkKey> keys = ns.spec.ChunkKeys(ns.id, all);
-  LookupTally tally{req.session_id(), req.acquire(), req.hbm() && hbm_ != nullptr, all.size(),
-                    keys.size(),
-                    req.max_chunks() == 0 ? keys.size()
-                                          : std::min<size_t>(keys.size(), req.max_chunks())};
+  LookupTally tally;
+  tally.session_id = req.session_id();
+  tally.acquire = req.acquire();
+  tally.hbm = req.hbm() && hbm_ != nullptr;
+  tally.prompt_tokens = all.size();
+  tally.num_keys = keys.size();
+  tally.max_hits = req.max_chunks() == 0 ? keys.size()
+                                         : std::min<size_t>(keys.size(), req.max_chunks());
+  tally.request = RequestLedger::Named(req.request_id());
 
   std::unique_lock lock(mu_);
   Status st = CheckSession(req.session_id());  // it may have ended meanwhile
@@ -357,8 +364,13 @@ void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, D
     // Its ready chunks are resident and pinned: the DRAM prefix above found
     // them. Count those it promoted, lease them, then end the ticket.
     const Promotion& p = (*ticket)->second;
+    tally.request = p.request;  // the Prefetch's request
+    tally.prefetched_at.assign(hits.size(), false);
     for (size_t i = p.dram_at_start; i < std::min(hits.size(), p.ready.size()); ++i) {
-      if (hits[i] == p.ready[i]) ++tally.prefetched;
+      if (hits[i] == p.ready[i]) {
+        ++tally.prefetched;
+        tally.prefetched_at[i] = true;
+      }
     }
     for (uint32_t h : hits) dram_->Pin(h);
     EndPromotion(*ticket);
@@ -421,15 +433,8 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
   for (auto it = hits.rbegin(); it != hits.rend(); ++it) dram_->Touch(*it);
   const uint32_t ct = ns.spec.chunk_tokens;
   const uint64_t num_hits = t.acquire ? hits.size() : t.dram_hits + t.nvme_hits;
-  // A hit counts for the highest tier the chunk is in: HBM copies are in DRAM too.
   const size_t hbm_hits = CountInHbm(hits);
-  ++counters_.lookups;
-  counters_.lookup_tokens += t.prompt_tokens;
-  counters_.hit_tokens += num_hits * ct;
-  counters_.hbm_hits += hbm_hits;
-  counters_.hits += t.dram_hits - std::min(t.dram_hits, hbm_hits);
-  counters_.nvme_hits += t.nvme_hits;
-  if (num_hits < t.max_hits) counters_.misses += t.num_keys - num_hits;  // stopped by a miss
+  CountRequest(t, ns, hits);
 
   resp->set_num_chunks(static_cast<uint32_t>(num_hits));
   resp->set_nvme_chunks(static_cast<uint32_t>(t.nvme_hits));
@@ -704,84 +709,6 @@ void CacheCore::ExpireNow() {
     spdlog::info("expired {} leases, {} prefetch tickets and {} reservations past their TTL or "
                  "deadline (the reservations' slots return when their sessions end)",
                  leases, tickets, reservations);
-  }
-}
-
-void CacheCore::Stats(v1::StatsResponse* resp) {
-  std::lock_guard lock(mu_);
-  uint64_t smallest_slot = 0;
-  for (const auto& ns : namespaces_) {
-    if (smallest_slot == 0 || ns->layout.slot_bytes < smallest_slot) {
-      smallest_slot = ns->layout.slot_bytes;
-    }
-  }
-  if (hbm_) {
-    auto* ht = resp->add_tiers();
-    ht->set_name("hbm");
-    ht->set_capacity_bytes(hbm_->capacity_bytes());
-    ht->set_used_bytes(hbm_->used_bytes());
-    ht->set_capacity_chunks(smallest_slot == 0 ? 0 : hbm_->capacity_bytes() / smallest_slot);
-    ht->set_chunks(hbm_->num_chunks());
-    ht->set_hits(counters_.hbm_hits);
-    ht->set_evictions(hbm_->counters().evictions);
-    ht->set_read_bytes(counters_.hbm_read_bytes);
-    ht->set_write_bytes(counters_.hbm_write_bytes);
-    ht->set_pending_writes(hbm_queue_.size());
-    ht->set_io_errors(counters_.hbm_copy_errors);
-  }
-  auto* t = resp->add_tiers();
-  t->set_name("dram");
-  t->set_capacity_bytes(dram_->capacity_bytes());
-  t->set_used_bytes(dram_->used_bytes());
-  t->set_capacity_chunks(smallest_slot == 0 ? 0 : dram_->capacity_bytes() / smallest_slot);
-  t->set_chunks(dram_->num_chunks());
-  t->set_hits(counters_.hits);
-  t->set_misses(counters_.misses);
-  t->set_evictions(dram_->counters().evictions);
-  t->set_read_bytes(counters_.read_bytes);
-  t->set_write_bytes(counters_.write_bytes);
-  if (nvme_) {
-    const NvmeTierCounters n = nvme_->counters();
-    auto* nt = resp->add_tiers();
-    nt->set_name("nvme");
-    nt->set_capacity_bytes(n.capacity_bytes);
-    nt->set_used_bytes(n.used_bytes);
-    nt->set_capacity_chunks(smallest_slot == 0 ? 0 : n.capacity_bytes / smallest_slot);
-    nt->set_chunks(n.chunks);
-    nt->set_hits(counters_.nvme_hits);
-    nt->set_evictions(n.evictions);
-    nt->set_read_bytes(counters_.nvme_read_bytes);
-    nt->set_write_bytes(counters_.nvme_write_bytes);
-    nt->set_pending_writes(nvme_queue_.size() + demotions_.size() + nvme_in_flight_);
-    nt->set_corrupt_reads(n.corrupt_reads);
-    nt->set_io_errors(counters_.nvme_io_errors);
-    nt->set_skipped_writes(counters_.nvme_skipped_writes);
-    nt->set_lost_writes(counters_.nvme_lost_writes);
-    nt->set_degraded(NvmeDegraded());
-  }
-  resp->set_lookups(counters_.lookups);
-  resp->set_lookup_tokens(counters_.lookup_tokens);
-  resp->set_hit_tokens(counters_.hit_tokens);
-  resp->set_sessions(sessions_.size());
-  resp->set_active_leases(leases_.size());
-  resp->set_active_reservations(reservations_.size());
-  resp->set_active_prefetches(static_cast<uint64_t>(
-      std::count_if(promotions_.begin(), promotions_.end(),
-                    [](const auto& entry) { return !entry.second.on_done; })));
-  resp->set_prefetched_chunks(counters_.prefetched_chunks);
-  resp->set_uptime_s(static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_)
-          .count()));
-}
-
-void CacheCore::Namespaces(v1::NamespacesResponse* resp) {
-  std::lock_guard lock(mu_);
-  for (const auto& ns : namespaces_) {
-    auto* info = resp->add_namespaces();
-    info->set_namespace_id(ns->id.ToBytes());
-    *info->mutable_spec() = ToProto(ns->spec);
-    info->set_chunks(dram_->num_chunks(ns->ns_index));
-    info->set_slot_bytes(ns->layout.slot_bytes);
   }
 }
 

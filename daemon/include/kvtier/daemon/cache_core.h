@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "kvtier/clock.h"
+#include "kvtier/daemon/request_ledger.h"
 #include "kvtier/namespace_spec.h"
 #include "kvtier/slot_image.h"
 #include "kvtier/status.h"
@@ -221,16 +222,19 @@ class CacheCore {
     uint32_t dram_at_start = 0;       // of ready, how many were in DRAM at the start
     bool done = false;                // no more will become ready
     bool to_hbm = false;              // a ticket that also copies its ready chunks into HBM
+    std::string request;              // a ticket's RequestLedger key
     // A Lookup's continuation, run without mu_ once the promotion is done and
     // out of promotions_; `ready` is still pinned then.
     std::function<void(Promotion&)> on_done;
   };
   struct Counters {
     uint64_t lookups = 0;
+    // Once per engine request (RequestLedger): its prompt, and the chunks
+    // leased from it by tier (hits: DRAM).
     uint64_t lookup_tokens = 0;
+    uint64_t lookup_chunks = 0;
     uint64_t hit_tokens = 0;
     uint64_t hits = 0;
-    uint64_t misses = 0;
     uint64_t read_bytes = 0;
     uint64_t write_bytes = 0;
     uint64_t token_check_failures = 0;
@@ -292,7 +296,16 @@ class CacheCore {
     size_t dram_hits = 0;
     size_t nvme_hits = 0;
     size_t prefetched = 0;
+    std::string request;                // RequestLedger key
+    std::vector<bool> prefetched_at;    // hit i was promoted from NVMe by the ticket
   };
+  // REQUIRES: mu_ held. Counts a Lookup in the token hit rate: the prompt at
+  // the request's first sight, and the leased `hits` not yet credited to it.
+  void CountRequest(const LookupTally& tally, const NamespaceState& ns,
+                    const std::vector<uint32_t>& hits);
+  // REQUIRES: mu_ held. Counts the prompt of `request` if it is new.
+  void CountPrompt(const std::string& request, size_t tokens, size_t full_chunks);
+  RequestLedger ledger_;  // GUARDED_BY(mu_)
   // Answers a Lookup over `hits`; with acquire each is already pinned once,
   // and those pins become the lease's.
   void GrantLookup(const LookupTally& tally, const NamespaceState& ns,

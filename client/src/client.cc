@@ -15,6 +15,10 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.reconnect_interval.count() < 0) {
     return Status::InvalidArgument("reconnect_interval must not be negative");
   }
+  if (options.client_name.size() > 256) {  // kvtierd ends a session with a longer one
+    return Status::InvalidArgument("client_name is " + std::to_string(options.client_name.size()) +
+                                   " bytes, more than 256");
+  }
   KVTIER_RETURN_IF_ERROR(
       CheckSocketPath(options.socket_path.empty() ? DefaultSocketPath() : options.socket_path));
   std::unique_ptr<Client> client(new Client(std::make_unique<Impl>(options)));

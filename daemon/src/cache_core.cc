@@ -1,6 +1,7 @@
 #include "kvtier/daemon/cache_core.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/random.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -131,10 +132,44 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
 CacheCore::~CacheCore() { StopWorkers(); }
 
 uint64_t CacheCore::OpenSession(const std::string& client_name, uint32_t pid) {
+  uint8_t random[16];
+  for (size_t got = 0; got < sizeof(random);) {  // the kernel's CSPRNG; blocks only at early boot
+    const ssize_t n = getrandom(random + got, sizeof(random) - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (uint8_t b : random) {
+    token += kHex[b >> 4];
+    token += kHex[b & 15];
+  }
   std::lock_guard lock(mu_);
   uint64_t id = next_id_++;
-  sessions_.emplace(id, client_name + " (pid " + std::to_string(pid) + ")");
+  sessions_.emplace(id, SessionInfo{client_name + " (pid " + std::to_string(pid) + ")",
+                                    std::move(token)});
   return id;
+}
+
+std::string CacheCore::SessionToken(uint64_t session_id) const {
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(session_id);
+  return it == sessions_.end() ? std::string() : it->second.token;
+}
+
+Status CacheCore::CheckSessionToken(uint64_t session_id, std::string_view token) const {
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return Status::Ok();
+  const std::string& want = it->second.token;
+  uint8_t diff = token.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff |= static_cast<uint8_t>(want[i] ^ (i < token.size() ? token[i] : 0));
+  }
+  if (diff == 0) return Status::Ok();
+  return Status::PermissionDenied("session_id " + std::to_string(session_id) + ": " +
+                                  (token.empty() ? "no" : "a wrong") +
+                                  " session token (metadata kvtier-session-token); a session's "
+                                  "leases, reservations and tickets are its own");
 }
 
 void CacheCore::EndSession(uint64_t session_id) {

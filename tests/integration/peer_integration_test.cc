@@ -5,7 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <grpcpp/grpcpp.h>
+
 #include "integration/daemon_test_fixture.h"
+#include "kvtier/proto/status_mapping.h"
+#include "kvtier/proto/transport_args.h"
+#include "kvtier/v1/kvtier.grpc.pb.h"
 
 namespace kvtier::integration {
 namespace {
@@ -89,6 +94,94 @@ TEST_F(PeerTest, ASocketDirectoryOthersCanWriteIsRefused) {
       << r.Describe();
   EXPECT_FALSE(Exists(shared + "/kvtierd.sock")) << "a refused start left its socket";
   EXPECT_FALSE(Exists(shared + "/kvtierd.sock.lock")) << "a refused start left its lock";
+}
+
+// Issue 10, item 11: a session's ids were enough to use it. Session ids are
+// sequential, so a second client could release, commit or load through
+// another's leases and reservations. Now every call carries its session's
+// 128-bit token.
+TEST_F(PeerTest, ASecondClientCannotUseAnotherSessionsIds) {
+  DaemonProcess daemon(Opts({"--lease-ttl-ms", "600000", "--reservation-ttl-ms", "600000"}));
+  ASSERT_EQ(daemon.Start(), "");
+  ChildProcess holder;
+  const json held = SpawnHolder(holder);
+  ASSERT_FALSE(held.is_discarded());
+  const uint64_t session = held["session_id"].get<uint64_t>();
+
+  auto stub = v1::KvCache::NewStub(
+      grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials()));
+  // The intruder's own session, for a token of its own.
+  grpc::ClientContext session_ctx;
+  auto stream = stub->Session(&session_ctx);
+  v1::SessionHello hello;
+  hello.set_client_name("intruder");
+  v1::SessionOpened mine;
+  ASSERT_TRUE(stream->Write(hello) && stream->Read(&mine));
+  ASSERT_EQ(mine.session_token().size(), 32u) << "128 bits as hex";
+  EXPECT_NE(mine.session_id(), session);
+
+  for (const std::string& token : {std::string(), mine.session_token()}) {
+    SCOPED_TRACE(token.empty() ? "no token" : "the intruder's own token");
+    const auto call = [&](auto rpc) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+      if (!token.empty()) ctx.AddMetadata(kSessionTokenKey, token);
+      return FromGrpcStatus(rpc(ctx));
+    };
+    v1::ReleaseReadRequest release;
+    release.set_session_id(session);
+    release.set_lease_id(held["lease_id"].get<uint64_t>());
+    v1::ReleaseReadResponse released;
+    Status st = call([&](grpc::ClientContext& c) { return stub->ReleaseRead(&c, release, &released); });
+    EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
+    v1::CommitWriteRequest commit;
+    commit.set_session_id(session);
+    commit.set_reservation_id(held["reservation_id"].get<uint64_t>());
+    v1::CommitWriteResponse committed;
+    st = call([&](grpc::ClientContext& c) { return stub->CommitWrite(&c, commit, &committed); });
+    EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
+    v1::LookupRequest lookup;
+    lookup.set_session_id(session);
+    lookup.set_acquire(true);
+    v1::LookupResponse looked;
+    st = call([&](grpc::ClientContext& c) { return stub->Lookup(&c, lookup, &looked); });
+    EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
+  }
+  // Its own session and token, the holder's lease: still not its to release.
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kSessionTokenKey, mine.session_token());
+    v1::ReleaseReadRequest release;
+    release.set_session_id(mine.session_id());
+    release.set_lease_id(held["lease_id"].get<uint64_t>());
+    v1::ReleaseReadResponse released;
+    EXPECT_EQ(FromGrpcStatus(stub->ReleaseRead(&ctx, release, &released)).code(),
+              StatusCode::kPermissionDenied);
+  }
+  const json s = Stats(daemon);
+  EXPECT_EQ(s["active_leases"], 1) << "the holder's lease was released by another client";
+  EXPECT_EQ(s["active_reservations"], 1) << "the holder's reservation was committed by another";
+  session_ctx.TryCancel();
+  holder.Kill();
+}
+
+TEST_F(PeerTest, AClientNameOver256BytesIsRefused) {
+  DaemonProcess daemon(Opts());
+  ASSERT_EQ(daemon.Start(), "");
+  auto stub = v1::KvCache::NewStub(
+      grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+  auto stream = stub->Session(&ctx);
+  v1::SessionHello hello;
+  hello.set_client_name(std::string(257, 'n'));
+  v1::SessionOpened opened;
+  ASSERT_TRUE(stream->Write(hello));
+  EXPECT_FALSE(stream->Read(&opened)) << "a session was opened";
+  const Status st = FromGrpcStatus(stream->Finish());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("client_name is 257 bytes"), std::string::npos) << st.ToString();
+  EXPECT_EQ(Stats(daemon)["sessions"], 0);
 }
 
 }  // namespace

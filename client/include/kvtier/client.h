@@ -52,7 +52,7 @@ struct ClientOptions {
   std::chrono::milliseconds connect_timeout{2000};
   // Least time between two reconnection attempts. Default: 100 ms.
   std::chrono::milliseconds reconnect_interval{100};
-  // Name shown in the daemon's logs. Default: "kvtier-client".
+  // Name shown in the daemon's logs, at most 256 bytes. Default: "kvtier-client".
   std::string client_name = "kvtier-client";
 };
 
@@ -246,7 +246,8 @@ class Client {
   // Connects to the daemon. A daemon that is down is not an error: the client
   // starts disconnected, fails open and keeps trying to reconnect. Errors:
   // INVALID_ARGUMENT for bad options (a deadline that is not positive, a socket
-  // path too long for a Unix socket or that is not a socket).
+  // path too long for a Unix socket or that is not a socket, a client_name
+  // over 256 bytes).
   static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   ~Client();
   Client(const Client&) = delete;

@@ -29,6 +29,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -140,9 +141,17 @@ class CacheCore {
   const HbmTier* hbm() const { return hbm_.get(); }
 
   // Sessions: opened by the Session stream, ended when it breaks. Ending a
-  // session ends its leases and frees its reservations at once.
+  // session ends its leases and frees its reservations at once. Each gets a
+  // token of 128 random bits (32 hex digits) that its other calls must carry.
   uint64_t OpenSession(const std::string& client_name, uint32_t pid);
   void EndSession(uint64_t session_id);
+  // "" for an unknown session.
+  std::string SessionToken(uint64_t session_id) const;
+  // Whether `token` is session `session_id`'s (compared in constant time). An
+  // unknown session is OK here: the call's own check reports it. Errors:
+  // PERMISSION_DENIED for a missing or wrong token.
+  Status CheckSessionToken(uint64_t session_id, std::string_view token) const;
+  static constexpr size_t kMaxClientNameBytes = 256;
 
   // RPC bodies. Each returns the status the client sees; on error, `response`
   // is unspecified and no state changed.
@@ -397,7 +406,11 @@ class CacheCore {
   std::vector<std::thread> workers_;
   std::vector<std::unique_ptr<NamespaceState>> namespaces_;           // GUARDED_BY(mu_)
   std::unordered_map<NamespaceId, NamespaceState*, ChunkKeyHash> ns_by_id_;  // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, std::string> sessions_;                // GUARDED_BY(mu_)
+  struct SessionInfo {
+    std::string name;   // client name (pid N), for the logs
+    std::string token;  // 32 hex digits
+  };
+  std::unordered_map<uint64_t, SessionInfo> sessions_;                // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Lease> leases_;                        // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Reservation> reservations_;            // GUARDED_BY(mu_)
   // Reservations that expired while their session was alive: the writer may

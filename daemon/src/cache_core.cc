@@ -10,6 +10,7 @@
 #include <optional>
 #include <random>
 
+#include "kvtier/logging.h"
 #include "kvtier/proto/convert.h"
 #include "kvtier/request_id.h"
 #include "request_checks.h"
@@ -308,6 +309,19 @@ Result<CacheCore::NamespaceState> CacheCore::ResolveRequest(uint64_t session_id,
   return **found;  // a copy: the state may be given to another namespace when idle
 }
 
+bool CacheCore::ResidentIs(const NamespaceState& ns, uint32_t h, const ReservedChunk& c) {
+  const Status st = VerifySlotHeader(dram_->SlotAddress(dram_->Get(h).slot_offset), ns.layout,
+                                     {ns.id, c.key, c.parent, c.tokens},
+                                     /*check_header_checksum=*/false);
+  if (st.ok()) return true;
+  ++counters_.token_check_failures;
+  if (auto held_back = collision_log_.Admit()) {
+    spdlog::warn("ReserveWrite: chunk {} of namespace {} is held by another chunk: {}{}",
+                 c.key.ToHex(), ns.id.ToHex(), st.message(), HeldBack(*held_back));
+  }
+  return false;
+}
+
 bool CacheCore::TokenCheck(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
                            std::span<const int32_t> tokens, size_t i, uint32_t h) {
   const uint32_t ct = ns.spec.chunk_tokens;
@@ -317,8 +331,10 @@ bool CacheCore::TokenCheck(const NamespaceState& ns, const std::vector<ChunkKey>
                                      /*check_header_checksum=*/false);
   if (st.ok()) return true;
   ++counters_.token_check_failures;
-  spdlog::warn("token check failed for chunk {} of namespace {}: {}", keys[i].ToHex(),
-               ns.id.ToHex(), st.message());
+  if (auto held_back = collision_log_.Admit()) {
+    spdlog::warn("token check failed for chunk {} of namespace {}: {}{}", keys[i].ToHex(),
+                 ns.id.ToHex(), st.message(), HeldBack(*held_back));
+  }
   return false;
 }
 
@@ -591,12 +607,29 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
     dram_->Pin(h);
     r.pinned.push_back(h);
   };
-  if (uint32_t ph = dram_->Find(chunks[0].parent); ph != ChunkIndex::kNone) pin(ph);
-  bool out_of_space = false;
+  resp->set_reservation_ttl_ms(static_cast<uint64_t>(options_.reservation_ttl.count()));
+  // A commit keeps only chunks whose parent is there: check before evicting
+  // anything for slots that could never be committed.
+  if (const uint32_t ph = dram_->Find(chunks[0].parent); ph != ChunkIndex::kNone) {
+    pin(ph);
+  } else if (chunks[0].parent != ns->id && reserved_keys_.count(chunks[0].parent) == 0) {
+    for (int i = 0; i < n; ++i) resp->add_outcomes(v1::NO_PARENT);
+    return Status::Ok();
+  }
+  bool out_of_space = false, key_taken = false;
   for (int i = 0; i < n; ++i) {
     ReservedChunk& c = chunks[i];
+    if (key_taken) {
+      resp->add_outcomes(v1::KEY_TAKEN);  // its parent is not this prompt's chunk
+      continue;
+    }
     if (!out_of_space) {
       if (uint32_t h = dram_->Find(c.key); h != ChunkIndex::kNone) {
+        if (!ResidentIs(*ns, h, c)) {
+          resp->add_outcomes(v1::KEY_TAKEN);
+          key_taken = true;
+          continue;
+        }
         pin(h);
         resp->add_outcomes(v1::ALREADY_STORED);
         continue;
@@ -622,7 +655,6 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
     }
     resp->add_outcomes(v1::NO_SPACE);
   }
-  resp->set_reservation_ttl_ms(static_cast<uint64_t>(options_.reservation_ttl.count()));
   if (r.chunks.empty()) {
     for (uint32_t h : r.pinned) dram_->Unpin(h);
     return Status::Ok();

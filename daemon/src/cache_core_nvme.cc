@@ -315,7 +315,10 @@ void CacheCore::Demote(uint32_t handle, bool count_skips) {
 void CacheCore::PersistNvmeAccessTimes() {
   if (!nvme_ || !nvme_->write_failure().empty()) return;
   if (Status st = nvme_->PersistAccessTimes(); !st.ok()) {
-    spdlog::warn("NVMe tier: persisting access times failed: {}", st.ToString());
+    if (auto held_back = access_times_log_.Admit()) {
+      spdlog::warn("NVMe tier: persisting access times failed: {}{}", st.ToString(),
+                   HeldBack(*held_back));
+    }
   }
 }
 

@@ -22,6 +22,7 @@
 
 #include "grpc_services.h"
 #include "kvtier/fd_passing.h"
+#include "kvtier/logging.h"
 #include "kvtier/proto/transport_args.h"
 #include "kvtier/units.h"
 #include "peer_listener.h"
@@ -236,7 +237,8 @@ void Daemon::AcceptLoop() {
   msg.epoch = core_->epoch();
   msg.arena_bytes = core_->arena().bytes();
   const PeerPolicy peers(geteuid(), SocketGroup());
-  RefusalLog refusals[2];  // arena, gRPC
+  LogLimiter refusals[2];  // arena, gRPC
+  LogLimiter send_failures;
   while (!stopping_.load()) {
     pollfd pfds[2] = {{arena_listen_fd_, POLLIN, 0}, {grpc_listen_fd_, POLLIN, 0}};
     if (poll(pfds, 2, 100) <= 0) continue;
@@ -262,7 +264,10 @@ void Daemon::AcceptLoop() {
       accept_failing_ = false;
     }
     if (Status allowed = peers.Check(conn); !allowed.ok()) {
-      refusals[arena ? 0 : 1].Refused(arena ? "arena" : "gRPC", allowed);
+      if (auto held_back = refusals[arena ? 0 : 1].Admit()) {
+        spdlog::warn("{} socket: refused a peer: {}{}", arena ? "arena" : "gRPC",
+                     allowed.message(), HeldBack(*held_back));
+      }
       close(conn);
       continue;
     }
@@ -271,7 +276,11 @@ void Daemon::AcceptLoop() {
       continue;
     }
     Status st = SendArenaFd(conn, msg, core_->arena().fd());
-    if (!st.ok()) spdlog::warn("arena socket: {}", st.ToString());
+    if (!st.ok()) {
+      if (auto held_back = send_failures.Admit()) {
+        spdlog::warn("arena socket: {}{}", st.ToString(), HeldBack(*held_back));
+      }
+    }
     close(conn);
   }
 }

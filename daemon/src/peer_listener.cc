@@ -83,20 +83,4 @@ Result<int> ListenUnix(const std::string& path, mode_t mode, std::optional<gid_t
   return st;
 }
 
-void RefusalLog::Refused(const char* socket, const Status& why) {
-  const auto now = std::chrono::steady_clock::now();
-  if (last_ != std::chrono::steady_clock::time_point{} && now - last_ < every_) {
-    ++suppressed_;
-    return;
-  }
-  if (suppressed_ > 0) {
-    spdlog::warn("{} socket: refused a peer: {} ({} more refused since the last warning)", socket,
-                 why.message(), suppressed_);
-  } else {
-    spdlog::warn("{} socket: refused a peer: {}", socket, why.message());
-  }
-  last_ = now;
-  suppressed_ = 0;
-}
-
 }  // namespace kvtier

@@ -38,16 +38,4 @@ class PeerPolicy {
 // non-blocking accepts are polled).
 Result<int> ListenUnix(const std::string& path, mode_t mode, std::optional<gid_t> group);
 
-// Warns at most once per `every` about refused peers, counting the rest.
-class RefusalLog {
- public:
-  explicit RefusalLog(std::chrono::seconds every = std::chrono::seconds(10)) : every_(every) {}
-  void Refused(const char* socket, const Status& why);
-
- private:
-  std::chrono::seconds every_;
-  std::chrono::steady_clock::time_point last_{};
-  uint64_t suppressed_ = 0;
-};
-
 }  // namespace kvtier

@@ -488,8 +488,11 @@ Status NvmeTier::ReadMany(std::span<ReadRequest> requests) {
       requests[i].result = io;
     } else if (!requests[i].result.ok()) {
       ++counters_.corrupt_reads;
-      spdlog::warn("NVMe tier: chunk {} failed verification and is dropped: {}",
-                   requests[i].id.key.ToHex(), requests[i].result.message());
+      if (auto held_back = corrupt_log_.Admit()) {
+        spdlog::warn("NVMe tier: chunk {} failed verification and is dropped: {}{}",
+                     requests[i].id.key.ToHex(), requests[i].result.message(),
+                     HeldBack(*held_back));
+      }
       bad.push_back(requests[i].id.key);
       EraseLocked(h);
     } else {

@@ -36,6 +36,7 @@
 
 #include "kvtier/clock.h"
 #include "kvtier/daemon/request_ledger.h"
+#include "kvtier/logging.h"
 #include "kvtier/namespace_spec.h"
 #include "kvtier/slot_image.h"
 #include "kvtier/status.h"
@@ -286,6 +287,9 @@ class CacheCore {
   // counted and logged.
   bool TokenCheck(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
                   std::span<const int32_t> tokens, size_t i, uint32_t h);
+  // Whether DRAM chunk `h`, found under c.key, is chunk `c` of namespace `ns`
+  // (namespace, parent and tokens in its header); a mismatch is counted and logged.
+  bool ResidentIs(const NamespaceState& ns, uint32_t h, const ReservedChunk& c);
   // The DRAM-resident leading chunks of `keys` (at most `limit`), each checked
   // against its tokens in the slot header.
   std::vector<uint32_t> DramPrefix(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
@@ -315,6 +319,10 @@ class CacheCore {
   // REQUIRES: mu_ held. Counts the prompt of `request` if it is new.
   void CountPrompt(const std::string& request, size_t tokens, size_t full_chunks);
   RequestLedger ledger_;  // GUARDED_BY(mu_)
+  // Warnings a client or a bad disk can repeat at will, one per 10 s each.
+  LogLimiter collision_log_;     // token checks and keys held by another chunk
+  LogLimiter hbm_copy_log_;
+  LogLimiter access_times_log_;
   // Answers a Lookup over `hits`; with acquire each is already pinned once,
   // and those pins become the lease's.
   void GrantLookup(const LookupTally& tally, const NamespaceState& ns,

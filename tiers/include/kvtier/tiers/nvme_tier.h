@@ -27,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kvtier/logging.h"
 #include "kvtier/slot_image.h"
 #include "kvtier/status.h"
 #include "kvtier/tiers/block_device.h"
@@ -171,6 +172,7 @@ class NvmeTier {
   std::vector<NamespaceId> ns_;                          // GUARDED_BY(mu_), per handle
   std::unique_ptr<EvictionPolicy> policy_;               // GUARDED_BY(mu_)
   NvmeTierCounters counters_;                            // GUARDED_BY(mu_)
+  LogLimiter corrupt_log_;  // a bad disk can fail every read: one warning per 10 s
   uint64_t max_sequence_ = 0;                            // GUARDED_BY(mu_)
   // Chunks read since the last PersistAccessTimes -> unix ms. GUARDED_BY(mu_)
   std::unordered_map<ChunkKey, uint64_t, ChunkKeyHash> dirty_access_;

@@ -78,6 +78,17 @@ class NvmeTier {
   // number of images recorded. Errors: IO_ERROR.
   static Result<size_t> RebuildIndexFromSlots(std::span<BlockDevice* const> devices,
                                               NvmeIndex& index);
+  // The scan behind RebuildIndexFromSlots: the record of every image on `devices` whose
+  // header and payload checksum verify, the newest sequence for a key, in no particular
+  // order (last_access_ms 0). Errors: IO_ERROR.
+  static Result<std::vector<NvmeRecord>> ScanSlots(std::span<BlockDevice* const> devices);
+  // Which of `records` (the index's, as read at start, oldest access first) a tier over
+  // devices of `device_bytes` keeps; one flag per record. A record is kept when it lies
+  // inside its device, overlaps no record kept before it in offset order, and its parent
+  // is kept too (up to its namespace; records that lose their prefix go). Create drops
+  // (and deletes) the others.
+  static std::vector<bool> UsableRecords(std::span<const NvmeRecord> records,
+                                         std::span<const uint64_t> device_bytes);
   // `kvtierd --rebuild-index`: removes the index directory of `options` and
   // rebuilds it from the slot files. Returns the number of images recorded.
   static Result<size_t> RebuildIndex(const NvmeTierOptions& options);

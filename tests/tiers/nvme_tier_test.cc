@@ -326,5 +326,34 @@ TEST_F(NvmeTierTest, LostIndexIsRebuiltFromSlotHeaders) {
   }
 }
 
+// Found by fuzz_rebuild_index: a chunk whose parent chain never reaches its namespace (it is
+// its own parent, or two chunks are each other's) can never be looked up, and it never
+// leaves: each counts as its parent's resident child, so leaf-first eviction skips it.
+TEST_F(NvmeTierTest, RecordsInAParentCycleAreDroppedAtStart) {
+  const NamespaceId ns = spec_.Digest();
+  const ChunkKey a{1, 1}, b{2, 2}, c{3, 3}, root{4, 4};
+  const uint64_t slot = layout_.slot_bytes;
+  {
+    auto index = NvmeIndex::Open((dir_ / "index").string());
+    ASSERT_TRUE(index.ok()) << index.status().ToString();
+    const std::vector<NvmeRecord> records = {
+        {a, a, ns, 0, 0, slot, 1, 0, 0},         // its own parent
+        {b, c, ns, 0, slot, slot, 2, 0, 0},      // b and c: each other's parent
+        {c, b, ns, 0, 2 * slot, slot, 3, 0, 0},
+        {root, ns, ns, 0, 3 * slot, slot, 4, 0, 0},  // a first chunk: kept
+    };
+    ASSERT_TRUE((*index)->Put(records).ok());
+  }
+  auto tier = OpenTier(1 << 20);
+  ASSERT_TRUE(tier);
+  EXPECT_EQ(tier->counters().dropped_at_start, 3u);
+  EXPECT_EQ(tier->counters().chunks, 1u);
+  EXPECT_EQ(tier->counters().used_bytes, slot);
+  EXPECT_FALSE(tier->Contains(a));
+  EXPECT_FALSE(tier->Contains(b));
+  EXPECT_FALSE(tier->Contains(c));
+  EXPECT_TRUE(tier->Contains(root));
+}
+
 }  // namespace
 }  // namespace kvtier

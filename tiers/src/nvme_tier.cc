@@ -184,31 +184,33 @@ std::vector<bool> NvmeTier::UsableRecords(std::span<const NvmeRecord> records,
     const std::vector<bool> taken = SlotAllocator(device_bytes[d]).ReserveSorted(ranges);
     for (size_t k = 0; k < order.size(); ++k) usable[order[k]] = taken[k];
   }
-  // One record per key (the first), then drop every record whose prefix is gone.
+  // One record per key (the first), then only those whose parents lead to their namespace:
+  // a walk down from the first chunks leaves out orphans and parent cycles alike (a chunk
+  // that is its own ancestor would never be evicted: it counts as its parent's child).
   std::unordered_map<ChunkKey, size_t, ChunkKeyHash> by_key;
   for (size_t i = 0; i < records.size(); ++i) {
     if (usable[i] && !by_key.emplace(records[i].key, i).second) usable[i] = false;
   }
   std::unordered_map<ChunkKey, std::vector<size_t>, ChunkKeyHash> children;
-  std::vector<size_t> orphans;
+  std::vector<size_t> reached;
   for (const auto& [key, i] : by_key) {
     const NvmeRecord& r = records[i];
-    if (r.parent == r.ns) continue;
-    if (by_key.count(r.parent) == 0) {
-      orphans.push_back(i);
+    if (r.parent == r.ns) {
+      reached.push_back(i);
     } else {
       children[r.parent].push_back(i);
     }
   }
-  while (!orphans.empty()) {
-    const size_t i = orphans.back();
-    orphans.pop_back();
-    usable[i] = false;
+  std::vector<bool> rooted(records.size(), false);
+  while (!reached.empty()) {  // each record has one parent: reached at most once
+    const size_t i = reached.back();
+    reached.pop_back();
+    rooted[i] = true;
     if (auto it = children.find(records[i].key); it != children.end()) {
-      for (size_t c : it->second) orphans.push_back(c);
+      for (size_t c : it->second) reached.push_back(c);
     }
   }
-  return usable;
+  return rooted;
 }
 
 Status NvmeTier::Rebuild() {

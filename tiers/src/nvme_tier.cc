@@ -170,11 +170,15 @@ Result<size_t> NvmeTier::RebuildIndex(const NvmeTierOptions& options) {
 std::vector<bool> NvmeTier::UsableRecords(std::span<const NvmeRecord> records,
                                           std::span<const uint64_t> device_bytes) {
   std::vector<bool> usable(records.size(), false);
-  // Extents in one pass per device: sort the records' ranges by offset.
+  // Extents in one pass per device: sort the records' ranges by offset. A slot that is not
+  // 4 KiB aligned could never be read (O_DIRECT), and would misalign the free extents.
   for (uint32_t d = 0; d < device_bytes.size(); ++d) {
     std::vector<size_t> order;
     for (size_t i = 0; i < records.size(); ++i) {
-      if (records[i].device == d) order.push_back(i);
+      const NvmeRecord& r = records[i];
+      if (r.device == d && r.offset % kBlockBytes == 0 && r.slot_bytes % kBlockBytes == 0) {
+        order.push_back(i);
+      }
     }
     std::sort(order.begin(), order.end(),
               [&](size_t a, size_t b) { return records[a].offset < records[b].offset; });
@@ -255,7 +259,7 @@ Status NvmeTier::Rebuild() {
   counters_.dropped_at_start = dropped.size();
   if (!dropped.empty()) {
     spdlog::warn("NVMe tier: dropped {} index records that were unusable (outside a device, "
-                 "overlapping, or whose prefix is gone)", dropped.size());
+                 "misaligned, overlapping, or whose prefix is gone)", dropped.size());
     KVTIER_RETURN_IF_ERROR(index_->Delete(dropped));
   }
   return Status::Ok();

@@ -54,7 +54,7 @@ struct NvmeTierCounters {
   uint64_t capacity_bytes = 0;
   uint64_t evictions = 0;
   uint64_t corrupt_reads = 0;     // images that failed verification (dropped)
-  uint64_t dropped_at_start = 0;  // records outside a device, overlapping, or not rooted
+  uint64_t dropped_at_start = 0;  // records out of a device, misaligned, overlapping, unrooted
 };
 
 // One slot image to write: exactly the namespace's slot_bytes, 4 KiB aligned,
@@ -84,7 +84,8 @@ class NvmeTier {
   static Result<std::vector<NvmeRecord>> ScanSlots(std::span<BlockDevice* const> devices);
   // Which of `records` (the index's, as read at start, oldest access first) a tier over
   // devices of `device_bytes` keeps; one flag per record. A record is kept when it lies
-  // inside its device, overlaps no record kept before it in offset order, and its parents
+  // inside its device at a 4 KiB-aligned offset with a 4 KiB-multiple size, overlaps no
+  // record kept before it in offset order, and its parents
   // lead to its namespace through kept records (no orphans, no parent cycles). Create drops
   // (and deletes) the others.
   static std::vector<bool> UsableRecords(std::span<const NvmeRecord> records,

@@ -1,0 +1,200 @@
+// The crash loop (issue 10's campaign): kvtierd is killed with SIGKILL at a
+// random point while four clients store, load and prefetch (every loaded byte
+// checked), then restarted on the same files, many times, under write_through
+// and under write_back. After each restart:
+//   - the index opens (kvtierd starts and serves, the NVMe tier not degraded);
+//   - a read-back of every chunk any client ever stored serves 0 wrong bytes;
+//   - it serves at least 99% of the chunks that were durable before the kill.
+//
+// "Durable before the kill" is measured two ways (docs/RELIABILITY.md):
+//   - by count: the NVMe tier's `chunks` from `kvtierctl stats` just before the
+//     kill (a lower bound: more can land between that call and the kill, so
+//     the ratio served/durable can exceed 1);
+//   - by key: every chunk the previous read-back served came from NVMe (DRAM is
+//     empty after a restart) and NVMe evicts nothing here, so all of them must
+//     be served again, and the chunks new since then are compared with the
+//     count's growth.
+//
+// Cycles: $KVTIER_CRASH_CYCLES (default 10, what `make test` runs; `make soak`
+// runs 50). Seed: $KVTIER_CRASH_SEED (default random, printed).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <thread>
+#include <unordered_set>
+
+#include "integration/campaign_util.h"
+
+namespace kvtier::testing {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+constexpr int kWorkers = 4;
+constexpr uint64_t kNewConversations = 4;  // per worker and cycle, 18 chunks each at most
+constexpr int kKillAfterMinMs = 200;
+constexpr int kKillAfterMaxMs = 2500;
+
+class CrashLoopTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  DaemonProcess::Options Opts() {
+    DaemonProcess::Options o;
+    o.socket_path = dir_.Sub("kvtierd.sock");
+    // About 200 slots: a cycle stores more than that, so DRAM evicts (write_back
+    // demotes) and loads of older conversations promote from NVMe.
+    o.dram_bytes = "4MiB";
+    o.extra_args = {"--nvme-path", nvme_dir_.path(), "--nvme-bytes", "512MiB",
+                    "--nvme-write-policy", GetParam()};
+    o.log_path = dir_.Sub("kvtierd.log");
+    return o;
+  }
+
+  std::vector<std::string> Client(const std::string& mode) {
+    return {BinPath("kvtier_test_client"), mode, "--socket", dir_.Sub("kvtierd.sock"),
+            "--chunk-tokens", "32"};
+  }
+
+  // Reads back conversations [0, conversations); *served gets the keys of the
+  // chunks served with every byte right.
+  json ReadBack(uint64_t conversations, std::unordered_set<std::string>* served) {
+    const std::string keys = dir_.Sub("served.txt");
+    std::vector<std::string> argv = Client("read-back");
+    argv.insert(argv.end(), {"--deadline-ms", "30000", "--conversations",
+                             std::to_string(conversations), "--keys-out", keys});
+    CommandResult r = RunCommand(argv, 600s);
+    EXPECT_TRUE(r.ok()) << r.Describe();
+    served->clear();
+    std::ifstream in(keys);
+    for (std::string line; std::getline(in, line);) served->insert(line);
+    return TaggedJson(r.out, "RESULT ");
+  }
+
+  TempDir dir_{"kvtier-crash-loop"};
+  NvmeDir nvme_dir_{std::string("crash-loop-") + GetParam()};
+};
+
+TEST_P(CrashLoopTest, KillNineAtRandomPointsServesNoWrongByteAndKeepsWhatWasDurable) {
+  const uint64_t cycles = EnvCount("KVTIER_CRASH_CYCLES", 10);
+  const uint64_t seed = EnvCount("KVTIER_CRASH_SEED", std::random_device{}());
+  std::printf("crash loop under %s: %llu cycles, KVTIER_CRASH_SEED=%llu\n", GetParam(),
+              static_cast<unsigned long long>(cycles), static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  DaemonProcess daemon(Opts());
+  uint64_t conversations = 0;        // started so far: [0, conversations)
+  uint64_t durable_at_kill = 0;      // NVMe chunks just before the last kill
+  std::unordered_set<std::string> previous;  // what the last read-back served
+  std::vector<double> ratios, new_ratios;
+  uint64_t wrong_bytes = 0, missing_old = 0, loaded_chunks = 0, stored_chunks = 0;
+  uint64_t served_last = 0, corrupt_reads = 0;
+  for (uint64_t cycle = 0; cycle <= cycles; ++cycle) {
+    ASSERT_EQ(daemon.Start(), "") << "cycle " << cycle << ": kvtierd did not start";
+    const json nvme = TierOf(StatsOf(daemon), "nvme");
+    ASSERT_FALSE(nvme.is_null()) << "cycle " << cycle;
+    EXPECT_EQ(nvme["degraded"], false) << "cycle " << cycle << "\n" << daemon.log();
+    if (cycle > 0) {
+      std::unordered_set<std::string> served;
+      const json rb = ReadBack(conversations, &served);
+      ASSERT_FALSE(rb.is_null()) << "cycle " << cycle;
+      EXPECT_EQ(rb["bad_chunks"], 0u) << "cycle " << cycle << ": wrong bytes served";
+      EXPECT_EQ(rb["fail_open"], 0u) << "cycle " << cycle;
+      wrong_bytes += rb["wrong_bytes"].get<uint64_t>();
+      uint64_t lost = 0;
+      for (const std::string& k : previous) lost += served.count(k) == 0 ? 1 : 0;
+      missing_old += lost;
+      const double ratio =
+          durable_at_kill == 0 ? 1.0 : static_cast<double>(served.size()) / durable_at_kill;
+      // This cycle's new durable chunks: the count's growth since the last read-back.
+      const uint64_t new_served = served.size() - (previous.size() - lost);
+      const double new_ratio = durable_at_kill > previous.size()
+                                   ? static_cast<double>(new_served) /
+                                         static_cast<double>(durable_at_kill - previous.size())
+                                   : 1.0;
+      ratios.push_back(ratio);
+      new_ratios.push_back(new_ratio);
+      const json after = TierOf(StatsOf(daemon), "nvme");
+      corrupt_reads += after["corrupt_reads"].get<uint64_t>();
+      EXPECT_EQ(after["corrupt_reads"], 0u) << "cycle " << cycle;
+      EXPECT_GE(ratio, 0.99) << "cycle " << cycle << ": served " << served.size() << " of "
+                             << durable_at_kill << " durable chunks";
+      EXPECT_EQ(lost, 0u) << "cycle " << cycle << ": chunks served after the last restart are gone";
+      std::printf("cycle %llu: recovered %llu, durable at kill >= %llu, served %zu (%.4f), "
+                  "new %llu (%.4f), old lost %llu\n",
+                  static_cast<unsigned long long>(cycle),
+                  static_cast<unsigned long long>(nvme["chunks"].get<uint64_t>()),
+                  static_cast<unsigned long long>(durable_at_kill), served.size(), ratio,
+                  static_cast<unsigned long long>(new_served), new_ratio,
+                  static_cast<unsigned long long>(lost));
+      previous = std::move(served);
+      served_last = previous.size();
+    }
+    if (cycle == cycles || HasFatalFailure()) break;
+
+    std::vector<std::unique_ptr<ChildProcess>> workers;
+    for (int w = 0; w < kWorkers; ++w) {
+      std::vector<std::string> argv = Client("crash-worker");
+      argv.insert(argv.end(),
+                  {"--seed", std::to_string(rng()), "--first-conversation",
+                   std::to_string(conversations + w * kNewConversations), "--conversations",
+                   std::to_string(kNewConversations), "--store-interval-ms", "70",
+                   "--deadline-ms", "2000"});
+      workers.push_back(std::make_unique<ChildProcess>());
+      const std::string out = dir_.Sub("worker" + std::to_string(w));
+      std::error_code ec;
+      std::filesystem::remove(out + ".out", ec);
+      std::string error;
+      ASSERT_TRUE(workers.back()->Spawn(argv, out + ".out", out + ".err", &error)) << error;
+    }
+    conversations += kWorkers * kNewConversations;
+    std::this_thread::sleep_for(std::chrono::milliseconds(
+        std::uniform_int_distribution<int>(kKillAfterMinMs, kKillAfterMaxMs)(rng)));
+    const json before = TierOf(StatsOf(daemon), "nvme");
+    daemon.Kill9();
+    ASSERT_FALSE(before.is_null()) << "cycle " << cycle;
+    durable_at_kill = before["chunks"].get<uint64_t>();
+    ASSERT_EQ(before["evictions"], 0u) << "NVMe evicted: the durable set is no longer monotonic";
+
+    for (int w = 0; w < kWorkers; ++w) {
+      workers[w]->Signal(SIGTERM);
+      const std::optional<ExitInfo> e = workers[w]->Wait(30s);
+      const std::string out = ReadFileOrEmpty(dir_.Sub("worker" + std::to_string(w) + ".out"));
+      ASSERT_TRUE(e.has_value()) << "a worker did not stop";
+      EXPECT_TRUE(e->exited && e->exit_code == 0)
+          << e->ToString() << "\n" << out
+          << ReadFileOrEmpty(dir_.Sub("worker" + std::to_string(w) + ".err"));
+      const json r = TaggedJson(out, "RESULT ");
+      ASSERT_FALSE(r.is_null()) << out;
+      EXPECT_EQ(r["bad_chunks"], 0u) << "cycle " << cycle << ": a worker was served wrong bytes";
+      wrong_bytes += r["wrong_bytes"].get<uint64_t>();
+      loaded_chunks += r["loaded_chunks"].get<uint64_t>();
+      stored_chunks += r["stored_chunks"].get<uint64_t>();
+    }
+  }
+  ReportCampaign({{"campaign", "crash_loop"},
+                  {"policy", GetParam()},
+                  {"cycles", cycles},
+                  {"seed", seed},
+                  {"wrong_bytes", wrong_bytes},
+                  {"served_over_durable_min", ratios.empty() ? 0.0 : *std::min_element(
+                                                                          ratios.begin(), ratios.end())},
+                  {"served_over_durable_median", Median(ratios)},
+                  {"new_served_over_new_durable_min",
+                   new_ratios.empty() ? 0.0 : *std::min_element(new_ratios.begin(), new_ratios.end())},
+                  {"new_served_over_new_durable_median", Median(new_ratios)},
+                  {"previously_served_lost", missing_old},
+                  {"corrupt_reads", corrupt_reads},
+                  {"chunks_served_last", served_last},
+                  {"worker_loaded_chunks", loaded_chunks},
+                  {"worker_stored_chunks", stored_chunks}});
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, CrashLoopTest, ::testing::Values("write_through", "write_back"),
+                         [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
+}  // namespace kvtier::testing

@@ -15,6 +15,9 @@
 //     be served again, and the chunks new since then are compared with the
 //     count's growth.
 //
+// One restart in four is first killed itself, 5-400 ms into its start (while
+// it opens the index), and started again.
+//
 // Cycles: $KVTIER_CRASH_CYCLES (default 10, what `make test` runs; `make soak`
 // runs 50). Seed: $KVTIER_CRASH_SEED (default random, printed).
 #include <gtest/gtest.h>
@@ -92,7 +95,19 @@ TEST_P(CrashLoopTest, KillNineAtRandomPointsServesNoWrongByteAndKeepsWhatWasDura
   std::vector<double> ratios, new_ratios;
   uint64_t wrong_bytes = 0, missing_old = 0, loaded_chunks = 0, stored_chunks = 0;
   uint64_t served_last = 0, corrupt_reads = 0;
+  uint64_t startup_kills = 0;
   for (uint64_t cycle = 0; cycle <= cycles; ++cycle) {
+    if (cycle > 0 && rng() % 4 == 0) {  // a kill while it opens the index and starts
+      ChildProcess early;
+      std::string error;
+      ASSERT_TRUE(early.Spawn(daemon.Argv(), dir_.Sub("kvtierd.log"), dir_.Sub("kvtierd.log"),
+                              &error))
+          << error;
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(std::uniform_int_distribution<int>(5, 400)(rng)));
+      early.Kill();
+      ++startup_kills;
+    }
     ASSERT_EQ(daemon.Start(), "") << "cycle " << cycle << ": kvtierd did not start";
     const json nvme = TierOf(StatsOf(daemon), "nvme");
     ASSERT_FALSE(nvme.is_null()) << "cycle " << cycle;
@@ -130,6 +145,7 @@ TEST_P(CrashLoopTest, KillNineAtRandomPointsServesNoWrongByteAndKeepsWhatWasDura
                   static_cast<unsigned long long>(durable_at_kill), served.size(), ratio,
                   static_cast<unsigned long long>(new_served), new_ratio,
                   static_cast<unsigned long long>(lost));
+      std::fflush(stdout);
       previous = std::move(served);
       served_last = previous.size();
     }
@@ -178,6 +194,7 @@ TEST_P(CrashLoopTest, KillNineAtRandomPointsServesNoWrongByteAndKeepsWhatWasDura
   ReportCampaign({{"campaign", "crash_loop"},
                   {"policy", GetParam()},
                   {"cycles", cycles},
+                  {"startup_kills", startup_kills},
                   {"seed", seed},
                   {"wrong_bytes", wrong_bytes},
                   {"served_over_durable_min", ratios.empty() ? 0.0 : *std::min_element(

@@ -55,6 +55,8 @@ struct CrashLoopRun {
   bool nvme_evicts;
 };
 
+void PrintTo(const CrashLoopRun& run, std::ostream* os) { *os << run.name; }
+
 class CrashLoopTest : public ::testing::TestWithParam<CrashLoopRun> {
  protected:
   DaemonProcess::Options Opts() {

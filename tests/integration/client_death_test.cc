@@ -31,6 +31,13 @@ constexpr int kAtOnce = 8;
 constexpr int kLifeMinMs = 10;
 constexpr int kLifeMaxMs = 600;
 
+// What the dead clients held when they were killed, by their last HELD line.
+struct DeathTally {
+  uint64_t deaths = 0, before_first_step = 0, with_lease = 0, with_reservation = 0,
+           with_ticket = 0, with_all_three = 0, bad_chunks = 0, api_errors = 0;
+  uint64_t max_leases = 0, max_reservations = 0, max_prefetches = 0;  // seen in stats meanwhile
+};
+
 // The lease and reservation TTL of a run, in ms.
 class ClientDeathTest : public ::testing::TestWithParam<int> {
  protected:
@@ -62,15 +69,115 @@ class ClientDeathTest : public ::testing::TestWithParam<int> {
     return j;
   }
 
+  // A dying client and when it dies.
+  struct Slot {
+    std::unique_ptr<ChildProcess> child;
+    Clock::time_point kill_at;
+    std::string out, err;
+  };
+
+  // Starts client number `i` in `slot`, to be killed 10-600 ms later.
+  void Spawn(int i, std::mt19937_64& rng, Slot* slot) {
+    slot->out = dir_.Sub("client" + std::to_string(i) + ".out");
+    slot->err = dir_.Sub("client" + std::to_string(i) + ".err");
+    std::error_code ec;
+    std::filesystem::remove(slot->out, ec);
+    std::filesystem::remove(slot->err, ec);
+    slot->child = std::make_unique<ChildProcess>();
+    std::string error;
+    ASSERT_TRUE(slot->child->Spawn({BinPath("kvtier_test_client"), "die", "--socket",
+                                    dir_.Sub("kvtierd.sock"), "--chunk-tokens", "32", "--seed",
+                                    std::to_string(rng())},
+                                   slot->out, slot->err, &error))
+        << error;
+    slot->kill_at = Clock::now() + std::chrono::milliseconds(
+                                       std::uniform_int_distribution<int>(kLifeMinMs, kLifeMaxMs)(rng));
+  }
+
+  // Kills the client in `slot` and adds what it held (its last HELD line) to *tally.
+  static void Kill(Slot* slot, DeathTally* tally) {
+    slot->child->Kill();
+    slot->child.reset();
+    ++tally->deaths;
+    const std::string out = ReadFileOrEmpty(slot->out), err = ReadFileOrEmpty(slot->err);
+    const json held = TaggedJson(out, "HELD ");
+    if (held.is_null()) {
+      ++tally->before_first_step;
+    } else {
+      const bool lease = held["leases"] > 0, reservation = held["reservations"] > 0,
+                 ticket = held["tickets"] > 0;
+      tally->with_lease += lease;
+      tally->with_reservation += reservation;
+      tally->with_ticket += ticket;
+      tally->with_all_three += lease && reservation && ticket;
+      tally->bad_chunks += held["bad_chunks"].get<uint64_t>();
+    }
+    if (err.find("API error") != std::string::npos) ++tally->api_errors;
+    EXPECT_EQ(err.find("bytes differ"), std::string::npos) << err;
+    EXPECT_EQ(err.find("API error"), std::string::npos) << err;
+  }
+
+  // Spawns `deaths` dying clients, kAtOnce at a time, and kills each at a
+  // random point of its life; *tally gets what they held and what the daemon's
+  // stats showed meanwhile.
+  void KillClients(uint64_t deaths, std::mt19937_64& rng, const DaemonProcess& daemon,
+                   DeathTally* tally) {
+    std::vector<Slot> slots(kAtOnce);
+    uint64_t spawned = 0;
+    auto next_stats = Clock::now();
+    while (tally->deaths < deaths) {
+      for (int i = 0; i < kAtOnce; ++i) {
+        if (slots[i].child && Clock::now() >= slots[i].kill_at) Kill(&slots[i], tally);
+        if (!slots[i].child && spawned < deaths) {
+          ASSERT_NO_FATAL_FAILURE(Spawn(i, rng, &slots[i]));
+          ++spawned;
+        }
+      }
+      if (Clock::now() >= next_stats) {  // what the living clients hold
+        const json s = StatsOf(daemon);
+        if (s.is_object()) {
+          tally->max_leases = std::max<uint64_t>(tally->max_leases, s["active_leases"]);
+          tally->max_reservations =
+              std::max<uint64_t>(tally->max_reservations, s["active_reservations"]);
+          tally->max_prefetches = std::max<uint64_t>(tally->max_prefetches, s["active_prefetches"]);
+        }
+        next_stats = Clock::now() + 200ms;
+      }
+      std::this_thread::sleep_for(2ms);
+    }
+  }
+
+  // Waits until every session has ended, then checks that nothing is held and
+  // no slot leaked; *stats gets the daemon's stats then.
+  static void ExpectNothingHeld(const DaemonProcess& daemon, json* out) {
+    json& stats = *out;
+    // Every session ends when its stream breaks; give the daemon a moment.
+    for (auto until = Clock::now() + 10s; Clock::now() < until; std::this_thread::sleep_for(50ms)) {
+      stats = StatsOf(daemon);
+      if (stats.is_object() && stats["sessions"] == 0) break;
+    }
+    ASSERT_TRUE(stats.is_object());
+    EXPECT_EQ(stats["sessions"], 0u);
+    EXPECT_EQ(stats["active_leases"], 0u);
+    EXPECT_EQ(stats["active_reservations"], 0u);
+    EXPECT_EQ(stats["active_prefetches"], 0u);
+    const json dram = TierOf(stats, "dram");
+    EXPECT_EQ(dram["pinned_chunks"], 0u) << stats.dump();
+    EXPECT_EQ(dram["uncommitted_bytes"], 0u) << "leaked slots: " << stats.dump();
+    // The same from the namespaces' side: the slots in use are exactly their chunks.
+    CommandResult ns = daemon.Ctl({"--json", "namespaces"});
+    ASSERT_TRUE(ns.ok()) << ns.Describe();
+    uint64_t chunk_bytes = 0;
+    const json namespaces = json::parse(ns.out, nullptr, false);
+    ASSERT_TRUE(namespaces.is_object()) << ns.out;
+    for (const auto& n : namespaces["namespaces"]) {
+      chunk_bytes += n["chunks"].get<uint64_t>() * n["slot_bytes"].get<uint64_t>();
+    }
+    EXPECT_EQ(dram["used_bytes"].get<uint64_t>(), chunk_bytes) << stats.dump() << ns.out;
+  }
+
   TempDir dir_{"kvtier-client-death"};
   NvmeDir nvme_dir_{"client-death"};
-};
-
-// What the dead clients held when they were killed, by their last HELD line.
-struct DeathTally {
-  uint64_t deaths = 0, before_first_step = 0, with_lease = 0, with_reservation = 0,
-           with_ticket = 0, with_all_three = 0, bad_chunks = 0, api_errors = 0;
-  uint64_t max_leases = 0, max_reservations = 0, max_prefetches = 0;  // seen in stats meanwhile
 };
 
 TEST_P(ClientDeathTest, DeadClientsLeakNoSlotLeaseOrTicketAndTheHitRateHolds) {
@@ -87,67 +194,8 @@ TEST_P(ClientDeathTest, DeadClientsLeakNoSlotLeaseOrTicketAndTheHitRateHolds) {
   ASSERT_TRUE(before.is_object());
 
   DeathTally tally;
-  struct Slot {
-    std::unique_ptr<ChildProcess> child;
-    Clock::time_point kill_at;
-    std::string out, err;
-  };
-  std::vector<Slot> slots(kAtOnce);
-  uint64_t spawned = 0;
-  auto next_stats = Clock::now();
   const auto started = Clock::now();
-  while (tally.deaths < deaths) {
-    for (int i = 0; i < kAtOnce; ++i) {
-      Slot& s = slots[i];
-      if (s.child && Clock::now() >= s.kill_at) {
-        s.child->Kill();
-        s.child.reset();
-        ++tally.deaths;
-        const std::string out = ReadFileOrEmpty(s.out), err = ReadFileOrEmpty(s.err);
-        const json held = TaggedJson(out, "HELD ");
-        if (held.is_null()) {
-          ++tally.before_first_step;
-        } else {
-          const bool l = held["leases"] > 0, r = held["reservations"] > 0, t = held["tickets"] > 0;
-          tally.with_lease += l;
-          tally.with_reservation += r;
-          tally.with_ticket += t;
-          tally.with_all_three += l && r && t;
-          tally.bad_chunks += held["bad_chunks"].get<uint64_t>();
-        }
-        if (err.find("API error") != std::string::npos) ++tally.api_errors;
-        EXPECT_EQ(err.find("bytes differ"), std::string::npos) << err;
-        EXPECT_EQ(err.find("API error"), std::string::npos) << err;
-      }
-      if (!s.child && spawned < deaths) {
-        s.out = dir_.Sub("client" + std::to_string(i) + ".out");
-        s.err = dir_.Sub("client" + std::to_string(i) + ".err");
-        std::error_code ec;
-        std::filesystem::remove(s.out, ec);
-        std::filesystem::remove(s.err, ec);
-        s.child = std::make_unique<ChildProcess>();
-        std::string error;
-        ASSERT_TRUE(s.child->Spawn({BinPath("kvtier_test_client"), "die", "--socket",
-                                    dir_.Sub("kvtierd.sock"), "--chunk-tokens", "32",
-                                    "--seed", std::to_string(rng())},
-                                   s.out, s.err, &error))
-            << error;
-        s.kill_at = Clock::now() + std::chrono::milliseconds(
-                                       std::uniform_int_distribution<int>(kLifeMinMs, kLifeMaxMs)(rng));
-        ++spawned;
-      }
-    }
-    if (Clock::now() >= next_stats) {  // what the living clients hold
-      const json s = StatsOf(daemon);
-      if (s.is_object()) {
-        tally.max_leases = std::max<uint64_t>(tally.max_leases, s["active_leases"]);
-        tally.max_reservations = std::max<uint64_t>(tally.max_reservations, s["active_reservations"]);
-        tally.max_prefetches = std::max<uint64_t>(tally.max_prefetches, s["active_prefetches"]);
-      }
-      next_stats = Clock::now() + 200ms;
-    }
-    std::this_thread::sleep_for(2ms);
-  }
+  ASSERT_NO_FATAL_FAILURE(KillClients(deaths, rng, daemon, &tally));
   const double deaths_s = std::chrono::duration<double>(Clock::now() - started).count();
   ASSERT_TRUE(daemon.running()) << daemon.log();
   // The clients held things while alive, so what follows could have failed.
@@ -156,30 +204,9 @@ TEST_P(ClientDeathTest, DeadClientsLeakNoSlotLeaseOrTicketAndTheHitRateHolds) {
   EXPECT_GT(tally.with_ticket, 0u);
   EXPECT_GT(tally.max_leases + tally.max_reservations + tally.max_prefetches, 0u);
 
-  // Every session ends when its stream breaks; give the daemon a moment.
   json stats;
-  for (auto until = Clock::now() + 10s; Clock::now() < until; std::this_thread::sleep_for(50ms)) {
-    stats = StatsOf(daemon);
-    if (stats.is_object() && stats["sessions"] == 0) break;
-  }
-  ASSERT_TRUE(stats.is_object());
-  EXPECT_EQ(stats["sessions"], 0u);
-  EXPECT_EQ(stats["active_leases"], 0u);
-  EXPECT_EQ(stats["active_reservations"], 0u);
-  EXPECT_EQ(stats["active_prefetches"], 0u);
+  ASSERT_NO_FATAL_FAILURE(ExpectNothingHeld(daemon, &stats));
   const json dram = TierOf(stats, "dram");
-  EXPECT_EQ(dram["pinned_chunks"], 0u) << stats.dump();
-  EXPECT_EQ(dram["uncommitted_bytes"], 0u) << "leaked slots: " << stats.dump();
-  // The same from the namespaces' side: the slots in use are exactly their chunks.
-  CommandResult ns = daemon.Ctl({"--json", "namespaces"});
-  ASSERT_TRUE(ns.ok()) << ns.Describe();
-  uint64_t chunk_bytes = 0;
-  const json namespaces = json::parse(ns.out, nullptr, false);
-  ASSERT_TRUE(namespaces.is_object()) << ns.out;
-  for (const auto& n : namespaces["namespaces"]) {
-    chunk_bytes += n["chunks"].get<uint64_t>() * n["slot_bytes"].get<uint64_t>();
-  }
-  EXPECT_EQ(dram["used_bytes"].get<uint64_t>(), chunk_bytes) << stats.dump() << ns.out;
 
   (void)Replay("warm-after");
   const json after = Replay("after");

@@ -91,90 +91,84 @@ class CrashLoopTest : public ::testing::TestWithParam<CrashLoopRun> {
     return TaggedJson(r.out, "RESULT ");
   }
 
-  TempDir dir_{"kvtier-crash-loop"};
-  NvmeDir nvme_dir_{std::string("crash-loop-") + GetParam().name};
-};
-
-TEST_P(CrashLoopTest, KillNineAtRandomPointsServesNoWrongByteAndKeepsWhatWasDurable) {
-  const uint64_t cycles = EnvCount("KVTIER_CRASH_CYCLES", 10);
-  const uint64_t seed = EnvCount("KVTIER_CRASH_SEED", std::random_device{}());
-  const bool evicts = GetParam().nvme_evicts;
-  std::printf("crash loop %s: %llu cycles, KVTIER_CRASH_SEED=%llu\n", GetParam().name,
-              static_cast<unsigned long long>(cycles), static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
-  DaemonProcess daemon(Opts());
-  uint64_t conversations = 0;        // started so far: [0, conversations)
-  uint64_t durable_at_kill = 0;      // NVMe chunks just before the last kill
-  std::unordered_set<std::string> previous;  // what the last read-back served
-  std::vector<double> ratios, new_ratios;
-  uint64_t wrong_bytes = 0, missing_old = 0, loaded_chunks = 0, stored_chunks = 0;
-  uint64_t served_last = 0, corrupt_reads = 0;
-  uint64_t startup_kills = 0;
-  for (uint64_t cycle = 0; cycle <= cycles; ++cycle) {
-    if (cycle > 0 && rng() % 4 == 0) {  // a kill while it opens the index and starts
+  // Starts kvtierd on the files of the last run, having first killed one
+  // start in four 5-400 ms in. The NVMe tier's stats row after the start.
+  json Restart(uint64_t cycle) {
+    if (cycle > 0 && rng_() % 4 == 0) {  // a kill while it opens the index and starts
       ChildProcess early;
       std::string error;
-      ASSERT_TRUE(early.Spawn(daemon.Argv(), dir_.Sub("kvtierd.log"), dir_.Sub("kvtierd.log"),
+      EXPECT_TRUE(early.Spawn(daemon_.Argv(), dir_.Sub("kvtierd.log"), dir_.Sub("kvtierd.log"),
                               &error))
           << error;
       std::this_thread::sleep_for(
-          std::chrono::milliseconds(std::uniform_int_distribution<int>(5, 400)(rng)));
+          std::chrono::milliseconds(std::uniform_int_distribution<int>(5, 400)(rng_)));
       early.Kill();
-      ++startup_kills;
+      ++startup_kills_;
     }
-    ASSERT_EQ(daemon.Start(), "") << "cycle " << cycle << ": kvtierd did not start";
-    const json nvme = TierOf(StatsOf(daemon), "nvme");
-    ASSERT_FALSE(nvme.is_null()) << "cycle " << cycle;
-    EXPECT_EQ(nvme["degraded"], false) << "cycle " << cycle << "\n" << daemon.log();
-    if (cycle > 0) {
-      std::unordered_set<std::string> served;
-      const json rb = ReadBack(conversations, &served);
-      ASSERT_FALSE(rb.is_null()) << "cycle " << cycle;
-      EXPECT_EQ(rb["bad_chunks"], 0u) << "cycle " << cycle << ": wrong bytes served";
-      EXPECT_EQ(rb["fail_open"], 0u) << "cycle " << cycle;
-      wrong_bytes += rb["wrong_bytes"].get<uint64_t>();
-      uint64_t lost = 0;
-      for (const std::string& k : previous) lost += served.count(k) == 0 ? 1 : 0;
-      missing_old += lost;
-      const double ratio =
-          durable_at_kill == 0 ? 1.0 : static_cast<double>(served.size()) / durable_at_kill;
-      // This cycle's new durable chunks: the count's growth since the last read-back.
-      const uint64_t new_served = served.size() - (previous.size() - lost);
-      const double new_ratio = durable_at_kill > previous.size()
-                                   ? static_cast<double>(new_served) /
-                                         static_cast<double>(durable_at_kill - previous.size())
-                                   : 1.0;
-      ratios.push_back(ratio);
-      new_ratios.push_back(new_ratio);
-      const json after = TierOf(StatsOf(daemon), "nvme");
-      corrupt_reads += after["corrupt_reads"].get<uint64_t>();
-      EXPECT_EQ(after["corrupt_reads"], 0u) << "cycle " << cycle;
-      EXPECT_EQ(served.size(), nvme["chunks"].get<uint64_t>())
-          << "cycle " << cycle << ": not every chunk the index holds is served right";
-      if (!evicts) {
-        EXPECT_GE(ratio, 0.99) << "cycle " << cycle << ": served " << served.size() << " of "
-                               << durable_at_kill << " durable chunks";
-        EXPECT_EQ(lost, 0u) << "cycle " << cycle << ": chunks served after the last restart are gone";
-      }
-      std::printf("cycle %llu: recovered %llu, durable at kill >= %llu, served %zu (%.4f), "
-                  "new %llu (%.4f), old lost %llu\n",
-                  static_cast<unsigned long long>(cycle),
-                  static_cast<unsigned long long>(nvme["chunks"].get<uint64_t>()),
-                  static_cast<unsigned long long>(durable_at_kill), served.size(), ratio,
-                  static_cast<unsigned long long>(new_served), new_ratio,
-                  static_cast<unsigned long long>(lost));
-      std::fflush(stdout);
-      previous = std::move(served);
-      served_last = previous.size();
+    const std::string error = daemon_.Start();
+    EXPECT_EQ(error, "") << "cycle " << cycle << ": kvtierd did not start";
+    if (!error.empty()) return json();
+    const json nvme = TierOf(StatsOf(daemon_), "nvme");
+    EXPECT_FALSE(nvme.is_null()) << "cycle " << cycle;
+    if (!nvme.is_null()) {
+      EXPECT_EQ(nvme["degraded"], false) << "cycle " << cycle;
     }
-    if (cycle == cycles || HasFatalFailure()) break;
+    return nvme;
+  }
 
+  // Reads back everything stored so far after the restart of `cycle` and
+  // checks it against what was durable before the kill.
+  void CheckReadBack(uint64_t cycle, const json& nvme_at_start) {
+    std::unordered_set<std::string> served;
+    const json rb = ReadBack(conversations_, &served);
+    ASSERT_FALSE(rb.is_null()) << "cycle " << cycle;
+    EXPECT_EQ(rb["bad_chunks"], 0u) << "cycle " << cycle << ": wrong bytes served";
+    EXPECT_EQ(rb["fail_open"], 0u) << "cycle " << cycle;
+    wrong_bytes_ += rb["wrong_bytes"].get<uint64_t>();
+    uint64_t lost = 0;
+    for (const std::string& k : previous_) lost += served.count(k) == 0 ? 1 : 0;
+    missing_old_ += lost;
+    const uint64_t durable = durable_at_kill_;
+    const double ratio = durable == 0 ? 1.0 : static_cast<double>(served.size()) / durable;
+    // This cycle's new durable chunks: the count's growth since the last read-back.
+    const uint64_t new_served = served.size() - (previous_.size() - lost);
+    const double new_ratio =
+        durable > previous_.size()
+            ? static_cast<double>(new_served) / static_cast<double>(durable - previous_.size())
+            : 1.0;
+    ratios_.push_back(ratio);
+    new_ratios_.push_back(new_ratio);
+    const json after = TierOf(StatsOf(daemon_), "nvme");
+    corrupt_reads_ += after["corrupt_reads"].get<uint64_t>();
+    EXPECT_EQ(after["corrupt_reads"], 0u) << "cycle " << cycle;
+    EXPECT_EQ(served.size(), nvme_at_start["chunks"].get<uint64_t>())
+        << "cycle " << cycle << ": not every chunk the index holds is served right\n"
+        << StatsOf(daemon_).dump();
+    if (!GetParam().nvme_evicts) {
+      EXPECT_GE(ratio, 0.99) << "cycle " << cycle << ": served " << served.size() << " of "
+                             << durable << " durable chunks";
+      EXPECT_EQ(lost, 0u) << "cycle " << cycle << ": chunks served after the last restart are gone";
+    }
+    std::printf("cycle %llu: recovered %llu, durable at kill >= %llu, served %zu (%.4f), "
+                "new %llu (%.4f), old lost %llu\n",
+                static_cast<unsigned long long>(cycle),
+                static_cast<unsigned long long>(nvme_at_start["chunks"].get<uint64_t>()),
+                static_cast<unsigned long long>(durable), served.size(), ratio,
+                static_cast<unsigned long long>(new_served), new_ratio,
+                static_cast<unsigned long long>(lost));
+    std::fflush(stdout);
+    previous_ = std::move(served);
+  }
+
+  // Runs the workers on new conversations, kills kvtierd at a random point,
+  // then stops the workers and checks what they were served.
+  void LoadAndKill(uint64_t cycle) {
     std::vector<std::unique_ptr<ChildProcess>> workers;
     for (int w = 0; w < kWorkers; ++w) {
       std::vector<std::string> argv = Client("crash-worker");
       argv.insert(argv.end(),
-                  {"--seed", std::to_string(rng()), "--first-conversation",
-                   std::to_string(conversations + w * kNewConversations), "--conversations",
+                  {"--seed", std::to_string(rng_()), "--first-conversation",
+                   std::to_string(conversations_ + w * kNewConversations), "--conversations",
                    std::to_string(kNewConversations), "--store-interval-ms", "70",
                    "--deadline-ms", "2000"});
       workers.push_back(std::make_unique<ChildProcess>());
@@ -184,52 +178,81 @@ TEST_P(CrashLoopTest, KillNineAtRandomPointsServesNoWrongByteAndKeepsWhatWasDura
       std::string error;
       ASSERT_TRUE(workers.back()->Spawn(argv, out + ".out", out + ".err", &error)) << error;
     }
-    conversations += kWorkers * kNewConversations;
+    conversations_ += kWorkers * kNewConversations;
     std::this_thread::sleep_for(std::chrono::milliseconds(
-        std::uniform_int_distribution<int>(kKillAfterMinMs, kKillAfterMaxMs)(rng)));
-    const json before = TierOf(StatsOf(daemon), "nvme");
-    daemon.Kill9();
+        std::uniform_int_distribution<int>(kKillAfterMinMs, kKillAfterMaxMs)(rng_)));
+    const json before = TierOf(StatsOf(daemon_), "nvme");
+    daemon_.Kill9();
     ASSERT_FALSE(before.is_null()) << "cycle " << cycle;
-    durable_at_kill = before["chunks"].get<uint64_t>();
-    if (!evicts) {
+    durable_at_kill_ = before["chunks"].get<uint64_t>();
+    if (!GetParam().nvme_evicts) {
       ASSERT_EQ(before["evictions"], 0u) << "NVMe evicted: the durable set is no longer monotonic";
     }
-
     for (int w = 0; w < kWorkers; ++w) {
       workers[w]->Signal(SIGTERM);
       const std::optional<ExitInfo> e = workers[w]->Wait(30s);
-      const std::string out = ReadFileOrEmpty(dir_.Sub("worker" + std::to_string(w) + ".out"));
+      const std::string name = dir_.Sub("worker" + std::to_string(w));
+      const std::string out = ReadFileOrEmpty(name + ".out");
       ASSERT_TRUE(e.has_value()) << "a worker did not stop";
       EXPECT_TRUE(e->exited && e->exit_code == 0)
-          << e->ToString() << "\n" << out
-          << ReadFileOrEmpty(dir_.Sub("worker" + std::to_string(w) + ".err"));
+          << e->ToString() << "\n" << out << ReadFileOrEmpty(name + ".err");
       const json r = TaggedJson(out, "RESULT ");
       ASSERT_FALSE(r.is_null()) << out;
       EXPECT_EQ(r["bad_chunks"], 0u) << "cycle " << cycle << ": a worker was served wrong bytes";
-      wrong_bytes += r["wrong_bytes"].get<uint64_t>();
-      loaded_chunks += r["loaded_chunks"].get<uint64_t>();
-      stored_chunks += r["stored_chunks"].get<uint64_t>();
+      wrong_bytes_ += r["wrong_bytes"].get<uint64_t>();
+      loaded_chunks_ += r["loaded_chunks"].get<uint64_t>();
+      stored_chunks_ += r["stored_chunks"].get<uint64_t>();
     }
+  }
+
+  TempDir dir_{"kvtier-crash-loop"};
+  NvmeDir nvme_dir_{std::string("crash-loop-") + GetParam().name};
+  DaemonProcess daemon_{Opts()};
+  std::mt19937_64 rng_;
+  uint64_t conversations_ = 0;               // started so far: [0, conversations_)
+  uint64_t durable_at_kill_ = 0;             // NVMe chunks just before the last kill
+  std::unordered_set<std::string> previous_;  // what the last read-back served
+  std::vector<double> ratios_, new_ratios_;
+  uint64_t wrong_bytes_ = 0, missing_old_ = 0, loaded_chunks_ = 0, stored_chunks_ = 0;
+  uint64_t corrupt_reads_ = 0, startup_kills_ = 0;
+};
+
+double MinOf(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end());
+}
+
+TEST_P(CrashLoopTest, KillNineAtRandomPointsServesNoWrongByteAndKeepsWhatWasDurable) {
+  const uint64_t cycles = EnvCount("KVTIER_CRASH_CYCLES", 10);
+  const uint64_t seed = EnvCount("KVTIER_CRASH_SEED", std::random_device{}());
+  std::printf("crash loop %s: %llu cycles, KVTIER_CRASH_SEED=%llu\n", GetParam().name,
+              static_cast<unsigned long long>(cycles), static_cast<unsigned long long>(seed));
+  rng_.seed(seed);
+  for (uint64_t cycle = 0; cycle <= cycles; ++cycle) {
+    const json nvme = Restart(cycle);
+    ASSERT_FALSE(nvme.is_null()) << daemon_.log();
+    if (cycle > 0) {
+      ASSERT_NO_FATAL_FAILURE(CheckReadBack(cycle, nvme));
+    }
+    if (cycle == cycles) break;
+    ASSERT_NO_FATAL_FAILURE(LoadAndKill(cycle));
   }
   ReportCampaign({{"campaign", "crash_loop"},
                   {"run", GetParam().name},
                   {"policy", GetParam().policy},
                   {"nvme_bytes", GetParam().nvme_bytes},
                   {"cycles", cycles},
-                  {"startup_kills", startup_kills},
+                  {"startup_kills", startup_kills_},
                   {"seed", seed},
-                  {"wrong_bytes", wrong_bytes},
-                  {"served_over_durable_min", ratios.empty() ? 0.0 : *std::min_element(
-                                                                          ratios.begin(), ratios.end())},
-                  {"served_over_durable_median", Median(ratios)},
-                  {"new_served_over_new_durable_min",
-                   new_ratios.empty() ? 0.0 : *std::min_element(new_ratios.begin(), new_ratios.end())},
-                  {"new_served_over_new_durable_median", Median(new_ratios)},
-                  {"previously_served_lost", missing_old},
-                  {"corrupt_reads", corrupt_reads},
-                  {"chunks_served_last", served_last},
-                  {"worker_loaded_chunks", loaded_chunks},
-                  {"worker_stored_chunks", stored_chunks}});
+                  {"wrong_bytes", wrong_bytes_},
+                  {"served_over_durable_min", MinOf(ratios_)},
+                  {"served_over_durable_median", Median(ratios_)},
+                  {"new_served_over_new_durable_min", MinOf(new_ratios_)},
+                  {"new_served_over_new_durable_median", Median(new_ratios_)},
+                  {"previously_served_lost", missing_old_},
+                  {"corrupt_reads", corrupt_reads_},
+                  {"chunks_served_last", previous_.size()},
+                  {"worker_loaded_chunks", loaded_chunks_},
+                  {"worker_stored_chunks", stored_chunks_}});
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -6,39 +6,18 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "testing/daemon_process.h"
+#include "testing/nvme_dir.h"
 
 namespace kvtier::testing {
-
-// A directory for NVMe slot files under the working directory (the build
-// tree: /tmp may be a tmpfs, which has no O_DIRECT), removed with its contents.
-class NvmeDir {
- public:
-  explicit NvmeDir(const std::string& prefix)
-      : path_(std::filesystem::current_path() / (prefix + "-" + std::to_string(getpid()))) {
-    std::filesystem::create_directories(path_);
-  }
-  ~NvmeDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  NvmeDir(const NvmeDir&) = delete;
-  NvmeDir& operator=(const NvmeDir&) = delete;
-  std::string path() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 // `kvtierctl --json stats` of `d`; null (and a test failure) when it fails.
 inline nlohmann::json StatsOf(const DaemonProcess& d) {

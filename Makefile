@@ -3,8 +3,8 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps deps-engines build test test-asan test-tsan demo bench gpu-check gpu-bundle wheel \
-        clean
+.PHONY: all deps deps-engines build test test-asan test-tsan soak demo bench gpu-check \
+        gpu-bundle wheel clean
 
 all: build
 
@@ -31,6 +31,18 @@ test-asan: deps
 
 test-tsan: deps
 	@bash tools/sanitizers/test.sh thread build-tsan $(JOBS)
+
+# The long campaign runs (docs/RELIABILITY.md), one after another: the crash
+# loop (50 cycles per run), the client-death loop (1,000 deaths per run) and
+# the 60 s load test. Each test prints a CAMPAIGN line, collected in
+# $(BUILD_DIR)/soak/campaign.log. About 20 minutes on 2 cores.
+SOAK_LOG = $(abspath $(BUILD_DIR))/soak/campaign.log
+soak: build
+	@mkdir -p $(dir $(SOAK_LOG)) && rm -f $(SOAK_LOG)
+	cd $(BUILD_DIR) && KVTIER_CAMPAIGN_LOG=$(SOAK_LOG) KVTIER_CRASH_CYCLES=50 \
+	  KVTIER_DEATHS=1000 KVTIER_LOAD_SECONDS=60 \
+	  ctest --output-on-failure --timeout 3600 -R 'CrashLoopTest|ClientDeathTest|LoadTest'
+	@cat $(SOAK_LOG)
 
 demo: build
 	@bash tools/demo.sh $(BUILD_DIR)/bin

@@ -47,7 +47,8 @@ Result<DaemonStats> AdminClient::Stats() {
     s.tiers.push_back({t.name(), t.capacity_bytes(), t.used_bytes(), t.capacity_chunks(),
                        t.chunks(), t.hits(), t.misses(), t.evictions(), t.read_bytes(),
                        t.write_bytes(), t.pending_writes(), t.corrupt_reads(), t.io_errors(),
-                       t.degraded(), t.skipped_writes(), t.lost_writes()});
+                       t.degraded(), t.skipped_writes(), t.lost_writes(), t.pinned_chunks(),
+                       t.uncommitted_bytes()});
   }
   s.lookups = r.lookups();
   s.lookup_tokens = r.lookup_tokens();

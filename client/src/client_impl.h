@@ -173,9 +173,13 @@ inline bool BreaksConnection(const Status& st) {
 }
 
 // Releases leases off the load path: Load hands the lease to this worker and
-// returns; the worker makes the (synchronous, deadline-bounded) ReleaseRead
-// call. Its own thread, not a gRPC callback thread, so that a connection it
-// holds the last reference to is torn down safely. Stop() drains the queue.
+// returns; the worker makes the (deadline-bounded) ReleaseRead calls. Each
+// time it wakes it sends every release queued meanwhile at once and waits for
+// them all: one call after another would fall behind loads from several
+// threads, and a lease waiting its turn keeps its chunks pinned, so the arena
+// fills with released leases and later loads find no room to promote into.
+// Its own thread, not a gRPC callback thread, so that a connection it holds the
+// last reference to is torn down safely. Stop() drains the queue.
 class Releaser {
  public:
   ~Releaser() { Stop(); }
@@ -190,7 +194,7 @@ class Releaser {
   }
 
   // `drop_pending`: forget queued releases (their session is about to end)
-  // instead of making them; the one in flight finishes within its deadline.
+  // instead of making them; those in flight finish within their deadline.
   void Stop(bool drop_pending = false) {
     {
       std::lock_guard lock(mu_);
@@ -213,20 +217,42 @@ class Releaser {
     for (;;) {
       cv_.wait(lock, [&] { return stopped_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopped and drained
-      Item item = std::move(queue_.front());
-      queue_.pop_front();
+      std::deque<Item> batch;
+      batch.swap(queue_);
       lock.unlock();
-      v1::ReleaseReadRequest req;
-      req.set_session_id(item.conn->session_id);
-      req.set_lease_id(item.lease_id);
-      v1::ReleaseReadResponse resp;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + item.deadline);
-      // A failed release is not the engine's problem: the session or TTL ends the lease.
-      (void)item.conn->stub->ReleaseRead(&ctx, req, &resp);
-      item.conn.reset();
+      ReleaseAll(batch);
+      batch.clear();  // the connections' last references may go here, on this thread
       lock.lock();
     }
+  }
+
+  // Sends every release of `batch` at once and returns when all have ended.
+  static void ReleaseAll(std::deque<Item>& batch) {
+    struct Call {
+      grpc::ClientContext ctx;
+      v1::ReleaseReadRequest req;
+      v1::ReleaseReadResponse resp;
+    };
+    std::mutex done_mu;
+    std::condition_variable done_cv;
+    size_t pending = batch.size();
+    std::vector<std::unique_ptr<Call>> calls;
+    calls.reserve(batch.size());
+    for (Item& item : batch) {
+      auto call = std::make_unique<Call>();
+      call->req.set_session_id(item.conn->session_id);
+      call->req.set_lease_id(item.lease_id);
+      call->ctx.set_deadline(std::chrono::system_clock::now() + item.deadline);
+      // A failed release is not the engine's problem: the session or TTL ends the lease.
+      item.conn->stub->async()->ReleaseRead(&call->ctx, &call->req, &call->resp,
+                                            [&](grpc::Status) {
+                                              std::lock_guard done(done_mu);
+                                              if (--pending == 0) done_cv.notify_one();
+                                            });
+      calls.push_back(std::move(call));
+    }
+    std::unique_lock done(done_mu);
+    done_cv.wait(done, [&] { return pending == 0; });
   }
 
   std::mutex mu_;

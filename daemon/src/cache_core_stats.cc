@@ -52,6 +52,8 @@ void CacheCore::Stats(v1::StatsResponse* resp) {
     ht->set_write_bytes(counters_.hbm_write_bytes);
     ht->set_pending_writes(hbm_queue_.size());
     ht->set_io_errors(counters_.hbm_copy_errors);
+    ht->set_pinned_chunks(hbm_->num_pinned());
+    ht->set_uncommitted_bytes(hbm_->unindexed_bytes());
   }
   auto* t = resp->add_tiers();
   t->set_name("dram");
@@ -65,6 +67,8 @@ void CacheCore::Stats(v1::StatsResponse* resp) {
   t->set_evictions(dram_->counters().evictions);
   t->set_read_bytes(counters_.read_bytes);
   t->set_write_bytes(counters_.write_bytes);
+  t->set_pinned_chunks(dram_->num_pinned());
+  t->set_uncommitted_bytes(dram_->unindexed_bytes());
   if (nvme_) {
     const NvmeTierCounters n = nvme_->counters();
     auto* nt = resp->add_tiers();

@@ -14,6 +14,9 @@
 //       raw gRPC stubs, takes a lease on that prompt (Lookup with acquire) that
 //       it never releases and reserves a second prompt (ReserveWrite) that it
 //       never commits. Prints `HOLDING {json}` and sleeps until killed.
+//
+//   crash-worker, read-back (the crash loop), die (the client-death loop) and
+//   load (the load test): see test_client_modes.h.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -29,43 +32,15 @@
 #include "kvtier/tools/model_presets.h"
 #include "kvtier/tools/synthetic_kv.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
+#include "testing/test_client_modes.h"
 
 namespace {
 
 using nlohmann::json;
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-
-// `count` deterministic token ids of stream `stream` from position `from`.
-void AppendTokens(std::vector<int32_t>* out, uint64_t stream, uint64_t from, uint64_t count) {
-  for (uint64_t i = from; i < from + count; ++i) {
-    out->push_back(static_cast<int32_t>(Mix(Mix(stream) ^ i) % 128000));
-  }
-}
-
-struct Common {
-  std::string socket;
-  std::string model = "tiny";
-  uint32_t chunk_tokens = 128;
-  int64_t deadline_ms = 2000;
-};
-
-kvtier::Result<std::unique_ptr<kvtier::Client>> ConnectOrFail(const Common& c, const char* name) {
-  kvtier::ClientOptions o;
-  o.socket_path = c.socket;
-  o.deadline = std::chrono::milliseconds(c.deadline_ms);
-  o.connect_timeout = std::chrono::milliseconds(std::max<int64_t>(c.deadline_ms, 2000));
-  o.client_name = name;
-  auto client = kvtier::Client::Connect(o);
-  if (!client.ok()) return client.status();
-  if (!(*client)->connected()) return kvtier::Status::Unavailable("kvtierd is not reachable");
-  return client;
-}
+using kvtier::testclient::AppendTokens;
+using kvtier::testclient::Common;
+using kvtier::testclient::ConnectOrFail;
+using kvtier::testclient::Mix;
 
 int StoreLoad(const Common& c, uint64_t seed, uint64_t requests) {
   auto spec = kvtier::tools::ModelPreset(c.model, c.chunk_tokens);
@@ -321,7 +296,40 @@ int main(int argc, char** argv) {
   }
   sl->add_option("--seed", seed, "prompt seed");
   sl->add_option("--requests", requests, "number of requests");
+  namespace tc = kvtier::testclient;
+  tc::CrashWorkerOptions cw;
+  auto* crash = app.add_subcommand("crash-worker", "store, load and prefetch until SIGTERM");
+  crash->add_option("--seed", cw.seed, "random seed");
+  crash->add_option("--first-conversation", cw.first_conversation, "first conversation");
+  crash->add_option("--conversations", cw.conversations, "its own conversations to grow");
+  crash->add_option("--store-interval-ms", cw.store_interval_ms, "least time between turns");
+  crash->add_option("--duration-ms", cw.duration_ms, "stop after this long (0: at SIGTERM)");
+  uint64_t conversations = 0;
+  std::string keys_out;
+  auto* rb = app.add_subcommand("read-back", "load every chunk of the crash loop's conversations");
+  rb->add_option("--conversations", conversations, "conversations [0, N)")->required();
+  rb->add_option("--keys-out", keys_out, "file for the keys of the chunks served right");
+  uint64_t die_seed = 1;
+  auto* die = app.add_subcommand("die", "hold leases, reservations and tickets until killed");
+  die->add_option("--seed", die_seed, "random seed");
+  tc::LoadOptions lo;
+  auto* load = app.add_subcommand("load", "concurrent clients over several namespaces");
+  load->add_option("--clients", lo.clients, "client threads, one session each");
+  load->add_option("--namespaces", lo.namespaces, "namespaces (1..4)");
+  load->add_option("--conversations", lo.conversations, "conversations per namespace");
+  load->add_option("--seconds", lo.seconds, "how long");
+  load->add_option("--seed", lo.seed, "random seed");
+  for (auto* sub : {crash, rb, die, load}) {
+    sub->add_option("--socket", c.socket, "kvtierd socket")->required();
+    sub->add_option("--model", c.model, "tiny | qwen2.5-0.5b | llama3-8b");
+    sub->add_option("--chunk-tokens", c.chunk_tokens, "tokens per chunk");
+    sub->add_option("--deadline-ms", c.deadline_ms, "client deadline per RPC");
+  }
   CLI11_PARSE(app, argc, argv);
   if (sl->parsed()) return StoreLoad(c, seed, requests);
+  if (crash->parsed()) return tc::CrashWorker(c, cw);
+  if (rb->parsed()) return tc::ReadBack(c, conversations, keys_out);
+  if (die->parsed()) return tc::Die(c, die_seed);
+  if (load->parsed()) return tc::LoadRun(c, lo);
   return Hold(c);
 }

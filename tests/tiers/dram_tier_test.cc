@@ -101,6 +101,37 @@ TEST_F(DramTierTest, InsertOfAResidentKeyIsRefused) {
   EXPECT_EQ(tier_->num_chunks(), 1u);
 }
 
+// What kvtierctl stats reports as pinned_chunks and uncommitted_bytes: a
+// chunk pinned twice counts once until its last pin goes, and a slot counts as
+// uncommitted from its allocation until a chunk is inserted into it or it is freed.
+TEST_F(DramTierTest, PinnedChunksAndUnindexedBytesCountWhatIsHeld) {
+  Make(4);
+  const uint32_t a = Put(Key(1), kRoot);
+  const uint32_t b = Put(Key(2), Key(1));
+  EXPECT_EQ(tier_->num_pinned(), 0u);
+  tier_->Pin(a);
+  tier_->Pin(a);
+  tier_->Pin(b);
+  EXPECT_EQ(tier_->num_pinned(), 2u);
+  tier_->Unpin(a);
+  EXPECT_EQ(tier_->num_pinned(), 2u) << "a still holds one pin";
+  tier_->Unpin(a);
+  tier_->Unpin(b);
+  EXPECT_EQ(tier_->num_pinned(), 0u);
+
+  EXPECT_EQ(tier_->unindexed_bytes(), 0u);
+  auto s1 = tier_->AllocateSlot(ns_);
+  auto s2 = tier_->AllocateSlot(ns_);
+  ASSERT_TRUE(s1 && s2);
+  EXPECT_EQ(tier_->unindexed_bytes(), 2 * kSlot);
+  ASSERT_NE(tier_->Insert(Key(3), Key(2), kRoot, ns_, *s1), ChunkIndex::kNone);
+  EXPECT_EQ(tier_->unindexed_bytes(), kSlot);
+  tier_->FreeSlot(ns_, *s2);
+  EXPECT_EQ(tier_->unindexed_bytes(), 0u);
+  tier_->Remove(tier_->Find(Key(3)));
+  EXPECT_EQ(tier_->unindexed_bytes(), 0u);
+}
+
 TEST_F(DramTierTest, InsertCountsResidentChildren) {
   Make(4);
   Chain(1, 2);

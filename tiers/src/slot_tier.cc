@@ -75,6 +75,12 @@ void SlotTier::Remove(uint32_t handle) {
   --ns_chunks_[e.ns_index];
 }
 
+uint64_t SlotTier::unindexed_bytes() const {
+  uint64_t chunk_bytes = 0;
+  for (size_t i = 0; i < ns_chunks_.size(); ++i) chunk_bytes += ns_chunks_[i] * ns_slot_bytes_[i];
+  return allocator_.used_bytes() - chunk_bytes;
+}
+
 SubtreeRemoval SlotTier::RemoveSubtrees(const std::function<bool(uint32_t)>& pick,
                                         const std::function<void(uint32_t)>& on_remove) {
   SubtreeRemoval tally;

@@ -37,6 +37,9 @@ struct TierStats {
   uint64_t skipped_writes = 0;   // nvme: evicted from DRAM before write-through reached them
   uint64_t lost_writes = 0;      // nvme: handed to the NVMe writer and not stored (failed
                                  // batch, no room, parent gone)
+  uint64_t pinned_chunks = 0;    // dram, hbm: chunks pinned by a lease, ticket, reservation or copy
+  uint64_t uncommitted_bytes = 0;  // dram, hbm: slots in use holding no committed chunk (open
+                                   // reservations, promotions); left when idle: leaked
 };
 
 struct DaemonStats {

@@ -83,8 +83,12 @@ class SlotTier {
   void ReleaseWriteHold(uint32_t handle) { --index_.Get(handle).write_holds; }
 
   // A pinned chunk is never evicted. Pins nest.
-  void Pin(uint32_t handle) { ++index_.Get(handle).leases; }
-  void Unpin(uint32_t handle) { --index_.Get(handle).leases; }
+  void Pin(uint32_t handle) {
+    if (index_.Get(handle).leases++ == 0) ++num_pinned_;
+  }
+  void Unpin(uint32_t handle) {
+    if (--index_.Get(handle).leases == 0) --num_pinned_;
+  }
 
   // Drops a resident chunk now, as eviction would (without the listener).
   // REQUIRES: no lease and no resident child.
@@ -100,6 +104,11 @@ class SlotTier {
   uint64_t used_bytes() const { return allocator_.used_bytes(); }
   uint64_t num_chunks() const { return index_.size(); }
   uint64_t num_chunks(uint32_t ns_index) const { return ns_chunks_[ns_index]; }
+  // Resident chunks with at least one pin (0 when no client holds anything).
+  uint64_t num_pinned() const { return num_pinned_; }
+  // Bytes of allocated slots that hold no resident chunk: reserved, being
+  // promoted into, or leaked (0 when no write or promotion is under way).
+  uint64_t unindexed_bytes() const;
   uint64_t slot_bytes(uint32_t ns_index) const { return ns_slot_bytes_[ns_index]; }
   const SlotTierCounters& counters() const { return counters_; }
 
@@ -115,6 +124,7 @@ class SlotTier {
   std::vector<uint64_t> ns_slot_bytes_;
   std::vector<uint64_t> ns_chunks_;
   SlotTierCounters counters_;
+  uint64_t num_pinned_ = 0;
   EvictionListener on_evict_;
 };
 

@@ -3,7 +3,8 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps deps-engines build test soak demo bench gpu-check gpu-bundle wheel clean
+.PHONY: all deps deps-engines build test test-asan test-tsan soak demo bench gpu-check \
+        gpu-bundle wheel clean
 
 all: build
 
@@ -22,6 +23,14 @@ build: deps $(BUILD_DIR)/CMakeCache.txt
 
 test: build deps-engines
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS)
+
+# Sanitizer builds in build-asan / build-tsan (tools/sanitizers/test.sh; no Python tests):
+# ASan + UBSan over every C++ test, TSan over CacheCore, the client and the integration tests.
+test-asan: deps
+	@bash tools/sanitizers/test.sh address build-asan $(JOBS)
+
+test-tsan: deps
+	@bash tools/sanitizers/test.sh thread build-tsan $(JOBS)
 
 # The long campaign runs (docs/RELIABILITY.md), one after another: the crash
 # loop (50 cycles per run), the client-death loop (1,000 deaths per run) and
@@ -54,4 +63,4 @@ wheel: deps
 	bash tools/build-wheel.sh $(BUILD_DIR)/wheels
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) build-asan build-tsan

@@ -71,8 +71,10 @@ void ChunkLease::Release() {
 }
 
 Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const int32_t> tokens,
-                                   size_t max_chunks, const PrefetchTicket* ticket, bool hbm) {
+                                   size_t max_chunks, const PrefetchTicket* ticket, bool hbm,
+                                   std::string_view request_id) {
   if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
+  KVTIER_RETURN_IF_ERROR(CheckRequestId(request_id));
   const uint64_t pb = ns.layout.payload_bytes;
   max_chunks = std::min<size_t>(max_chunks, tokens.size() / ns.spec.chunk_tokens);
   ChunkLease lease;
@@ -94,6 +96,7 @@ Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const in
     req.set_max_chunks(static_cast<uint32_t>(std::min<size_t>(max_chunks, UINT32_MAX)));
     if (take_over) req.set_prefetch_ticket(ticket->id);
     req.set_hbm(hbm && c.hbm.has_value());
+    req.set_request_id(std::string(request_id));
     LentTokens lent(req, tokens);
     const auto start = Clock::now();
     Status st = FromGrpcStatus(c.stub->Lookup(&ctx, req, &resp));
@@ -157,8 +160,8 @@ Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const in
 
 Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
                                 const ChunkReader& reader, size_t max_chunks,
-                                const PrefetchTicket* ticket) {
-  auto acquired = Acquire(ns, tokens, max_chunks, ticket);
+                                const PrefetchTicket* ticket, std::string_view request_id) {
+  auto acquired = Acquire(ns, tokens, max_chunks, ticket, /*hbm=*/false, request_id);
   if (!acquired.ok()) return acquired.status();
   ChunkLease& lease = *acquired;
   LoadResult result;
@@ -186,7 +189,8 @@ Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32
 }
 
 Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
-                                std::span<std::byte> destination, const PrefetchTicket* ticket) {
+                                std::span<std::byte> destination, const PrefetchTicket* ticket,
+                                std::string_view request_id) {
   const uint64_t pb = ns.layout.payload_bytes;
   return Load(
       ns, tokens,
@@ -194,7 +198,7 @@ Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32
         std::memcpy(destination.data() + i * pb, payload.data(), pb);
         return Status::Ok();
       },
-      destination.size() / pb, ticket);
+      destination.size() / pb, ticket, request_id);
 }
 
 }  // namespace kvtier

@@ -15,6 +15,10 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.reconnect_interval.count() < 0) {
     return Status::InvalidArgument("reconnect_interval must not be negative");
   }
+  if (options.client_name.size() > 256) {  // kvtierd ends a session with a longer one
+    return Status::InvalidArgument("client_name is " + std::to_string(options.client_name.size()) +
+                                   " bytes, more than 256");
+  }
   KVTIER_RETURN_IF_ERROR(
       CheckSocketPath(options.socket_path.empty() ? DefaultSocketPath() : options.socket_path));
   std::unique_ptr<Client> client(new Client(std::make_unique<Impl>(options)));
@@ -53,8 +57,10 @@ std::vector<ChunkKey> Client::ChunkKeys(const NamespaceHandle& ns,
 }
 
 
-Result<LookupResult> Client::Lookup(const NamespaceHandle& ns, std::span<const int32_t> tokens) {
+Result<LookupResult> Client::Lookup(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                                    std::string_view request_id) {
   if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
+  KVTIER_RETURN_IF_ERROR(CheckRequestId(request_id));
   LookupResult result;
   const auto deadline = impl_->CallDeadline();
   auto conn = impl_->GetFor(ns, deadline);
@@ -66,6 +72,7 @@ Result<LookupResult> Client::Lookup(const NamespaceHandle& ns, std::span<const i
   grpc::ClientContext ctx;
   SetDeadline(ctx, deadline);
   v1::LookupRequest req = MakeLookup(**conn, ns, /*acquire=*/false);
+  req.set_request_id(std::string(request_id));
   LentTokens lent(req, tokens);
   Status st = FromGrpcStatus((*conn)->stub->Lookup(&ctx, req, &resp));
   impl_->Report(*conn, st, &ns.id);
@@ -79,8 +86,10 @@ Result<LookupResult> Client::Lookup(const NamespaceHandle& ns, std::span<const i
 }
 
 Result<PrefetchTicket> Client::Prefetch(const NamespaceHandle& ns, std::span<const int32_t> tokens,
-                                        const PrefetchOptions& options) {
+                                        const PrefetchOptions& options,
+                                        std::string_view request_id) {
   if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
+  KVTIER_RETURN_IF_ERROR(CheckRequestId(request_id));
   if (options.deadline.count() < 1 || options.deadline.count() > 600000) {
     return Status::InvalidArgument("PrefetchOptions.deadline " +
                                    std::to_string(options.deadline.count()) +
@@ -117,6 +126,7 @@ Result<PrefetchTicket> Client::Prefetch(const NamespaceHandle& ns, std::span<con
   req.set_namespace_id(ns.id.ToBytes());
   req.set_deadline_ms(static_cast<uint64_t>(options.deadline.count()));
   req.set_to_hbm(options.to_hbm);
+  req.set_request_id(std::string(request_id));
   LentTokens lent(req, tokens);
   v1::PrefetchResponse resp;
   grpc::ClientContext ctx;

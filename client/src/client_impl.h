@@ -5,6 +5,7 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/client_interceptor.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -25,6 +26,7 @@
 #include "kvtier/proto/convert.h"
 #include "kvtier/proto/status_mapping.h"
 #include "kvtier/proto/transport_args.h"
+#include "kvtier/request_id.h"
 #include "kvtier/socket_path.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
 
@@ -98,6 +100,39 @@ class SessionStream final : public grpc::ClientBidiReactor<v1::SessionHello, v1:
   std::atomic<bool> alive_{true};
 };
 
+// Adds the session's token (SessionOpened.session_token) to every call on a
+// connection's channel; the Session call itself goes before it is known.
+class SessionTokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit SessionTokenInterceptor(std::shared_ptr<const std::string> token)
+      : token_(std::move(token)) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA) &&
+        !token_->empty()) {
+      methods->GetSendInitialMetadata()->emplace(kSessionTokenKey, *token_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  std::shared_ptr<const std::string> token_;
+};
+
+class SessionTokenInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit SessionTokenInterceptorFactory(std::shared_ptr<const std::string> token)
+      : token_(std::move(token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo* /*info*/) override {
+    return new SessionTokenInterceptor(token_);
+  }
+
+ private:
+  std::shared_ptr<const std::string> token_;
+};
+
 // One live connection: channel, session and the arena it maps.
 struct Connection {
   std::shared_ptr<grpc::Channel> channel;
@@ -106,6 +141,9 @@ struct Connection {
   std::shared_ptr<Arena> arena;
   std::optional<HbmPoolInfo> hbm;  // the daemon's HBM pool, from SessionOpened
   uint64_t session_id = 0;
+  // Written once, when the session opens and before any other call on the
+  // channel; the channel's interceptor sends it with every call.
+  std::shared_ptr<std::string> session_token = std::make_shared<std::string>();
   uint64_t epoch = 0;
   std::atomic<bool> broken{false};
   std::mutex registered_mu;
@@ -416,13 +454,17 @@ class Client::Impl {
     auto c = std::make_shared<Connection>();
     grpc::ChannelArguments args;
     for (const auto& [name, value] : TransportArgs()) args.SetInt(name, value);
-    c->channel = grpc::CreateCustomChannel("unix:" + options_.socket_path,
-                                           grpc::InsecureChannelCredentials(), args);
+    std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> tokens;
+    tokens.push_back(std::make_unique<client_internal::SessionTokenInterceptorFactory>(c->session_token));
+    c->channel = grpc::experimental::CreateCustomChannelWithInterceptors(
+        "unix:" + options_.socket_path, grpc::InsecureChannelCredentials(), args,
+        std::move(tokens));
     c->stub = v1::KvCache::NewStub(c->channel);
     c->session = std::make_unique<SessionStream>(c->stub.get(), options_.client_name);
     auto opened = c->session->WaitOpened(deadline);
     if (!opened.ok()) return opened.status();
     c->session_id = opened->session_id();
+    *c->session_token = opened->session_token();
     c->epoch = opened->epoch();
     if (opened->has_hbm()) {
       const v1::HbmPool& pool = opened->hbm();

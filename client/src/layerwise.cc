@@ -164,7 +164,8 @@ LayerwiseLoader::~LayerwiseLoader() {
 Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
                                             std::span<const int32_t> block_ids,
                                             gpu::Stream& load_stream,
-                                            const PrefetchTicket* ticket, size_t first_chunk) {
+                                            const PrefetchTicket* ticket, size_t first_chunk,
+                                            std::string_view request_id) {
   if (started_) return Status::InvalidArgument("StartLoad was already called on this loader");
   KVTIER_RETURN_IF_ERROR(CheckCache(cache_, ns_, &layout_));
   started_ = true;
@@ -172,7 +173,7 @@ Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
   const size_t per_chunk = ct / static_cast<size_t>(layout_.block_size_tokens());
   // Only chunks whose blocks the table covers can be delivered.
   auto acquired =
-      client_.Acquire(ns_, tokens, block_ids.size() / per_chunk, ticket, HbmUsable());
+      client_.Acquire(ns_, tokens, block_ids.size() / per_chunk, ticket, HbmUsable(), request_id);
   if (!acquired.ok()) return acquired.status();
   lease_ = std::move(acquired).value();
   const uint32_t n = lease_.num_chunks();

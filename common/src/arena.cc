@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+#include <string>
 
 namespace kvtier {
 
@@ -46,6 +48,18 @@ Result<std::unique_ptr<Arena>> Arena::Map(int fd, uint64_t bytes, uint64_t epoch
     close(fd);
     return Status::InvalidArgument("arena fd holds " + std::to_string(st.st_size) +
                                    " bytes, fewer than the announced " + std::to_string(bytes));
+  }
+  // A file that can shrink under the mapping turns every access into a
+  // possible SIGBUS: only a memfd sealed against shrinking and growing is mapped.
+  const int seals = fcntl(fd, F_GET_SEALS);
+  constexpr int kNeeded = F_SEAL_SHRINK | F_SEAL_GROW;
+  if (seals < 0 || (seals & kNeeded) != kNeeded) {
+    const int err = errno;
+    close(fd);
+    return Status::InvalidArgument(
+        seals < 0 ? "arena fd is not a sealable memfd (" + std::string(std::strerror(err)) + ")"
+                  : "arena memfd is not sealed against shrinking and growing (seals " +
+                        std::to_string(seals) + ")");
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {

@@ -2,11 +2,14 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <string>
 
 namespace kvtier {
 
@@ -34,6 +37,27 @@ Status SendArenaFd(int sock, const ArenaAnnouncement& msg, int fd) {
   return Status::Ok();
 }
 
+namespace {
+
+Status CheckDaemonPeer(int sock, const std::string& path) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return Status::FromErrno(errno, "getsockopt(SO_PEERCRED) on " + path);
+  }
+  if (cred.uid == geteuid() || cred.uid == 0) return Status::Ok();
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  struct stat st {};
+  if (stat(dir.c_str(), &st) == 0 && st.st_uid == cred.uid) return Status::Ok();
+  return Status::PermissionDenied("the daemon at " + path + " runs as uid " +
+                                  std::to_string(cred.uid) + ", neither this process's uid " +
+                                  std::to_string(geteuid()) + ", root, nor the owner of " + dir +
+                                  ": its arena is not mapped");
+}
+
+}  // namespace
+
 Result<std::pair<ArenaAnnouncement, int>> ReceiveArenaFd(const std::string& path, int timeout_ms) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -47,6 +71,13 @@ Result<std::pair<ArenaAnnouncement, int>> ReceiveArenaFd(const std::string& path
     int err = errno;
     close(sock);
     return Status::Unavailable("connect " + path + ": " + std::strerror(err));
+  }
+  // The daemon's uid: this process's own, root, or (a daemon of another user
+  // under --socket-group) the owner of the socket's directory, which kvtierd
+  // must own to serve from it. Anyone else is not trusted with our mappings.
+  if (Status st = CheckDaemonPeer(sock, path); !st.ok()) {
+    close(sock);
+    return st;
   }
   pollfd pfd{sock, POLLIN, 0};
   int pr;

@@ -18,4 +18,22 @@ Status SetLogLevel(std::string_view level) {
   return Status::Ok();
 }
 
+std::optional<uint64_t> LogLimiter::Admit() {
+  std::lock_guard lock(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  if (logged_ && now - last_ < every_) {
+    ++held_back_;
+    return std::nullopt;
+  }
+  logged_ = true;
+  last_ = now;
+  const uint64_t n = held_back_;
+  held_back_ = 0;
+  return n;
+}
+
+std::string HeldBack(uint64_t n) {
+  return n == 0 ? std::string() : " (" + std::to_string(n) + " more like it since the last warning)";
+}
+
 }  // namespace kvtier

@@ -1,5 +1,7 @@
 #include "kvtier/status.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace kvtier {
@@ -37,5 +39,15 @@ std::string Status::ToString() const {
   if (ok()) return "OK";
   return std::string(StatusCodeName(code_)) + ": " + message_;
 }
+
+namespace internal {
+
+void ResultCheckFailed(const char* what, const Status& status) {
+  std::fprintf(stderr, "kvtier: %s (%s)\n", what, status.ToString().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace internal
 
 }  // namespace kvtier

@@ -1,6 +1,7 @@
 #include "kvtier/daemon/cache_core.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/random.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -9,7 +10,9 @@
 #include <optional>
 #include <random>
 
+#include "kvtier/logging.h"
 #include "kvtier/proto/convert.h"
+#include "kvtier/request_id.h"
 #include "request_checks.h"
 
 namespace kvtier {
@@ -130,10 +133,44 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
 CacheCore::~CacheCore() { StopWorkers(); }
 
 uint64_t CacheCore::OpenSession(const std::string& client_name, uint32_t pid) {
+  uint8_t random[16];
+  for (size_t got = 0; got < sizeof(random);) {  // the kernel's CSPRNG; blocks only at early boot
+    const ssize_t n = getrandom(random + got, sizeof(random) - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (uint8_t b : random) {
+    token += kHex[b >> 4];
+    token += kHex[b & 15];
+  }
   std::lock_guard lock(mu_);
   uint64_t id = next_id_++;
-  sessions_.emplace(id, client_name + " (pid " + std::to_string(pid) + ")");
+  sessions_.emplace(id, SessionInfo{client_name + " (pid " + std::to_string(pid) + ")",
+                                    std::move(token)});
   return id;
+}
+
+std::string CacheCore::SessionToken(uint64_t session_id) const {
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(session_id);
+  return it == sessions_.end() ? std::string() : it->second.token;
+}
+
+Status CacheCore::CheckSessionToken(uint64_t session_id, std::string_view token) const {
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return Status::Ok();
+  const std::string& want = it->second.token;
+  uint8_t diff = token.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff |= static_cast<uint8_t>(want[i] ^ (i < token.size() ? token[i] : 0));
+  }
+  if (diff == 0) return Status::Ok();
+  return Status::PermissionDenied("session_id " + std::to_string(session_id) + ": " +
+                                  (token.empty() ? "no" : "a wrong") +
+                                  " session token (metadata kvtier-session-token); a session's "
+                                  "leases, reservations and tickets are its own");
 }
 
 void CacheCore::EndSession(uint64_t session_id) {
@@ -272,6 +309,19 @@ Result<CacheCore::NamespaceState> CacheCore::ResolveRequest(uint64_t session_id,
   return **found;  // a copy: the state may be given to another namespace when idle
 }
 
+bool CacheCore::ResidentIs(const NamespaceState& ns, uint32_t h, const ReservedChunk& c) {
+  const Status st = VerifySlotHeader(dram_->SlotAddress(dram_->Get(h).slot_offset), ns.layout,
+                                     {ns.id, c.key, c.parent, c.tokens},
+                                     /*check_header_checksum=*/false);
+  if (st.ok()) return true;
+  ++counters_.token_check_failures;
+  if (auto held_back = collision_log_.Admit()) {
+    spdlog::warn("ReserveWrite: chunk {} of namespace {} is held by another chunk: {}{}",
+                 c.key.ToHex(), ns.id.ToHex(), st.message(), HeldBack(*held_back));
+  }
+  return false;
+}
+
 bool CacheCore::TokenCheck(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
                            std::span<const int32_t> tokens, size_t i, uint32_t h) {
   const uint32_t ct = ns.spec.chunk_tokens;
@@ -281,8 +331,10 @@ bool CacheCore::TokenCheck(const NamespaceState& ns, const std::vector<ChunkKey>
                                      /*check_header_checksum=*/false);
   if (st.ok()) return true;
   ++counters_.token_check_failures;
-  spdlog::warn("token check failed for chunk {} of namespace {}: {}", keys[i].ToHex(),
-               ns.id.ToHex(), st.message());
+  if (auto held_back = collision_log_.Admit()) {
+    spdlog::warn("token check failed for chunk {} of namespace {}: {}{}", keys[i].ToHex(),
+                 ns.id.ToHex(), st.message(), HeldBack(*held_back));
+  }
   return false;
 }
 
@@ -314,6 +366,7 @@ size_t CacheCore::ContinuationRun(const std::vector<ChunkKey>& keys, size_t from
 void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, Done done) {
   auto prompt = PromptTokens(req.tokens(), options_.max_prompt_tokens);
   if (!prompt.ok()) return done(prompt.status());
+  if (Status st = CheckRequestId(req.request_id()); !st.ok()) return done(st);
   if (req.prefetch_ticket() != 0 && !req.acquire()) {
     return done(Status::InvalidArgument("prefetch_ticket is set without acquire (a ticket's "
                                         "chunks are taken over by a Lookup that leases them)"));
@@ -324,10 +377,15 @@ void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, D
   const std::span<const int32_t> all = *prompt;
   // Hash outside the lock: it is the bulk of a long prompt's lookup.
   const std::vector<ChunkKey> keys = ns.spec.ChunkKeys(ns.id, all);
-  LookupTally tally{req.session_id(), req.acquire(), req.hbm() && hbm_ != nullptr, all.size(),
-                    keys.size(),
-                    req.max_chunks() == 0 ? keys.size()
-                                          : std::min<size_t>(keys.size(), req.max_chunks())};
+  LookupTally tally;
+  tally.session_id = req.session_id();
+  tally.acquire = req.acquire();
+  tally.hbm = req.hbm() && hbm_ != nullptr;
+  tally.prompt_tokens = all.size();
+  tally.num_keys = keys.size();
+  tally.max_hits = req.max_chunks() == 0 ? keys.size()
+                                         : std::min<size_t>(keys.size(), req.max_chunks());
+  tally.request = RequestLedger::Named(req.request_id());
 
   std::unique_lock lock(mu_);
   Status st = CheckSession(req.session_id());  // it may have ended meanwhile
@@ -357,8 +415,13 @@ void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, D
     // Its ready chunks are resident and pinned: the DRAM prefix above found
     // them. Count those it promoted, lease them, then end the ticket.
     const Promotion& p = (*ticket)->second;
+    tally.request = p.request;  // the Prefetch's request
+    tally.prefetched_at.assign(hits.size(), false);
     for (size_t i = p.dram_at_start; i < std::min(hits.size(), p.ready.size()); ++i) {
-      if (hits[i] == p.ready[i]) ++tally.prefetched;
+      if (hits[i] == p.ready[i]) {
+        ++tally.prefetched;
+        tally.prefetched_at[i] = true;
+      }
     }
     for (uint32_t h : hits) dram_->Pin(h);
     EndPromotion(*ticket);
@@ -421,15 +484,8 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
   for (auto it = hits.rbegin(); it != hits.rend(); ++it) dram_->Touch(*it);
   const uint32_t ct = ns.spec.chunk_tokens;
   const uint64_t num_hits = t.acquire ? hits.size() : t.dram_hits + t.nvme_hits;
-  // A hit counts for the highest tier the chunk is in: HBM copies are in DRAM too.
   const size_t hbm_hits = CountInHbm(hits);
-  ++counters_.lookups;
-  counters_.lookup_tokens += t.prompt_tokens;
-  counters_.hit_tokens += num_hits * ct;
-  counters_.hbm_hits += hbm_hits;
-  counters_.hits += t.dram_hits - std::min(t.dram_hits, hbm_hits);
-  counters_.nvme_hits += t.nvme_hits;
-  if (num_hits < t.max_hits) counters_.misses += t.num_keys - num_hits;  // stopped by a miss
+  CountRequest(t, ns, hits);
 
   resp->set_num_chunks(static_cast<uint32_t>(num_hits));
   resp->set_nvme_chunks(static_cast<uint32_t>(t.nvme_hits));
@@ -551,12 +607,29 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
     dram_->Pin(h);
     r.pinned.push_back(h);
   };
-  if (uint32_t ph = dram_->Find(chunks[0].parent); ph != ChunkIndex::kNone) pin(ph);
-  bool out_of_space = false;
+  resp->set_reservation_ttl_ms(static_cast<uint64_t>(options_.reservation_ttl.count()));
+  // A commit keeps only chunks whose parent is there: check before evicting
+  // anything for slots that could never be committed.
+  if (const uint32_t ph = dram_->Find(chunks[0].parent); ph != ChunkIndex::kNone) {
+    pin(ph);
+  } else if (chunks[0].parent != ns->id && reserved_keys_.count(chunks[0].parent) == 0) {
+    for (int i = 0; i < n; ++i) resp->add_outcomes(v1::NO_PARENT);
+    return Status::Ok();
+  }
+  bool out_of_space = false, key_taken = false;
   for (int i = 0; i < n; ++i) {
     ReservedChunk& c = chunks[i];
+    if (key_taken) {
+      resp->add_outcomes(v1::KEY_TAKEN);  // its parent is not this prompt's chunk
+      continue;
+    }
     if (!out_of_space) {
       if (uint32_t h = dram_->Find(c.key); h != ChunkIndex::kNone) {
+        if (!ResidentIs(*ns, h, c)) {
+          resp->add_outcomes(v1::KEY_TAKEN);
+          key_taken = true;
+          continue;
+        }
         pin(h);
         resp->add_outcomes(v1::ALREADY_STORED);
         continue;
@@ -582,7 +655,6 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
     }
     resp->add_outcomes(v1::NO_SPACE);
   }
-  resp->set_reservation_ttl_ms(static_cast<uint64_t>(options_.reservation_ttl.count()));
   if (r.chunks.empty()) {
     for (uint32_t h : r.pinned) dram_->Unpin(h);
     return Status::Ok();
@@ -704,88 +776,6 @@ void CacheCore::ExpireNow() {
     spdlog::info("expired {} leases, {} prefetch tickets and {} reservations past their TTL or "
                  "deadline (the reservations' slots return when their sessions end)",
                  leases, tickets, reservations);
-  }
-}
-
-void CacheCore::Stats(v1::StatsResponse* resp) {
-  std::lock_guard lock(mu_);
-  uint64_t smallest_slot = 0;
-  for (const auto& ns : namespaces_) {
-    if (smallest_slot == 0 || ns->layout.slot_bytes < smallest_slot) {
-      smallest_slot = ns->layout.slot_bytes;
-    }
-  }
-  if (hbm_) {
-    auto* ht = resp->add_tiers();
-    ht->set_name("hbm");
-    ht->set_capacity_bytes(hbm_->capacity_bytes());
-    ht->set_used_bytes(hbm_->used_bytes());
-    ht->set_capacity_chunks(smallest_slot == 0 ? 0 : hbm_->capacity_bytes() / smallest_slot);
-    ht->set_chunks(hbm_->num_chunks());
-    ht->set_hits(counters_.hbm_hits);
-    ht->set_evictions(hbm_->counters().evictions);
-    ht->set_read_bytes(counters_.hbm_read_bytes);
-    ht->set_write_bytes(counters_.hbm_write_bytes);
-    ht->set_pending_writes(hbm_queue_.size());
-    ht->set_io_errors(counters_.hbm_copy_errors);
-    ht->set_pinned_chunks(hbm_->num_pinned());
-    ht->set_uncommitted_bytes(hbm_->unindexed_bytes());
-  }
-  auto* t = resp->add_tiers();
-  t->set_name("dram");
-  t->set_capacity_bytes(dram_->capacity_bytes());
-  t->set_used_bytes(dram_->used_bytes());
-  t->set_capacity_chunks(smallest_slot == 0 ? 0 : dram_->capacity_bytes() / smallest_slot);
-  t->set_chunks(dram_->num_chunks());
-  t->set_hits(counters_.hits);
-  t->set_misses(counters_.misses);
-  t->set_evictions(dram_->counters().evictions);
-  t->set_read_bytes(counters_.read_bytes);
-  t->set_write_bytes(counters_.write_bytes);
-  t->set_pinned_chunks(dram_->num_pinned());
-  t->set_uncommitted_bytes(dram_->unindexed_bytes());
-  if (nvme_) {
-    const NvmeTierCounters n = nvme_->counters();
-    auto* nt = resp->add_tiers();
-    nt->set_name("nvme");
-    nt->set_capacity_bytes(n.capacity_bytes);
-    nt->set_used_bytes(n.used_bytes);
-    nt->set_capacity_chunks(smallest_slot == 0 ? 0 : n.capacity_bytes / smallest_slot);
-    nt->set_chunks(n.chunks);
-    nt->set_hits(counters_.nvme_hits);
-    nt->set_evictions(n.evictions);
-    nt->set_read_bytes(counters_.nvme_read_bytes);
-    nt->set_write_bytes(counters_.nvme_write_bytes);
-    nt->set_pending_writes(nvme_queue_.size() + demotions_.size() + nvme_in_flight_);
-    nt->set_corrupt_reads(n.corrupt_reads);
-    nt->set_io_errors(counters_.nvme_io_errors);
-    nt->set_skipped_writes(counters_.nvme_skipped_writes);
-    nt->set_lost_writes(counters_.nvme_lost_writes);
-    nt->set_degraded(NvmeDegraded());
-  }
-  resp->set_lookups(counters_.lookups);
-  resp->set_lookup_tokens(counters_.lookup_tokens);
-  resp->set_hit_tokens(counters_.hit_tokens);
-  resp->set_sessions(sessions_.size());
-  resp->set_active_leases(leases_.size());
-  resp->set_active_reservations(reservations_.size());
-  resp->set_active_prefetches(static_cast<uint64_t>(
-      std::count_if(promotions_.begin(), promotions_.end(),
-                    [](const auto& entry) { return !entry.second.on_done; })));
-  resp->set_prefetched_chunks(counters_.prefetched_chunks);
-  resp->set_uptime_s(static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_)
-          .count()));
-}
-
-void CacheCore::Namespaces(v1::NamespacesResponse* resp) {
-  std::lock_guard lock(mu_);
-  for (const auto& ns : namespaces_) {
-    auto* info = resp->add_namespaces();
-    info->set_namespace_id(ns->id.ToBytes());
-    *info->mutable_spec() = ToProto(ns->spec);
-    info->set_chunks(dram_->num_chunks(ns->ns_index));
-    info->set_slot_bytes(ns->layout.slot_bytes);
   }
 }
 

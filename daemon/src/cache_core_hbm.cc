@@ -100,8 +100,10 @@ void CacheCore::HbmStep() {
       hbm_->FreeSlot(c.ns_index, c.slot_offset);
       if (!copied[k].ok()) {
         ++counters_.hbm_copy_errors;
-        spdlog::warn("copy of chunk {} into HBM failed: {}", c.key.ToHex(),
-                     copied[k].ToString());
+        if (auto held_back = hbm_copy_log_.Admit()) {
+          spdlog::warn("copy of chunk {} into HBM failed: {}{}", c.key.ToHex(),
+                       copied[k].ToString(), HeldBack(*held_back));
+        }
       }
     } else {
       counters_.hbm_write_bytes += c.layout.payload_bytes;

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kvtier/daemon/cache_core.h"
+#include "kvtier/request_id.h"
 #include "request_checks.h"
 
 namespace kvtier {
@@ -194,6 +195,7 @@ void CacheCore::PromoteStep(uint64_t id) {
 Status CacheCore::Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse* resp) {
   auto prompt = request_checks::PromptTokens(req.tokens(), options_.max_prompt_tokens);
   if (!prompt.ok()) return prompt.status();
+  KVTIER_RETURN_IF_ERROR(CheckRequestId(req.request_id()));
   if (req.deadline_ms() > kMaxPrefetchDeadlineMs) {
     return Status::InvalidArgument("deadline_ms " + std::to_string(req.deadline_ms()) +
                                    " is more than 600000 (10 min)");
@@ -222,7 +224,11 @@ Status CacheCore::Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse*
   resp->set_ready_chunks(static_cast<uint32_t>(hits.size()));
   resp->set_total_chunks(static_cast<uint32_t>(hits.size() + run));
   resp->set_nvme_chunks(static_cast<uint32_t>(run));
-  if (hits.size() + run == 0) return Status::Ok();
+  std::string request = RequestLedger::Named(req.request_id());
+  if (hits.size() + run == 0) {
+    CountPrompt(request, all.size(), keys.size());
+    return Status::Ok();
+  }
   Promotion p;
   p.session_id = req.session_id();
   p.expiry = clock_.Now() + std::chrono::milliseconds(deadline_ms);
@@ -240,7 +246,11 @@ Status CacheCore::Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse*
   p.to_hbm = req.to_hbm();
   if (p.to_hbm) QueueHbmCopies(p.ready);
   prefetch_held_bytes_ += p.keys.size() * ns.layout.slot_bytes;
-  resp->set_ticket(StartPromotion(std::move(p)));
+  const uint64_t ticket = StartPromotion(std::move(p));
+  if (request.empty()) request = RequestLedger::Ticket(ticket);
+  CountPrompt(request, all.size(), keys.size());
+  promotions_.at(ticket).request = std::move(request);
+  resp->set_ticket(ticket);
   return Status::Ok();
 }
 
@@ -305,7 +315,10 @@ void CacheCore::Demote(uint32_t handle, bool count_skips) {
 void CacheCore::PersistNvmeAccessTimes() {
   if (!nvme_ || !nvme_->write_failure().empty()) return;
   if (Status st = nvme_->PersistAccessTimes(); !st.ok()) {
-    spdlog::warn("NVMe tier: persisting access times failed: {}", st.ToString());
+    if (auto held_back = access_times_log_.Admit()) {
+      spdlog::warn("NVMe tier: persisting access times failed: {}{}", st.ToString(),
+                   HeldBack(*held_back));
+    }
   }
 }
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
@@ -14,14 +15,17 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <random>
 
 #include "grpc_services.h"
 #include "kvtier/fd_passing.h"
+#include "kvtier/logging.h"
 #include "kvtier/proto/transport_args.h"
 #include "kvtier/units.h"
+#include "peer_listener.h"
 
 namespace kvtier {
 namespace {
@@ -31,6 +35,12 @@ uint64_t NewEpoch() {
   uint64_t e = 0;
   while (e == 0) e = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
   return e;
+}
+
+std::string ToOctal(unsigned mode) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0%o", mode);
+  return buf;
 }
 
 }  // namespace
@@ -98,26 +108,18 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
 
   d->kv_service_ = std::make_unique<KvCacheService>(*d->core_);
   d->admin_service_ = std::make_unique<AdminService>(*d->core_);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + options.socket_path, grpc::InsecureServerCredentials());
+  grpc::ServerBuilder builder;  // no listening port: AcceptLoop hands it checked connections
   builder.RegisterService(d->kv_service_.get());
   builder.RegisterService(d->admin_service_.get());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   for (const auto& [name, value] : TransportArgs()) builder.AddChannelArgument(name, value);
   d->server_ = builder.BuildAndStart();
-  if (!d->server_) {
-    return Status::Unavailable("gRPC could not listen on unix:" + options.socket_path);
-  }
-  if (!options.socket_group.empty()) {
-    for (const std::string& p : {options.socket_path, ArenaSocketPath(options.socket_path)}) {
-      if (chown(p.c_str(), static_cast<uid_t>(-1), d->socket_gid_) != 0 ||
-          chmod(p.c_str(), 0660) != 0) {
-        return Status::FromErrno(errno, "chown/chmod " + p);
-      }
-    }
-  }
-  d->arena_thread_ = std::thread([p = d.get()] { p->ArenaLoop(); });
+  if (!d->server_) return Status::Unavailable("the gRPC server did not start");
+  auto grpc_fd = ListenUnix(options.socket_path, d->SocketMode(), d->SocketGroup());
+  if (!grpc_fd.ok()) return grpc_fd.status();
+  d->grpc_listen_fd_ = *grpc_fd;
+  d->arena_thread_ = std::thread([p = d.get()] { p->AcceptLoop(); });
   d->sweep_thread_ = std::thread([p = d.get()] { p->SweepLoop(); });
   if (d->core_->nvme_enabled()) d->nvme_thread_ = std::thread([p = d.get()] { p->NvmeLoop(); });
   spdlog::info("kvtierd serving on {} (DRAM arena {} bytes, epoch {:016x})", options.socket_path,
@@ -165,9 +167,18 @@ Status Daemon::PrepareSocketDir() {
     if (gid != static_cast<gid_t>(-1) && chown(dir.c_str(), static_cast<uid_t>(-1), gid) != 0) {
       return Status::FromErrno(errno, "chown " + dir.string());
     }
+  } else if ((st.st_mode & 022) != 0) {
+    // Others who may create files there could pre-create the lock or the
+    // socket paths, or pose as kvtierd once it stops.
+    return Status::FailedPrecondition(
+        "socket directory " + dir.string() + " has mode " + ToOctal(st.st_mode & 07777) +
+        ": other users can write to it and could replace kvtierd's socket; use a directory of "
+        "its own (kvtierd creates a missing one with mode 0700, e.g. --socket " +
+        (dir / "kvtier" / "kvtierd.sock").string() + ")");
   } else if ((st.st_mode & 0777 & ~mode) != 0) {
-    spdlog::warn("socket directory {} has mode {:o}, wider than {:o}: other users may be able to "
-                 "connect; use a directory of its own", dir.string(), st.st_mode & 07777, mode);
+    spdlog::warn("socket directory {} has mode {:o}, wider than {:o}; the sockets are {:o} and "
+                 "every peer's uid is checked", dir.string(), st.st_mode & 07777, mode,
+                 SocketMode());
   }
   const std::string lock_path = options_.socket_path + ".lock";
   lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -207,28 +218,33 @@ Status Daemon::PrepareSocketDir() {
   return Status::Ok();
 }
 
+mode_t Daemon::SocketMode() const { return options_.socket_group.empty() ? 0600 : 0660; }
+
+std::optional<gid_t> Daemon::SocketGroup() const {
+  if (options_.socket_group.empty()) return std::nullopt;
+  return socket_gid_;
+}
+
 Status Daemon::StartArenaSocket() {
-  const std::string path = ArenaSocketPath(options_.socket_path);
-  arena_listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (arena_listen_fd_ < 0) return Status::FromErrno(errno, "socket");
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  if (bind(arena_listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return Status::FromErrno(errno, "bind " + path);
-  }
-  if (listen(arena_listen_fd_, 128) != 0) return Status::FromErrno(errno, "listen " + path);
+  auto fd = ListenUnix(ArenaSocketPath(options_.socket_path), SocketMode(), SocketGroup());
+  if (!fd.ok()) return fd.status();
+  arena_listen_fd_ = *fd;
   return Status::Ok();
 }
 
-void Daemon::ArenaLoop() {
+void Daemon::AcceptLoop() {
   ArenaAnnouncement msg;
   msg.epoch = core_->epoch();
   msg.arena_bytes = core_->arena().bytes();
+  const PeerPolicy peers(geteuid(), SocketGroup());
+  LogLimiter refusals[2];  // arena, gRPC
+  LogLimiter send_failures;
   while (!stopping_.load()) {
-    pollfd pfd{arena_listen_fd_, POLLIN, 0};
-    if (poll(&pfd, 1, 100) <= 0) continue;
-    int conn = accept4(arena_listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    pollfd pfds[2] = {{arena_listen_fd_, POLLIN, 0}, {grpc_listen_fd_, POLLIN, 0}};
+    if (poll(pfds, 2, 100) <= 0) continue;
+    const bool arena = (pfds[0].revents & POLLIN) != 0;
+    const int listen_fd = arena ? arena_listen_fd_ : grpc_listen_fd_;
+    int conn = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | (arena ? 0 : SOCK_NONBLOCK));
     if (conn < 0) {
       const int err = errno;
       if (err == EINTR || err == EAGAIN || err == ECONNABORTED) continue;
@@ -236,19 +252,35 @@ void Daemon::ArenaLoop() {
       // waits in the backlog and poll says so again at once. Say it once a
       // run of failures, and back off instead of spinning.
       if (!accept_failing_) {
-        spdlog::error("arena socket: accept failed: {}; clients cannot map the arena until it "
-                      "succeeds (raise the open-files limit?)", std::strerror(err));
+        spdlog::error("{} socket: accept failed: {}; clients cannot connect until it succeeds "
+                      "(raise the open-files limit?)", arena ? "arena" : "gRPC", std::strerror(err));
         accept_failing_ = true;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       continue;
     }
     if (accept_failing_) {
-      spdlog::info("arena socket: accept succeeds again");
+      spdlog::info("{} socket: accept succeeds again", arena ? "arena" : "gRPC");
       accept_failing_ = false;
     }
+    if (Status allowed = peers.Check(conn); !allowed.ok()) {
+      if (auto held_back = refusals[arena ? 0 : 1].Admit()) {
+        spdlog::warn("{} socket: refused a peer: {}{}", arena ? "arena" : "gRPC",
+                     allowed.message(), HeldBack(*held_back));
+      }
+      close(conn);
+      continue;
+    }
+    if (!arena) {
+      grpc::AddInsecureChannelFromFd(server_.get(), conn);  // gRPC owns it now
+      continue;
+    }
     Status st = SendArenaFd(conn, msg, core_->arena().fd());
-    if (!st.ok()) spdlog::warn("arena socket: {}", st.ToString());
+    if (!st.ok()) {
+      if (auto held_back = send_failures.Admit()) {
+        spdlog::warn("arena socket: {}{}", st.ToString(), HeldBack(*held_back));
+      }
+    }
     close(conn);
   }
 }
@@ -311,12 +343,13 @@ void Daemon::Shutdown(const std::atomic<bool>* abort) {
   if (shut_down_) return;
   shut_down_ = true;
   stopping_.store(true);
+  if (arena_thread_.joinable()) arena_thread_.join();  // hands gRPC no connection after this
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
-  if (arena_thread_.joinable()) arena_thread_.join();
   if (sweep_thread_.joinable()) sweep_thread_.join();
   if (nvme_thread_.joinable()) nvme_thread_.join();
   if (core_ && core_->nvme_enabled()) DrainNvme(abort);
   if (arena_listen_fd_ >= 0) close(arena_listen_fd_);
+  if (grpc_listen_fd_ >= 0) close(grpc_listen_fd_);
   if (owns_socket_) {  // a daemon refused by the lock must not remove the server's sockets
     unlink(options_.socket_path.c_str());
     unlink(ArenaSocketPath(options_.socket_path).c_str());
@@ -331,7 +364,7 @@ void Daemon::Shutdown(const std::atomic<bool>* abort) {
     }
   }
   if (lock_fd_ >= 0) close(lock_fd_);
-  arena_listen_fd_ = lock_fd_ = -1;
+  arena_listen_fd_ = grpc_listen_fd_ = lock_fd_ = -1;
 }
 
 Daemon::Daemon(const DaemonOptions& options) : options_(options) {}

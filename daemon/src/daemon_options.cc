@@ -1,10 +1,14 @@
 #include "kvtier/daemon/daemon_options.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
+#include <fstream>
 #include <map>
+#include <optional>
+#include <sstream>
 #include <vector>
 
 #include "kvtier/units.h"
@@ -37,15 +41,58 @@ struct RawOptions {
   std::string dram_bytes_from = "--dram-bytes";  // where dram_bytes came from, for errors
 };
 
+// Counts the YAML documents of `text` without building them. yaml-cpp 0.7's LoadAll never
+// returns on some malformed text (a stray ',': each document it yields is empty and reads
+// nothing; jbeder/yaml-cpp#1040) and grows memory until the process is killed, so a
+// document that starts where the previous one did is an error here. Throws YAML::Exception.
+Result<size_t> CountYamlDocuments(const std::string& path, const std::string& text) {
+  struct Starts : YAML::EventHandler {
+    std::optional<YAML::Mark> start;
+    void OnDocumentStart(const YAML::Mark& mark) override { start = mark; }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  const std::string&) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                         YAML::EmitterStyle::value) override {}
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                    YAML::EmitterStyle::value) override {}
+    void OnMapEnd() override {}
+  };
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  size_t docs = 0;
+  std::optional<int> last_start;
+  for (;;) {
+    Starts doc;
+    if (!parser.HandleNextDocument(doc)) break;
+    if (doc.start && last_start == doc.start->pos) {
+      return Status::InvalidArgument("config " + path + ": not valid YAML at line " +
+                                     std::to_string(doc.start->line + 1) + ", column " +
+                                     std::to_string(doc.start->column + 1));
+    }
+    last_start = doc.start ? std::optional<int>(doc.start->pos) : std::nullopt;
+    ++docs;
+  }
+  return docs;
+}
+
 Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) {
   YAML::Node root;
   try {
-    const std::vector<YAML::Node> docs = YAML::LoadAllFromFile(path);
-    if (docs.size() > 1) {  // LoadFile would read the first and drop the rest unseen
-      return Status::InvalidArgument("config " + path + " holds " + std::to_string(docs.size()) +
+    std::ifstream file(path);
+    std::stringstream text;
+    text << file.rdbuf();
+    if (!file) return Status::InvalidArgument("config " + path + " cannot be read");
+    Result<size_t> docs = CountYamlDocuments(path, text.str());
+    if (!docs.ok()) return docs.status();
+    if (*docs > 1) {  // Load would read the first and drop the rest unseen
+      return Status::InvalidArgument("config " + path + " holds " + std::to_string(*docs) +
                                      " YAML documents (---); kvtierd reads one");
     }
-    if (!docs.empty()) root = docs[0];
+    root = YAML::Load(text.str());
   } catch (const YAML::Exception& e) {
     return Status::InvalidArgument("config " + path + ": " + e.what());
   }

@@ -5,6 +5,7 @@
 
 #include "kvtier/proto/convert.h"
 #include "kvtier/proto/status_mapping.h"
+#include "kvtier/proto/transport_args.h"
 
 namespace kvtier {
 namespace {
@@ -28,8 +29,15 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionHello, v1
       return;
     }
     if (session_id_ == 0) {
+      if (hello_.client_name().size() > CacheCore::kMaxClientNameBytes) {
+        Finish(ToGrpcStatus(Status::InvalidArgument(
+            "client_name is " + std::to_string(hello_.client_name().size()) +
+            " bytes, more than " + std::to_string(CacheCore::kMaxClientNameBytes))));
+        return;
+      }
       session_id_ = core_.OpenSession(hello_.client_name(), hello_.pid());
       opened_.set_session_id(session_id_);
+      opened_.set_session_token(core_.SessionToken(session_id_));
       opened_.set_epoch(core_.epoch());
       opened_.set_arena_bytes(core_.arena().bytes());
       opened_.set_lease_ttl_ms(static_cast<uint64_t>(core_.options().lease_ttl.count()));
@@ -66,9 +74,18 @@ grpc::ServerBidiReactor<v1::SessionHello, v1::SessionOpened>* KvCacheService::Se
   return new SessionReactor(core_);
 }
 
+Status KvCacheService::Authorize(grpc::CallbackServerContext* ctx, uint64_t session_id) const {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(kSessionTokenKey);
+  const std::string_view token =
+      it == md.end() ? std::string_view() : std::string_view(it->second.data(), it->second.size());
+  return core_.CheckSessionToken(session_id, token);
+}
+
 grpc::ServerUnaryReactor* KvCacheService::OpenNamespace(grpc::CallbackServerContext* ctx,
                                                         const v1::OpenNamespaceRequest* req,
                                                         v1::OpenNamespaceResponse* resp) {
+  if (Status st = Authorize(ctx, req->session_id()); !st.ok()) return Done(ctx, st);
   return Done(ctx, core_.OpenNamespace(*req, resp));
 }
 
@@ -78,6 +95,7 @@ grpc::ServerUnaryReactor* KvCacheService::OpenNamespace(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ctx,
                                                  const v1::LookupRequest* req,
                                                  v1::LookupResponse* resp) {
+  if (Status st = Authorize(ctx, req->session_id()); !st.ok()) return Done(ctx, st);
   auto* reactor = ctx->DefaultReactor();
   core_.Lookup(*req, resp, [this, ctx, reactor, req, resp](Status st) {
     if (st.ok() && resp->lease_id() != 0 && ctx->IsCancelled()) {
@@ -94,18 +112,21 @@ grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* KvCacheService::Prefetch(grpc::CallbackServerContext* ctx,
                                                    const v1::PrefetchRequest* req,
                                                    v1::PrefetchResponse* resp) {
+  if (Status st = Authorize(ctx, req->session_id()); !st.ok()) return Done(ctx, st);
   return Done(ctx, core_.Prefetch(*req, resp));
 }
 
 grpc::ServerUnaryReactor* KvCacheService::PrefetchStatus(grpc::CallbackServerContext* ctx,
                                                          const v1::PrefetchStatusRequest* req,
                                                          v1::PrefetchStatusResponse* resp) {
+  if (Status st = Authorize(ctx, req->session_id()); !st.ok()) return Done(ctx, st);
   return Done(ctx, core_.PrefetchStatus(*req, resp));
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ReserveWrite(grpc::CallbackServerContext* ctx,
                                                        const v1::ReserveWriteRequest* req,
                                                        v1::ReserveWriteResponse* resp) {
+  if (Status st = Authorize(ctx, req->session_id()); !st.ok()) return Done(ctx, st);
   Status st = core_.ReserveWrite(*req, resp);
   if (st.ok() && resp->reservation_id() != 0 && ctx->IsCancelled()) {
     v1::AbortWriteRequest abort;
@@ -119,18 +140,21 @@ grpc::ServerUnaryReactor* KvCacheService::ReserveWrite(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* KvCacheService::CommitWrite(grpc::CallbackServerContext* ctx,
                                                       const v1::CommitWriteRequest* req,
                                                       v1::CommitWriteResponse* resp) {
+  if (Status st = Authorize(ctx, req->session_id()); !st.ok()) return Done(ctx, st);
   return Done(ctx, core_.CommitWrite(*req, resp));
 }
 
 grpc::ServerUnaryReactor* KvCacheService::AbortWrite(grpc::CallbackServerContext* ctx,
                                                      const v1::AbortWriteRequest* req,
                                                      v1::AbortWriteResponse* /*resp*/) {
+  if (Status st = Authorize(ctx, req->session_id()); !st.ok()) return Done(ctx, st);
   return Done(ctx, core_.AbortWrite(*req));
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ReleaseRead(grpc::CallbackServerContext* ctx,
                                                       const v1::ReleaseReadRequest* req,
                                                       v1::ReleaseReadResponse* /*resp*/) {
+  if (Status st = Authorize(ctx, req->session_id()); !st.ok()) return Done(ctx, st);
   return Done(ctx, core_.ReleaseRead(*req));
 }
 

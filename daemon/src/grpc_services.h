@@ -40,6 +40,9 @@ class KvCacheService final : public v1::KvCache::CallbackService {
                                            v1::PrefetchStatusResponse* resp) override;
 
  private:
+  // The call's kvtier-session-token metadata against `session_id`'s token.
+  Status Authorize(grpc::CallbackServerContext* ctx, uint64_t session_id) const;
+
   CacheCore& core_;
 };
 

@@ -182,24 +182,30 @@ TEST_F(ClientTest, ReserveAndAcquireHoldTheirSlotsAcrossCalls) {
   EXPECT_EQ(Stats()["active_reservations"], 0) << "the destructor aborts";
   EXPECT_EQ(client->Lookup(ns, tokens)->num_chunks, 0u);
 
+  // Chunk 0 was never stored: its children are dropped at once, never
+  // orphans, and no slot is taken for them.
+  auto orphans = client->Reserve(ns, tokens, /*first_chunk=*/1);
+  ASSERT_TRUE(orphans.ok());
+  EXPECT_EQ(orphans->size(), 0u);
+  EXPECT_EQ(orphans->dropped_chunks, 2u);
+  EXPECT_EQ(Stats()["active_reservations"], 0);
+
   // Written chunk by chunk, visible only at Commit.
-  auto r = client->Reserve(ns, tokens, /*first_chunk=*/1);
+  auto r = client->Reserve(ns, tokens);
   ASSERT_TRUE(r.ok());
-  ASSERT_EQ(r->size(), 2u);
-  EXPECT_EQ(r->chunk_index(0), 1u);
-  EXPECT_EQ(r->chunk_index(1), 2u);
+  ASSERT_EQ(r->size(), 3u);
+  EXPECT_EQ(r->chunk_index(1), 1u);
+  EXPECT_EQ(r->chunk_index(2), 2u);
   for (size_t k = 0; k < r->size(); ++k) {
     std::memcpy(r->payload(k).data(), source.data() + r->chunk_index(k) * pb, pb);
   }
   EXPECT_EQ(client->Lookup(ns, tokens)->num_chunks, 0u) << "nothing visible before Commit";
   auto committed = r->Commit();
   ASSERT_TRUE(committed.ok());
-  // Chunk 0 was never stored: its children are dropped, never orphans.
-  EXPECT_EQ(committed->stored_chunks, 0u);
-  EXPECT_EQ(committed->dropped_chunks, 2u);
+  EXPECT_EQ(committed->stored_chunks, 3u);
   EXPECT_EQ(r->Commit().status().code(), StatusCode::kFailedPrecondition);
-
-  ASSERT_EQ(client->Store(ns, tokens, std::span<const std::byte>(source))->stored_chunks, 3u);
+  EXPECT_EQ(client->Store(ns, tokens, std::span<const std::byte>(source))->already_stored_chunks,
+            3u);
   auto lease = client->Acquire(ns, tokens);
   ASSERT_TRUE(lease.ok());
   ASSERT_TRUE(lease->fail_open.ok()) << lease->fail_open.ToString();

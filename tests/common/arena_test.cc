@@ -3,12 +3,15 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -96,6 +99,31 @@ TEST(Arena, MapRejectsMoreBytesThanTheFdHoldsAndClosesIt) {
   EXPECT_FALSE(FdIsOpen(fd)) << "Map takes ownership of the fd even on error";
   auto zero = Arena::Map(dup(a->fd()), 0, 1);
   EXPECT_EQ(zero.status().code(), StatusCode::kInvalidArgument);
+}
+
+// Issue 10, item 11: a client mapped any fd the arena socket sent. One that
+// can shrink under the mapping (an unsealed memfd, a plain file) turns the
+// client's reads into SIGBUS.
+TEST(Arena, MapRefusesAnFdThatCanShrinkUnderTheMapping) {
+  const int unsealed = memfd_create("not-sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(ftruncate(unsealed, 64 * kKiB), 0);
+  auto r = Arena::Map(unsealed, 64 * kKiB, 1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("not sealed against shrinking"), std::string::npos)
+      << r.status().ToString();
+  EXPECT_FALSE(FdIsOpen(unsealed));
+
+  char path[] = "/tmp/kvtier-arena-file-XXXXXX";
+  const int file = mkstemp(path);
+  ASSERT_GE(file, 0);
+  unlink(path);
+  ASSERT_EQ(ftruncate(file, 64 * kKiB), 0);
+  auto f = Arena::Map(file, 64 * kKiB, 1);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("not a sealable memfd"), std::string::npos)
+      << f.status().ToString();
 }
 
 TEST(Arena, MapOfAClosedFdIsIoError) {
@@ -193,6 +221,50 @@ TEST_F(ArenaSocketTest, SendAndReceiveRoundTripTheFdAndAnnouncement) {
   EXPECT_EQ(std::memcmp((*mapped)->base() + 100, "shared", 6), 0);
   (*mapped)->base()[200] = std::byte{9};
   EXPECT_EQ(arena->base()[200], std::byte{9});
+}
+
+// Issue 10, item 11: a client took an arena from whoever listened on the
+// arena socket. A listener of another uid (not root, not the owner of the
+// socket's directory) is refused before anything is received. Needs root, to
+// listen as another user.
+TEST_F(ArenaSocketTest, AnArenaFromADaemonOfAnotherUidIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to listen as another uid";
+  ASSERT_EQ(chmod(dir_.c_str(), 0777), 0);  // root owns it; nobody may bind in it
+  auto arena = MustCreate(4096);
+  ASSERT_NE(arena, nullptr);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // listens as nobody and hands out a real, sealed arena
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 4) != 0) {
+      _exit(3);
+    }
+    (void)!write(ready[1], "r", 1);
+    const int conn = accept(fd, nullptr, nullptr);
+    ArenaAnnouncement msg;
+    msg.epoch = 1;
+    msg.arena_bytes = 4096;
+    if (conn >= 0) (void)SendArenaFd(conn, msg, arena->fd());
+    _exit(0);
+  }
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1) << "the listener as nobody did not start";
+  auto got = ReceiveArenaFd(path_, 2000);
+  int status = 0;
+  kill(child, SIGKILL);
+  waitpid(child, &status, 0);
+  close(ready[0]);
+  close(ready[1]);
+  ASSERT_FALSE(got.ok()) << "an arena from uid 65534 was accepted";
+  EXPECT_EQ(got.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(got.status().message().find("runs as uid 65534"), std::string::npos)
+      << got.status().ToString();
 }
 
 TEST_F(ArenaSocketTest, SendOnASocketpairDeliversTheFd) {

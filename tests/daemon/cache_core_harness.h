@@ -200,6 +200,7 @@ class CacheCoreDriver {
     req.set_tokens(PackTokens(tokens));
     req.set_acquire(acquire);
     req.set_hbm(hbm);
+    req.set_request_id(request_id);
     v1::LookupResponse resp;
     const Status st = core_->Lookup(req, &resp);
     EXPECT_TRUE(st.ok()) << st.ToString();
@@ -217,6 +218,7 @@ class CacheCoreDriver {
     req.set_deadline_ms(deadline_ms);
     req.set_max_chunks(max_chunks);
     req.set_to_hbm(to_hbm);
+    req.set_request_id(request_id);
     return core_->Prefetch(req, resp);
   }
 
@@ -251,6 +253,7 @@ class CacheCoreDriver {
     req.set_tokens(PackTokens(tokens));
     req.set_acquire(true);
     req.set_prefetch_ticket(ticket);
+    req.set_request_id(request_id);
     v1::LookupResponse resp;
     const Status st = core_->Lookup(req, &resp);
     if (status != nullptr) {
@@ -290,6 +293,7 @@ class CacheCoreDriver {
   }
 
   static constexpr uint64_t kEpoch = 0x5EED;
+  std::string request_id;  // set on every Lookup and Prefetch: the engine request they belong to
   ManualClock clock_;
   std::unique_ptr<CacheCore> core_;
   std::unique_ptr<Arena> client_arena_;

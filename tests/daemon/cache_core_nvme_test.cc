@@ -234,25 +234,6 @@ TEST_F(CacheCoreNvmeTest, SelectivePolicyWritesAChunkOnlyAfterItsSecondHit) {
   EXPECT_EQ(s.active_leases(), 0u);
 }
 
-// Stores `a` (3 chunks) and then a 6-chunk prompt into a DRAM of 6 slots
-// (tickets may hold 3), with write-through drained: `a` is on NVMe only.
-class CacheCorePrefetchTest : public CacheCoreNvmeTest {
- protected:
-  void SetUp() override {
-    StartWithNvme(/*dram_slots=*/6, /*good_writes=*/1000);
-    ASSERT_EQ(Store(a_), 3u);
-    Drain();
-    ASSERT_EQ(Store(Tokens(24, 500)), 6u);
-    Drain();
-    ASSERT_EQ(Lookup(a_, false).nvme_chunks(), 3u);
-  }
-  void Drain() {
-    while (core_->WriteThroughOnce() > 0) {
-    }
-  }
-  const std::vector<int32_t> a_ = Tokens(12);
-};
-
 TEST_F(CacheCorePrefetchTest, PrefetchPromotesThePrefixAndALookupTakesItOver) {
   v1::PrefetchResponse p;
   ASSERT_TRUE(Prefetch(a_, &p).ok());

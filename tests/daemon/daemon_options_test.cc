@@ -157,6 +157,18 @@ TEST_F(DaemonOptionsTest, AConfigOfSeveralYamlDocumentsIsRefused) {
   EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), "2 YAML documents"));
 }
 
+// Found by fuzz_config: yaml-cpp 0.7's LoadAll never returns on a stray ',' (each call yields
+// another empty document without reading on; jbeder/yaml-cpp#1040), so kvtierd grew its
+// memory until the kernel killed it. Such a config is refused, naming it.
+TEST_F(DaemonOptionsTest, AConfigYamlCppCannotReadToItsEndIsRefused) {
+  for (const char* text : {",", "&&,", "dram_bytes: 64MiB\n...\n,\n"}) {
+    const std::string cfg = WriteConfig(text);
+    const std::string error = ErrorOf({"--config", cfg});
+    EXPECT_TRUE(Names(error, cfg)) << text << ": " << error;
+    EXPECT_TRUE(Names(error, "line")) << text << ": " << error;
+  }
+}
+
 TEST_F(DaemonOptionsTest, UnknownFlagIsNamed) {
   EXPECT_TRUE(Names(ErrorOf({"--dram-size", "1GiB"}), "--dram-size"));
 }

@@ -115,21 +115,8 @@ TEST_F(DaemonTest, KilledClientsLeasesAndReservationsEndWithItsSessionNotItsTtl)
   ASSERT_EQ(daemon.Start(), "");
 
   ChildProcess holder;
-  std::string err;
-  ASSERT_TRUE(holder.Spawn({BinPath("kvtier_test_client"), "hold", "--socket", socket_},
-                           dir_.Sub("hold.out"), dir_.Sub("hold.err"), &err))
-      << err;
-  json held;
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        held = JsonAfterMarker(ReadFileOrEmpty(dir_.Sub("hold.out")), "HOLDING");
-        return !held.is_discarded() || !holder.running();
-      },
-      30s))
-      << "no HOLDING line within 30 s";
-  ASSERT_FALSE(held.is_discarded()) << "holder exited: "
-                                    << holder.last_exit().value_or(ExitInfo{}).ToString()
-                                    << "\nstderr:\n" << ReadFileOrEmpty(dir_.Sub("hold.err"));
+  const json held = SpawnHolder(holder);
+  ASSERT_FALSE(held.is_discarded());
   const uint64_t slot = held["slot_bytes"].get<uint64_t>();
   const uint64_t stored = held["stored_chunks"].get<uint64_t>();
   const uint64_t reserved = held["reserved_chunks"].get<uint64_t>();

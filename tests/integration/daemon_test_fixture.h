@@ -98,6 +98,30 @@ class DaemonTest : public ::testing::Test {
     return j;
   }
 
+  // Spawns `kvtier_test_client hold` as `holder` and waits up to 30 s for its
+  // HOLDING line (a lease and a reservation it never gives back); fails the
+  // test (returning a discarded value) when none comes.
+  json SpawnHolder(ChildProcess& holder) {
+    std::string err;
+    if (!holder.Spawn({BinPath("kvtier_test_client"), "hold", "--socket", socket_},
+                      dir_.Sub("hold.out"), dir_.Sub("hold.err"), &err)) {
+      ADD_FAILURE() << err;
+      return json(json::value_t::discarded);
+    }
+    json held(json::value_t::discarded);
+    WaitFor(
+        [&] {
+          held = JsonAfterMarker(ReadFileOrEmpty(dir_.Sub("hold.out")), "HOLDING");
+          return !held.is_discarded() || !holder.running();
+        },
+        30s);
+    EXPECT_FALSE(held.is_discarded())
+        << "no HOLDING line within 30 s; holder: "
+        << holder.last_exit().value_or(ExitInfo{}).ToString() << "\nstderr:\n"
+        << ReadFileOrEmpty(dir_.Sub("hold.err"));
+    return held;
+  }
+
   void TearDown() override {
     if (HasFailure()) {
       std::fprintf(stderr, "--- kvtierd log (%s) ---\n%s\n", dir_.Sub("kvtierd.log").c_str(),

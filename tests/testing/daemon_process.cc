@@ -20,6 +20,8 @@
 #include <sstream>
 #include <thread>
 
+#include <gtest/gtest.h>
+
 namespace kvtier::testing {
 namespace {
 
@@ -84,7 +86,47 @@ std::string ReadFd(int fd) {
   return s;
 }
 
+// Text of the file at `path` from byte `offset` on ("" when it cannot be read).
+std::string ReadFileFrom(const std::string& path, uintmax_t offset) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in || !in.seekg(static_cast<std::streamoff>(offset))) return "";
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void FailOnSanitizerReport(const std::string& program, const ExitInfo& exit,
+                           const std::string& where, std::string_view text) {
+  const std::string report = SanitizerReport(text);
+  if (report.empty()) return;
+  ADD_FAILURE() << program << " (" << exit.ToString() << ") wrote a sanitizer report to "
+                << where << ":\n"
+                << report;
+}
+
 }  // namespace
+
+std::string SanitizerReport(std::string_view text) {
+  constexpr size_t kMaxReportBytes = 16 * 1024;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view line = text.substr(pos, end - pos);
+    // TSan reports start with WARNING; ASan's WARNINGs (e.g. a failed huge allocation with
+    // allocator_may_return_null=1) are not reports.
+    const bool sanitizer_line =
+        line.find("Sanitizer") != std::string_view::npos &&
+        (line.find("ERROR:") != std::string_view::npos ||
+         line.find("SUMMARY:") != std::string_view::npos ||
+         line.find("WARNING: ThreadSanitizer") != std::string_view::npos);
+    if (sanitizer_line || line.find(": runtime error: ") != std::string_view::npos) {
+      return std::string(text.substr(pos, kMaxReportBytes));
+    }
+    pos = end + 1;
+  }
+  return "";
+}
 
 std::string BinDir() {
   if (const char* d = std::getenv("KVTIER_BIN_DIR"); d != nullptr && d[0] != '\0') return d;
@@ -168,6 +210,7 @@ CommandResult RunCommand(const std::vector<std::string>& argv, std::chrono::mill
   r.err = ReadFd(err_fd);
   close(out_fd);
   close(err_fd);
+  FailOnSanitizerReport(argv.empty() ? "?" : argv[0], r.exit, "stderr", r.err);
   return r;
 }
 
@@ -192,6 +235,10 @@ bool ChildProcess::Spawn(const std::vector<std::string>& argv, const std::string
     if (err_fd >= 0 && err_fd != out_fd) close(err_fd);
     return false;
   }
+  struct stat err_stat;
+  stderr_offset_ = fstat(err_fd, &err_stat) == 0 ? static_cast<uintmax_t>(err_stat.st_size) : 0;
+  stderr_path_ = stderr_path;
+  program_ = argv.empty() ? "?" : argv[0];
   const pid_t pid = ForkExec(argv, out_fd, err_fd, cwd);
   close(out_fd);
   if (err_fd != out_fd) close(err_fd);
@@ -209,11 +256,17 @@ bool ChildProcess::running() {
   int status = 0;
   const pid_t w = waitpid(pid_, &status, WNOHANG);
   if (w == pid_) {
-    last_exit_ = FromWaitStatus(status);
-    pid_ = -1;
+    Reaped(status);
     return false;
   }
   return true;
+}
+
+void ChildProcess::Reaped(int wait_status) {
+  last_exit_ = FromWaitStatus(wait_status);
+  pid_ = -1;
+  FailOnSanitizerReport(program_, *last_exit_, stderr_path_,
+                        ReadFileFrom(stderr_path_, stderr_offset_));
 }
 
 bool ChildProcess::Signal(int sig) {
@@ -242,8 +295,7 @@ ExitInfo ChildProcess::Kill() {
   int status = 0;
   while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
-  last_exit_ = FromWaitStatus(status);
-  pid_ = -1;
+  Reaped(status);
   return *last_exit_;
 }
 

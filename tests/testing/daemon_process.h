@@ -14,6 +14,12 @@
 // Children are started with fork+exec and PR_SET_PDEATHSIG(SIGKILL), so they
 // also die when the test process itself is killed (e.g. by a ctest timeout).
 //
+// Sanitizer builds (make test-asan / test-tsan): a sanitizer report (ASan,
+// LSan, UBSan, TSan) in what a child wrote to stderr fails the current test
+// (ADD_FAILURE, with the report), whether or not the test looks at the child's
+// exit: RunCommand checks its stderr, ChildProcess (so DaemonProcess) what the
+// child appended to its stderr file, each time it reaps the child.
+//
 // Binaries are found in $KVTIER_BIN_DIR (set by tests/CMakeLists.txt), else
 // next to the test executable.
 //
@@ -23,9 +29,11 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kvtier::testing {
@@ -34,6 +42,11 @@ namespace kvtier::testing {
 std::string BinDir();
 // BinDir() + "/" + name.
 std::string BinPath(const std::string& name);
+
+// The first sanitizer report in `text` (from its first line with a sanitizer's
+// ERROR or SUMMARY, a ThreadSanitizer WARNING, or a UBSan "runtime error:"), at
+// most 16 KiB of it; "" when there is none.
+std::string SanitizerReport(std::string_view text);
 
 // Whole contents of the file at `path` ("" when it cannot be read).
 std::string ReadFileOrEmpty(const std::string& path);
@@ -115,8 +128,14 @@ class ChildProcess {
   const std::optional<ExitInfo>& last_exit() const { return last_exit_; }
 
  private:
+  // Records how the reaped child ended and checks its new stderr for a sanitizer report.
+  void Reaped(int wait_status);
+
   pid_t pid_ = -1;
   std::optional<ExitInfo> last_exit_;
+  std::string program_;         // argv[0] of the running child
+  std::string stderr_path_;     // its stderr file
+  uintmax_t stderr_offset_ = 0; // that file's size when the child started
 };
 
 class DaemonProcess {

@@ -28,6 +28,7 @@
 
 #include "kvtier/client.h"
 #include "kvtier/proto/convert.h"
+#include "kvtier/proto/transport_args.h"
 #include "kvtier/tools/model_presets.h"
 #include "kvtier/tools/synthetic_kv.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
@@ -220,6 +221,7 @@ int Hold(const Common& c) {
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline());
+    ctx.AddMetadata(kvtier::kSessionTokenKey, opened.session_token());
     if (auto st = stub->OpenNamespace(&ctx, onr, &ons); !st.ok()) return fail("OpenNamespace", st);
   }
   const kvtier::NamespaceId ns_id = spec->Digest();
@@ -234,6 +236,7 @@ int Hold(const Common& c) {
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline());
+    ctx.AddMetadata(kvtier::kSessionTokenKey, opened.session_token());
     if (auto st = stub->Lookup(&ctx, lr, &lresp); !st.ok()) return fail("Lookup", st);
   }
   if (lresp.lease_id() == 0 || lresp.num_chunks() == 0) {
@@ -256,6 +259,7 @@ int Hold(const Common& c) {
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline());
+    ctx.AddMetadata(kvtier::kSessionTokenKey, opened.session_token());
     if (auto st = stub->ReserveWrite(&ctx, rw, &rresp); !st.ok()) return fail("ReserveWrite", st);
   }
   if (rresp.reservation_id() == 0 || rresp.chunks_size() == 0) {

@@ -326,5 +326,60 @@ TEST_F(NvmeTierTest, LostIndexIsRebuiltFromSlotHeaders) {
   }
 }
 
+// Found by fuzz_rebuild_index: a chunk whose parent chain never reaches its namespace (it is
+// its own parent, or two chunks are each other's) can never be looked up, and it never
+// leaves: each counts as its parent's resident child, so leaf-first eviction skips it.
+TEST_F(NvmeTierTest, RecordsInAParentCycleAreDroppedAtStart) {
+  const NamespaceId ns = spec_.Digest();
+  const ChunkKey a{1, 1}, b{2, 2}, c{3, 3}, root{4, 4};
+  const uint64_t slot = layout_.slot_bytes;
+  {
+    auto index = NvmeIndex::Open((dir_ / "index").string());
+    ASSERT_TRUE(index.ok()) << index.status().ToString();
+    const std::vector<NvmeRecord> records = {
+        {a, a, ns, 0, 0, slot, 1, 0, 0},         // its own parent
+        {b, c, ns, 0, slot, slot, 2, 0, 0},      // b and c: each other's parent
+        {c, b, ns, 0, 2 * slot, slot, 3, 0, 0},
+        {root, ns, ns, 0, 3 * slot, slot, 4, 0, 0},  // a first chunk: kept
+    };
+    ASSERT_TRUE((*index)->Put(records).ok());
+  }
+  auto tier = OpenTier(1 << 20);
+  ASSERT_TRUE(tier);
+  EXPECT_EQ(tier->counters().dropped_at_start, 3u);
+  EXPECT_EQ(tier->counters().chunks, 1u);
+  EXPECT_EQ(tier->counters().used_bytes, slot);
+  EXPECT_FALSE(tier->Contains(a));
+  EXPECT_FALSE(tier->Contains(b));
+  EXPECT_FALSE(tier->Contains(c));
+  EXPECT_TRUE(tier->Contains(root));
+}
+
+// Found by fuzz_nvme_index: a record at an offset or of a size that is not a multiple of
+// 4 KiB was kept at start; its slot could never be read (O_DIRECT), and the free extents
+// around it were misaligned, so every write the allocator placed there failed.
+TEST_F(NvmeTierTest, MisalignedRecordsAreDroppedAtStart) {
+  const NamespaceId ns = spec_.Digest();
+  {
+    auto index = NvmeIndex::Open((dir_ / "index").string());
+    ASSERT_TRUE(index.ok()) << index.status().ToString();
+    const std::vector<NvmeRecord> records = {
+        {{1, 1}, ns, ns, 0, 100, layout_.slot_bytes, 1, 0, 0},        // offset not aligned
+        {{2, 2}, ns, ns, 0, 65536, layout_.slot_bytes + 1, 2, 0, 0},  // size not aligned
+    };
+    ASSERT_TRUE((*index)->Put(records).ok());
+  }
+  auto tier = OpenTier(1 << 20);
+  ASSERT_TRUE(tier);
+  EXPECT_EQ(tier->counters().dropped_at_start, 2u);
+  EXPECT_EQ(tier->counters().chunks, 0u);
+  Chain c(spec_, 5, 8);
+  auto n = tier->Write(c.Images());
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, 8u);
+  AlignedBuf buf(layout_.slot_bytes);
+  for (size_t i = 0; i < 8; ++i) EXPECT_TRUE(tier->Read(c.Id(i), layout_, buf.span()).ok()) << i;
+}
+
 }  // namespace
 }  // namespace kvtier

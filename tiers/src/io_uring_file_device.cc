@@ -280,6 +280,14 @@ Status IoUringFileDevice::SubmitStreamingImpl(std::span<const IoRequest> batch,
     return options_.submit_and_wait ? options_.submit_and_wait(ring, wait_nr)
                                     : io_uring_submit_and_wait(ring, wait_nr);
   };
+  // No-ops an earlier batch's submit error left queued (see abandon below) go
+  // first, so that they take no room from this batch; their completions are
+  // skipped like any kNopTag one.
+  if (io_uring_sq_ready(ring) > 0) {
+    if (const int ret = submit(0); ret < 0) {
+      return Status::FromErrno(-ret, "io_uring_submit_and_wait (an earlier batch's no-ops)");
+    }
+  }
   // A submit error must not return with I/O in flight: the kernel would still
   // read into or write from buffers the caller has freed, and the completions
   // would land in the next batch. Requests the kernel never took become no-ops

@@ -40,20 +40,6 @@ T Get(const char*& p) {
   return v;
 }
 
-std::string EncodeRecord(const NvmeRecord& r) {
-  std::string v;
-  v.reserve(kRecordBytes);
-  v.push_back(static_cast<char>(kRecordVersion));
-  v += r.parent.ToBytes();
-  v += r.ns.ToBytes();
-  Put(v, r.device);
-  Put(v, r.offset);
-  Put(v, r.slot_bytes);
-  Put(v, r.sequence);
-  Put(v, r.payload_checksum);
-  return v;
-}
-
 Status ToStatus(const rocksdb::Status& s, const std::string& what) {
   if (s.ok()) return Status::Ok();
   if (s.IsCorruption()) {
@@ -104,6 +90,41 @@ constexpr char kProbeKey[] = "probe";
 constexpr char kFreeSpaceHint[] = ": if its disk is full, free space there or start with --nvme-bytes 0";  // sorts after the 'a' and 'c' prefixes ForEach reads
 
 }  // namespace
+
+std::pair<std::string, std::string> NvmeIndex::EncodeRecord(const NvmeRecord& r) {
+  std::string v;
+  v.reserve(kRecordBytes);
+  v.push_back(static_cast<char>(kRecordVersion));
+  v += r.parent.ToBytes();
+  v += r.ns.ToBytes();
+  kvtier::Put(v, r.device);
+  kvtier::Put(v, r.offset);
+  kvtier::Put(v, r.slot_bytes);
+  kvtier::Put(v, r.sequence);
+  kvtier::Put(v, r.payload_checksum);
+  return {DbKey(kRecordPrefix, r.key), std::move(v)};
+}
+
+Result<NvmeRecord> NvmeIndex::DecodeRecord(std::string_view k, std::string_view v) {
+  if (k.size() != 1 + ChunkKey::kBytes || k[0] != kRecordPrefix || v.size() != kRecordBytes ||
+      static_cast<uint8_t>(v[0]) != kRecordVersion) {
+    return Status::DataLoss("malformed record (key " + std::to_string(k.size()) +
+                            " bytes, value " + std::to_string(v.size()) + " bytes)");
+  }
+  NvmeRecord r;
+  r.key = ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(k.data() + 1));
+  const char* p = v.data() + 1;
+  r.parent = ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(p));
+  p += 16;
+  r.ns = ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(p));
+  p += 16;
+  r.device = Get<uint32_t>(p);
+  r.offset = Get<uint64_t>(p);
+  r.slot_bytes = Get<uint64_t>(p);
+  r.sequence = Get<uint64_t>(p);
+  r.payload_checksum = Get<uint64_t>(p);
+  return r;
+}
 
 NvmeIndex::NvmeIndex(std::unique_ptr<rocksdb::DB> db, std::string dir)
     : db_(std::move(db)), dir_(std::move(dir)) {}
@@ -179,7 +200,8 @@ Result<std::unique_ptr<NvmeIndex>> NvmeIndex::Open(const std::string& dir, rocks
 Status NvmeIndex::Put(std::span<const NvmeRecord> records) {
   rocksdb::WriteBatch batch;
   for (const NvmeRecord& r : records) {
-    batch.Put(DbKey(kRecordPrefix, r.key), EncodeRecord(r));
+    const auto [key, value] = EncodeRecord(r);
+    batch.Put(key, value);
     if (r.last_access_ms != 0) {
       std::string t;
       kvtier::Put(t, r.last_access_ms);
@@ -225,25 +247,11 @@ Status NvmeIndex::ForEach(const std::function<void(const NvmeRecord&)>& fn) cons
   for (it->Seek(std::string(1, kRecordPrefix)); it->Valid(); it->Next()) {
     const rocksdb::Slice k = it->key();
     if (k.size() == 0 || k[0] != kRecordPrefix) break;
-    const rocksdb::Slice v = it->value();
-    if (k.size() != 1 + ChunkKey::kBytes || v.size() != kRecordBytes ||
-        static_cast<uint8_t>(v[0]) != kRecordVersion) {
-      return Status::DataLoss("NVMe index " + dir_ + ": malformed record (key " +
-                              std::to_string(k.size()) + " bytes, value " +
-                              std::to_string(v.size()) + " bytes)");
+    Result<NvmeRecord> decoded = DecodeRecord(k.ToStringView(), it->value().ToStringView());
+    if (!decoded.ok()) {
+      return Status::DataLoss("NVMe index " + dir_ + ": " + decoded.status().message());
     }
-    NvmeRecord r;
-    r.key = ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(k.data() + 1));
-    const char* p = v.data() + 1;
-    r.parent = ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(p));
-    p += 16;
-    r.ns = ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(p));
-    p += 16;
-    r.device = Get<uint32_t>(p);
-    r.offset = Get<uint64_t>(p);
-    r.slot_bytes = Get<uint64_t>(p);
-    r.sequence = Get<uint64_t>(p);
-    r.payload_checksum = Get<uint64_t>(p);
+    NvmeRecord& r = *decoded;
     if (auto a = access.find(r.key); a != access.end()) r.last_access_ms = a->second;
     fn(r);
   }

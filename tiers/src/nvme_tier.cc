@@ -68,8 +68,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Create(
   return tier;
 }
 
-Result<size_t> NvmeTier::RebuildIndexFromSlots(std::span<BlockDevice* const> devices,
-                                               NvmeIndex& index) {
+Result<std::vector<NvmeRecord>> NvmeTier::ScanSlots(std::span<BlockDevice* const> devices) {
   constexpr uint64_t kScanBytes = uint64_t{4} << 20;  // read 4 MiB at a time
   std::unique_ptr<std::byte, decltype(&std::free)> buf(
       static_cast<std::byte*>(std::aligned_alloc(kBlockBytes, kScanBytes)), &std::free);
@@ -133,6 +132,14 @@ Result<size_t> NvmeTier::RebuildIndexFromSlots(std::span<BlockDevice* const> dev
   std::vector<NvmeRecord> records;
   records.reserve(found.size());
   for (auto& [k, r] : found) records.push_back(r);
+  return records;
+}
+
+Result<size_t> NvmeTier::RebuildIndexFromSlots(std::span<BlockDevice* const> devices,
+                                               NvmeIndex& index) {
+  Result<std::vector<NvmeRecord>> scanned = ScanSlots(devices);
+  if (!scanned.ok()) return scanned.status();
+  const std::vector<NvmeRecord>& records = *scanned;
   for (size_t i = 0; i < records.size(); i += 4096) {
     const size_t n = std::min<size_t>(4096, records.size() - i);
     KVTIER_RETURN_IF_ERROR(index.Put(std::span<const NvmeRecord>(records.data() + i, n)));
@@ -160,6 +167,56 @@ Result<size_t> NvmeTier::RebuildIndex(const NvmeTierOptions& options) {
   return RebuildIndexFromSlots(raw, **index);
 }
 
+std::vector<bool> NvmeTier::UsableRecords(std::span<const NvmeRecord> records,
+                                          std::span<const uint64_t> device_bytes) {
+  std::vector<bool> usable(records.size(), false);
+  // Extents in one pass per device: sort the records' ranges by offset. A slot that is not
+  // 4 KiB aligned could never be read (O_DIRECT), and would misalign the free extents.
+  for (uint32_t d = 0; d < device_bytes.size(); ++d) {
+    std::vector<size_t> order;
+    for (size_t i = 0; i < records.size(); ++i) {
+      const NvmeRecord& r = records[i];
+      if (r.device == d && r.offset % kBlockBytes == 0 && r.slot_bytes % kBlockBytes == 0) {
+        order.push_back(i);
+      }
+    }
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return records[a].offset < records[b].offset; });
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    ranges.reserve(order.size());
+    for (size_t i : order) ranges.emplace_back(records[i].offset, records[i].slot_bytes);
+    const std::vector<bool> taken = SlotAllocator(device_bytes[d]).ReserveSorted(ranges);
+    for (size_t k = 0; k < order.size(); ++k) usable[order[k]] = taken[k];
+  }
+  // One record per key (the first), then only those whose parents lead to their namespace:
+  // a walk down from the first chunks leaves out orphans and parent cycles alike (a chunk
+  // that is its own ancestor would never be evicted: it counts as its parent's child).
+  std::unordered_map<ChunkKey, size_t, ChunkKeyHash> by_key;
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (usable[i] && !by_key.emplace(records[i].key, i).second) usable[i] = false;
+  }
+  std::unordered_map<ChunkKey, std::vector<size_t>, ChunkKeyHash> children;
+  std::vector<size_t> reached;
+  for (const auto& [key, i] : by_key) {
+    const NvmeRecord& r = records[i];
+    if (r.parent == r.ns) {
+      reached.push_back(i);
+    } else {
+      children[r.parent].push_back(i);
+    }
+  }
+  std::vector<bool> rooted(records.size(), false);
+  while (!reached.empty()) {  // each record has one parent: reached at most once
+    const size_t i = reached.back();
+    reached.pop_back();
+    rooted[i] = true;
+    if (auto it = children.find(records[i].key); it != children.end()) {
+      for (size_t c : it->second) reached.push_back(c);
+    }
+  }
+  return rooted;
+}
+
 Status NvmeTier::Rebuild() {
   std::vector<NvmeRecord> records;
   KVTIER_RETURN_IF_ERROR(index_->ForEach([&](const NvmeRecord& r) { records.push_back(r); }));
@@ -168,65 +225,41 @@ Status NvmeTier::Rebuild() {
   std::sort(records.begin(), records.end(), [](const NvmeRecord& a, const NvmeRecord& b) {
     return a.last_access_ms < b.last_access_ms;
   });
+  std::vector<uint64_t> device_bytes;
+  for (const auto& d : devices_) device_bytes.push_back(d->bytes());
+  const std::vector<bool> usable = UsableRecords(records, device_bytes);
   std::lock_guard lock(mu_);
   for (const NvmeRecord& r : records) max_sequence_ = std::max(max_sequence_, r.sequence);
-  std::vector<ChunkKey> dropped;
-  // Extents in one pass per device: sort the records' ranges by offset.
-  std::vector<bool> usable(records.size(), false);
   for (uint32_t d = 0; d < devices_.size(); ++d) {
-    std::vector<size_t> order;
-    for (size_t i = 0; i < records.size(); ++i) {
-      if (records[i].device == d) order.push_back(i);
-    }
-    std::sort(order.begin(), order.end(),
-              [&](size_t a, size_t b) { return records[a].offset < records[b].offset; });
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
-    ranges.reserve(order.size());
-    for (size_t i : order) ranges.emplace_back(records[i].offset, records[i].slot_bytes);
-    const std::vector<bool> taken = allocators_[d].ReserveSorted(ranges);
-    for (size_t k = 0; k < order.size(); ++k) usable[order[k]] = taken[k];
+    for (size_t i = 0; i < records.size(); ++i) {
+      if (usable[i] && records[i].device == d) {
+        ranges.emplace_back(records[i].offset, records[i].slot_bytes);
+      }
+    }
+    std::sort(ranges.begin(), ranges.end());
+    allocators_[d].ReserveSorted(ranges);  // disjoint and inside: every one is taken
   }
   chunks_.Reserve(records.size());
+  std::vector<ChunkKey> dropped;
   for (size_t i = 0; i < records.size(); ++i) {
     const NvmeRecord& r = records[i];
-    if (!usable[i] || chunks_.Find(r.key) != ChunkIndex::kNone) {
-      if (usable[i]) allocators_[r.device].Free(r.offset, r.slot_bytes);
+    if (!usable[i]) {
       dropped.push_back(r.key);
       continue;
     }
     IndexLocked(r.key, r.parent, r.ns, {r.device, r.offset}, r.slot_bytes);
     counters_.used_bytes += r.slot_bytes;  // reserved above, not by AllocateLocked
   }
-  // Children counts, then drop every chunk whose prefix is gone (no orphans).
-  std::unordered_map<ChunkKey, std::vector<uint32_t>, ChunkKeyHash> children;
-  std::vector<uint32_t> orphans;
-  for (const NvmeRecord& r : records) {
-    const uint32_t h = chunks_.Find(r.key);
-    if (h == ChunkIndex::kNone || chunks_.Get(h).slot_offset != r.offset) continue;
-    if (r.parent == r.ns) continue;
-    const uint32_t ph = chunks_.Find(r.parent);
-    if (ph == ChunkIndex::kNone) {
-      orphans.push_back(h);
-    } else {
-      ++chunks_.Get(ph).resident_children;
-      children[r.parent].push_back(h);
+  for (size_t i = 0; i < records.size(); ++i) {
+    if (usable[i] && records[i].parent != records[i].ns) {
+      ++chunks_.Get(chunks_.Find(records[i].parent)).resident_children;
     }
-  }
-  while (!orphans.empty()) {
-    const uint32_t h = orphans.back();
-    orphans.pop_back();
-    const ChunkKey key = chunks_.Get(h).key;
-    if (auto it = children.find(key); it != children.end()) {
-      for (uint32_t c : it->second) orphans.push_back(c);
-      chunks_.Get(h).resident_children = 0;  // its children go too
-    }
-    dropped.push_back(key);
-    EraseLocked(h);
   }
   counters_.dropped_at_start = dropped.size();
   if (!dropped.empty()) {
     spdlog::warn("NVMe tier: dropped {} index records that were unusable (outside a device, "
-                 "overlapping, or whose prefix is gone)", dropped.size());
+                 "misaligned, overlapping, or whose prefix is gone)", dropped.size());
     KVTIER_RETURN_IF_ERROR(index_->Delete(dropped));
   }
   return Status::Ok();
@@ -488,8 +521,11 @@ Status NvmeTier::ReadMany(std::span<ReadRequest> requests) {
       requests[i].result = io;
     } else if (!requests[i].result.ok()) {
       ++counters_.corrupt_reads;
-      spdlog::warn("NVMe tier: chunk {} failed verification and is dropped: {}",
-                   requests[i].id.key.ToHex(), requests[i].result.message());
+      if (auto held_back = corrupt_log_.Admit()) {
+        spdlog::warn("NVMe tier: chunk {} failed verification and is dropped: {}{}",
+                     requests[i].id.key.ToHex(), requests[i].result.message(),
+                     HeldBack(*held_back));
+      }
       bad.push_back(requests[i].id.key);
       EraseLocked(h);
     } else {

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <random>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -148,12 +149,17 @@ int main(int argc, char** argv) {
   const uint32_t layers = spec->num_layers;
 
   Totals t;
+  // Request ids unique to this run: several replays may share a daemon.
+  const std::string run_id = "replay-" + std::to_string(getpid()) + "-" +
+                             std::to_string(std::random_device{}()) + "-";
   std::vector<uint64_t> chunk_errors;
   const auto start = Clock::now();
   auto last_progress = start;
   const bool show_progress = !quiet && isatty(STDERR_FILENO);
   for (const auto& req : trace) {
     const std::vector<int32_t> tokens = kvtier::tools::SynthesizePrompt(req.hash_ids, req.input_length);
+    // One engine request: the daemon counts its Prefetch and Load once.
+    const std::string request_id = run_id + std::to_string(t.requests);
     const std::vector<kvtier::ChunkKey> keys = kvtier::Client::ChunkKeys(ns, tokens);
     // Verify in place, inside the lease (no staging buffer: a llama3-8b prompt
     // of the trace holds up to 15 GiB of KV). The verification time is taken
@@ -161,7 +167,7 @@ int main(int argc, char** argv) {
     chunk_errors.assign(keys.size(), 0);
     kvtier::PrefetchTicket ticket;
     if (prefetch != "off") {
-      auto issued = client->Prefetch(ns, tokens, popts);
+      auto issued = client->Prefetch(ns, tokens, popts, request_id);
       if (!issued.ok()) {
         std::fprintf(stderr, "\nkvtier-replay: prefetch: %s\n", issued.status().ToString().c_str());
         return 1;
@@ -178,7 +184,7 @@ int main(int argc, char** argv) {
       chunk_errors[i] = kvtier::tools::CountPayloadErrors(keys[i], layers, payload);
       verify_time += Clock::now() - v0;
       return kvtier::Status::Ok();
-    }, SIZE_MAX, prefetch != "off" ? &ticket : nullptr);
+    }, SIZE_MAX, prefetch != "off" ? &ticket : nullptr, request_id);
     const auto l1 = Clock::now();
     if (!load.ok()) {
       std::fprintf(stderr, "\nkvtier-replay: load: %s\n", load.status().ToString().c_str());
@@ -187,17 +193,23 @@ int main(int argc, char** argv) {
     if (!load->fail_open.ok()) ++t.fail_open;
     t.load_us.push_back(Us(l1 - l0 - verify_time));
     t.lookup_us.push_back(static_cast<double>(load->lookup_time.count()));
+    // Only the verified leading run counts: the engine would use nothing past
+    // a wrong chunk. Promoted NVMe chunks are the trailing ones of the load.
+    uint32_t verified = 0;
+    while (verified < load->num_chunks && chunk_errors[verified] == 0) ++verified;
     for (uint32_t i = 0; i < load->num_chunks; ++i) {
       if (chunk_errors[i] != 0) ++t.verify_errors;
     }
-    t.hit_tokens += load->loaded_tokens;
-    t.nvme_hit_tokens += uint64_t{load->nvme_chunks} * chunk_tokens;
-    t.nvme_bytes_loaded += uint64_t{load->nvme_chunks} * pb;
-    t.prefetch_ready_chunks += load->prefetched_chunks;
-    t.chunks_loaded += load->num_chunks;
-    t.bytes_loaded += uint64_t{load->num_chunks} * pb;
+    const uint32_t dram_chunks = load->num_chunks - load->nvme_chunks;
+    const uint32_t nvme_verified = verified > dram_chunks ? verified - dram_chunks : 0;
+    t.hit_tokens += uint64_t{verified} * chunk_tokens;
+    t.nvme_hit_tokens += uint64_t{nvme_verified} * chunk_tokens;
+    t.nvme_bytes_loaded += uint64_t{nvme_verified} * pb;
+    t.prefetch_ready_chunks += std::min(verified, load->prefetched_chunks);
+    t.chunks_loaded += verified;
+    t.bytes_loaded += uint64_t{verified} * pb;
 
-    if (load->num_chunks < keys.size()) {
+    if (verified < keys.size()) {
       const auto s0 = Clock::now();
       auto store = client->Store(
           ns, tokens,
@@ -205,7 +217,7 @@ int main(int argc, char** argv) {
             kvtier::tools::FillPayload(keys[i], layers, payload);
             return kvtier::Status::Ok();
           },
-          load->num_chunks);
+          verified);
       t.store_us.push_back(Us(Clock::now() - s0));
       if (!store.ok()) {
         std::fprintf(stderr, "\nkvtier-replay: store: %s\n", store.status().ToString().c_str());

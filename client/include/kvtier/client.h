@@ -33,6 +33,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvtier/chunk_key.h"
@@ -51,7 +52,7 @@ struct ClientOptions {
   std::chrono::milliseconds connect_timeout{2000};
   // Least time between two reconnection attempts. Default: 100 ms.
   std::chrono::milliseconds reconnect_interval{100};
-  // Name shown in the daemon's logs. Default: "kvtier-client".
+  // Name shown in the daemon's logs, at most 256 bytes. Default: "kvtier-client".
   std::string client_name = "kvtier-client";
 };
 
@@ -245,7 +246,8 @@ class Client {
   // Connects to the daemon. A daemon that is down is not an error: the client
   // starts disconnected, fails open and keeps trying to reconnect. Errors:
   // INVALID_ARGUMENT for bad options (a deadline that is not positive, a socket
-  // path too long for a Unix socket or that is not a socket).
+  // path too long for a Unix socket or that is not a socket, a client_name
+  // over 256 bytes).
   static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   ~Client();
   Client(const Client&) = delete;
@@ -260,15 +262,24 @@ class Client {
   static std::vector<ChunkKey> ChunkKeys(const NamespaceHandle& ns,
                                          std::span<const int32_t> tokens);
 
+  // `request_id` (Lookup, Prefetch, Load, Acquire): the engine's id of the
+  // request the call serves (at most 256 bytes), the same on the scheduler's
+  // and the workers' calls, so that the daemon's token hit rate counts the
+  // request once and only what was leased (Stats). Optional: a call without
+  // one counts as a request of its own; a Load with a ticket belongs to the
+  // ticket's Prefetch. INVALID_ARGUMENT when longer.
+
   // How many leading tokens of `tokens` are cached (full chunks only).
-  Result<LookupResult> Lookup(const NamespaceHandle& ns, std::span<const int32_t> tokens);
+  Result<LookupResult> Lookup(const NamespaceHandle& ns, std::span<const int32_t> tokens,
+                              std::string_view request_id = {});
 
   // Prefetch on enqueue: call when a request is queued. The daemon starts
   // promoting the NVMe chunks of the cached prefix into DRAM and holds the
   // prefix until the Load that is given the ticket, or options.deadline.
   // Errors: INVALID_ARGUMENT for bad options or a namespace not opened here.
   Result<PrefetchTicket> Prefetch(const NamespaceHandle& ns, std::span<const int32_t> tokens,
-                                  const PrefetchOptions& options = {});
+                                  const PrefetchOptions& options = {},
+                                  std::string_view request_id = {});
   // How far a prefetch got (one RPC).
   PrefetchProgress PrefetchStatus(const PrefetchTicket& ticket);
 
@@ -280,7 +291,8 @@ class Client {
   // policy says, then takes over what it made ready without reading NVMe.
   Result<LoadResult> Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
                           std::span<std::byte> destination,
-                          const PrefetchTicket* ticket = nullptr);
+                          const PrefetchTicket* ticket = nullptr,
+                          std::string_view request_id = {});
   // The same without a staging buffer: calls `reader` for each leased chunk,
   // in order, on its bytes in the shared arena, then releases. At most
   // `max_chunks`. Chunks at index >= LoadResult::num_chunks turned out invalid
@@ -288,7 +300,8 @@ class Client {
   // must discard what it took from them.
   Result<LoadResult> Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
                           const ChunkReader& reader, size_t max_chunks = SIZE_MAX,
-                          const PrefetchTicket* ticket = nullptr);
+                          const PrefetchTicket* ticket = nullptr,
+                          std::string_view request_id = {});
 
   // Leases the cached prefix of `tokens` (at most `max_chunks` chunks) and
   // keeps it until the lease is released: Load without the copy. With
@@ -298,7 +311,8 @@ class Client {
   // the other hit chunks into HBM in the background for later loads.
   Result<ChunkLease> Acquire(const NamespaceHandle& ns, std::span<const int32_t> tokens,
                              size_t max_chunks = SIZE_MAX,
-                             const PrefetchTicket* ticket = nullptr, bool hbm = false);
+                             const PrefetchTicket* ticket = nullptr, bool hbm = false,
+                             std::string_view request_id = {});
   // Reserves slots for the full chunks of `tokens` from `first_chunk` on that
   // are not cached: Store without the writes.
   Result<ChunkReservation> Reserve(const NamespaceHandle& ns, std::span<const int32_t> tokens,

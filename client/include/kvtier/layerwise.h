@@ -132,10 +132,10 @@ class LayerwiseLoader {
   // miss or an unreachable daemon delivers 0 tokens (no error). Errors:
   // INVALID_ARGUMENT (a layout that does not match the namespace or fails
   // validation, a load already started), UNAVAILABLE when the GPU runtime
-  // refuses the copies (nothing leased then).
+  // refuses the copies (nothing leased then). `request_id`: as Client::Acquire.
   Result<uint64_t> StartLoad(std::span<const int32_t> tokens, std::span<const int32_t> block_ids,
                              gpu::Stream& load_stream, const PrefetchTicket* ticket = nullptr,
-                             size_t first_chunk = 0);
+                             size_t first_chunk = 0, std::string_view request_id = {});
 
   // Makes work queued on `compute_stream` from now on wait until layer
   // `layer` is in the cache (a stream wait; no host sync). A layer with

@@ -117,20 +117,26 @@ void BindClient(nb::module_& m) {
           "little-endian), computed locally. len = len(tokens) // chunk_tokens.")
       .def(
           "lookup",
-          [](Client& c, const NamespaceHandle& ns, nb::handle tokens) {
+          [](Client& c, const NamespaceHandle& ns, nb::handle tokens,
+             const std::string& request_id) {
             std::vector<int32_t> t = TokensFrom(tokens);
             nb::gil_scoped_release release;
-            return ValueOrThrow(c.Lookup(ns, t));
+            return ValueOrThrow(c.Lookup(ns, t, request_id));
           },
-          nb::arg("ns"), nb::arg("tokens"),
+          nb::arg("ns"), nb::arg("tokens"), nb::arg("request_id") = "",
           "How many leading tokens of `tokens` are cached (full chunks only). tokens: a list "
-          "of ints, or a 1-D int32/int64 numpy array or torch CPU tensor.\n\n"
-          "Raises InvalidArgument for bad tokens or a namespace not opened by this client.")
+          "of ints, or a 1-D int32/int64 numpy array or torch CPU tensor. request_id (here and "
+          "in prefetch, load, acquire): the engine's id of the request the call serves, at most "
+          "256 bytes, the same on the scheduler's and the workers' calls, so that kvtierd "
+          "counts the request's token hit rate once; '' makes the call a request of its "
+          "own.\n\n"
+          "Raises InvalidArgument for bad tokens, a too long request_id or a namespace not "
+          "opened by this client.")
       .def(
           "prefetch",
           [](Client& c, const NamespaceHandle& ns, nb::handle tokens, const std::string& policy,
              int64_t deadline_ms, int64_t timeout_base_ms, int64_t timeout_per_1k_tokens_ms,
-             bool to_hbm) {
+             bool to_hbm, const std::string& request_id) {
             std::vector<int32_t> t = TokensFrom(tokens);
             PrefetchOptions o;
             o.policy = PrefetchPolicyFrom(policy);
@@ -139,11 +145,12 @@ void BindClient(nb::module_& m) {
             o.timeout_per_1k_tokens = milliseconds(timeout_per_1k_tokens_ms);
             o.to_hbm = to_hbm;
             nb::gil_scoped_release release;
-            return ValueOrThrow(c.Prefetch(ns, t, o));
+            return ValueOrThrow(c.Prefetch(ns, t, o, request_id));
           },
           nb::arg("ns"), nb::arg("tokens"), nb::arg("policy") = "best_effort",
           nb::arg("deadline_ms") = 10000, nb::arg("timeout_base_ms") = 1000,
           nb::arg("timeout_per_1k_tokens_ms") = 250, nb::arg("to_hbm") = false,
+          nb::arg("request_id") = "",
           "Prefetch on enqueue: the daemon promotes the NVMe chunks of the cached prefix into "
           "DRAM and holds the prefix for deadline_ms (1..600000) or until a load given the "
           "ticket. policy (what that load waits for): 'best_effort' (nothing), "
@@ -155,14 +162,15 @@ void BindClient(nb::module_& m) {
       .def(
           "load",
           [](Client& c, const NamespaceHandle& ns, nb::handle tokens, nb::handle out,
-             const PrefetchTicket* ticket) {
+             const PrefetchTicket* ticket, const std::string& request_id) {
             std::vector<int32_t> t = TokensFrom(tokens);
             nb::object holder;
             std::span<std::byte> dst = BytesOf(out, /*writable=*/true, "out", &holder);
             nb::gil_scoped_release release;
-            return ValueOrThrow(c.Load(ns, t, dst, ticket));
+            return ValueOrThrow(c.Load(ns, t, dst, ticket, request_id));
           },
           nb::arg("ns"), nb::arg("tokens"), nb::arg("out"), nb::arg("ticket").none() = nb::none(),
+          nb::arg("request_id") = "",
           "Loads the cached prefix of `tokens` into `out`, a writable C-contiguous CPU buffer "
           "(numpy array, torch CPU tensor, bytearray) of any dtype: chunk i's payload goes to "
           "bytes [i * payload_bytes, (i + 1) * payload_bytes); at most "
@@ -191,13 +199,15 @@ void BindClient(nb::module_& m) {
       .def(
           "acquire",
           [](Client& c, const NamespaceHandle& ns, nb::handle tokens,
-             std::optional<int64_t> max_chunks, const PrefetchTicket* ticket) {
+             std::optional<int64_t> max_chunks, const PrefetchTicket* ticket,
+             const std::string& request_id) {
             std::vector<int32_t> t = TokensFrom(tokens);
             nb::gil_scoped_release release;
-            return ValueOrThrow(c.Acquire(ns, t, MaxChunks(max_chunks), ticket));
+            return ValueOrThrow(
+                c.Acquire(ns, t, MaxChunks(max_chunks), ticket, /*hbm=*/false, request_id));
           },
           nb::arg("ns"), nb::arg("tokens"), nb::arg("max_chunks").none() = nb::none(),
-          nb::arg("ticket").none() = nb::none(), nb::keep_alive<0, 1>(),
+          nb::arg("ticket").none() = nb::none(), nb::arg("request_id") = "", nb::keep_alive<0, 1>(),
           "Leases the cached prefix of `tokens` (at most max_chunks chunks), pinned in the "
           "arena until release(): read(i) copies a chunk out. Use as a context manager; the "
           "lease ends with the block.\n\n"

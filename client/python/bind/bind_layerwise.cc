@@ -315,18 +315,20 @@ void BindLayerwise(nb::module_& m) {
       .def(
           "start_load",
           [](LayerwiseLoader& l, nb::handle tokens, nb::handle block_ids, gpu::Stream& stream,
-             const PrefetchTicket* ticket, size_t first_chunk) {
+             const PrefetchTicket* ticket, size_t first_chunk, const std::string& request_id) {
             std::vector<int32_t> t = TokensFrom(tokens);
             std::vector<int32_t> b = TokensFrom(block_ids, "block_ids");
             nb::gil_scoped_release release;
-            return ValueOrThrow(l.StartLoad(t, b, stream, ticket, first_chunk));
+            return ValueOrThrow(l.StartLoad(t, b, stream, ticket, first_chunk, request_id));
           },
           nb::arg("tokens"), nb::arg("block_ids"), nb::arg("load_stream"),
           nb::arg("ticket").none() = nb::none(), nb::arg("first_chunk") = 0,
+          nb::arg("request_id") = "",
           nb::keep_alive<1, 4>(),  // the loader queues on load_stream until finish()
           "Leases the cached prefix of `tokens`, then queues each layer's copies into the "
           "engine blocks `block_ids` (the prompt's block table) on load_stream. Chunks before "
-          "first_chunk are already in the engine's blocks: leased, not copied. Returns the "
+          "first_chunk are already in the engine's blocks: leased, not copied. request_id: "
+          "as in Client.acquire. Returns the "
           "tokens cached through this load (whole chunks, at most what block_ids covers); a "
           "miss or an unreachable daemon gives 0.\n\n"
           "Raises InvalidArgument (layout not matching the namespace, load already started), "

@@ -388,13 +388,21 @@ def test_admin_stats_count_what_was_stored_and_hit(kvtierd: KvtierdProcess) -> N
         ns = open_ns(c)
         tokens = prompt(14, 2 * CHUNK + 3)
         c.store(ns, tokens, payloads(ns, 2, 14))
-        c.lookup(ns, tokens)
+        before = admin.stats()
+        # One engine request: the scheduler's lookup, then the worker's load.
+        assert c.lookup(ns, tokens, request_id="req-14").num_chunks == 2
+        after_lookup = admin.stats()
+        out = np.zeros(2 * ns.payload_bytes, dtype=np.uint8)
+        assert c.load(ns, tokens, out, request_id="req-14").num_chunks == 2
         stats = admin.stats()
         dram = [t for t in stats["tiers"] if t["name"] == "dram"][0]
         assert dram["chunks"] == 2
         assert dram["write_bytes"] == 2 * ns.payload_bytes
-        assert stats["lookup_tokens"] >= len(tokens)
-        assert stats["hit_tokens"] >= 2 * CHUNK
+        assert after_lookup["hit_tokens"] == before["hit_tokens"], "a lookup serves nothing"
+        assert stats["lookup_tokens"] - before["lookup_tokens"] == len(tokens)
+        assert stats["hit_tokens"] - before["hit_tokens"] == 2 * CHUNK
+        with pytest.raises(kvtier.InvalidArgument, match="request_id is 257 bytes"):
+            c.lookup(ns, tokens, request_id="r" * 257)
         assert stats["sessions"] >= 1
         assert any(n["id"] == ns.id for n in admin.namespaces())
 

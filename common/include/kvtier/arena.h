@@ -26,7 +26,9 @@ class Arena {
   static Result<std::unique_ptr<Arena>> Create(uint64_t bytes, uint64_t epoch);
 
   // Maps an arena received from a daemon; takes ownership of `fd`. Checks that
-  // the fd is at least `bytes` long. Errors: INVALID_ARGUMENT, IO_ERROR.
+  // the fd is at least `bytes` long and a memfd sealed against shrinking and
+  // growing (a file that shrinks under the mapping would SIGBUS its readers).
+  // Errors: INVALID_ARGUMENT naming what is wrong, IO_ERROR.
   static Result<std::unique_ptr<Arena>> Map(int fd, uint64_t bytes, uint64_t epoch);
 
   ~Arena();

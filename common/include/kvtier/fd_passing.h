@@ -28,8 +28,10 @@ std::string ArenaSocketPath(const std::string& socket_path);
 Status SendArenaFd(int sock, const ArenaAnnouncement& msg, int fd);
 
 // Connects to `arena_socket_path`, receives the announcement and the fd
-// (caller owns it). Waits at most `timeout_ms`. Errors: UNAVAILABLE when no
-// daemon listens, DATA_LOSS for a malformed message, IO_ERROR otherwise.
+// (caller owns it). Waits at most `timeout_ms`. The daemon's uid (SO_PEERCRED)
+// must be this process's, root's, or that of the socket directory's owner.
+// Errors: UNAVAILABLE when no daemon listens, PERMISSION_DENIED for a daemon
+// of another uid, DATA_LOSS for a malformed message, IO_ERROR otherwise.
 Result<std::pair<ArenaAnnouncement, int>> ReceiveArenaFd(const std::string& arena_socket_path,
                                                          int timeout_ms);
 

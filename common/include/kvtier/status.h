@@ -4,10 +4,14 @@
 // non-OK Status). No exception crosses a module boundary. The codes mirror the
 // gRPC canonical codes so that the proto layer maps them one to one.
 //
+// Misuse of a Result (reading the value of an error Result, building a Result
+// from an OK Status) aborts the process with a message naming the Status, in
+// every build type (NDEBUG included): it is a bug, and going on would read a
+// value that is not there.
+//
 // Thread-safety: value types; safe to copy between threads.
 #pragma once
 
-#include <cassert>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -77,13 +81,23 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-// A value or a non-OK Status.
+namespace internal {
+// Writes "kvtier: <what> (<status>)" to stderr and aborts. Never returns.
+[[noreturn]] void ResultCheckFailed(const char* what, const Status& status);
+}  // namespace internal
+
+// A value or a non-OK Status. value(), operator-> and operator* require ok();
+// the Status constructor requires a non-OK Status. Both are checked in every
+// build type: a violation aborts (see the top of this file).
 template <typename T>
 class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT: implicit by design
-    assert(!std::get<Status>(v_).ok() && "Result built from an OK Status has no value");
+    if (std::get<Status>(v_).ok()) [[unlikely]] {
+      internal::ResultCheckFailed("Result built from an OK Status has no value",
+                                  std::get<Status>(v_));
+    }
   }
 
   bool ok() const { return std::holds_alternative<T>(v_); }
@@ -91,15 +105,30 @@ class [[nodiscard]] Result {
     static const Status kOk;
     return ok() ? kOk : std::get<Status>(v_);
   }
-  T& value() & { return std::get<T>(v_); }
-  const T& value() const& { return std::get<T>(v_); }
-  T&& value() && { return std::get<T>(std::move(v_)); }
+  T& value() & {
+    CheckOk();
+    return *std::get_if<T>(&v_);
+  }
+  const T& value() const& {
+    CheckOk();
+    return *std::get_if<T>(&v_);
+  }
+  T&& value() && {
+    CheckOk();
+    return std::move(*std::get_if<T>(&v_));
+  }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
 
  private:
+  void CheckOk() const {
+    if (!ok()) [[unlikely]] {
+      internal::ResultCheckFailed("value of an error Result", std::get<Status>(v_));
+    }
+  }
+
   std::variant<T, Status> v_;
 };
 

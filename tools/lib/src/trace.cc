@@ -11,6 +11,11 @@ namespace kvtier::tools {
 Result<std::vector<TraceRequest>> LoadMooncakeTrace(const std::string& path, uint64_t limit) {
   std::ifstream in(path);
   if (!in) return Status::NotFound("trace file " + path + " cannot be opened");
+  return ParseMooncakeTrace(in, path, limit);
+}
+
+Result<std::vector<TraceRequest>> ParseMooncakeTrace(std::istream& in, const std::string& path,
+                                                     uint64_t limit) {
   std::vector<TraceRequest> out;
   std::string line;
   uint64_t line_no = 0;

@@ -67,6 +67,22 @@ def test_second_engine_loads_what_the_first_stored_bit_exact(
     assert b.kv_matches("b", tokens, range(len(tokens)))  # loaded and computed, bit for bit
 
 
+def test_the_daemon_counts_an_engine_request_once_and_only_what_it_served(
+        kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine]) -> None:
+    tokens = prompt(41, 3 * CHUNK + 10)
+    a = make(engines, model_dir, kvtierd)
+    a.add("a", tokens)
+    a.step()
+    before = kvtierd.admin().stats()
+    b = make(engines, model_dir, kvtierd)
+    b.add("b", tokens)  # the scheduler's prefetch, its lookups, the worker's leased load
+    assert b.step().computed["b"] == (3 * CHUNK, len(tokens))
+    after = kvtierd.admin().stats()
+    assert after["lookups"] - before["lookups"] >= 1
+    assert after["lookup_tokens"] - before["lookup_tokens"] == len(tokens)
+    assert after["hit_tokens"] - before["hit_tokens"] == 3 * CHUNK
+
+
 def test_mla_latent_cache_round_trip(kvtierd: KvtierdProcess, model_dir: str,
                                      engines: list[Engine]) -> None:
     """MLAAttentionSpec: vLLM lays each layer out as [num_blocks, 1, block_size, latent]."""

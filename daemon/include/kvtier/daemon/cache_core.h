@@ -29,11 +29,14 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "kvtier/clock.h"
+#include "kvtier/daemon/request_ledger.h"
+#include "kvtier/logging.h"
 #include "kvtier/namespace_spec.h"
 #include "kvtier/slot_image.h"
 #include "kvtier/status.h"
@@ -139,9 +142,17 @@ class CacheCore {
   const HbmTier* hbm() const { return hbm_.get(); }
 
   // Sessions: opened by the Session stream, ended when it breaks. Ending a
-  // session ends its leases and frees its reservations at once.
+  // session ends its leases and frees its reservations at once. Each gets a
+  // token of 128 random bits (32 hex digits) that its other calls must carry.
   uint64_t OpenSession(const std::string& client_name, uint32_t pid);
   void EndSession(uint64_t session_id);
+  // "" for an unknown session.
+  std::string SessionToken(uint64_t session_id) const;
+  // Whether `token` is session `session_id`'s (compared in constant time). An
+  // unknown session is OK here: the call's own check reports it. Errors:
+  // PERMISSION_DENIED for a missing or wrong token.
+  Status CheckSessionToken(uint64_t session_id, std::string_view token) const;
+  static constexpr size_t kMaxClientNameBytes = 256;
 
   // RPC bodies. Each returns the status the client sees; on error, `response`
   // is unspecified and no state changed.
@@ -221,16 +232,19 @@ class CacheCore {
     uint32_t dram_at_start = 0;       // of ready, how many were in DRAM at the start
     bool done = false;                // no more will become ready
     bool to_hbm = false;              // a ticket that also copies its ready chunks into HBM
+    std::string request;              // a ticket's RequestLedger key
     // A Lookup's continuation, run without mu_ once the promotion is done and
     // out of promotions_; `ready` is still pinned then.
     std::function<void(Promotion&)> on_done;
   };
   struct Counters {
     uint64_t lookups = 0;
+    // Once per engine request (RequestLedger): its prompt, and the chunks
+    // leased from it by tier (hits: DRAM).
     uint64_t lookup_tokens = 0;
+    uint64_t lookup_chunks = 0;
     uint64_t hit_tokens = 0;
     uint64_t hits = 0;
-    uint64_t misses = 0;
     uint64_t read_bytes = 0;
     uint64_t write_bytes = 0;
     uint64_t token_check_failures = 0;
@@ -273,6 +287,9 @@ class CacheCore {
   // counted and logged.
   bool TokenCheck(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
                   std::span<const int32_t> tokens, size_t i, uint32_t h);
+  // Whether DRAM chunk `h`, found under c.key, is chunk `c` of namespace `ns`
+  // (namespace, parent and tokens in its header); a mismatch is counted and logged.
+  bool ResidentIs(const NamespaceState& ns, uint32_t h, const ReservedChunk& c);
   // The DRAM-resident leading chunks of `keys` (at most `limit`), each checked
   // against its tokens in the slot header.
   std::vector<uint32_t> DramPrefix(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
@@ -292,7 +309,20 @@ class CacheCore {
     size_t dram_hits = 0;
     size_t nvme_hits = 0;
     size_t prefetched = 0;
+    std::string request;                // RequestLedger key
+    std::vector<bool> prefetched_at;    // hit i was promoted from NVMe by the ticket
   };
+  // REQUIRES: mu_ held. Counts a Lookup in the token hit rate: the prompt at
+  // the request's first sight, and the leased `hits` not yet credited to it.
+  void CountRequest(const LookupTally& tally, const NamespaceState& ns,
+                    const std::vector<uint32_t>& hits);
+  // REQUIRES: mu_ held. Counts the prompt of `request` if it is new.
+  void CountPrompt(const std::string& request, size_t tokens, size_t full_chunks);
+  RequestLedger ledger_;  // GUARDED_BY(mu_)
+  // Warnings a client or a bad disk can repeat at will, one per 10 s each.
+  LogLimiter collision_log_;     // token checks and keys held by another chunk
+  LogLimiter hbm_copy_log_;
+  LogLimiter access_times_log_;
   // Answers a Lookup over `hits`; with acquire each is already pinned once,
   // and those pins become the lease's.
   void GrantLookup(const LookupTally& tally, const NamespaceState& ns,
@@ -384,7 +414,11 @@ class CacheCore {
   std::vector<std::thread> workers_;
   std::vector<std::unique_ptr<NamespaceState>> namespaces_;           // GUARDED_BY(mu_)
   std::unordered_map<NamespaceId, NamespaceState*, ChunkKeyHash> ns_by_id_;  // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, std::string> sessions_;                // GUARDED_BY(mu_)
+  struct SessionInfo {
+    std::string name;   // client name (pid N), for the logs
+    std::string token;  // 32 hex digits
+  };
+  std::unordered_map<uint64_t, SessionInfo> sessions_;                // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Lease> leases_;                        // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Reservation> reservations_;            // GUARDED_BY(mu_)
   // Reservations that expired while their session was alive: the writer may

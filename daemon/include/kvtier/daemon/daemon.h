@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "kvtier/clock.h"
@@ -51,7 +52,11 @@ class Daemon {
   explicit Daemon(const DaemonOptions& options);
   Status PrepareSocketDir();
   Status StartArenaSocket();
-  void ArenaLoop();
+  // Accepts on both sockets, checks each peer (PeerPolicy), then sends an
+  // arena connection the memfd or hands a gRPC one to the server.
+  void AcceptLoop();
+  mode_t SocketMode() const;                // 0600, or 0660 with --socket-group
+  std::optional<gid_t> SocketGroup() const;
   void SweepLoop();
   void NvmeLoop();  // write-through worker
   // Shutdown's NVMe drain, bounded by drain_timeout and `abort`.
@@ -62,13 +67,14 @@ class Daemon {
   bool owns_socket_ = false;
   gid_t socket_gid_ = static_cast<gid_t>(-1);  // --socket-group, looked up once  // holds the lock: the socket files are ours
   int arena_listen_fd_ = -1;
+  int grpc_listen_fd_ = -1;
   std::unique_ptr<CacheCore> core_;
   std::unique_ptr<KvCacheService> kv_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
   std::atomic<bool> stopping_{false};
   std::thread arena_thread_;
-  bool accept_failing_ = false;  // ArenaLoop's own: logged once per run of failures
+  bool accept_failing_ = false;  // AcceptLoop's own: logged once per run of failures
   std::thread sweep_thread_;
   std::thread nvme_thread_;
   bool shut_down_ = false;

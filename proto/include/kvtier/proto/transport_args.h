@@ -12,6 +12,10 @@ namespace kvtier {
 // Largest message either side accepts: 128 MiB (32M token ids).
 inline constexpr int kMaxMessageBytes = 128 << 20;
 
+// The gRPC metadata key that carries a session's token (SessionOpened.session_token)
+// on every other KvCache call of that session.
+inline constexpr char kSessionTokenKey[] = "kvtier-session-token";
+
 // (gRPC channel argument name, value) pairs for both ends.
 std::vector<std::pair<const char*, int>> TransportArgs();
 

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "kvtier/chunk_key.h"
@@ -73,6 +74,14 @@ class NvmeIndex {
 
   // The first failed write (the index refuses writes since); empty while healthy.
   std::string failure() const;
+
+  // A record's RocksDB key and value (without last_access_ms, which has its own key): key
+  // 'c' + chunk key; value: version byte 1, parent, namespace, then device (4 bytes),
+  // offset, slot_bytes, sequence and payload checksum (8 bytes each), little-endian.
+  static std::pair<std::string, std::string> EncodeRecord(const NvmeRecord& record);
+  // The inverse, for what ForEach reads (last_access_ms 0). Errors: DATA_LOSS naming the
+  // key's and the value's sizes when they are not a record's, or the version is unknown.
+  static Result<NvmeRecord> DecodeRecord(std::string_view key, std::string_view value);
 
  private:
   NvmeIndex(std::unique_ptr<rocksdb::DB> db, std::string dir);

@@ -27,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kvtier/logging.h"
 #include "kvtier/slot_image.h"
 #include "kvtier/status.h"
 #include "kvtier/tiers/block_device.h"
@@ -54,7 +55,7 @@ struct NvmeTierCounters {
   uint64_t capacity_bytes = 0;
   uint64_t evictions = 0;
   uint64_t corrupt_reads = 0;     // images that failed verification (dropped)
-  uint64_t dropped_at_start = 0;  // records that pointed outside a device or overlapped
+  uint64_t dropped_at_start = 0;  // records out of a device, misaligned, overlapping, unrooted
 };
 
 // One slot image to write: exactly the namespace's slot_bytes, 4 KiB aligned,
@@ -78,6 +79,18 @@ class NvmeTier {
   // number of images recorded. Errors: IO_ERROR.
   static Result<size_t> RebuildIndexFromSlots(std::span<BlockDevice* const> devices,
                                               NvmeIndex& index);
+  // The scan behind RebuildIndexFromSlots: the record of every image on `devices` whose
+  // header and payload checksum verify, the newest sequence for a key, in no particular
+  // order (last_access_ms 0). Errors: IO_ERROR.
+  static Result<std::vector<NvmeRecord>> ScanSlots(std::span<BlockDevice* const> devices);
+  // Which of `records` (the index's, as read at start, oldest access first) a tier over
+  // devices of `device_bytes` keeps; one flag per record. A record is kept when it lies
+  // inside its device at a 4 KiB-aligned offset with a 4 KiB-multiple size, overlaps no
+  // record kept before it in offset order, and its parents
+  // lead to its namespace through kept records (no orphans, no parent cycles). Create drops
+  // (and deletes) the others.
+  static std::vector<bool> UsableRecords(std::span<const NvmeRecord> records,
+                                         std::span<const uint64_t> device_bytes);
   // `kvtierd --rebuild-index`: removes the index directory of `options` and
   // rebuilds it from the slot files. Returns the number of images recorded.
   static Result<size_t> RebuildIndex(const NvmeTierOptions& options);
@@ -171,6 +184,7 @@ class NvmeTier {
   std::vector<NamespaceId> ns_;                          // GUARDED_BY(mu_), per handle
   std::unique_ptr<EvictionPolicy> policy_;               // GUARDED_BY(mu_)
   NvmeTierCounters counters_;                            // GUARDED_BY(mu_)
+  LogLimiter corrupt_log_;  // a bad disk can fail every read: one warning per 10 s
   uint64_t max_sequence_ = 0;                            // GUARDED_BY(mu_)
   // Chunks read since the last PersistAccessTimes -> unix ms. GUARDED_BY(mu_)
   std::unordered_map<ChunkKey, uint64_t, ChunkKeyHash> dirty_access_;

@@ -71,6 +71,7 @@ tensors are recognised too.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -264,6 +265,13 @@ class _Tracker:
     lora_name: Optional[str]
 
 
+def _request_tag(request_id: str) -> str:
+    """The request id kvtierd counts the token hit rate under (at most 256 bytes):
+    vLLM's own id, or its SHA-256 when a client-supplied id is longer."""
+    raw = request_id.encode()
+    return request_id if len(raw) <= 256 else hashlib.sha256(raw).hexdigest()
+
+
 def _namespace_spec(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
                     settings: _Settings, tp_rank: int) -> dict[str, Any]:
     """The open_namespace arguments (less salt and LoRA) from vLLM's KV cache config."""
@@ -410,13 +418,14 @@ class KvtierConnector(KVConnectorBase_V1):
             return 0, False
         if rid not in self._tickets:
             ticket = self._client.prefetch(ns, tokens,
-                                           deadline_ms=self._settings.prefetch_deadline_ms)
+                                           deadline_ms=self._settings.prefetch_deadline_ms,
+                                           request_id=_request_tag(rid))
             if ticket.fail_open is not None:
                 logger.debug("kvtier prefetch failed open: %s", ticket.fail_open)
             self._tickets[rid] = ticket
             cached = ticket.total_chunks * self._chunk
         else:
-            cached = self._client.lookup(ns, tokens).cached_tokens
+            cached = self._client.lookup(ns, tokens, request_id=_request_tag(rid)).cached_tokens
         limit = (max(len(tokens) - 1, 0) // self._block_size) * self._block_size
         external = max(0, min(cached, limit) - num_computed_tokens)
         self._engine_tokens[rid] = num_computed_tokens
@@ -600,7 +609,8 @@ class KvtierConnector(KVConnectorBase_V1):
             try:
                 delivered = 0 if loader is None else loader.start_load(
                     spec.token_ids, blocks, self._load_stream,
-                    first_chunk=spec.engine_tokens // self._chunk)
+                    first_chunk=spec.engine_tokens // self._chunk,
+                    request_id=_request_tag(spec.req_id))
             except kvtier.Error as e:
                 logger.warning("kvtier: load of request %s failed (%s); recomputing it",
                                spec.req_id, e)

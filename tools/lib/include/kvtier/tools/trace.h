@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,9 @@ struct TraceRequest {
 // missing or mistyped field, a negative length, a prompt longer than
 // kMaxTraceInputTokens, a hash_ids count that is not ceil(input_length / 512)).
 Result<std::vector<TraceRequest>> LoadMooncakeTrace(const std::string& path, uint64_t limit);
+// The same over a stream; `path` names it in the messages.
+Result<std::vector<TraceRequest>> ParseMooncakeTrace(std::istream& in, const std::string& path,
+                                                     uint64_t limit);
 
 // A built-in multi-turn chat workload in the same format, for machines without
 // the real trace: conversations share a system prompt, and each turn's prompt

@@ -1,0 +1,60 @@
+// RequestLedger: which engine requests the token hit rate has counted
+// (DESIGN.md "token hit rate": once per engine request, only for bytes served).
+//
+// An engine request reaches kvtierd as several calls: the scheduler's Lookup,
+// a Prefetch, and one leased Lookup per worker (one per TP rank). They share
+// the engine's request id (LookupRequest/PrefetchRequest.request_id), which
+// names the request here; vLLM and SGLang ids are unique per engine, so the id
+// alone is the key (TP ranks, whose namespaces differ, share one entry). A
+// call without an id is a request of its own; a Prefetch without one names its
+// request after its ticket, which the leased Lookup that takes it over uses.
+//
+// The ledger remembers the last `capacity` requests it saw (first seen, first
+// forgotten); a request older than that counts again, as a new one.
+//
+// Thread-safety: none; CacheCore calls it under its mutex.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+
+namespace kvtier {
+
+class RequestLedger {
+ public:
+  // Requests remembered (at least 1). Default: 65,536 (a few MiB at most).
+  explicit RequestLedger(size_t capacity = 65536) : capacity_(capacity < 1 ? 1 : capacity) {}
+
+  // The key of a request named by the engine, and of an unnamed Prefetch's
+  // ticket; "" (an unnamed call) is a request of its own.
+  static std::string Named(std::string_view request_id) {
+    return request_id.empty() ? std::string() : "n" + std::string(request_id);
+  }
+  static std::string Ticket(uint64_t ticket) { return "t" + std::to_string(ticket); }
+
+  // True the first time request `key` is seen, when its prompt is counted;
+  // always true for "".
+  bool FirstSight(const std::string& key);
+  // A lease served `served` leading chunks of request `key`: returns how many
+  // of them were credited before (0 for ""), and remembers the larger count,
+  // so each chunk of a request is counted as a hit once.
+  uint64_t Credit(const std::string& key, uint64_t served);
+
+  size_t size() const { return credited_.size(); }
+
+ private:
+  // Remembers `key` (forgetting the oldest past capacity): its entry, and
+  // whether it is new.
+  std::pair<uint64_t*, bool> Remember(const std::string& key);
+
+  const size_t capacity_;
+  std::unordered_map<std::string, uint64_t> credited_;  // key -> chunks credited
+  std::deque<std::string> order_;                       // keys, first seen first
+};
+
+}  // namespace kvtier

@@ -1,0 +1,117 @@
+// CacheCore's counters: the token hit rate, once per engine request, and Stats.
+#include <algorithm>
+
+#include "kvtier/daemon/cache_core.h"
+#include "kvtier/proto/convert.h"
+
+namespace kvtier {
+
+void CacheCore::CountRequest(const LookupTally& t, const NamespaceState& ns,
+                             const std::vector<uint32_t>& hits) {
+  ++counters_.lookups;
+  CountPrompt(t.request, t.prompt_tokens, t.num_keys);
+  // Only leased chunks are served; each chunk of a request counts once, for
+  // the tier it was in when looked up (HBM copies are in DRAM too).
+  if (!t.acquire || hits.empty()) return;
+  for (size_t i = ledger_.Credit(t.request, hits.size()); i < hits.size(); ++i) {
+    counters_.hit_tokens += ns.spec.chunk_tokens;
+    if (i >= t.dram_hits || (i < t.prefetched_at.size() && t.prefetched_at[i])) {
+      ++counters_.nvme_hits;
+    } else if (hbm_ && hbm_->Find(dram_->Get(hits[i]).key) != ChunkIndex::kNone) {
+      ++counters_.hbm_hits;
+    } else {
+      ++counters_.hits;
+    }
+  }
+}
+
+void CacheCore::CountPrompt(const std::string& request, size_t tokens, size_t full_chunks) {
+  if (!ledger_.FirstSight(request)) return;
+  counters_.lookup_tokens += tokens;
+  counters_.lookup_chunks += full_chunks;
+}
+
+void CacheCore::Stats(v1::StatsResponse* resp) {
+  std::lock_guard lock(mu_);
+  uint64_t smallest_slot = 0;
+  for (const auto& ns : namespaces_) {
+    if (smallest_slot == 0 || ns->layout.slot_bytes < smallest_slot) {
+      smallest_slot = ns->layout.slot_bytes;
+    }
+  }
+  if (hbm_) {
+    auto* ht = resp->add_tiers();
+    ht->set_name("hbm");
+    ht->set_capacity_bytes(hbm_->capacity_bytes());
+    ht->set_used_bytes(hbm_->used_bytes());
+    ht->set_capacity_chunks(smallest_slot == 0 ? 0 : hbm_->capacity_bytes() / smallest_slot);
+    ht->set_chunks(hbm_->num_chunks());
+    ht->set_hits(counters_.hbm_hits);
+    ht->set_evictions(hbm_->counters().evictions);
+    ht->set_read_bytes(counters_.hbm_read_bytes);
+    ht->set_write_bytes(counters_.hbm_write_bytes);
+    ht->set_pending_writes(hbm_queue_.size());
+    ht->set_io_errors(counters_.hbm_copy_errors);
+    ht->set_pinned_chunks(hbm_->num_pinned());
+    ht->set_uncommitted_bytes(hbm_->unindexed_bytes());
+  }
+  auto* t = resp->add_tiers();
+  t->set_name("dram");
+  t->set_capacity_bytes(dram_->capacity_bytes());
+  t->set_used_bytes(dram_->used_bytes());
+  t->set_capacity_chunks(smallest_slot == 0 ? 0 : dram_->capacity_bytes() / smallest_slot);
+  t->set_chunks(dram_->num_chunks());
+  t->set_hits(counters_.hits);
+  const uint64_t served = counters_.hits + counters_.nvme_hits + counters_.hbm_hits;
+  t->set_misses(counters_.lookup_chunks - std::min(counters_.lookup_chunks, served));
+  t->set_evictions(dram_->counters().evictions);
+  t->set_read_bytes(counters_.read_bytes);
+  t->set_write_bytes(counters_.write_bytes);
+  t->set_pinned_chunks(dram_->num_pinned());
+  t->set_uncommitted_bytes(dram_->unindexed_bytes());
+  if (nvme_) {
+    const NvmeTierCounters n = nvme_->counters();
+    auto* nt = resp->add_tiers();
+    nt->set_name("nvme");
+    nt->set_capacity_bytes(n.capacity_bytes);
+    nt->set_used_bytes(n.used_bytes);
+    nt->set_capacity_chunks(smallest_slot == 0 ? 0 : n.capacity_bytes / smallest_slot);
+    nt->set_chunks(n.chunks);
+    nt->set_hits(counters_.nvme_hits);
+    nt->set_evictions(n.evictions);
+    nt->set_read_bytes(counters_.nvme_read_bytes);
+    nt->set_write_bytes(counters_.nvme_write_bytes);
+    nt->set_pending_writes(nvme_queue_.size() + demotions_.size() + nvme_in_flight_);
+    nt->set_corrupt_reads(n.corrupt_reads);
+    nt->set_io_errors(counters_.nvme_io_errors);
+    nt->set_skipped_writes(counters_.nvme_skipped_writes);
+    nt->set_lost_writes(counters_.nvme_lost_writes);
+    nt->set_degraded(NvmeDegraded());
+  }
+  resp->set_lookups(counters_.lookups);
+  resp->set_lookup_tokens(counters_.lookup_tokens);
+  resp->set_hit_tokens(counters_.hit_tokens);
+  resp->set_sessions(sessions_.size());
+  resp->set_active_leases(leases_.size());
+  resp->set_active_reservations(reservations_.size());
+  resp->set_active_prefetches(static_cast<uint64_t>(
+      std::count_if(promotions_.begin(), promotions_.end(),
+                    [](const auto& entry) { return !entry.second.on_done; })));
+  resp->set_prefetched_chunks(counters_.prefetched_chunks);
+  resp->set_uptime_s(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_)
+          .count()));
+}
+
+void CacheCore::Namespaces(v1::NamespacesResponse* resp) {
+  std::lock_guard lock(mu_);
+  for (const auto& ns : namespaces_) {
+    auto* info = resp->add_namespaces();
+    info->set_namespace_id(ns->id.ToBytes());
+    *info->mutable_spec() = ToProto(ns->spec);
+    info->set_chunks(dram_->num_chunks(ns->ns_index));
+    info->set_slot_bytes(ns->layout.slot_bytes);
+  }
+}
+
+}  // namespace kvtier

@@ -1,0 +1,147 @@
+// The token hit rate, once per engine request and only for bytes served
+// (DESIGN.md "token hit rate"; issue 10, item 10). The daemon used to count
+// every Lookup RPC: an engine request seen by the scheduler, a prefetch and
+// two TP ranks counted its prompt three or four times, and a Lookup without a
+// lease counted chunks it never served (NVMe chunks it never read) as hits.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "daemon/cache_core_nvme_harness.h"
+#include "kvtier/daemon/request_ledger.h"
+#include "kvtier/request_id.h"
+
+namespace kvtier::testing {
+namespace {
+
+using CacheCoreAccountingTest = CacheCoreHarness;
+
+TEST_F(CacheCoreAccountingTest, AConnectorShapedRequestIsCountedOnce) {
+  ASSERT_EQ(Store(Tokens(12)), 3u);
+  const auto prompt = Tokens(14);  // 3 full chunks, all cached, and a 2-token tail
+  const uint64_t rank1 = core_->OpenSession("tp-rank-1", 2);
+  request_id = "cmpl-7f3a-0";
+  EXPECT_EQ(Lookup(prompt, /*acquire=*/false).num_chunks(), 3u);  // the scheduler
+  const v1::LookupResponse rank0_lease = Lookup(prompt, true);     // worker, TP rank 0
+  const v1::LookupResponse rank1_lease = Lookup(prompt, true, rank1);
+  ASSERT_EQ(rank0_lease.num_chunks(), 3u);
+  ASSERT_EQ(rank1_lease.num_chunks(), 3u);
+  v1::StatsResponse s = Stats();
+  EXPECT_EQ(s.lookups(), 3u);
+  EXPECT_EQ(s.lookup_tokens(), 14u) << "one request, one prompt";
+  EXPECT_EQ(s.hit_tokens(), 12u) << "each served chunk of the request once";
+  EXPECT_EQ(s.tiers(0).hits(), 3u);
+  EXPECT_EQ(s.tiers(0).misses(), 0u);
+
+  // The next request of the conversation: its own prompt and hits.
+  request_id = "cmpl-91c2-0";
+  const auto longer = Tokens(22);  // 5 full chunks, 3 cached
+  EXPECT_EQ(Lookup(longer, false).num_chunks(), 3u);
+  EXPECT_EQ(Lookup(longer, true).num_chunks(), 3u);
+  s = Stats();
+  EXPECT_EQ(s.lookup_tokens(), 14u + 22u);
+  EXPECT_EQ(s.hit_tokens(), 12u + 12u);
+  EXPECT_EQ(s.tiers(0).hits(), 6u);
+  EXPECT_EQ(s.tiers(0).misses(), 2u) << "chunks 3 and 4 of the second request";
+}
+
+TEST_F(CacheCoreAccountingTest, ALookupWithoutALeaseServesNothingAndCountsNoHit) {
+  ASSERT_EQ(Store(Tokens(12)), 3u);
+  EXPECT_EQ(Lookup(Tokens(12), /*acquire=*/false).num_chunks(), 3u);
+  const v1::StatsResponse s = Stats();
+  EXPECT_EQ(s.lookup_tokens(), 12u) << "an unnamed call is a request of its own";
+  EXPECT_EQ(s.hit_tokens(), 0u);
+  EXPECT_EQ(s.tiers(0).hits(), 0u);
+  EXPECT_EQ(s.tiers(0).misses(), 3u);
+}
+
+TEST_F(CacheCoreAccountingTest, ATooLongRequestIdIsRefusedAndCountsNothing) {
+  ASSERT_EQ(Store(Tokens(12)), 3u);
+  const v1::StatsResponse before = Stats();
+  v1::LookupRequest req;
+  req.set_session_id(session_);
+  req.set_epoch(kEpoch);
+  req.set_namespace_id(ns_wire_);
+  req.set_tokens(PackTokens(Tokens(12)));
+  req.set_acquire(true);
+  req.set_request_id(std::string(kMaxRequestIdBytes + 1, 'r'));
+  v1::LookupResponse resp;
+  const Status st = core_->Lookup(req, &resp);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("request_id is 257 bytes"), std::string::npos) << st.message();
+  request_id = std::string(kMaxRequestIdBytes + 1, 'p');
+  v1::PrefetchResponse p;
+  EXPECT_EQ(Prefetch(Tokens(12), &p).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Stats().DebugString(), before.DebugString());
+  request_id = std::string(kMaxRequestIdBytes, 'r');  // the longest allowed
+  EXPECT_EQ(Lookup(Tokens(12), false).num_chunks(), 3u);
+}
+
+// `a_` (3 chunks) on NVMe only. Its SetUp made one unnamed lookup of `a_`
+// (12 prompt tokens, no hit); the tests count from there.
+using NvmeAccountingTest = CacheCorePrefetchTest;
+constexpr uint64_t kSetUpTokens = 12;
+
+TEST_F(NvmeAccountingTest, LookupPrefetchThenLeasedLoadCountsOneRequestOfNvmeHits) {
+  request_id = "cmpl-prefetched";
+  EXPECT_EQ(Lookup(a_, false).nvme_chunks(), 3u);  // the scheduler: nothing read
+  v1::StatsResponse s;
+  EXPECT_EQ(NvmeStats(s).hits(), 0u) << "NVMe chunks never read are no hits";
+  EXPECT_EQ(s.hit_tokens(), 0u);
+  v1::PrefetchResponse p;
+  ASSERT_TRUE(Prefetch(a_, &p).ok());
+  ASSERT_NE(p.ticket(), 0u);
+  WaitPrefetchDone(p.ticket());
+  const v1::LookupResponse l = LookupWithTicket(a_, p.ticket());
+  ASSERT_EQ(l.num_chunks(), 3u);
+  ASSERT_EQ(l.prefetched_chunks(), 3u);
+  EXPECT_EQ(NvmeStats(s).hits(), 3u) << "on NVMe when the request looked them up";
+  EXPECT_EQ(s.tiers(0).hits(), 0u);
+  EXPECT_EQ(s.lookup_tokens(), kSetUpTokens + 12u);
+  EXPECT_EQ(s.hit_tokens(), 12u);
+  ASSERT_TRUE(Release(l.lease_id()).ok());
+}
+
+TEST_F(NvmeAccountingTest, AnUnnamedPrefetchAndTheLookupTakingItsTicketAreOneRequest) {
+  v1::PrefetchResponse p;
+  ASSERT_TRUE(Prefetch(a_, &p).ok());
+  WaitPrefetchDone(p.ticket());
+  const v1::LookupResponse l = LookupWithTicket(a_, p.ticket());
+  ASSERT_EQ(l.num_chunks(), 3u);
+  v1::StatsResponse s;
+  EXPECT_EQ(NvmeStats(s).hits(), 3u);
+  EXPECT_EQ(s.lookup_tokens(), kSetUpTokens + 12u);
+  EXPECT_EQ(s.hit_tokens(), 12u);
+  ASSERT_TRUE(Release(l.lease_id()).ok());
+}
+
+TEST_F(NvmeAccountingTest, APromotingLeaseCountsNvmeHitsForWhatItRead) {
+  const v1::LookupResponse l = Lookup(a_, true);
+  ASSERT_EQ(l.num_chunks(), 3u);
+  ASSERT_EQ(l.nvme_chunks(), 3u);
+  v1::StatsResponse s;
+  EXPECT_EQ(NvmeStats(s).hits(), 3u);
+  EXPECT_EQ(s.tiers(0).hits(), 0u);
+  EXPECT_EQ(s.hit_tokens(), 12u);
+  ASSERT_TRUE(Release(l.lease_id()).ok());
+}
+
+TEST(RequestLedgerTest, CreditsEachChunkOfARequestOnceAndForgetsTheOldestPastCapacity) {
+  RequestLedger ledger(2);
+  const std::string a = RequestLedger::Named("a"), b = RequestLedger::Named("b");
+  EXPECT_TRUE(ledger.FirstSight(a));
+  EXPECT_FALSE(ledger.FirstSight(a));
+  EXPECT_EQ(ledger.Credit(a, 2), 0u);
+  EXPECT_EQ(ledger.Credit(a, 3), 2u) << "a later lease of more chunks adds only the new ones";
+  EXPECT_EQ(ledger.Credit(a, 1), 3u) << "a shorter one adds nothing";
+  EXPECT_TRUE(ledger.FirstSight(b));
+  EXPECT_TRUE(ledger.FirstSight(RequestLedger::Ticket(9)));  // forgets a, the oldest
+  EXPECT_EQ(ledger.size(), 2u);
+  EXPECT_TRUE(ledger.FirstSight(a)) << "forgotten: a new request";
+  EXPECT_TRUE(ledger.FirstSight("")) << "an unnamed call is always a request of its own";
+  EXPECT_EQ(ledger.Credit("", 5), 0u);
+  EXPECT_NE(RequestLedger::Named("t1"), RequestLedger::Ticket(1)) << "ids never name tickets";
+}
+
+}  // namespace
+}  // namespace kvtier::testing

@@ -1,0 +1,67 @@
+// kvtier-replay against the real kvtierd: its token hit rate counts only the
+// verified leading run of each load (issue 10, item 10: it used to add the
+// tokens of chunks that failed verification).
+#include <cstring>
+#include <fstream>
+
+#include "integration/daemon_test_fixture.h"
+#include "kvtier/client.h"
+#include "kvtier/tools/model_presets.h"
+#include "kvtier/tools/synthetic_kv.h"
+
+namespace kvtier::integration {
+namespace {
+
+using ReplayTest = DaemonTest;
+
+TEST_F(ReplayTest, HitTokensCountOnlyTheVerifiedLeadingRun) {
+  DaemonProcess daemon(Opts());
+  ASSERT_EQ(daemon.Start(), "");
+  // One request of 4 trace blocks (2,048 tokens): 8 chunks of 256 tokens.
+  const std::vector<uint64_t> blocks = {0, 1, 2, 3};
+  const std::string trace = dir_.Sub("one.jsonl");
+  std::ofstream(trace) << R"({"timestamp": 0, "input_length": 2048, "output_length": 1, )"
+                       << R"("hash_ids": [0, 1, 2, 3]})" << "\n";
+
+  // Store the prompt as kvtier-replay would, except that chunk 3 holds wrong bytes.
+  auto spec = tools::ModelPreset("tiny", 256);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  ClientOptions o;
+  o.socket_path = socket_;
+  o.deadline = std::chrono::milliseconds(2000);
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto ns = (*client)->OpenNamespace(*spec);
+  ASSERT_TRUE(ns.ok()) << ns.status().ToString();
+  const std::vector<int32_t> tokens = tools::SynthesizePrompt(blocks, 2048);
+  const std::vector<ChunkKey> keys = Client::ChunkKeys(*ns, tokens);
+  ASSERT_EQ(keys.size(), 8u);
+  auto stored = (*client)->Store(*ns, tokens, [&](size_t i, std::span<std::byte> payload) {
+    tools::FillPayload(keys[i], spec->num_layers, payload);
+    if (i == 3) payload[payload.size() / 2] ^= std::byte{0x5A};
+    return Status::Ok();
+  });
+  ASSERT_TRUE(stored.ok() && stored->fail_open.ok() && stored->stored_chunks == 8u);
+  (*client)->Close();
+
+  const CommandResult r = RunCommand({BinPath("kvtier-replay"), "--socket", socket_, "--trace",
+                                      trace, "--quiet", "--deadline-ms", "2000", "--json",
+                                      dir_.Sub("replay.json")},
+                                     60s);
+  EXPECT_EQ(r.exit.exit_code, 3) << "verify errors exit 3\n" << r.Describe();
+  const json j = json::parse(ReadFileOrEmpty(dir_.Sub("replay.json")), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.Describe();
+  EXPECT_EQ(j["verify_errors"].get<uint64_t>(), 1u);
+  EXPECT_EQ(j["prompt_tokens"].get<uint64_t>(), 2048u);
+  EXPECT_EQ(j["hit_tokens"].get<uint64_t>(), 3u * 256u) << "chunks 0-2 verified; 3 failed";
+  EXPECT_EQ(j["chunks_loaded"].get<uint64_t>(), 3u);
+
+  // The daemon counted the replay's one request once: its 2,048 prompt tokens
+  // (the Store above made no Lookup) and the 8 chunks it leased.
+  const json s = Stats(daemon);
+  EXPECT_EQ(s["lookup_tokens"].get<uint64_t>(), 2048u);
+  EXPECT_EQ(s["hit_tokens"].get<uint64_t>(), 2048u);
+}
+
+}  // namespace
+}  // namespace kvtier::integration

@@ -35,7 +35,7 @@ test-tsan: deps
 # The long campaign runs (docs/RELIABILITY.md), one after another: the crash
 # loop (50 cycles per run), the client-death loop (1,000 deaths per run) and
 # the 60 s load test. Each test prints a CAMPAIGN line, collected in
-# $(BUILD_DIR)/soak/campaign.log. About 20 minutes on 2 cores.
+# $(BUILD_DIR)/soak/campaign.log. About 10 minutes on 2 cores, after the build.
 SOAK_LOG = $(abspath $(BUILD_DIR))/soak/campaign.log
 soak: build
 	@mkdir -p $(dir $(SOAK_LOG)) && rm -f $(SOAK_LOG)

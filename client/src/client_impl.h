@@ -172,93 +172,89 @@ inline bool BreaksConnection(const Status& st) {
   }
 }
 
-// Releases leases off the load path: Load hands the lease to this worker and
-// returns; the worker makes the (deadline-bounded) ReleaseRead calls. Each
-// time it wakes it sends every release queued meanwhile at once and waits for
-// them all: one call after another would fall behind loads from several
-// threads, and a lease waiting its turn keeps its chunks pinned, so the arena
-// fills with released leases and later loads find no room to promote into.
-// Its own thread, not a gRPC callback thread, so that a connection it holds the
-// last reference to is torn down safely. Stop() drains the queue.
+// Ends leases off the load path: Enqueue sends the ReleaseRead at once, from
+// the caller's thread, and returns without waiting for the answer. A release
+// that waited for another thread (or behind earlier releases) kept its chunks
+// pinned meanwhile: loads from several threads, or a scheduler slow to run that
+// thread, filled the arena with released leases, and later loads found no room
+// to promote into. The calls finish on gRPC's threads; this class's own thread
+// only frees them, so that a connection whose last reference a call holds is
+// torn down there, not on a gRPC callback thread. Stop() waits for the calls in
+// flight (each within its deadline; with `drop_pending`, cancelled).
 class Releaser {
  public:
   ~Releaser() { Stop(); }
 
   void Enqueue(std::shared_ptr<Connection> conn, uint64_t lease_id,
                std::chrono::milliseconds deadline) {
-    std::lock_guard lock(mu_);
-    if (stopped_) return;  // the session's end releases it
-    queue_.push_back({std::move(conn), lease_id, deadline});
-    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
-    cv_.notify_one();
+    auto owned = std::make_shared<Call>();
+    Call* call = owned.get();
+    call->conn = std::move(conn);
+    call->req.set_session_id(call->conn->session_id);
+    call->req.set_lease_id(lease_id);
+    call->ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+    {
+      std::lock_guard lock(mu_);
+      if (stopped_) return;  // the session's end releases it
+      if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+      in_flight_.emplace(call, std::move(owned));
+    }
+    // A failed release is not the engine's problem: the session or TTL ends the lease.
+    call->conn->stub->async()->ReleaseRead(&call->ctx, &call->req, &call->resp,
+                                           [this, call](grpc::Status) {
+                                             std::lock_guard lock(mu_);
+                                             auto it = in_flight_.find(call);
+                                             finished_.push_back(std::move(it->second));
+                                             in_flight_.erase(it);
+                                             cv_.notify_one();
+                                           });
   }
 
-  // `drop_pending`: forget queued releases (their session is about to end)
-  // instead of making them; those in flight finish within their deadline.
+  // `drop_pending`: cancel the releases in flight (their session is about to
+  // end) instead of waiting for their answers.
   void Stop(bool drop_pending = false) {
+    std::vector<std::shared_ptr<Call>> cancel;
     {
       std::lock_guard lock(mu_);
       stopped_ = true;
-      if (drop_pending) queue_.clear();
+      if (drop_pending) {
+        for (auto& entry : in_flight_) cancel.push_back(entry.second);
+      }
     }
+    // Outside mu_: a cancelled call's callback may run on this thread, in TryCancel.
+    for (auto& call : cancel) call->ctx.TryCancel();
+    cancel.clear();
     cv_.notify_one();
     if (thread_.joinable()) thread_.join();
   }
 
  private:
-  struct Item {
+  struct Call {
     std::shared_ptr<Connection> conn;
-    uint64_t lease_id;
-    std::chrono::milliseconds deadline;
+    grpc::ClientContext ctx;
+    v1::ReleaseReadRequest req;
+    v1::ReleaseReadResponse resp;
   };
 
   void Loop() {
     std::unique_lock lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return stopped_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopped and drained
-      std::deque<Item> batch;
-      batch.swap(queue_);
+      cv_.wait(lock, [&] { return !finished_.empty() || (stopped_ && in_flight_.empty()); });
+      std::vector<std::shared_ptr<Call>> done;
+      done.swap(finished_);
+      const bool last = stopped_ && in_flight_.empty();
       lock.unlock();
-      ReleaseAll(batch);
-      batch.clear();  // the connections' last references may go here, on this thread
+      done.clear();  // the connections' last references may go here, on this thread
       lock.lock();
+      if (last && finished_.empty()) return;
     }
-  }
-
-  // Sends every release of `batch` at once and returns when all have ended.
-  static void ReleaseAll(std::deque<Item>& batch) {
-    struct Call {
-      grpc::ClientContext ctx;
-      v1::ReleaseReadRequest req;
-      v1::ReleaseReadResponse resp;
-    };
-    std::mutex done_mu;
-    std::condition_variable done_cv;
-    size_t pending = batch.size();
-    std::vector<std::unique_ptr<Call>> calls;
-    calls.reserve(batch.size());
-    for (Item& item : batch) {
-      auto call = std::make_unique<Call>();
-      call->req.set_session_id(item.conn->session_id);
-      call->req.set_lease_id(item.lease_id);
-      call->ctx.set_deadline(std::chrono::system_clock::now() + item.deadline);
-      // A failed release is not the engine's problem: the session or TTL ends the lease.
-      item.conn->stub->async()->ReleaseRead(&call->ctx, &call->req, &call->resp,
-                                            [&](grpc::Status) {
-                                              std::lock_guard done(done_mu);
-                                              if (--pending == 0) done_cv.notify_one();
-                                            });
-      calls.push_back(std::move(call));
-    }
-    std::unique_lock done(done_mu);
-    done_cv.wait(done, [&] { return pending == 0; });
   }
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Item> queue_;  // GUARDED_BY(mu_)
-  bool stopped_ = false;    // GUARDED_BY(mu_)
+  std::unordered_map<Call*, std::shared_ptr<Call>> in_flight_;  // GUARDED_BY(mu_)
+  std::vector<std::shared_ptr<Call>> finished_;                  // GUARDED_BY(mu_)
+  bool stopped_ = false;                                         // GUARDED_BY(mu_)
   std::thread thread_;
 };
 
@@ -286,6 +282,7 @@ class LentTokens {
   static thread_local std::unique_ptr<std::string> spare_;
   Request& req_;
 };
+
 template <typename Request>
 thread_local std::unique_ptr<std::string> LentTokens<Request>::spare_;
 

@@ -29,6 +29,7 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <thread>
 #include <unordered_set>
 
@@ -85,10 +86,24 @@ class CrashLoopTest : public ::testing::TestWithParam<CrashLoopRun> {
                              std::to_string(conversations), "--keys-out", keys});
     CommandResult r = RunCommand(argv, 600s);
     EXPECT_TRUE(r.ok()) << r.Describe();
+    if (!r.err.empty()) std::printf("read-back stderr:\n%s", r.err.c_str());
     served->clear();
     std::ifstream in(keys);
     for (std::string line; std::getline(in, line);) served->insert(line);
     return TaggedJson(r.out, "RESULT ");
+  }
+
+  // The warning and error lines of a daemon log.
+  static std::string Warnings(const std::string& log) {
+    std::string out;
+    std::istringstream in(log);
+    for (std::string line; std::getline(in, line);) {
+      if ((line.find("[warning]") != std::string::npos || line.find("[error]") != std::string::npos) &&
+          line.find("socket directory") == std::string::npos) {
+        out += line + "\n";
+      }
+    }
+    return out;
   }
 
   // Starts kvtierd on the files of the last run, having first killed one
@@ -124,6 +139,7 @@ class CrashLoopTest : public ::testing::TestWithParam<CrashLoopRun> {
     ASSERT_FALSE(rb.is_null()) << "cycle " << cycle;
     EXPECT_EQ(rb["bad_chunks"], 0u) << "cycle " << cycle << ": wrong bytes served";
     EXPECT_EQ(rb["fail_open"], 0u) << "cycle " << cycle;
+    EXPECT_EQ(rb["short_loads"], 0u) << "cycle " << cycle << ": loads got less than was cached";
     wrong_bytes_ += rb["wrong_bytes"].get<uint64_t>();
     uint64_t lost = 0;
     for (const std::string& k : previous_) lost += served.count(k) == 0 ? 1 : 0;
@@ -143,7 +159,7 @@ class CrashLoopTest : public ::testing::TestWithParam<CrashLoopRun> {
     EXPECT_EQ(after["corrupt_reads"], 0u) << "cycle " << cycle;
     EXPECT_EQ(served.size(), nvme_at_start["chunks"].get<uint64_t>())
         << "cycle " << cycle << ": not every chunk the index holds is served right\n"
-        << StatsOf(daemon_).dump();
+        << StatsOf(daemon_).dump() << "\n" << Warnings(daemon_.log());
     if (!GetParam().nvme_evicts) {
       EXPECT_GE(ratio, 0.99) << "cycle " << cycle << ": served " << served.size() << " of "
                              << durable << " durable chunks";

@@ -7,6 +7,7 @@
 #include <optional>
 #include <unordered_set>
 
+#include "kvtier/admin_client.h"
 #include "kvtier/tools/model_presets.h"
 #include "testing/test_client_modes.h"
 
@@ -41,6 +42,21 @@ std::optional<Session> Open(const Common& c, const char* name) {
     return std::nullopt;
   }
   return Session{std::move(*client), *ns, spec->num_layers};
+}
+
+// The daemon's DRAM row and lease count, for a diagnosis ("" when unknown).
+std::string DramState(const std::string& socket) {
+  auto admin = AdminClient::Connect(socket, std::chrono::milliseconds(2000));
+  if (!admin.ok()) return "";
+  auto stats = (*admin)->Stats();
+  if (!stats.ok()) return "";
+  for (const TierStats& t : stats->tiers) {
+    if (t.name != "dram") continue;
+    return "chunks " + std::to_string(t.chunks) + ", pinned " + std::to_string(t.pinned_chunks) +
+           ", uncommitted bytes " + std::to_string(t.uncommitted_bytes) + ", active leases " +
+           std::to_string(stats->active_leases);
+  }
+  return "";
 }
 
 // Prints `RESULT {json}` (`result` and the counts every mode has) and
@@ -149,7 +165,7 @@ int ReadBack(const Common& c, uint64_t conversations, const std::string& keys_ou
   PayloadCheck check{s->num_layers, pb};
   std::vector<std::byte> buffer(Conversations::kMaxChunks * pb);
   std::unordered_set<ChunkKey, ChunkKeyHash> served;
-  uint64_t fail_open = 0, api_errors = 0, nvme_chunks = 0;
+  uint64_t fail_open = 0, api_errors = 0, nvme_chunks = 0, short_loads = 0;
   for (uint64_t conv = 0; conv < conversations; ++conv) {
     const std::vector<int32_t> tokens =
         Conversations::Prompt(conv, Conversations::kTurns, c.chunk_tokens, /*with_tail=*/false);
@@ -168,6 +184,17 @@ int ReadBack(const Common& c, uint64_t conversations, const std::string& keys_ou
     nvme_chunks += load->nvme_chunks;
     const size_t good = check.Check(keys, buffer, load->num_chunks);
     served.insert(keys.begin(), keys.begin() + static_cast<ptrdiff_t>(good));
+    // What a lookup says is cached (DRAM, then NVMe): the load got less?
+    auto cached = s->client->Lookup(s->ns, tokens);
+    if (cached.ok() && cached->fail_open.ok() && cached->num_chunks > load->num_chunks) {
+      ++short_loads;
+      std::fprintf(stderr,
+                   "kvtier_test_client: conversation %llu: loaded %u chunks (%u from NVMe, "
+                   "lookup %lld us), a lookup then found %u cached; DRAM then: %s\n",
+                   static_cast<unsigned long long>(conv), load->num_chunks, load->nvme_chunks,
+                   static_cast<long long>(load->lookup_time.count()), cached->num_chunks,
+                   DramState(c.socket).c_str());
+    }
   }
   if (!keys_out.empty()) {
     std::ofstream out(keys_out, std::ios::trunc);
@@ -179,7 +206,8 @@ int ReadBack(const Common& c, uint64_t conversations, const std::string& keys_ou
   }
   return Finish({{"conversations", conversations},
                  {"served_chunks", served.size()},
-                 {"nvme_chunks", nvme_chunks}},
+                 {"nvme_chunks", nvme_chunks},
+                 {"short_loads", short_loads}},
                 fail_open, api_errors, check);
 }
 

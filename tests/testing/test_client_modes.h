@@ -31,6 +31,8 @@ int CrashWorker(const Common& c, const CrashWorkerOptions& o);
 // crash_worker.cc. Loads every chunk conversations [0, conversations) can
 // have (the last turn without its tail), checks every byte, and writes the
 // keys of the chunks served right to `keys_out` (hex, one a line; "" = none).
+// After each load a lookup (no lease) asks what is cached: RESULT's
+// short_loads counts the loads that got less, each described on stderr.
 int ReadBack(const Common& c, uint64_t conversations, const std::string& keys_out);
 
 // dying_client.cc. Takes and keeps leases (Acquire), reservations (Reserve,

@@ -27,6 +27,7 @@
 #include "kvtier/proto/status_mapping.h"
 #include "kvtier/proto/transport_args.h"
 #include "kvtier/request_id.h"
+#include "kvtier/sanitizers.h"
 #include "kvtier/socket_path.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
 
@@ -43,6 +44,7 @@ class SessionStream final : public grpc::ClientBidiReactor<v1::SessionHello, v1:
     stub->async()->Session(&ctx_, this);
     StartWrite(&hello_);
     StartRead(&opened_);
+    KVTIER_TSAN_RELEASE(this);  // gRPC runs the reactions below after StartCall
     StartCall();
   }
 
@@ -66,6 +68,7 @@ class SessionStream final : public grpc::ClientBidiReactor<v1::SessionHello, v1:
 
   void OnWriteDone(bool /*ok*/) override {}
   void OnReadDone(bool ok) override {
+    KVTIER_TSAN_ACQUIRE(this);
     if (!ok) return;  // the stream ended; OnDone follows
     {
       std::lock_guard lock(mu_);
@@ -78,6 +81,7 @@ class SessionStream final : public grpc::ClientBidiReactor<v1::SessionHello, v1:
     StartRead(&opened_);  // keep a read pending to see the stream end
   }
   void OnDone(const grpc::Status& s) override {
+    KVTIER_TSAN_ACQUIRE(this);
     alive_.store(false);
     {
       std::lock_guard lock(mu_);

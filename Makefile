@@ -3,8 +3,8 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps deps-engines build test test-asan test-tsan soak demo bench gpu-check \
-        gpu-bundle wheel clean
+.PHONY: all deps deps-engines build test test-asan test-tsan soak fuzz fuzz-smoke demo bench \
+        gpu-check gpu-bundle wheel clean
 
 all: build
 
@@ -23,6 +23,15 @@ build: deps $(BUILD_DIR)/CMakeCache.txt
 
 test: build deps-engines
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS)
+	@$(MAKE) --no-print-directory fuzz-smoke
+
+# libFuzzer targets (tests/fuzz; clang, ASan + UBSan) in build-fuzz/: `make fuzz` runs each
+# FUZZ_RUNS times (default 1,000,000); fuzz-smoke, part of `make test`, each briefly.
+fuzz: deps
+	@JOBS=$(JOBS) bash tests/fuzz/run.sh long
+
+fuzz-smoke: deps
+	@JOBS=$(JOBS) bash tests/fuzz/run.sh smoke
 
 # Sanitizer builds in build-asan / build-tsan (tools/sanitizers/test.sh; no Python tests):
 # ASan + UBSan over every C++ test, TSan over CacheCore, the client and the integration tests.

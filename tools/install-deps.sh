@@ -23,6 +23,7 @@ PACKAGES=(
   libyaml-cpp-dev libcli11-dev libcpp-httplib-dev nlohmann-json3-dev
   fio
   python3 python3-dev python3-venv
+  clang libclang-rt-14-dev llvm-14  # libFuzzer and llvm-symbolizer (make fuzz, fuzz-smoke)
 )
 
 missing=()

@@ -100,6 +100,11 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
   if (!root.IsMap()) return Status::InvalidArgument("config " + path + ": top level is not a map");
   std::set<std::string> seen;
   for (const auto& kv : root) {
+    if (!kv.first.IsScalar()) {  // as<std::string> would throw
+      return Status::InvalidArgument("config " + path + ": the key at line " +
+                                     std::to_string(kv.first.Mark().line + 1) +
+                                     " is not a name (a list, a map or empty)");
+    }
     const std::string key = kv.first.as<std::string>();
     if (!seen.insert(key).second) {  // yaml-cpp keeps the last one silently
       return Status::InvalidArgument("config " + path + ": key '" + key + "' appears twice (line " +

@@ -169,6 +169,18 @@ TEST_F(DaemonOptionsTest, AConfigYamlCppCannotReadToItsEndIsRefused) {
   }
 }
 
+// Found by fuzz_config: a key that is not a plain name (a list, a map, a null) made
+// yaml-cpp throw outside the error handling, and kvtierd died in std::terminate.
+TEST_F(DaemonOptionsTest, AKeyThatIsNotANameIsAnErrorNotACrash) {
+  for (const char* text :
+       {"? [dram_bytes]\n: 64MiB\n", "{[1]: 2}\n", "{{a: 1}: 2}\n", "? \n: 1\n"}) {
+    const std::string cfg = WriteConfig(text);
+    const std::string error = ErrorOf({"--config", cfg});
+    EXPECT_TRUE(Names(error, cfg)) << text << ": " << error;
+    EXPECT_TRUE(Names(error, "line")) << text << ": " << error;
+  }
+}
+
 TEST_F(DaemonOptionsTest, UnknownFlagIsNamed) {
   EXPECT_TRUE(Names(ErrorOf({"--dram-size", "1GiB"}), "--dram-size"));
 }

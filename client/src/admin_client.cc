@@ -59,6 +59,7 @@ Result<DaemonStats> AdminClient::Stats() {
   s.uptime_s = r.uptime_s();
   s.active_prefetches = r.active_prefetches();
   s.prefetched_chunks = r.prefetched_chunks();
+  s.session_limited = r.session_limited();
   return s;
 }
 

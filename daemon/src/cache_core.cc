@@ -1,7 +1,6 @@
 #include "kvtier/daemon/cache_core.h"
 
 #include <spdlog/spdlog.h>
-#include <sys/random.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -131,99 +130,6 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
 }
 
 CacheCore::~CacheCore() { StopWorkers(); }
-
-uint64_t CacheCore::OpenSession(const std::string& client_name, uint32_t pid) {
-  uint8_t random[16];
-  for (size_t got = 0; got < sizeof(random);) {  // the kernel's CSPRNG; blocks only at early boot
-    const ssize_t n = getrandom(random + got, sizeof(random) - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string token;
-  for (uint8_t b : random) {
-    token += kHex[b >> 4];
-    token += kHex[b & 15];
-  }
-  std::lock_guard lock(mu_);
-  uint64_t id = next_id_++;
-  sessions_.emplace(id, SessionInfo{client_name + " (pid " + std::to_string(pid) + ")",
-                                    std::move(token)});
-  return id;
-}
-
-std::string CacheCore::SessionToken(uint64_t session_id) const {
-  std::lock_guard lock(mu_);
-  auto it = sessions_.find(session_id);
-  return it == sessions_.end() ? std::string() : it->second.token;
-}
-
-Status CacheCore::CheckSessionToken(uint64_t session_id, std::string_view token) const {
-  std::lock_guard lock(mu_);
-  auto it = sessions_.find(session_id);
-  if (it == sessions_.end()) return Status::Ok();
-  const std::string& want = it->second.token;
-  uint8_t diff = token.size() == want.size() ? 0 : 1;
-  for (size_t i = 0; i < want.size(); ++i) {
-    diff |= static_cast<uint8_t>(want[i] ^ (i < token.size() ? token[i] : 0));
-  }
-  if (diff == 0) return Status::Ok();
-  return Status::PermissionDenied("session_id " + std::to_string(session_id) + ": " +
-                                  (token.empty() ? "no" : "a wrong") +
-                                  " session token (metadata kvtier-session-token); a session's "
-                                  "leases, reservations and tickets are its own");
-}
-
-void CacheCore::EndSession(uint64_t session_id) {
-  std::lock_guard lock(mu_);
-  if (sessions_.erase(session_id) == 0) return;
-  size_t leases = 0, reservations = 0;
-  for (auto it = leases_.begin(); it != leases_.end();) {
-    auto next = std::next(it);
-    if (it->second.session_id == session_id) {
-      EndLease(it);
-      ++leases;
-    }
-    it = next;
-  }
-  for (auto it = reservations_.begin(); it != reservations_.end();) {
-    if (it->second.session_id == session_id) {
-      FreeReservation(it->second);
-      it = reservations_.erase(it);
-      ++reservations;
-    } else {
-      ++it;
-    }
-  }
-  for (auto it = promotions_.begin(); it != promotions_.end();) {
-    auto next = std::next(it);
-    // A Lookup's own promotion finishes on its worker, which then sees the session gone.
-    if (it->second.session_id == session_id && !it->second.on_done) EndPromotion(it);
-    it = next;
-  }
-  if (auto q = quarantined_.find(session_id); q != quarantined_.end()) {
-    for (const Reservation& r : q->second) FreeReservationSlots(r);
-    reservations += q->second.size();
-    quarantined_.erase(q);
-  }
-  spdlog::debug("session {} ended: freed {} leases and {} reservations", session_id, leases,
-                reservations);
-}
-
-Status CacheCore::CheckSession(uint64_t session_id) const {
-  if (sessions_.count(session_id) == 0) {
-    return Status::FailedPrecondition("session_id " + std::to_string(session_id) +
-                                      " is unknown (open a Session stream first)");
-  }
-  return Status::Ok();
-}
-
-Status CacheCore::CheckEpoch(uint64_t epoch) const {
-  if (epoch != dram_->arena().epoch()) {
-    return Status::FailedPrecondition("epoch " + std::to_string(epoch) +
-                                      " is stale (the daemon restarted; remap the arena)");
-  }
-  return Status::Ok();
-}
 
 Result<const CacheCore::NamespaceState*> CacheCore::FindNamespace(const std::string& id) const {
   auto key = KeyFromWire(id);
@@ -402,6 +308,14 @@ void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, D
     lock.unlock();
     return done(st);
   }
+  if (req.acquire()) {  // a lease takes over the ticket's hold
+    const size_t allowed = SessionAllowance(req.session_id(), ns.layout.slot_bytes,
+                                            ticket ? (*ticket)->second.held_bytes : 0);
+    if (allowed < tally.max_hits) {
+      tally.max_hits = allowed;
+      ++counters_.session_limited;
+    }
+  }
   std::vector<uint32_t> hits = DramPrefix(ns, keys, all, tally.max_hits);
   tally.dram_hits = hits.size();
   if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kSelective) {
@@ -448,6 +362,7 @@ void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, D
   p.session_id = req.session_id();
   p.expiry = clock_.Now() + options_.lease_ttl;
   p.ns = ns;
+  p.held_bytes = (hits.size() + run) * ns.layout.slot_bytes;
   p.keys.assign(keys.begin(), keys.begin() + static_cast<ptrdiff_t>(hits.size() + run));
   p.tokens.assign(all.begin(), all.begin() + static_cast<ptrdiff_t>(p.keys.size() *
                                                                     ns.spec.chunk_tokens));
@@ -500,6 +415,8 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
   lease.session_id = t.session_id;
   lease.expiry = clock_.Now() + options_.lease_ttl;
   lease.handles = hits;  // pinned by the caller
+  lease.held_bytes = hits.size() * ns.layout.slot_bytes;
+  Hold(t.session_id, lease.held_bytes);
   for (uint32_t h : hits) {
     auto* loc = resp->add_chunks();
     loc->set_payload_offset(dram_->Get(h).slot_offset + ns.layout.header_bytes);
@@ -524,6 +441,7 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
 void CacheCore::EndLease(std::unordered_map<uint64_t, Lease>::iterator it) {
   for (uint32_t h : it->second.handles) dram_->Unpin(h);
   for (uint32_t h : it->second.hbm_handles) hbm_->Unpin(h);
+  Drop(it->second.session_id, it->second.held_bytes);
   leases_.erase(it);
 }
 
@@ -602,25 +520,42 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
   r.session_id = req.session_id();
   r.expiry = clock_.Now() + options_.reservation_ttl;
   r.ns = ns;
+  // Each pin and each slot counts against the session's session_max_bytes.
+  size_t allowed = SessionAllowance(r.session_id, ns->layout.slot_bytes);
   auto pin = [&](uint32_t h) {
     dram_->Touch(h);
     dram_->Pin(h);
     r.pinned.push_back(h);
+    --allowed;
   };
   resp->set_reservation_ttl_ms(static_cast<uint64_t>(options_.reservation_ttl.count()));
   // A commit keeps only chunks whose parent is there: check before evicting
   // anything for slots that could never be committed.
-  if (const uint32_t ph = dram_->Find(chunks[0].parent); ph != ChunkIndex::kNone) {
-    pin(ph);
+  const uint32_t parent = dram_->Find(chunks[0].parent);
+  if (parent != ChunkIndex::kNone && allowed == 0) {
+    for (int i = 0; i < n; ++i) resp->add_outcomes(v1::SESSION_LIMIT);
+    ++counters_.session_limited;
+    return Status::Ok();
+  }
+  if (parent != ChunkIndex::kNone) {
+    pin(parent);
   } else if (chunks[0].parent != ns->id && reserved_keys_.count(chunks[0].parent) == 0) {
     for (int i = 0; i < n; ++i) resp->add_outcomes(v1::NO_PARENT);
     return Status::Ok();
   }
-  bool out_of_space = false, key_taken = false;
+  bool out_of_space = false, key_taken = false, limited = false;
   for (int i = 0; i < n; ++i) {
     ReservedChunk& c = chunks[i];
     if (key_taken) {
       resp->add_outcomes(v1::KEY_TAKEN);  // its parent is not this prompt's chunk
+      continue;
+    }
+    if (!out_of_space && !limited && allowed == 0) {
+      limited = true;  // later chunks would be orphans without this one
+      ++counters_.session_limited;
+    }
+    if (limited) {
+      resp->add_outcomes(v1::SESSION_LIMIT);
       continue;
     }
     if (!out_of_space) {
@@ -649,6 +584,7 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
         resp->add_outcomes(v1::RESERVED);
         reserved_keys_.insert(c.key);
         r.chunks.push_back(std::move(c));
+        --allowed;
         continue;
       }
       out_of_space = true;  // later chunks would be orphans without this one
@@ -660,23 +596,30 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
     return Status::Ok();
   }
   ++ns->active_reservations;
+  r.held_bytes = (r.chunks.size() + r.pinned.size()) * ns->layout.slot_bytes;
+  Hold(r.session_id, r.held_bytes);
   const uint64_t id = next_id_++;
   reservations_.emplace(id, std::move(r));
   resp->set_reservation_id(id);
   return Status::Ok();
 }
 
-void CacheCore::ReleaseReservationHolds(const Reservation& r) {
+void CacheCore::ReleaseReservationHolds(Reservation& r) {
   for (uint32_t h : r.pinned) dram_->Unpin(h);
+  const uint64_t pins = r.pinned.size() * r.ns->layout.slot_bytes;
+  Drop(r.session_id, pins);  // its slots stay held until they are freed
+  r.held_bytes -= pins;
+  r.pinned.clear();
   for (const ReservedChunk& c : r.chunks) reserved_keys_.erase(c.key);
 }
 
 void CacheCore::FreeReservationSlots(const Reservation& r) {
   for (const ReservedChunk& c : r.chunks) dram_->FreeSlot(r.ns->ns_index, c.slot_offset);
+  Drop(r.session_id, r.held_bytes);
   --r.ns->active_reservations;
 }
 
-void CacheCore::FreeReservation(const Reservation& r) {
+void CacheCore::FreeReservation(Reservation& r) {
   ReleaseReservationHolds(r);
   FreeReservationSlots(r);
 }
@@ -692,6 +635,7 @@ Status CacheCore::CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWrite
     if (!it.ok()) return it.status();
     r = std::move((*it)->second);
     reservations_.erase(*it);
+    Drop(r.session_id, r.held_bytes);
     first_sequence = next_sequence_;
     next_sequence_ += r.chunks.size();
   }

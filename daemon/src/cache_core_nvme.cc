@@ -60,6 +60,7 @@ void CacheCore::WorkerLoop() {
 uint64_t CacheCore::StartPromotion(Promotion p) {
   const uint64_t id = next_id_++;
   const bool work = !p.done;
+  Hold(p.session_id, p.held_bytes);
   promotions_.emplace(id, std::move(p));
   if (work) {
     promotion_queue_.push_back(id);
@@ -72,6 +73,7 @@ void CacheCore::EndPromotion(std::unordered_map<uint64_t, Promotion>::iterator i
   for (uint32_t h : it->second.ready) dram_->Unpin(h);
   const Promotion& p = it->second;
   if (!p.on_done) prefetch_held_bytes_ -= p.keys.size() * p.ns.layout.slot_bytes;  // a ticket
+  Drop(p.session_id, p.held_bytes);
   promotions_.erase(it);  // a step in flight finds it gone and keeps its chunks unpinned
 }
 
@@ -81,6 +83,7 @@ void CacheCore::FinishPromotion(std::unique_lock<std::mutex>& lock,
   if (!it->second.on_done) return;  // a ticket: held until taken over or expired
   Promotion p = std::move(it->second);
   promotions_.erase(it);
+  Drop(p.session_id, p.held_bytes);  // the lease its continuation grants holds them again
   lock.unlock();
   auto on_done = std::move(p.on_done);
   on_done(p);
@@ -217,7 +220,12 @@ Status CacheCore::Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse*
   KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
   // A ticket holds at most what is left of the prefetch budget.
   const uint64_t budget = dram_->capacity_bytes() / 2 - prefetch_held_bytes_;
-  const size_t affordable = std::min<uint64_t>(limit, budget / ns.layout.slot_bytes);
+  size_t affordable = std::min<uint64_t>(limit, budget / ns.layout.slot_bytes);
+  if (const size_t allowed = SessionAllowance(req.session_id(), ns.layout.slot_bytes);
+      allowed < affordable) {
+    affordable = allowed;
+    ++counters_.session_limited;
+  }
   std::vector<uint32_t> hits = DramPrefix(ns, keys, all, affordable);
   const size_t run = ContinuationRun(keys, hits.size(), affordable);
   resp->set_deadline_ms(deadline_ms);
@@ -233,6 +241,7 @@ Status CacheCore::Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse*
   p.session_id = req.session_id();
   p.expiry = clock_.Now() + std::chrono::milliseconds(deadline_ms);
   p.ns = ns;
+  p.held_bytes = (hits.size() + run) * ns.layout.slot_bytes;
   p.keys.assign(keys.begin(), keys.begin() + static_cast<ptrdiff_t>(hits.size() + run));
   p.tokens.assign(all.begin(), all.begin() + static_cast<ptrdiff_t>(p.keys.size() *
                                                                     ns.spec.chunk_tokens));

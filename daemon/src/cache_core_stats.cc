@@ -98,6 +98,7 @@ void CacheCore::Stats(v1::StatsResponse* resp) {
       std::count_if(promotions_.begin(), promotions_.end(),
                     [](const auto& entry) { return !entry.second.on_done; })));
   resp->set_prefetched_chunks(counters_.prefetched_chunks);
+  resp->set_session_limited(counters_.session_limited);
   resp->set_uptime_s(static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_)
           .count()));

@@ -28,6 +28,7 @@ namespace {
 
 struct RawOptions {
   std::string socket, socket_group, log_level, dram_bytes, nvme_bytes = "8GiB";
+  std::string session_max_bytes = "0";
   std::string nvme_write_policy = "write_through";
   int64_t selective_min_hits = 2;
   std::vector<std::string> nvme_paths;
@@ -154,6 +155,9 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
           raw->dram_bytes = kv.second.as<std::string>();
           raw->dram_bytes_from = "config " + path + ": dram_bytes";
         }
+      } else if (key == "session_max_bytes") {
+        expected = "a byte size such as 1GiB";
+        if (!flag_given) raw->session_max_bytes = kv.second.as<std::string>();
       } else if (key == "nvme_bytes") {
         expected = "a byte size such as 64GiB";
         if (!flag_given) raw->nvme_bytes = kv.second.as<std::string>();
@@ -195,7 +199,8 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
       } else {
         return Status::InvalidArgument("config " + path + ": unknown key '" + key +
                                        "' (socket, socket_group, log_level, dram_bytes, "
-                                       "lease_ttl_ms, reservation_ttl_ms, drain_timeout_ms, nvme_paths, nvme_bytes, "
+                                       "session_max_bytes, lease_ttl_ms, reservation_ttl_ms, "
+                                       "drain_timeout_ms, nvme_paths, nvme_bytes, "
                                        "nvme_queue_depth, nvme_workers, nvme_write_policy, "
                                        "selective_min_hits, hbm_bytes, gpu, gpu_backend)");
       }
@@ -231,6 +236,10 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
                  "group allowed to connect (directory 0750, socket 0660)");
   app.add_option("--dram-bytes", raw.dram_bytes,
                  "DRAM arena size, e.g. 512MiB, 4GiB (a multiple of 4 KiB)")
+      ->capture_default_str();
+  app.add_option("--session-max-bytes", raw.session_max_bytes,
+                 "most DRAM one client session may hold at once in leases, prefetches and "
+                 "reservations; 0 = half of --dram-bytes")
       ->capture_default_str();
   app.add_option("--log-level", raw.log_level, "trace|debug|info|warn|error|critical|off")
       ->capture_default_str();
@@ -293,6 +302,11 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   opts.socket_group = raw.socket_group;
   opts.log_level = raw.log_level;
   opts.core.dram_bytes = *dram;
+  auto session_max = ParseBytes(raw.session_max_bytes);
+  if (!session_max.ok()) {
+    return Status::InvalidArgument("session_max_bytes: " + session_max.status().message());
+  }
+  opts.core.session_max_bytes = *session_max;
   opts.core.lease_ttl = std::chrono::milliseconds(raw.lease_ttl_ms);
   if (raw.drain_timeout_ms < 0 || raw.drain_timeout_ms > 3'600'000) {
     return Status::InvalidArgument("drain_timeout_ms " + std::to_string(raw.drain_timeout_ms) +

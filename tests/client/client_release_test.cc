@@ -44,7 +44,9 @@ TEST(ClientRelease, LoadsFromManyThreadsOfOneClientNeverPinTheArenaThroughQueued
   DaemonProcess::Options o;
   o.socket_path = dir.Sub("kvtierd.sock");
   o.dram_bytes = "4MiB";  // 204 slots of 20 KiB
-  o.extra_args = {"--nvme-path", nvme.path(), "--nvme-bytes", "64MiB"};
+  // One client may hold the whole arena: this is about releases, not the per-session limit.
+  o.extra_args = {"--nvme-path", nvme.path(), "--nvme-bytes", "64MiB", "--session-max-bytes",
+                  o.dram_bytes};
   o.log_path = dir.Sub("kvtierd.log");
   DaemonProcess daemon(o);
   ASSERT_EQ(daemon.Start(), "");

@@ -638,7 +638,7 @@ TEST(ClientLeaseLapse, CopyThatOutlivesItsLeaseIsReportedInvalidNotServed) {
   DaemonProcess::Options o;
   o.socket_path = dir.Sub("kvtierd.sock");
   o.dram_bytes = std::to_string(2 * slot);
-  o.extra_args = {"--lease-ttl-ms", "100"};
+  o.extra_args = {"--lease-ttl-ms", "100", "--session-max-bytes", o.dram_bytes};
   DaemonProcess daemon(o);
   ASSERT_EQ(daemon.Start(), "");
   ClientOptions co;

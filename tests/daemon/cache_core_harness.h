@@ -82,6 +82,9 @@ class CacheCoreDriver {
     o.dram_bytes = num_slots * kSlotBytes;
     o.lease_ttl = std::chrono::milliseconds(1000);
     o.reservation_ttl = std::chrono::milliseconds(2000);
+    // One session may hold the whole arena here; cache_core_fairness_test
+    // tests the default limit (half of it).
+    o.session_max_bytes = o.dram_bytes;
     return o;
   }
 

@@ -277,14 +277,15 @@ TEST_F(CacheCoreTest, EverythingLeasedMeansNoSpace) {
   Start(Options(/*num_slots=*/2));
   const auto tokens = Tokens(8);
   ASSERT_EQ(Store(tokens), 2u);
-  const v1::LookupResponse l = Lookup(tokens, true);
+  const uint64_t reader = core_->OpenSession("reader", 2);  // not the writer's own limit
+  const v1::LookupResponse l = Lookup(tokens, true, reader);
   const v1::ReserveWriteResponse r = Reserve(Tokens(8, 500));
   ASSERT_EQ(r.outcomes_size(), 2);
   EXPECT_EQ(r.outcomes(0), v1::NO_SPACE);
   EXPECT_EQ(r.outcomes(1), v1::NO_SPACE);
   EXPECT_EQ(r.reservation_id(), 0u);
   EXPECT_EQ(Lookup(tokens, false).num_chunks(), 2u);
-  EXPECT_TRUE(Release(l.lease_id()).ok());
+  EXPECT_TRUE(Release(l.lease_id(), reader).ok());
 }
 
 // A ReserveWrite must not evict the resident parent of its own first chunk:

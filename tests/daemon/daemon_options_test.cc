@@ -144,6 +144,20 @@ TEST_F(DaemonOptionsTest, DrainTimeoutDefaultsToTenSecondsAndIsBounded) {
   EXPECT_EQ(y->drain_timeout, milliseconds(2500));
 }
 
+TEST_F(DaemonOptionsTest, SessionMaxBytesDefaultsToHalfTheArenaAndParsesSizes) {
+  auto d = Parse({"--dram-bytes", "64MiB"});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->core.session_max_bytes, 0u);
+  EXPECT_EQ(d->core.SessionMaxBytes(), uint64_t{32} << 20);
+  auto f = Parse({"--dram-bytes", "64MiB", "--session-max-bytes", "48MiB"});
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->core.SessionMaxBytes(), uint64_t{48} << 20);
+  auto y = Parse({"--config", WriteConfig("session_max_bytes: 1GiB\n")});
+  ASSERT_TRUE(y.ok()) << y.status().ToString();
+  EXPECT_EQ(y->core.session_max_bytes, uint64_t{1} << 30);
+  EXPECT_TRUE(Names(ErrorOf({"--session-max-bytes", "lots"}), "session_max_bytes"));
+}
+
 // Issue 10, item 13: duplicate YAML keys used to be accepted silently (the last won).
 TEST_F(DaemonOptionsTest, ADuplicateYamlKeyIsAnErrorNamingIt) {
   const std::string cfg = WriteConfig("dram_bytes: 64MiB\nlog_level: info\ndram_bytes: 1GiB\n");

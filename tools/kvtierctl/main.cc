@@ -50,6 +50,7 @@ json StatsJson(const kvtier::DaemonStats& s) {
           {"active_reservations", s.active_reservations},
           {"active_prefetches", s.active_prefetches},
           {"prefetched_chunks", s.prefetched_chunks},
+          {"session_limited", s.session_limited},
           {"uptime_s", s.uptime_s}};
 }
 
@@ -78,9 +79,11 @@ void PrintStats(const kvtier::DaemonStats& s) {
               static_cast<unsigned long long>(s.active_leases),
               static_cast<unsigned long long>(s.active_reservations),
               static_cast<unsigned long long>(s.uptime_s));
-  std::printf("active prefetches %llu, chunks prefetched from NVMe %llu\n",
+  std::printf("active prefetches %llu, chunks prefetched from NVMe %llu, calls cut short by "
+              "the session limit %llu\n",
               static_cast<unsigned long long>(s.active_prefetches),
-              static_cast<unsigned long long>(s.prefetched_chunks));
+              static_cast<unsigned long long>(s.prefetched_chunks),
+              static_cast<unsigned long long>(s.session_limited));
 }
 
 // The scope of `kvtierctl evict`; a usage error names the bad option.

@@ -53,6 +53,9 @@ struct DaemonStats {
   uint64_t uptime_s = 0;
   uint64_t active_prefetches = 0;  // prefetch tickets not yet taken over or expired
   uint64_t prefetched_chunks = 0;  // chunks prefetches promoted from NVMe into DRAM
+  // Lookups, Prefetches and ReserveWrites cut short by the per-session limit
+  // (kvtierd --session-max-bytes).
+  uint64_t session_limited = 0;
 };
 
 struct DaemonHealth {

@@ -52,6 +52,7 @@ nb::dict StatsDict(const DaemonStats& s) {
   d["uptime_s"] = s.uptime_s;
   d["active_prefetches"] = s.active_prefetches;
   d["prefetched_chunks"] = s.prefetched_chunks;
+  d["session_limited"] = s.session_limited;
   return d;
 }
 
@@ -88,7 +89,7 @@ void BindAdmin(nb::module_& m) {
           "write_bytes, pending_writes, corrupt_reads, io_errors, degraded, skipped_writes, lost_writes, "
           "pinned_chunks, uncommitted_bytes), "
           "lookups, lookup_tokens, hit_tokens, sessions, active_leases, active_reservations, "
-          "uptime_s, active_prefetches, prefetched_chunks.\n\n"
+          "uptime_s, active_prefetches, prefetched_chunks, session_limited.\n\n"
           "Raises Unavailable or DeadlineExceeded when the daemon does not answer.")
       .def(
           "health",

@@ -88,8 +88,18 @@ struct CacheCoreOptions {
   // HBM tier: off when `hbm.bytes` is 0 (the default). Its copies run on the
   // I/O workers (nvme_workers of them).
   HbmTierOptions hbm;
+  // Most DRAM slot bytes one session may hold at once: its leases, its prefetch
+  // tickets and Lookup promotions, and its reservations (their slots and the
+  // stored chunks they pin; expired ones until the session ends). Past it a
+  // Lookup leases, and a Prefetch holds, a shorter prefix, and ReserveWrite
+  // answers SESSION_LIMIT, so that one greedy or hung client cannot take every
+  // slot from the others. A session holding nothing may always take one chunk.
+  // 0: half of dram_bytes. Default: 0.
+  uint64_t session_max_bytes = 0;
 
   Status Validate() const;
+  // session_max_bytes with its default applied.
+  uint64_t SessionMaxBytes() const;
 };
 
 class CacheCore {
@@ -199,6 +209,7 @@ class CacheCore {
   };
   struct Lease {
     uint64_t session_id = 0;
+    uint64_t held_bytes = 0;  // counted against its session's session_max_bytes
     Clock::TimePoint expiry;
     std::vector<uint32_t> handles;  // DramTier handles, pinned
     std::vector<uint32_t> hbm_handles;  // HbmTier handles, pinned (their DRAM copies are in handles)
@@ -211,6 +222,7 @@ class CacheCore {
   };
   struct Reservation {
     uint64_t session_id = 0;
+    uint64_t held_bytes = 0;  // as Lease's: its slots and pins
     Clock::TimePoint expiry;
     NamespaceState* ns = nullptr;  // kept from reuse by active_reservations
     std::vector<ReservedChunk> chunks;
@@ -224,6 +236,7 @@ class CacheCore {
   // clients, never expired or ended early: the worker always finishes it).
   struct Promotion {
     uint64_t session_id = 0;
+    uint64_t held_bytes = 0;  // as Lease's: keys.size() slots
     Clock::TimePoint expiry;
     NamespaceState ns;                // a copy, as at the start
     std::vector<ChunkKey> keys;       // the cached prefix to make ready
@@ -259,6 +272,7 @@ class CacheCore {
     uint64_t hbm_read_bytes = 0;
     uint64_t hbm_write_bytes = 0;
     uint64_t hbm_copy_errors = 0;
+    uint64_t session_limited = 0;  // calls cut short by session_max_bytes
     uint32_t nvme_failure_streak = 0;  // consecutive failed NVMe batches
   };
   // REQUIRES: mu_ held.
@@ -355,10 +369,10 @@ class CacheCore {
   // Lets the workers finish every queued promotion (so every Lookup waiting
   // on one completes), then joins them.
   void StopWorkers();
-  void FreeReservation(const Reservation& r);
+  void FreeReservation(Reservation& r);
   // The two halves of FreeReservation: drop its pins and in-flight keys; give
   // back its slots.
-  void ReleaseReservationHolds(const Reservation& r);
+  void ReleaseReservationHolds(Reservation& r);
   void FreeReservationSlots(const Reservation& r);
 
   const CacheCoreOptions options_;
@@ -417,7 +431,16 @@ class CacheCore {
   struct SessionInfo {
     std::string name;   // client name (pid N), for the logs
     std::string token;  // 32 hex digits
+    uint64_t held_bytes = 0;  // its leases', promotions' and reservations' held_bytes
   };
+  // REQUIRES: mu_ held. How many more slots of `slot_bytes` session
+  // `session_id` may hold under session_max_bytes (at least 1 while it holds
+  // nothing); `returning`: bytes the call gives back first (a ticket taken over).
+  size_t SessionAllowance(uint64_t session_id, uint64_t slot_bytes, uint64_t returning = 0) const;
+  // REQUIRES: mu_ held. Adds `bytes` to (or, Drop, takes them from) the held
+  // bytes of session `session_id`, if it is still open.
+  void Hold(uint64_t session_id, uint64_t bytes);
+  void Drop(uint64_t session_id, uint64_t bytes);
   std::unordered_map<uint64_t, SessionInfo> sessions_;                // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Lease> leases_;                        // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Reservation> reservations_;            // GUARDED_BY(mu_)

@@ -9,6 +9,7 @@ even when a test runner kills that.
 from __future__ import annotations
 
 import ctypes
+import glob
 import os
 import signal
 import subprocess
@@ -81,9 +82,20 @@ class KvtierdProcess:
         return kvtier.AdminClient.connect(self.socket, deadline_ms=2000)
 
     def pause(self) -> None:
-        """SIGSTOP: the daemon accepts nothing and answers nothing until resume()."""
+        """SIGSTOP: the daemon accepts nothing and answers nothing until resume().
+
+        Returns once every thread of it is stopped: kill() returns before a thread
+        running on another CPU has stopped, and that thread could still answer a call.
+        """
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            tasks = glob.glob(f"/proc/{self.proc.pid}/task/*/stat")
+            if all(_task_state(stat) == "T" for stat in tasks):
+                return
+            time.sleep(0.001)
+        raise AssertionError(f"kvtierd (pid {self.proc.pid}) did not stop within 5 s of SIGSTOP")
 
     def resume(self) -> None:
         assert self.proc is not None
@@ -115,3 +127,13 @@ class KvtierdProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _task_state(stat_path: str) -> str:
+    """The state letter of one thread (/proc/PID/task/TID/stat); "T" once a thread
+    that exited meanwhile is gone, so it does not hold the wait up."""
+    try:
+        with open(stat_path) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "T"

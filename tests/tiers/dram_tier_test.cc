@@ -292,6 +292,36 @@ TEST_F(DramTierTest, OtherSizesAreEvictedWhenNoChunkOfTheNeededSizeIs) {
   EXPECT_EQ(tier_->used_bytes(), 4 * kSlot);
 }
 
+// Issue 10, item 8: with several slot sizes, a big slot used to be made by
+// evicting small chunks in LRU order until free space coalesced. With pinned
+// chunks every other slot, no amount of eviction coalesces: it emptied the
+// arena of every evictable chunk and still failed.
+TEST_F(DramTierTest, AFragmentedArenaEvictsNothingWhenNoWindowCanHoldTheSlot) {
+  Make(8);
+  const uint32_t big = tier_->AddNamespace(2 * kSlot);
+  std::vector<uint32_t> handles;
+  for (uint64_t i = 0; i < 8; ++i) handles.push_back(Put(Key(i), kRoot, ns_));  // offsets 0..7
+  for (uint64_t i = 1; i < 8; i += 2) tier_->Pin(handles[i]);  // a lease on every odd slot
+  EXPECT_FALSE(tier_->AllocateSlot(big).has_value());
+  EXPECT_EQ(tier_->counters().evictions, 0u);
+  EXPECT_EQ(tier_->num_chunks(ns_), 8u);
+}
+
+// The same arena with slots 6 and 7 free to go: only they are evicted (the
+// old way took 0, 2 and 4 first, in LRU order, for nothing).
+TEST_F(DramTierTest, EvictionForAnotherSizeTakesOneWindowOnly) {
+  Make(8);
+  const uint32_t big = tier_->AddNamespace(2 * kSlot);
+  std::vector<uint32_t> handles;
+  for (uint64_t i = 0; i < 8; ++i) handles.push_back(Put(Key(i), kRoot, ns_));
+  for (uint64_t i : {1, 3, 5}) tier_->Pin(handles[i]);
+  auto slot = tier_->AllocateSlot(big);
+  ASSERT_TRUE(slot.has_value());
+  EXPECT_EQ(*slot, 6 * kSlot);
+  EXPECT_EQ(tier_->counters().evictions, 2u);
+  for (uint64_t i : {0, 2, 4}) EXPECT_TRUE(Resident(i)) << "chunk " << i;
+}
+
 TEST_F(DramTierTest, ArenaIsWritableThroughSlotAddress) {
   Make(2);
   auto slot = tier_->AllocateSlot(ns_);

@@ -1,5 +1,7 @@
 #include "kvtier/tiers/slot_tier.h"
 
+#include <algorithm>
+
 namespace kvtier {
 
 SlotTier::SlotTier(uint64_t capacity_bytes, std::unique_ptr<EvictionPolicy> policy)
@@ -14,17 +16,66 @@ uint32_t SlotTier::AddNamespace(uint64_t slot_bytes) {
 
 std::optional<uint64_t> SlotTier::AllocateSlot(uint32_t ns_index) {
   const uint64_t size = ns_slot_bytes_[ns_index];
-  for (;;) {
-    if (auto offset = allocator_.Allocate(size)) return offset;
-    // A victim of the same size frees exactly one slot; otherwise evict by LRU
-    // order whatever is evictable until the freed extents coalesce. Chunks
-    // held for a write go last.
-    if (EvictOne(size, true) || EvictOne(0, true) || EvictOne(size, false) ||
-        EvictOne(0, false)) {
-      continue;
+  for (const bool spare_held : {true, false}) {  // chunks held for a write go last
+    for (;;) {
+      if (auto offset = allocator_.Allocate(size)) return offset;
+      // A victim of the same size frees exactly one slot.
+      if (!EvictOne(size, spare_held)) break;
     }
-    return std::nullopt;
+    if (EvictWindow(size, spare_held)) return allocator_.Allocate(size);
   }
+  return std::nullopt;
+}
+
+bool SlotTier::EvictWindow(uint64_t size, bool spare_held) {
+  struct Segment {
+    uint64_t offset, len;
+    uint32_t handle;  // kNone: a free extent
+    bool usable;      // free, or an evictable chunk
+  };
+  std::vector<Segment> segments;
+  allocator_.ForEachFreeExtent([&](uint64_t offset, uint64_t len) {
+    segments.push_back({offset, len, ChunkIndex::kNone, true});
+  });
+  index_.ForEach([&](uint32_t h) {
+    const ChunkEntry& e = index_.Get(h);
+    const bool evictable = e.leases == 0 && e.resident_children == 0 &&
+                           (!spare_held || e.write_holds == 0);
+    segments.push_back({e.slot_offset, ns_slot_bytes_[e.ns_index], h, evictable});
+  });
+  std::sort(segments.begin(), segments.end(),
+            [](const Segment& a, const Segment& b) { return a.offset < b.offset; });
+  // Slide over runs of adjacent usable segments (a gap is a reserved slot).
+  size_t best_first = 0, best_last = 0;
+  uint64_t best_cost = UINT64_MAX;
+  size_t first = 0;
+  uint64_t len = 0, cost = 0;
+  for (size_t last = 0; last < segments.size(); ++last) {
+    const Segment& s = segments[last];
+    const bool adjacent = last == 0 || segments[last - 1].offset + segments[last - 1].len == s.offset;
+    if (!s.usable || (last > first && !adjacent)) {
+      first = s.usable ? last : last + 1;
+      len = cost = 0;
+      if (!s.usable) continue;
+    }
+    len += s.len;
+    cost += s.handle == ChunkIndex::kNone ? 0 : s.len;
+    while (len >= size) {
+      if (cost < best_cost) {
+        best_cost = cost;
+        best_first = first;
+        best_last = last;
+      }
+      len -= segments[first].len;
+      cost -= segments[first].handle == ChunkIndex::kNone ? 0 : segments[first].len;
+      ++first;
+    }
+  }
+  if (best_cost == UINT64_MAX || best_cost == 0) return false;  // 0: Allocate would have fit
+  for (size_t i = best_first; i <= best_last; ++i) {
+    if (segments[i].handle != ChunkIndex::kNone) Evict(segments[i].handle);
+  }
+  return true;
 }
 
 void SlotTier::FreeSlot(uint32_t ns_index, uint64_t slot_offset) {
@@ -59,10 +110,14 @@ bool SlotTier::EvictOne(uint64_t same_size, bool spare_held) {
            (same_size == 0 || ns_slot_bytes_[e.ns_index] == same_size);
   });
   if (!victim) return false;
-  if (on_evict_) on_evict_(*victim);
-  Remove(*victim);
-  ++counters_.evictions;
+  Evict(*victim);
   return true;
+}
+
+void SlotTier::Evict(uint32_t handle) {
+  if (on_evict_) on_evict_(handle);
+  Remove(handle);
+  ++counters_.evictions;
 }
 
 void SlotTier::Remove(uint32_t handle) {

@@ -4,7 +4,7 @@
 // fitting extent (the smallest one that is large enough), so with one slot
 // size (one namespace, the common case) capacity is exactly
 // arena_bytes / slot_bytes and a freed slot is reused as is. With several slot
-// sizes, the tier evicts until a large enough extent appears.
+// sizes, the tier evicts the chunks of one large enough window (SlotTier).
 //
 // Thread-safety: not thread-safe; the owner serializes calls.
 #pragma once
@@ -41,6 +41,11 @@ class SlotAllocator {
   uint64_t used_bytes() const { return used_bytes_; }
   // Number of free extents (fragmentation; 0 or 1 when nothing was freed).
   size_t num_free_extents() const { return by_offset_.size(); }
+  // Calls f(offset, length) for each free extent, in offset order.
+  template <typename F>
+  void ForEachFreeExtent(F&& f) const {
+    for (const auto& [offset, len] : by_offset_) f(offset, len);
+  }
 
  private:
   void Insert(uint64_t offset, uint64_t len);

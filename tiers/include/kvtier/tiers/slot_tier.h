@@ -7,8 +7,13 @@
 // pins chunks here (Pin/Unpin) while clients copy them.
 //
 // Eviction rule (DESIGN.md): the victim is the least recently used chunk with
-// no lease and no resident child, preferring one of the needed slot size. Inserting a chunk whose
-// parent is not resident is refused, so no orphan is ever reachable.
+// no lease and no resident child, of the needed slot size. When there is none
+// (namespaces of several slot sizes), the tier evicts the chunks of the
+// smallest window of the arena, made of free space and such chunks only, that
+// holds the slot: at most the slot's size plus one chunk on each side, and
+// nothing at all when no window exists (pinned chunks and open reservations
+// split the arena). Inserting a chunk whose parent is not resident is
+// refused, so no orphan is ever reachable.
 //
 // Thread-safety: not thread-safe; the daemon serializes calls with its mutex.
 #pragma once
@@ -47,8 +52,9 @@ class SlotTier {
     ns_slot_bytes_[ns_index] = slot_bytes;
   }
 
-  // A free slot for a chunk of namespace `ns_index`, evicting as needed.
-  // Returns nullopt when no slot is free and no chunk is evictable.
+  // A free slot for a chunk of namespace `ns_index`, evicting as needed (the
+  // eviction rule above; chunks held for a write go last). Returns nullopt
+  // when no slot can be made, having evicted nothing for it.
   std::optional<uint64_t> AllocateSlot(uint32_t ns_index);
   // Returns a slot that was allocated but never inserted (abort, expiry, drop).
   void FreeSlot(uint32_t ns_index, uint64_t slot_offset);
@@ -117,6 +123,13 @@ class SlotTier {
   // `same_size` bytes unless it is 0, and (with `spare_held`) not one held
   // for a write; false when none is evictable.
   bool EvictOne(uint64_t same_size, bool spare_held);
+  // Evicts the chunks of the window of the arena that holds `size` bytes at
+  // the least cost in evicted bytes, made only of free extents and evictable
+  // chunks (not held for a write, with `spare_held`); false, evicting nothing,
+  // when there is none.
+  bool EvictWindow(uint64_t size, bool spare_held);
+  // REQUIRES: evictable. Tells the listener, removes it, counts the eviction.
+  void Evict(uint32_t handle);
 
   SlotAllocator allocator_;
   ChunkIndex index_;

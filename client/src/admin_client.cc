@@ -48,7 +48,7 @@ Result<DaemonStats> AdminClient::Stats() {
                        t.chunks(), t.hits(), t.misses(), t.evictions(), t.read_bytes(),
                        t.write_bytes(), t.pending_writes(), t.corrupt_reads(), t.io_errors(),
                        t.degraded(), t.skipped_writes(), t.lost_writes(), t.pinned_chunks(),
-                       t.uncommitted_bytes()});
+                       t.uncommitted_bytes(), t.throttled_writes()});
   }
   s.lookups = r.lookups();
   s.lookup_tokens = r.lookup_tokens();

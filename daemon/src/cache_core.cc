@@ -509,7 +509,14 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
     chunks[i].parent = *parent;
   }
 
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
+  if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kWriteThrough &&
+      !WaitForWriteThrough(lock)) {
+    // Admitting them would evict chunks still waiting for their NVMe write.
+    for (int i = 0; i < n; ++i) resp->add_outcomes(v1::NVME_BEHIND);
+    counters_.nvme_throttled_writes += static_cast<uint64_t>(n);
+    return Status::Ok();
+  }
   KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
   // Found again under this lock: an idle namespace's state may have been given
   // to another namespace while the keys were checked (then this is NOT_FOUND).

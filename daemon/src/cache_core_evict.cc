@@ -93,7 +93,11 @@ Status CacheCore::Evict(const v1::EvictRequest& req, v1::EvictResponse* resp) {
   if (nvme_removal) add("nvme", *nvme_removal);
 
   // Queued writes of removed chunks go too (they would count as skipped).
-  std::erase_if(nvme_queue_, [&](const PendingWrite& w) { return removed.count(w.key) != 0; });
+  std::erase_if(nvme_queue_, [&](const PendingWrite& w) {
+    if (removed.count(w.key) == 0) return false;
+    nvme_queue_bytes_ -= w.slot_bytes;
+    return true;
+  });
   // Images copied out at eviction (write-back) carry no subtree: drop the
   // scope's namespace (all of a prefix's namespace; losing them costs misses only).
   std::erase_if(demotions_, [&](const Demotion& d) {

@@ -290,7 +290,18 @@ Status CacheCore::PrefetchStatus(const v1::PrefetchStatusRequest& req,
 void CacheCore::QueueNvmeWrite(uint32_t handle) {
   const ChunkEntry& e = dram_->Get(handle);
   dram_->HoldForWrite(handle);  // evicted before its write only when nothing else can be
-  nvme_queue_.push_back({e.key, SlotSequence(dram_->SlotAddress(e.slot_offset))});
+  const uint64_t slot_bytes = namespaces_[e.ns_index]->layout.slot_bytes;
+  nvme_queue_.push_back({e.key, SlotSequence(dram_->SlotAddress(e.slot_offset)), slot_bytes});
+  nvme_queue_bytes_ += slot_bytes;
+}
+
+bool CacheCore::WaitForWriteThrough(std::unique_lock<std::mutex>& lock) {
+  const uint64_t bound = options_.dram_bytes / 2;
+  if (nvme_queue_bytes_ <= bound) return true;
+  // Real time, not clock_: the writer runs in real time whatever the test clock says.
+  nvme_progress_cv_.wait_for(lock, options_.write_through_wait,
+                             [&] { return nvme_queue_bytes_ <= bound || stopping_; });
+  return nvme_queue_bytes_ <= bound;
 }
 
 void CacheCore::Demote(uint32_t handle, bool count_skips) {
@@ -381,7 +392,7 @@ size_t CacheCore::FlushWriteBack(const std::function<bool()>& keep_going) {
 
 size_t CacheCore::WriteThroughOnce() {
   if (!nvme_) return 0;
-  constexpr size_t kBatch = 32;
+  constexpr size_t kBatch = 256;
   constexpr uint64_t kBatchBytes = uint64_t{64} << 20;
   std::vector<Demotion> demoted;
   {
@@ -433,6 +444,7 @@ size_t CacheCore::WriteThroughOnce() {
       const PendingWrite w = nvme_queue_.front();
       const ChunkKey& key = w.key;
       nvme_queue_.pop_front();
+      nvme_queue_bytes_ -= w.slot_bytes;
       ++taken;
       const uint32_t h = dram_->Find(key);
       if (h == ChunkIndex::kNone ||
@@ -467,6 +479,7 @@ size_t CacheCore::WriteThroughOnce() {
     std::lock_guard lock(mu_);
     for (const Item& it : items) dram_->Unpin(it.handle);
   }
+  nvme_progress_cv_.notify_all();  // ReserveWrites waiting for room under the bound
   Result<size_t> stored = images.empty() ? Result<size_t>(size_t{0}) : nvme_->Write(images);
   std::lock_guard lock(mu_);
   if (!images.empty()) NoteNvmeWrite(stored.status(), "write-through", images.size());

@@ -86,6 +86,7 @@ void CacheCore::Stats(v1::StatsResponse* resp) {
     nt->set_io_errors(counters_.nvme_io_errors);
     nt->set_skipped_writes(counters_.nvme_skipped_writes);
     nt->set_lost_writes(counters_.nvme_lost_writes);
+    nt->set_throttled_writes(counters_.nvme_throttled_writes);
     nt->set_degraded(NvmeDegraded());
   }
   resp->set_lookups(counters_.lookups);

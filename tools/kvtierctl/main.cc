@@ -36,6 +36,7 @@ json StatsJson(const kvtier::DaemonStats& s) {
                      {"io_errors", t.io_errors},
                      {"skipped_writes", t.skipped_writes},
                      {"lost_writes", t.lost_writes},
+                     {"throttled_writes", t.throttled_writes},
                      {"pinned_chunks", t.pinned_chunks},
                      {"uncommitted_bytes", t.uncommitted_bytes},
                      {"degraded", t.degraded}});

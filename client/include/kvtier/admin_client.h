@@ -40,6 +40,8 @@ struct TierStats {
   uint64_t pinned_chunks = 0;    // dram, hbm: chunks pinned by a lease, ticket, reservation or copy
   uint64_t uncommitted_bytes = 0;  // dram, hbm: slots in use holding no committed chunk (open
                                    // reservations, promotions); left when idle: leaked
+  uint64_t throttled_writes = 0;   // nvme: chunks dropped at ReserveWrite because write-through
+                                   // stayed over half the DRAM arena behind (NVME_BEHIND)
 };
 
 struct DaemonStats {

@@ -33,6 +33,7 @@ nb::dict TierDict(const TierStats& t) {
   d["degraded"] = t.degraded;
   d["skipped_writes"] = t.skipped_writes;
   d["lost_writes"] = t.lost_writes;
+  d["throttled_writes"] = t.throttled_writes;
   d["pinned_chunks"] = t.pinned_chunks;
   d["uncommitted_bytes"] = t.uncommitted_bytes;
   return d;
@@ -86,7 +87,7 @@ void BindAdmin(nb::module_& m) {
           nb::sig("def stats(self) -> dict[str, typing.Any]"),
           "The daemon's counters as a dict: 'tiers' (a list of dicts with name, "
           "capacity_bytes, used_bytes, chunks, hits, misses, evictions, read_bytes, "
-          "write_bytes, pending_writes, corrupt_reads, io_errors, degraded, skipped_writes, lost_writes, "
+          "write_bytes, pending_writes, corrupt_reads, io_errors, degraded, skipped_writes, lost_writes, throttled_writes, "
           "pinned_chunks, uncommitted_bytes), "
           "lookups, lookup_tokens, hit_tokens, sessions, active_leases, active_reservations, "
           "uptime_s, active_prefetches, prefetched_chunks, session_limited.\n\n"

@@ -25,8 +25,8 @@ class CacheCoreNvmeTest : public CacheCoreHarness {
     fs::remove_all(dir_);
   }
 
-  // DRAM of `dram_slots` slots over an NVMe device whose writes fail after
-  // `good_writes`.
+  // DRAM of `dram_slots` slots over an NVMe device whose writes (with fault_
+  // kReadEio: reads) fail after `good_writes`, as fault_ says (default: EIO).
   void StartWithNvme(uint64_t dram_slots, uint64_t good_writes,
                      NvmeWritePolicy policy = NvmeWritePolicy::kWriteThrough,
                      uint64_t write_back_buffer_bytes = uint64_t{256} << 20,
@@ -34,7 +34,7 @@ class CacheCoreNvmeTest : public CacheCoreHarness {
     auto inner = IoUringFileDevice::Open({(dir_ / "slots.dat").string(), 4 << 20, 8, {}});
     ASSERT_TRUE(inner.ok()) << inner.status().ToString();
     inner_ = std::move(inner).value();
-    auto faulty = std::make_unique<FaultInjectionDevice>(*inner_, good_writes);
+    auto faulty = std::make_unique<FaultInjectionDevice>(*inner_, good_writes, fault_);
     faulty_ = faulty.get();
     std::vector<std::unique_ptr<BlockDevice>> devices;
     devices.push_back(std::move(faulty));
@@ -58,6 +58,7 @@ class CacheCoreNvmeTest : public CacheCoreHarness {
   fs::path dir_;
   std::unique_ptr<IoUringFileDevice> inner_;
   FaultInjectionDevice* faulty_ = nullptr;
+  Fault fault_ = Fault::kEio;
 };
 
 // Stores `a` (3 chunks) and then a 6-chunk prompt into a DRAM of 6 slots

@@ -1,32 +1,67 @@
-// FaultInjectionDevice: wraps a real BlockDevice and fails writes (EIO) after
-// the first N succeed, or short-writes them; reads and syncs pass through.
-// Tests only; never linked into production targets.
+// FaultInjectionDevice: wraps a real BlockDevice and, once its first N writes
+// (or reads) have gone through, makes the next ones fail the way a disk does:
+//   kEio        the write fails with EIO and writes nothing;
+//   kShortWrite the first half of the request's blocks reach the disk, then
+//               the write fails (what a short io_uring completion reports);
+//   kTornWrite  the write reports success but the 512 bytes from the middle
+//               of the request on never reach the disk (the disk holds
+//               garbage there, as after a power cut mid-write): nothing is
+//               reported, only verification can tell;
+//   kReadEio    reads fail with EIO (writes pass).
+// Syncs pass through. Tests only; never linked into production targets.
 #pragma once
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 
 #include "kvtier/tiers/block_device.h"
 
 namespace kvtier::testing {
 
+enum class Fault { kEio, kShortWrite, kTornWrite, kReadEio };
+
 class FaultInjectionDevice final : public BlockDevice {
  public:
-  // `inner` must outlive this wrapper. Writes beyond the first
-  // `good_writes` fail with EIO.
-  FaultInjectionDevice(BlockDevice& inner, uint64_t good_writes)
-      : BlockDevice(inner.bytes()), inner_(inner), good_writes_left_(good_writes) {}
+  // `inner` must outlive this wrapper. Writes (reads, for kReadEio) beyond the
+  // first `good_ops` fail as `fault` says.
+  FaultInjectionDevice(BlockDevice& inner, uint64_t good_ops, Fault fault = Fault::kEio)
+      : BlockDevice(inner.bytes()), inner_(inner), fault_(fault), good_left_(good_ops) {}
 
-  void set_good_writes(uint64_t n) { good_writes_left_.store(n); }
+  void set_good_writes(uint64_t n) { good_left_.store(n); }
 
  protected:
   Status SubmitImpl(std::span<const IoRequest> batch) override {
     for (const IoRequest& r : batch) {
-      if (r.op == IoRequest::Op::kWrite) {
-        uint64_t left = good_writes_left_.load();
-        while (left > 0 && !good_writes_left_.compare_exchange_weak(left, left - 1)) {
+      const bool faulted_op = (r.op == IoRequest::Op::kRead) == (fault_ == Fault::kReadEio);
+      if (faulted_op && !TakeGood()) {
+        switch (fault_) {
+          case Fault::kEio:
+          case Fault::kReadEio:
+            return Status::FromErrno(EIO, "injected I/O fault");
+          case Fault::kShortWrite: {
+            const size_t half = r.buffer.size() / kBlockBytes / 2 * kBlockBytes;
+            if (half > 0) {
+              const IoRequest part{r.op, r.offset, r.buffer.subspan(0, half)};
+              KVTIER_RETURN_IF_ERROR(inner_.Submit(std::span<const IoRequest>(&part, 1)));
+            }
+            return Status::IOError("injected short write: " + std::to_string(half) + " of " +
+                                   std::to_string(r.buffer.size()) + " bytes");
+          }
+          case Fault::kTornWrite: {
+            std::unique_ptr<std::byte, decltype(&std::free)> copy(
+                static_cast<std::byte*>(std::aligned_alloc(kBlockBytes, r.buffer.size())),
+                &std::free);
+            std::memcpy(copy.get(), r.buffer.data(), r.buffer.size());
+            std::memset(copy.get() + r.buffer.size() / 2, 0xEE, 512);
+            const IoRequest torn{r.op, r.offset, {copy.get(), r.buffer.size()}};
+            KVTIER_RETURN_IF_ERROR(inner_.Submit(std::span<const IoRequest>(&torn, 1)));
+            continue;  // reported as written
+          }
         }
-        if (left == 0) return Status::FromErrno(EIO, "injected write fault");
       }
       KVTIER_RETURN_IF_ERROR(inner_.Submit(std::span<const IoRequest>(&r, 1)));
     }
@@ -35,8 +70,17 @@ class FaultInjectionDevice final : public BlockDevice {
   Status SyncImpl() override { return inner_.Sync(); }
 
  private:
+  // Whether one more operation may still go through untouched.
+  bool TakeGood() {
+    uint64_t left = good_left_.load();
+    while (left > 0 && !good_left_.compare_exchange_weak(left, left - 1)) {
+    }
+    return left > 0;
+  }
+
   BlockDevice& inner_;
-  std::atomic<uint64_t> good_writes_left_;
+  const Fault fault_;
+  std::atomic<uint64_t> good_left_;
 };
 
 }  // namespace kvtier::testing

@@ -3,8 +3,8 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps deps-engines build test test-asan test-tsan soak fuzz fuzz-smoke demo bench \
-        gpu-check gpu-bundle wheel clean
+.PHONY: all deps deps-engines build test test-asan test-tsan sanitize-smoke soak fuzz fuzz-smoke \
+        demo bench gpu-check gpu-bundle wheel clean
 
 all: build
 
@@ -24,6 +24,7 @@ build: deps $(BUILD_DIR)/CMakeCache.txt
 test: build deps-engines
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS)
 	@$(MAKE) --no-print-directory fuzz-smoke
+	@$(MAKE) --no-print-directory sanitize-smoke
 
 # libFuzzer targets (tests/fuzz; clang, ASan + UBSan) in build-fuzz/: `make fuzz` runs each
 # FUZZ_RUNS times (default 1,000,000); fuzz-smoke, part of `make test`, each briefly.
@@ -40,6 +41,12 @@ test-asan: deps
 
 test-tsan: deps
 	@bash tools/sanitizers/test.sh thread build-tsan $(JOBS)
+
+# Part of `make test`: CacheCore and its tiers' tests (common/, tiers/, daemon/) under
+# ASan + UBSan, and CacheCore's under TSan, built apart (build-asan-core, build-tsan-core).
+sanitize-smoke: deps
+	@KVTIER_SAN_SCOPE=core bash tools/sanitizers/test.sh address build-asan-core $(JOBS)
+	@KVTIER_SAN_SCOPE=core bash tools/sanitizers/test.sh thread build-tsan-core $(JOBS)
 
 # The long campaign runs (docs/RELIABILITY.md), one after another: the crash
 # loop (50 cycles per run), the client-death loop (1,000 deaths per run) and
@@ -72,4 +79,4 @@ wheel: deps
 	bash tools/build-wheel.sh $(BUILD_DIR)/wheels
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan build-tsan
+	rm -rf $(BUILD_DIR) build-asan build-tsan build-asan-core build-tsan-core build-fuzz

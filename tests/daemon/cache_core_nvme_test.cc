@@ -154,29 +154,6 @@ TEST_F(CacheCoreNvmeTest, WhenNvmeLagsNewStoresWaitAndAreDroppedNotThePendingWri
   EXPECT_EQ(NvmeStats(s).pending_writes(), 0u);
 }
 
-// The writer running beside the stores (as kvtierd's NVMe thread does) keeps
-// the queue under its bound: stores wait for it instead of evicting chunks
-// before their write.
-TEST_F(CacheCoreNvmeTest, AWriterRunningBesideTheStoresLeavesNothingUnwritten) {
-  StartWithNvme(/*dram_slots=*/4, /*good_writes=*/1000);
-  std::atomic<bool> stop{false};
-  std::thread writer([&] {
-    while (!stop.load()) {
-      if (core_->WriteThroughOnce() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  });
-  uint64_t stored = 0;
-  for (int32_t p = 0; p < 20; ++p) stored += Store(Tokens(8, 1000 * (p + 1)));
-  stop = true;
-  writer.join();
-  while (core_->WriteThroughOnce() > 0) {
-  }
-  v1::StatsResponse s;
-  EXPECT_EQ(NvmeStats(s).skipped_writes(), 0u);
-  EXPECT_EQ(stored + NvmeStats(s).throttled_writes(), 40u) << "each chunk stored or counted";
-  EXPECT_EQ(NvmeStats(s).chunks(), stored) << "every stored chunk reached NVMe";
-}
-
 TEST_F(CacheCoreNvmeTest, WriteBackDemotesOnEvictionParentsFirstAndFlushesTheRest) {
   StartWithNvme(/*dram_slots=*/3, /*good_writes=*/1000, NvmeWritePolicy::kWriteBack);
   const auto drain = [&] {

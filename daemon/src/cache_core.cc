@@ -510,6 +510,7 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
   }
 
   std::unique_lock lock(mu_);
+  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
   if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kWriteThrough &&
       !WaitForWriteThrough(lock)) {
     // Admitting them would evict chunks still waiting for their NVMe write.
@@ -517,7 +518,7 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
     counters_.nvme_throttled_writes += static_cast<uint64_t>(n);
     return Status::Ok();
   }
-  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
+  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));  // it may have ended while waiting
   // Found again under this lock: an idle namespace's state may have been given
   // to another namespace while the keys were checked (then this is NOT_FOUND).
   auto found = FindNamespace(req.namespace_id());

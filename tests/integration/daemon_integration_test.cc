@@ -480,7 +480,14 @@ TEST_F(DaemonTest, ReplayOnMalformedTraceNamesTheLine) {
       "{\"timestamp\": 5, \"input_length\": 100, \"output_length\": 10, \"hash_ids\": [1]}\n"
       "{\"timestamp\": 9, \"input_length\": 600, \"output_length\"\n"
       "{\"timestamp\": 12, \"input_length\": 100, \"output_length\": 10, \"hash_ids\": [3]}\n"));
-  // No daemon needed: the trace is read before connecting.
+  // No daemon needed: the trace is read before connecting. A negative --limit
+  // used to wrap around to "all requests".
+  for (const char* bad : {"-5", "-1"}) {
+    CommandResult l = RunCommand(
+        {BinPath("kvtier-replay"), "--socket", socket_, "--trace", trace, "--limit", bad}, 30s);
+    EXPECT_TRUE(l.exit.exited && l.exit.exit_code == 2) << l.Describe();
+    EXPECT_NE(l.err.find("--limit"), std::string::npos) << l.Describe();
+  }
   CommandResult r =
       RunCommand({BinPath("kvtier-replay"), "--socket", socket_, "--trace", trace}, 30s);
   EXPECT_TRUE(r.exit.exited) << r.Describe();

@@ -512,7 +512,7 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
   std::unique_lock lock(mu_);
   KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
   if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kWriteThrough &&
-      !WaitForWriteThrough(lock)) {
+      !WaitForWriteThrough(lock, static_cast<uint64_t>(n) * SlotLayout::For(spec).slot_bytes)) {
     // Admitting them would evict chunks still waiting for their NVMe write.
     for (int i = 0; i < n; ++i) resp->add_outcomes(v1::NVME_BEHIND);
     counters_.nvme_throttled_writes += static_cast<uint64_t>(n);

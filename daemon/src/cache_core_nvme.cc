@@ -295,13 +295,18 @@ void CacheCore::QueueNvmeWrite(uint32_t handle) {
   nvme_queue_bytes_ += slot_bytes;
 }
 
-bool CacheCore::WaitForWriteThrough(std::unique_lock<std::mutex>& lock) {
+bool CacheCore::WaitForWriteThrough(std::unique_lock<std::mutex>& lock, uint64_t incoming) {
+  // The queue and this store together stay within half the arena; a store
+  // larger than that alone waits for an empty queue.
   const uint64_t bound = options_.dram_bytes / 2;
-  if (nvme_queue_bytes_ <= bound) return true;
+  const auto room = [&] {
+    return nvme_queue_bytes_ == 0 || nvme_queue_bytes_ + incoming <= bound;
+  };
+  if (room()) return true;
   // Real time, not clock_: the writer runs in real time whatever the test clock says.
   nvme_progress_cv_.wait_for(lock, options_.write_through_wait,
-                             [&] { return nvme_queue_bytes_ <= bound || stopping_; });
-  return nvme_queue_bytes_ <= bound;
+                             [&] { return room() || stopping_; });
+  return room();
 }
 
 void CacheCore::Demote(uint32_t handle, bool count_skips) {

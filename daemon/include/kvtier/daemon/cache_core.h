@@ -96,12 +96,12 @@ struct CacheCoreOptions {
   // slot from the others. A session holding nothing may always take one chunk.
   // 0: half of dram_bytes. Default: 0.
   uint64_t session_max_bytes = 0;
-  // Write-through backpressure: while the chunks queued for the NVMe writer
-  // fill more than half the DRAM arena, a ReserveWrite waits up to this long
-  // for the writer to bring them under it, and past that drops its chunks
-  // (NVME_BEHIND, counted in the nvme tier's throttled_writes) rather than
-  // evict chunks whose write is still pending. 0 drops at once. Default: 20 ms
-  // (well inside a client's 100 ms deadline).
+  // Write-through backpressure: while the chunks queued for the NVMe writer,
+  // with the ReserveWrite's own, would fill more than half the DRAM arena, the
+  // ReserveWrite waits up to this long for the writer, and past that drops its
+  // chunks (NVME_BEHIND, counted in the nvme tier's throttled_writes) rather
+  // than evict chunks whose write is still pending. 0 drops at once. Default:
+  // 20 ms (well inside a client's 100 ms deadline).
   std::chrono::milliseconds write_through_wait{20};
 
   Status Validate() const;
@@ -401,10 +401,11 @@ class CacheCore {
     uint64_t slot_bytes = 0;
   };
   // Write-through backpressure (CacheCoreOptions::write_through_wait). Waits,
-  // with mu_ dropped, while the queued writes fill over half the arena; false
-  // when they still do at the end (the caller then drops its chunks).
-  // REQUIRES: mu_ held by `lock`.
-  bool WaitForWriteThrough(std::unique_lock<std::mutex>& lock);
+  // with mu_ dropped, while the queued writes and `incoming` (the slot bytes
+  // a store may add) fill over half the arena (a store bigger than that: while
+  // anything is queued); false when they still do at the end (the caller then
+  // drops its chunks). REQUIRES: mu_ held by `lock`.
+  bool WaitForWriteThrough(std::unique_lock<std::mutex>& lock, uint64_t incoming);
   uint64_t nvme_queue_bytes_ = 0;  // slot bytes of nvme_queue_    GUARDED_BY(mu_)
   std::condition_variable nvme_progress_cv_;  // the writer took a batch
   // REQUIRES: mu_ held. Queues resident chunk `handle` for the NVMe writer.

@@ -97,6 +97,23 @@ TEST_F(NvmeDaemonTest, ADefaultNvmeTierThatCannotStartSaysHowToSizeOrTurnItOff) 
   EXPECT_FALSE(std::filesystem::exists(o.socket_path + ".lock")) << "nor its lock file";
 }
 
+// A review found a start refused at the second --nvme-path leaving the first
+// path's preallocated slot file (30 GiB with --nvme-bytes 30GiB) behind.
+TEST_F(NvmeDaemonTest, AStartRefusedAtOneNvmePathLeavesNoSlotFileInTheOthers) {
+  const std::filesystem::path first = nvme_dir_ / "first";
+  std::filesystem::create_directories(first);
+  DaemonProcess::Options o = Opts();
+  o.extra_args = {"--nvme-path", first.string(), "--nvme-path", (nvme_dir_ / "missing").string(),
+                  "--nvme-bytes", "8MiB"};
+  o.start_timeout = 10s;
+  DaemonProcess daemon(o);
+  const std::string error = daemon.Start();
+  EXPECT_NE(error.find("missing"), std::string::npos) << error;
+  EXPECT_FALSE(std::filesystem::exists(first / "kvtier-slots.dat")) << "its slot file was left";
+  EXPECT_FALSE(std::filesystem::exists(first / "index"));
+  EXPECT_TRUE(std::filesystem::exists(first)) << "a directory the user made stays";
+}
+
 TEST_F(NvmeDaemonTest, ChunksComeBackFromNvmeWithTheRightBytesAfterARestart) {
   json first;
   {

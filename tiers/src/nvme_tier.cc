@@ -48,16 +48,35 @@ Status NvmeTier::PersistAccessTimes() {
 
 Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options) {
   if (options.paths.empty()) return Status::InvalidArgument("no NVMe path given");
+  namespace fs = std::filesystem;
+  // What this call creates is removed again when it fails (a refused start
+  // leaves nothing behind); what was there before is never touched.
+  std::vector<fs::path> created;
   std::vector<std::unique_ptr<BlockDevice>> devices;
+  const auto fail = [&](Status st) -> Result<std::unique_ptr<NvmeTier>> {
+    devices.clear();  // closes the files (and their locks) first
+    std::error_code ec;
+    for (const fs::path& p : created) fs::remove_all(p, ec);
+    return st;
+  };
   for (const std::string& path : options.paths) {
-    auto d = IoUringFileDevice::Open({path + "/kvtier-slots.dat", options.bytes_per_path, options.queue_depth, {}});
-    if (!d.ok()) return d.status();
+    const fs::path file = fs::path(path) / "kvtier-slots.dat";
+    std::error_code ec;
+    const bool existed = fs::exists(file, ec);
+    auto d = IoUringFileDevice::Open({file.string(), options.bytes_per_path, options.queue_depth, {}});
+    if (!d.ok()) return fail(d.status());
+    if (!existed) created.push_back(file);
     devices.push_back(std::move(d).value());
   }
-  auto index = NvmeIndex::Open(options.index_dir.empty() ? options.paths[0] + "/index"
-                                                         : options.index_dir);
-  if (!index.ok()) return index.status();
-  return Create(std::move(devices), std::move(index).value());
+  const fs::path index_dir =
+      options.index_dir.empty() ? fs::path(options.paths[0]) / "index" : fs::path(options.index_dir);
+  std::error_code ec;
+  if (!fs::exists(index_dir, ec)) created.push_back(index_dir);
+  auto index = NvmeIndex::Open(index_dir.string());
+  if (!index.ok()) return fail(index.status());
+  auto tier = Create(std::move(devices), std::move(index).value());
+  if (!tier.ok()) return fail(tier.status());
+  return tier;
 }
 
 Result<std::unique_ptr<NvmeTier>> NvmeTier::Create(

@@ -5,6 +5,22 @@
 #include "kvtier/proto/convert.h"
 
 namespace kvtier {
+namespace {
+
+// The figures every slot tier (DRAM, HBM) reports the same way.
+void FillSlotTierStats(const char* name, const SlotTier& tier, uint64_t smallest_slot,
+                       v1::TierStats* t) {
+  t->set_name(name);
+  t->set_capacity_bytes(tier.capacity_bytes());
+  t->set_used_bytes(tier.used_bytes());
+  t->set_capacity_chunks(smallest_slot == 0 ? 0 : tier.capacity_bytes() / smallest_slot);
+  t->set_chunks(tier.num_chunks());
+  t->set_evictions(tier.counters().evictions);
+  t->set_pinned_chunks(tier.num_pinned());
+  t->set_uncommitted_bytes(tier.unindexed_bytes());
+}
+
+}  // namespace
 
 void CacheCore::CountRequest(const LookupTally& t, const NamespaceState& ns,
                              const std::vector<uint32_t>& hits) {
@@ -41,34 +57,20 @@ void CacheCore::Stats(v1::StatsResponse* resp) {
   }
   if (hbm_) {
     auto* ht = resp->add_tiers();
-    ht->set_name("hbm");
-    ht->set_capacity_bytes(hbm_->capacity_bytes());
-    ht->set_used_bytes(hbm_->used_bytes());
-    ht->set_capacity_chunks(smallest_slot == 0 ? 0 : hbm_->capacity_bytes() / smallest_slot);
-    ht->set_chunks(hbm_->num_chunks());
+    FillSlotTierStats("hbm", *hbm_, smallest_slot, ht);
     ht->set_hits(counters_.hbm_hits);
-    ht->set_evictions(hbm_->counters().evictions);
     ht->set_read_bytes(counters_.hbm_read_bytes);
     ht->set_write_bytes(counters_.hbm_write_bytes);
     ht->set_pending_writes(hbm_queue_.size());
     ht->set_io_errors(counters_.hbm_copy_errors);
-    ht->set_pinned_chunks(hbm_->num_pinned());
-    ht->set_uncommitted_bytes(hbm_->unindexed_bytes());
   }
   auto* t = resp->add_tiers();
-  t->set_name("dram");
-  t->set_capacity_bytes(dram_->capacity_bytes());
-  t->set_used_bytes(dram_->used_bytes());
-  t->set_capacity_chunks(smallest_slot == 0 ? 0 : dram_->capacity_bytes() / smallest_slot);
-  t->set_chunks(dram_->num_chunks());
+  FillSlotTierStats("dram", *dram_, smallest_slot, t);
   t->set_hits(counters_.hits);
   const uint64_t served = counters_.hits + counters_.nvme_hits + counters_.hbm_hits;
   t->set_misses(counters_.lookup_chunks - std::min(counters_.lookup_chunks, served));
-  t->set_evictions(dram_->counters().evictions);
   t->set_read_bytes(counters_.read_bytes);
   t->set_write_bytes(counters_.write_bytes);
-  t->set_pinned_chunks(dram_->num_pinned());
-  t->set_uncommitted_bytes(dram_->unindexed_bytes());
   if (nvme_) {
     const NvmeTierCounters n = nvme_->counters();
     auto* nt = resp->add_tiers();

@@ -29,7 +29,8 @@ void CacheCore::CountRequest(const LookupTally& t, const NamespaceState& ns,
   // Only leased chunks are served; each chunk of a request counts once, for
   // the tier it was in when looked up (HBM copies are in DRAM too).
   if (!t.acquire || hits.empty()) return;
-  for (size_t i = ledger_.Credit(t.request, hits.size()); i < hits.size(); ++i) {
+  const RequestLedger::Range fresh = ledger_.Credit(t.request, hits.size());
+  for (size_t i = fresh.from; i < fresh.to; ++i) {
     counters_.hit_tokens += ns.spec.chunk_tokens;
     if (i >= t.dram_hits || (i < t.prefetched_at.size() && t.prefetched_at[i])) {
       ++counters_.nvme_hits;
@@ -42,7 +43,7 @@ void CacheCore::CountRequest(const LookupTally& t, const NamespaceState& ns,
 }
 
 void CacheCore::CountPrompt(const std::string& request, size_t tokens, size_t full_chunks) {
-  if (!ledger_.FirstSight(request)) return;
+  if (!ledger_.FirstSight(request, full_chunks)) return;
   counters_.lookup_tokens += tokens;
   counters_.lookup_chunks += full_chunks;
 }

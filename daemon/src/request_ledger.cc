@@ -4,26 +4,29 @@
 
 namespace kvtier {
 
-std::pair<uint64_t*, bool> RequestLedger::Remember(const std::string& key) {
+std::pair<RequestLedger::Entry*, bool> RequestLedger::Remember(const std::string& key) {
   if (auto it = credited_.find(key); it != credited_.end()) return {&it->second, false};
   if (credited_.size() >= capacity_) {
     credited_.erase(order_.front());
     order_.pop_front();
   }
   order_.push_back(key);
-  return {&credited_.emplace(key, 0).first->second, true};
+  return {&credited_.emplace(key, Entry{}).first->second, true};
 }
 
-bool RequestLedger::FirstSight(const std::string& key) {
-  return key.empty() || Remember(key).second;
+bool RequestLedger::FirstSight(const std::string& key, uint64_t prompt_chunks) {
+  if (key.empty()) return true;
+  auto [entry, fresh] = Remember(key);
+  if (fresh) entry->prompt_chunks = prompt_chunks;
+  return fresh;
 }
 
-uint64_t RequestLedger::Credit(const std::string& key, uint64_t served) {
-  if (key.empty()) return 0;
-  uint64_t* credited = Remember(key).first;
-  const uint64_t before = *credited;
-  *credited = std::max(*credited, served);
-  return before;
+RequestLedger::Range RequestLedger::Credit(const std::string& key, uint64_t served) {
+  if (key.empty()) return {0, served};
+  Entry* entry = Remember(key).first;
+  const uint64_t from = entry->credited;
+  entry->credited = std::max(from, std::min(served, entry->prompt_chunks));
+  return {from, entry->credited};
 }
 
 }  // namespace kvtier

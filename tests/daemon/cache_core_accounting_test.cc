@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "daemon/cache_core_nvme_harness.h"
 #include "kvtier/daemon/request_ledger.h"
@@ -77,6 +78,25 @@ TEST_F(CacheCoreAccountingTest, ATooLongRequestIdIsRefusedAndCountsNothing) {
   EXPECT_EQ(Lookup(Tokens(12), false).num_chunks(), 3u);
 }
 
+// Found by fuzz_cache_core: the ledger counted a request's prompt at its
+// first call and credited whatever a later lease under the same id served, so
+// a client reusing one request_id for a longer prompt got more hit tokens
+// than it looked up (16 against 4). A request's hits stop at the full chunks
+// its counted prompt had.
+TEST_F(CacheCoreAccountingTest, ARequestIdReusedForALongerPromptCreditsNoMoreThanItsCountedPrompt) {
+  ASSERT_EQ(Store(Tokens(16)), 4u);
+  request_id = "cmpl-reused";
+  EXPECT_EQ(Lookup(Tokens(4), /*acquire=*/false).num_chunks(), 1u);
+  const v1::LookupResponse lease = Lookup(Tokens(16), /*acquire=*/true);
+  ASSERT_EQ(lease.num_chunks(), 4u) << "the lease itself is served whole";
+  const v1::StatsResponse s = Stats();
+  EXPECT_EQ(s.lookup_tokens(), 4u) << "the request's prompt was counted at its first call";
+  EXPECT_EQ(s.hit_tokens(), 4u) << "one chunk of the counted prompt, not 4";
+  EXPECT_EQ(s.tiers(0).hits(), 1u);
+  EXPECT_LE(s.hit_tokens(), s.lookup_tokens());
+  ASSERT_TRUE(Release(lease.lease_id()).ok());
+}
+
 // `a_` (3 chunks) on NVMe only. Its SetUp made one unnamed lookup of `a_`
 // (12 prompt tokens, no hit); the tests count from there.
 using NvmeAccountingTest = CacheCorePrefetchTest;
@@ -129,17 +149,26 @@ TEST_F(NvmeAccountingTest, APromotingLeaseCountsNvmeHitsForWhatItRead) {
 TEST(RequestLedgerTest, CreditsEachChunkOfARequestOnceAndForgetsTheOldestPastCapacity) {
   RequestLedger ledger(2);
   const std::string a = RequestLedger::Named("a"), b = RequestLedger::Named("b");
-  EXPECT_TRUE(ledger.FirstSight(a));
-  EXPECT_FALSE(ledger.FirstSight(a));
-  EXPECT_EQ(ledger.Credit(a, 2), 0u);
-  EXPECT_EQ(ledger.Credit(a, 3), 2u) << "a later lease of more chunks adds only the new ones";
-  EXPECT_EQ(ledger.Credit(a, 1), 3u) << "a shorter one adds nothing";
-  EXPECT_TRUE(ledger.FirstSight(b));
-  EXPECT_TRUE(ledger.FirstSight(RequestLedger::Ticket(9)));  // forgets a, the oldest
+  using Range = std::pair<uint64_t, uint64_t>;
+  const auto credit = [&](const std::string& key, uint64_t served) {
+    const RequestLedger::Range r = ledger.Credit(key, served);
+    return Range(r.from, r.to);
+  };
+  EXPECT_TRUE(ledger.FirstSight(a, 4));
+  EXPECT_FALSE(ledger.FirstSight(a, 9)) << "seen: its prompt stays the first one counted";
+  EXPECT_EQ(credit(a, 2), Range(0, 2));
+  EXPECT_EQ(credit(a, 3), Range(2, 3))
+      << "a later lease of more chunks adds only the new ones";
+  EXPECT_EQ(credit(a, 1), Range(3, 3)) << "a shorter one adds nothing";
+  EXPECT_EQ(credit(a, 9), Range(3, 4))
+      << "never past the 4 chunks of the prompt counted";
+  EXPECT_TRUE(ledger.FirstSight(b, 1));
+  EXPECT_TRUE(ledger.FirstSight(RequestLedger::Ticket(9), 1));  // forgets a, the oldest
   EXPECT_EQ(ledger.size(), 2u);
-  EXPECT_TRUE(ledger.FirstSight(a)) << "forgotten: a new request";
-  EXPECT_TRUE(ledger.FirstSight("")) << "an unnamed call is always a request of its own";
-  EXPECT_EQ(ledger.Credit("", 5), 0u);
+  EXPECT_TRUE(ledger.FirstSight(a, 2)) << "forgotten: a new request";
+  EXPECT_EQ(credit(a, 5), Range(0, 2));
+  EXPECT_TRUE(ledger.FirstSight("", 3)) << "an unnamed call is always a request of its own";
+  EXPECT_EQ(credit("", 5), Range(0, 5));
   EXPECT_NE(RequestLedger::Named("t1"), RequestLedger::Ticket(1)) << "ids never name tickets";
 }
 

@@ -37,24 +37,36 @@ class RequestLedger {
   }
   static std::string Ticket(uint64_t ticket) { return "t" + std::to_string(ticket); }
 
-  // True the first time request `key` is seen, when its prompt is counted;
-  // always true for "".
-  bool FirstSight(const std::string& key);
-  // A lease served `served` leading chunks of request `key`: returns how many
-  // of them were credited before (0 for ""), and remembers the larger count,
-  // so each chunk of a request is counted as a hit once.
-  uint64_t Credit(const std::string& key, uint64_t served);
+  // True the first time request `key` is seen, when its prompt (of
+  // `prompt_chunks` full chunks) is counted; always true for "".
+  bool FirstSight(const std::string& key, uint64_t prompt_chunks);
+
+  // Chunks [from, to) of a lease are new hits of its request.
+  struct Range {
+    uint64_t from = 0;
+    uint64_t to = 0;
+  };
+  // A lease served `served` leading chunks of request `key`: the ones not
+  // credited before, and never past the full chunks of the prompt counted at
+  // its first sight (a client may reuse an id for a longer prompt), so each
+  // chunk of a request counts as a hit once and hits never exceed the prompt.
+  // For "" (an unnamed call): [0, served).
+  Range Credit(const std::string& key, uint64_t served);
 
   size_t size() const { return credited_.size(); }
 
  private:
+  struct Entry {
+    uint64_t prompt_chunks = 0;  // full chunks of the prompt counted
+    uint64_t credited = 0;       // leading chunks credited as hits
+  };
   // Remembers `key` (forgetting the oldest past capacity): its entry, and
   // whether it is new.
-  std::pair<uint64_t*, bool> Remember(const std::string& key);
+  std::pair<Entry*, bool> Remember(const std::string& key);
 
   const size_t capacity_;
-  std::unordered_map<std::string, uint64_t> credited_;  // key -> chunks credited
-  std::deque<std::string> order_;                       // keys, first seen first
+  std::unordered_map<std::string, Entry> credited_;  // key -> what was counted
+  std::deque<std::string> order_;                    // keys, first seen first
 };
 
 }  // namespace kvtier

@@ -149,6 +149,7 @@ Status Daemon::PrepareSocketDir() {
   }
   const bool created = fs::create_directory(dir, ec);  // only the last level
   if (ec) return Status::IOError("create socket directory " + dir.string() + ": " + ec.message());
+  created_socket_dir_ = created;
   struct stat st {};
   if (stat(dir.c_str(), &st) != 0) return Status::FromErrno(errno, "stat " + dir.string());
   if (!S_ISDIR(st.st_mode)) {
@@ -305,7 +306,7 @@ void Daemon::NvmeLoop() {
   }
 }
 
-void Daemon::DrainNvme(const std::atomic<bool>* abort) {
+size_t Daemon::DrainNvme(const std::atomic<bool>* abort) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto until = start + options_.drain_timeout;
@@ -328,26 +329,28 @@ void Daemon::DrainNvme(const std::atomic<bool>* abort) {
     spdlog::info("write-back: queued {} DRAM-only chunks for NVMe at shutdown", n);
   }
   const size_t left = core_->PendingNvmeWrites() + core_->WriteBackDramOnly();
-  if (left > 0) {
-    const char* why = abort != nullptr && abort->load() ? "a second signal stopped the drain"
-                      : Clock::now() >= until           ? "--drain-timeout-ms ran out"
-                                                        : "the NVMe tier did not take them (no room, "
-                                                          "their parent gone from NVMe, or degraded)";
-    spdlog::warn("shutdown: after {} ms, {} chunks were not written to NVMe and are lost ({})",
-                 std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count(),
-                 left, why);
-  }
+  if (left == 0) return 0;
+  const bool aborted = abort != nullptr && abort->load();
+  const bool timed_out = !aborted && Clock::now() >= until;
+  const char* why = aborted     ? "a second signal stopped the drain"
+                    : timed_out ? "--drain-timeout-ms ran out"
+                                : "the NVMe tier did not take them (no room, their parent gone "
+                                  "from NVMe, or degraded)";
+  spdlog::warn("shutdown: after {} ms, {} chunks were not written to NVMe and are lost ({})",
+               std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count(),
+               left, why);
+  return aborted || timed_out ? left : 0;
 }
 
-void Daemon::Shutdown(const std::atomic<bool>* abort) {
-  if (shut_down_) return;
+size_t Daemon::Shutdown(const std::atomic<bool>* abort) {
+  if (shut_down_) return 0;
   shut_down_ = true;
   stopping_.store(true);
   if (arena_thread_.joinable()) arena_thread_.join();  // hands gRPC no connection after this
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   if (sweep_thread_.joinable()) sweep_thread_.join();
   if (nvme_thread_.joinable()) nvme_thread_.join();
-  if (core_ && core_->nvme_enabled()) DrainNvme(abort);
+  const size_t cut_short = core_ && core_->nvme_enabled() ? DrainNvme(abort) : 0;
   if (arena_listen_fd_ >= 0) close(arena_listen_fd_);
   if (grpc_listen_fd_ >= 0) close(grpc_listen_fd_);
   if (owns_socket_) {  // a daemon refused by the lock must not remove the server's sockets
@@ -356,15 +359,18 @@ void Daemon::Shutdown(const std::atomic<bool>* abort) {
   }
   if (!started_) {
     // A refused start leaves nothing behind: its lock file (unlinked while we
-    // still hold the lock) and the default NVMe directory it made, if empty.
+    // still hold the lock), and the default NVMe directory and the socket
+    // directory it made, if empty.
     if (holds_lock_) unlink((options_.socket_path + ".lock").c_str());
-    if (created_nvme_dir_) {
-      std::error_code ec;
-      std::filesystem::remove(options_.core.nvme.paths[0], ec);  // only when empty
+    std::error_code ec;
+    if (created_nvme_dir_) std::filesystem::remove(options_.core.nvme.paths[0], ec);
+    if (created_socket_dir_) {
+      std::filesystem::remove(std::filesystem::path(options_.socket_path).parent_path(), ec);
     }
   }
   if (lock_fd_ >= 0) close(lock_fd_);
   arena_listen_fd_ = grpc_listen_fd_ = lock_fd_ = -1;
+  return cut_short;
 }
 
 Daemon::Daemon(const DaemonOptions& options) : options_(options) {}

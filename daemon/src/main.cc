@@ -70,7 +70,9 @@ int main(int argc, char** argv) {
     spdlog::error("shutdown did not finish 5 s after the second signal; exiting now");
     _exit(1);
   }).detach();
-  (*daemon)->Shutdown(&abort_drain);
+  // Exit 3: stopped, but the drain was cut short and committed chunks were not
+  // written to NVMe (a supervisor can tell it from a complete stop).
+  const size_t cut_short = (*daemon)->Shutdown(&abort_drain);
   spdlog::info("stopped");
-  return 0;
+  return cut_short > 0 ? 3 : 0;
 }

@@ -421,6 +421,27 @@ TEST_F(DaemonTest, MissingParentOfTheSocketDirectoryIsAnError) {
   EXPECT_NE(stat(dir_.Sub("x").c_str(), &st), 0) << "a parent directory was created";
 }
 
+// A review found a refused start leaving the socket directory it had made.
+TEST_F(DaemonTest, ARefusedStartRemovesTheSocketDirectoryItMade) {
+  const std::string made = dir_.Sub("run-kvtier");
+  CommandResult r = RunCommand({BinPath("kvtierd"), "--socket", made + "/kvtierd.sock",
+                                "--nvme-path", dir_.Sub("no-such-dir/nvme"), "--nvme-bytes",
+                                "64MiB"},
+                               10s);
+  EXPECT_FALSE(r.ok()) << r.Describe();
+  EXPECT_FALSE(Exists(made)) << "a refused start leaves no directory it made";
+
+  // A directory that was there before stays, with whatever else it holds.
+  ASSERT_EQ(mkdir(made.c_str(), 0700), 0);
+  ASSERT_TRUE(kvtier::testing::WriteFile(made + "/keep.txt", "mine"));
+  r = RunCommand({BinPath("kvtierd"), "--socket", made + "/kvtierd.sock", "--nvme-path",
+                  dir_.Sub("no-such-dir/nvme"), "--nvme-bytes", "64MiB"},
+                 10s);
+  EXPECT_FALSE(r.ok()) << r.Describe();
+  EXPECT_EQ(ReadFileOrEmpty(made + "/keep.txt"), "mine");
+  EXPECT_FALSE(Exists(made + "/kvtierd.sock.lock"));
+}
+
 // Whatever sits at the socket path and is not a socket is not kvtierd's to delete.
 TEST_F(DaemonTest, FileAtTheSocketPathIsNeverRemoved) {
   const std::string path = dir_.Sub("notes.txt");

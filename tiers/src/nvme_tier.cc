@@ -53,6 +53,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options)
   // leaves nothing behind); what was there before is never touched.
   std::vector<fs::path> created;
   std::vector<std::unique_ptr<BlockDevice>> devices;
+  bool any_slot_file_existed = false;
   const auto fail = [&](Status st) -> Result<std::unique_ptr<NvmeTier>> {
     devices.clear();  // closes the files (and their locks) first
     std::error_code ec;
@@ -66,12 +67,21 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options)
     auto d = IoUringFileDevice::Open({file.string(), options.bytes_per_path, options.queue_depth, {}});
     if (!d.ok()) return fail(d.status());
     if (!existed) created.push_back(file);
+    any_slot_file_existed |= existed;
     devices.push_back(std::move(d).value());
   }
   const fs::path index_dir =
       options.index_dir.empty() ? fs::path(options.paths[0]) / "index" : fs::path(options.index_dir);
   std::error_code ec;
-  if (!fs::exists(index_dir, ec)) created.push_back(index_dir);
+  if (!fs::exists(index_dir, ec)) {
+    created.push_back(index_dir);
+    if (any_slot_file_existed) {
+      spdlog::warn("NVMe index {} is missing beside existing slot files: starting with an empty "
+                   "index, so the chunks in the slot files are not served; restart with "
+                   "--rebuild-index to index them again from their slot headers",
+                   index_dir.string());
+    }
+  }
   auto index = NvmeIndex::Open(index_dir.string());
   if (!index.ok()) return fail(index.status());
   auto tier = Create(std::move(devices), std::move(index).value());

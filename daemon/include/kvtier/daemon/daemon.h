@@ -43,8 +43,9 @@ class Daemon {
   // Stops serving (idempotent). Pending RPCs get a short grace period; pending
   // NVMe writes get options.drain_timeout (progress logged each second), or
   // until `*abort` turns true (a second signal): then kvtierd stops with what
-  // is durable.
-  void Shutdown(const std::atomic<bool>* abort = nullptr);
+  // is durable. Returns the chunks the drain left unwritten because it was cut
+  // short (by `*abort` or the timeout); 0 when it finished, or NVMe is off.
+  size_t Shutdown(const std::atomic<bool>* abort = nullptr);
 
   CacheCore& core() { return *core_; }
 
@@ -59,8 +60,9 @@ class Daemon {
   std::optional<gid_t> SocketGroup() const;
   void SweepLoop();
   void NvmeLoop();  // write-through worker
-  // Shutdown's NVMe drain, bounded by drain_timeout and `abort`.
-  void DrainNvme(const std::atomic<bool>* abort);
+  // Shutdown's NVMe drain, bounded by drain_timeout and `abort`: the chunks
+  // left unwritten because it was cut short.
+  size_t DrainNvme(const std::atomic<bool>* abort);
 
   DaemonOptions options_;
   int lock_fd_ = -1;
@@ -81,6 +83,7 @@ class Daemon {
   bool holds_lock_ = false;        // the socket's lock is ours (another daemon's is never unlinked)
   bool started_ = false;           // Start() completed: a refused start cleans up after itself
   bool created_nvme_dir_ = false;  // Start() made the default NVMe directory
+  bool created_socket_dir_ = false;  // PrepareSocketDir() made the socket's directory
 };
 
 }  // namespace kvtier

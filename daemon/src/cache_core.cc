@@ -197,6 +197,11 @@ Status CacheCore::OpenNamespace(const v1::OpenNamespaceRequest& req,
     state->active_reservations = 0;
     it = ns_by_id_.emplace(id, state).first;
     spdlog::info("namespace {} opened: {}", id.ToHex(), spec.CanonicalString());
+    if (layout.slot_bytes > options_.SessionMaxBytes()) {
+      spdlog::warn("session_max_bytes {} is less than one slot of namespace {} ({} bytes): each "
+                   "session holds one chunk of it at a time", options_.SessionMaxBytes(),
+                   id.ToHex(), layout.slot_bytes);
+    }
   }
   resp->set_namespace_id(id.ToBytes());
   resp->set_payload_bytes(layout.payload_bytes);

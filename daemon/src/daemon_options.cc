@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -38,8 +39,23 @@ struct RawOptions {
   int64_t lease_ttl_ms = 0, reservation_ttl_ms = 0, drain_timeout_ms = 0;
   std::string hbm_bytes = "0", gpu_backend = "cuda";
   int64_t gpu = 0;
-  std::string hbm_where, gpu_where;  // "config FILE: " when the value came from there
-  std::string dram_bytes_from = "--dram-bytes";  // where dram_bytes came from, for errors
+  std::string config_path;            // --config, when given
+  std::set<std::string> from_config;  // keys whose value came from it (no flag given)
+
+  // Where `key`'s value came from, for errors: "config FILE: key" or its flag.
+  std::string Where(const std::string& key) const {
+    if (from_config.count(key) > 0) return "config " + config_path + ": " + key;
+    return FlagOf(key);
+  }
+  // `st`, whose message starts with `key`, naming where the value came from instead.
+  Status Named(const std::string& key, const Status& st) const {
+    if (st.message().rfind(key, 0) != 0) return st;
+    return Status(st.code(), Where(key) + st.message().substr(key.size()));
+  }
+  static std::string FlagOf(std::string key) {
+    for (char& c : key) c = c == '_' ? '-' : c;
+    return "--" + key;
+  }
 };
 
 // Counts the YAML documents of `text` without building them. yaml-cpp 0.7's LoadAll never
@@ -111,13 +127,9 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
       return Status::InvalidArgument("config " + path + ": key '" + key + "' appears twice (line " +
                                      std::to_string(kv.first.Mark().line + 1) + ")");
     }
-    const std::string flag = "--" + [&] {
-      std::string f = key;
-      for (char& c : f) c = c == '_' ? '-' : c;
-      return f;
-    }();
-    const CLI::Option* given = app.get_option_no_throw(flag);
+    const CLI::Option* given = app.get_option_no_throw(RawOptions::FlagOf(key));
     const bool flag_given = given != nullptr && given->count() > 0;
+    if (!flag_given) raw->from_config.insert(key);
     const char* expected = "a string";
     if (key == "nvme_paths") {  // a list of directories, or one
       if (flag_given) continue;
@@ -151,10 +163,7 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
         if (!flag_given) raw->log_level = kv.second.as<std::string>();
       } else if (key == "dram_bytes") {
         expected = "a byte size such as 4GiB";
-        if (!flag_given) {
-          raw->dram_bytes = kv.second.as<std::string>();
-          raw->dram_bytes_from = "config " + path + ": dram_bytes";
-        }
+        if (!flag_given) raw->dram_bytes = kv.second.as<std::string>();
       } else if (key == "session_max_bytes") {
         expected = "a byte size such as 1GiB";
         if (!flag_given) raw->session_max_bytes = kv.second.as<std::string>();
@@ -175,16 +184,10 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
         if (!flag_given) raw->nvme_workers = kv.second.as<int64_t>();
       } else if (key == "hbm_bytes") {
         expected = "a byte size such as 16GiB";
-        if (!flag_given) {
-          raw->hbm_bytes = kv.second.as<std::string>();
-          raw->hbm_where = "config " + path + ": ";
-        }
+        if (!flag_given) raw->hbm_bytes = kv.second.as<std::string>();
       } else if (key == "gpu") {
         expected = "a CUDA device ordinal";
-        if (!flag_given) {
-          raw->gpu = kv.second.as<int64_t>();
-          raw->gpu_where = "config " + path + ": ";
-        }
+        if (!flag_given) raw->gpu = kv.second.as<int64_t>();
       } else if (key == "gpu_backend") {
         expected = "cuda or host";
         if (!flag_given) raw->gpu_backend = kv.second.as<std::string>();
@@ -292,11 +295,12 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   } catch (const CLI::ParseError& e) {
     return Status::InvalidArgument(e.what());
   }
+  raw.config_path = config;
   if (!config.empty()) KVTIER_RETURN_IF_ERROR(ApplyYaml(config, app, &raw));
 
   auto dram = ParseBytes(raw.dram_bytes);
   if (!dram.ok()) {
-    return Status::InvalidArgument(raw.dram_bytes_from + ": " + dram.status().message());
+    return Status::InvalidArgument(raw.Where("dram_bytes") + ": " + dram.status().message());
   }
   opts.socket_path = raw.socket;
   opts.socket_group = raw.socket_group;
@@ -304,34 +308,41 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   opts.core.dram_bytes = *dram;
   auto session_max = ParseBytes(raw.session_max_bytes);
   if (!session_max.ok()) {
-    return Status::InvalidArgument("session_max_bytes: " + session_max.status().message());
+    return Status::InvalidArgument(raw.Where("session_max_bytes") + ": " +
+                                   session_max.status().message());
   }
   opts.core.session_max_bytes = *session_max;
   opts.core.lease_ttl = std::chrono::milliseconds(raw.lease_ttl_ms);
   if (raw.drain_timeout_ms < 0 || raw.drain_timeout_ms > 3'600'000) {
-    return Status::InvalidArgument("drain_timeout_ms " + std::to_string(raw.drain_timeout_ms) +
+    return Status::InvalidArgument(raw.Where("drain_timeout_ms") + " " +
+                                   std::to_string(raw.drain_timeout_ms) +
                                    " is outside 0..3600000 (1 hour)");
   }
   opts.drain_timeout = std::chrono::milliseconds(raw.drain_timeout_ms);
   auto nvme_bytes = ParseBytes(raw.nvme_bytes);
-  if (!nvme_bytes.ok()) return Status::InvalidArgument("nvme_bytes: " + nvme_bytes.status().message());
+  if (!nvme_bytes.ok()) {
+    return Status::InvalidArgument(raw.Where("nvme_bytes") + ": " + nvme_bytes.status().message());
+  }
   // Checked whether the tier is on or not: a typo is an error either way.
   if (*nvme_bytes % 4096 != 0) {
-    return Status::InvalidArgument("nvme_bytes " + std::to_string(*nvme_bytes) +
+    return Status::InvalidArgument(raw.Where("nvme_bytes") + " " + std::to_string(*nvme_bytes) +
                                    " is not a multiple of 4096");
   }
   if (raw.nvme_queue_depth < 1 || raw.nvme_queue_depth > 4096) {
-    return Status::InvalidArgument("nvme_queue_depth " + std::to_string(raw.nvme_queue_depth) +
+    return Status::InvalidArgument(raw.Where("nvme_queue_depth") + " " +
+                                   std::to_string(raw.nvme_queue_depth) +
                                    " is outside 1..4096");
   }
   if (raw.nvme_workers < 1 || raw.nvme_workers > 64) {
-    return Status::InvalidArgument("nvme_workers " + std::to_string(raw.nvme_workers) +
+    return Status::InvalidArgument(raw.Where("nvme_workers") + " " +
+                                   std::to_string(raw.nvme_workers) +
                                    " is outside 1..64");
   }
   auto policy = ParseNvmeWritePolicy(raw.nvme_write_policy);
-  if (!policy.ok()) return policy.status();
+  if (!policy.ok()) return raw.Named("nvme_write_policy", policy.status());
   if (raw.selective_min_hits < 1 || raw.selective_min_hits > 1000000) {
-    return Status::InvalidArgument("selective_min_hits " + std::to_string(raw.selective_min_hits) +
+    return Status::InvalidArgument(raw.Where("selective_min_hits") + " " +
+                                   std::to_string(raw.selective_min_hits) +
                                    " is outside 1..1000000");
   }
   const CLI::Option* bytes_flag = app.get_option_no_throw("--nvme-bytes");
@@ -359,18 +370,18 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   }
   auto hbm_bytes = ParseBytes(raw.hbm_bytes);
   if (!hbm_bytes.ok()) {
-    return Status::InvalidArgument(raw.hbm_where + "hbm_bytes: " + hbm_bytes.status().message());
+    return Status::InvalidArgument(raw.Where("hbm_bytes") + ": " + hbm_bytes.status().message());
   }
   if (*hbm_bytes % 4096 != 0) {
-    return Status::InvalidArgument(raw.hbm_where + "hbm_bytes " + std::to_string(*hbm_bytes) +
+    return Status::InvalidArgument(raw.Where("hbm_bytes") + " " + std::to_string(*hbm_bytes) +
                                    " is not a multiple of 4096");
   }
   if (raw.gpu < 0 || raw.gpu > 1023) {
-    return Status::InvalidArgument(raw.gpu_where + "gpu " + std::to_string(raw.gpu) +
+    return Status::InvalidArgument(raw.Where("gpu") + " " + std::to_string(raw.gpu) +
                                    " is outside 0..1023");
   }
   auto backend = ParseHbmBackend(raw.gpu_backend);
-  if (!backend.ok()) return backend.status();
+  if (!backend.ok()) return raw.Named("gpu_backend", backend.status());
   opts.core.hbm.bytes = *hbm_bytes;
   opts.core.hbm.device = static_cast<int>(raw.gpu);
   opts.core.hbm.backend = *backend;

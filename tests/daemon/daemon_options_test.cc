@@ -2,8 +2,10 @@
 #include "kvtier/daemon/daemon_options.h"
 
 #include <gtest/gtest.h>
+
 #include <stdlib.h>
 
+#include <algorithm>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -137,8 +139,8 @@ TEST_F(DaemonOptionsTest, DrainTimeoutDefaultsToTenSecondsAndIsBounded) {
   auto r = Parse({"--drain-timeout-ms", "0"});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->drain_timeout, milliseconds(0));
-  EXPECT_TRUE(Names(ErrorOf({"--drain-timeout-ms", "-1"}), "drain_timeout_ms"));
-  EXPECT_TRUE(Names(ErrorOf({"--drain-timeout-ms", "3600001"}), "drain_timeout_ms"));
+  EXPECT_TRUE(Names(ErrorOf({"--drain-timeout-ms", "-1"}), "--drain-timeout-ms -1"));
+  EXPECT_TRUE(Names(ErrorOf({"--drain-timeout-ms", "3600001"}), "--drain-timeout-ms"));
   auto y = Parse({"--config", WriteConfig("drain_timeout_ms: 2500\n")});
   ASSERT_TRUE(y.ok()) << y.status().ToString();
   EXPECT_EQ(y->drain_timeout, milliseconds(2500));
@@ -155,7 +157,7 @@ TEST_F(DaemonOptionsTest, SessionMaxBytesDefaultsToHalfTheArenaAndParsesSizes) {
   auto y = Parse({"--config", WriteConfig("session_max_bytes: 1GiB\n")});
   ASSERT_TRUE(y.ok()) << y.status().ToString();
   EXPECT_EQ(y->core.session_max_bytes, uint64_t{1} << 30);
-  EXPECT_TRUE(Names(ErrorOf({"--session-max-bytes", "lots"}), "session_max_bytes"));
+  EXPECT_TRUE(Names(ErrorOf({"--session-max-bytes", "lots"}), "--session-max-bytes"));
 }
 
 // Issue 10, item 13: duplicate YAML keys used to be accepted silently (the last won).
@@ -298,11 +300,11 @@ TEST_F(DaemonOptionsTest, NvmeFlagsAreCheckedAndNamed) {
   EXPECT_EQ(defaults.core.nvme.queue_depth, 32u);
   EXPECT_TRUE(Parse({"--nvme-bytes", "0"}).value().core.nvme.paths.empty()) << "0 turns it off";
   EXPECT_EQ(Parse({"--nvme-workers", "4"}).value().core.nvme_workers, 4u);
-  EXPECT_TRUE(Names(ErrorOf({"--nvme-workers", "0"}), "nvme_workers"));
+  EXPECT_TRUE(Names(ErrorOf({"--nvme-workers", "0"}), "--nvme-workers 0"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-bytes", "0"}), "nvme_paths"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-bytes", "0", "--rebuild-index"}), "--rebuild-index"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-bytes", "0", "--nvme-write-policy", "writeback"}),
-                    "nvme_write_policy"))
+                    "--nvme-write-policy 'writeback'"))
       << "checked even with the tier off";
   const std::string cfg = WriteConfig("nvme_paths: [/tmp]\nnvme_bytes: 64MiB\n");
   auto flag_wins = Parse({"--config", cfg, "--nvme-bytes", "0"});
@@ -312,10 +314,10 @@ TEST_F(DaemonOptionsTest, NvmeFlagsAreCheckedAndNamed) {
   EXPECT_EQ(Parse({"--nvme-write-policy", "write_back"}).value().core.nvme_write_policy,
             NvmeWritePolicy::kWriteBack);
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-write-policy", "sometimes"}),
-                    "nvme_write_policy"));
-  EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-bytes", "5000"}), "nvme_bytes"));
+                    "--nvme-write-policy"));
+  EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-bytes", "5000"}), "--nvme-bytes 5000"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--selective-min-hits", "0"}),
-                    "selective_min_hits"));
+                    "--selective-min-hits"));
 }
 
 TEST_F(DaemonOptionsTest, HbmIsOffByDefaultAndTakesItsFlagsAndKeys) {
@@ -339,11 +341,34 @@ TEST_F(DaemonOptionsTest, HbmIsOffByDefaultAndTakesItsFlagsAndKeys) {
   EXPECT_EQ(c->core.hbm.backend, HbmBackend::kHost);
 }
 
+// A review found size and range errors naming the YAML key for a bad flag, and
+// leaving out the config file for a bad value in it.
+TEST_F(DaemonOptionsTest, EveryCheckedValueNamesItsFlagOrItsConfigFileAndKey) {
+  struct Case {
+    const char* key;
+    const char* bad;
+  };
+  for (const Case c : {Case{"dram_bytes", "12XB"}, Case{"session_max_bytes", "lots"},
+                       Case{"drain_timeout_ms", "-1"}, Case{"nvme_bytes", "5000"},
+                       Case{"nvme_queue_depth", "0"}, Case{"nvme_workers", "65"},
+                       Case{"selective_min_hits", "0"}, Case{"nvme_write_policy", "never"},
+                       Case{"hbm_bytes", "5000"}, Case{"gpu", "-3"},
+                       Case{"gpu_backend", "tpu"}}) {
+    std::string flag = std::string("--") + c.key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    const std::string by_flag = ErrorOf({flag, c.bad});
+    EXPECT_TRUE(Names(by_flag, flag)) << c.key;
+    const std::string cfg = WriteConfig(std::string(c.key) + ": " + c.bad + "\n");
+    const std::string by_config = ErrorOf({"--config", cfg});
+    EXPECT_TRUE(Names(by_config, "config " + cfg + ": " + c.key)) << c.key;
+  }
+}
+
 TEST_F(DaemonOptionsTest, BadHbmValuesNameTheirSource) {
-  EXPECT_NE(ErrorOf({"--hbm-bytes", "5000"}).find("hbm_bytes 5000 is not a multiple of 4096"),
+  EXPECT_NE(ErrorOf({"--hbm-bytes", "5000"}).find("--hbm-bytes 5000 is not a multiple of 4096"),
             std::string::npos);
-  EXPECT_NE(ErrorOf({"--hbm-bytes", "lots"}).find("hbm_bytes"), std::string::npos);
-  EXPECT_NE(ErrorOf({"--gpu", "4096"}).find("gpu 4096 is outside 0..1023"), std::string::npos);
+  EXPECT_NE(ErrorOf({"--hbm-bytes", "lots"}).find("--hbm-bytes"), std::string::npos);
+  EXPECT_NE(ErrorOf({"--gpu", "4096"}).find("--gpu 4096 is outside 0..1023"), std::string::npos);
   EXPECT_NE(ErrorOf({"--gpu-backend", "tpu"}).find("'tpu'"), std::string::npos);
   const std::string cfg = WriteConfig("hbm_bytes: 1000\n");
   EXPECT_NE(ErrorOf({"--config", cfg}).find("config " + cfg + ": hbm_bytes 1000"),

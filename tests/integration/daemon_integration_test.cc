@@ -333,6 +333,31 @@ TEST_F(DaemonTest, TiersTooSmallForARealChunkAreWarnedAbout) {
   EXPECT_NE(log.find("nvme_bytes 65536 is less than 1 MiB"), std::string::npos) << log;
 }
 
+// A review found --session-max-bytes above --dram-bytes, or below one slot,
+// starting without a word.
+TEST_F(DaemonTest, ASessionLimitThatCannotBindIsWarnedAbout) {
+  DaemonProcess::Options o = Opts({"--session-max-bytes", "128MiB"});
+  o.dram_bytes = "64MiB";
+  DaemonProcess daemon(o);
+  ASSERT_EQ(daemon.Start(), "");
+  const std::string log = ReadFileOrEmpty(dir_.Sub("kvtierd.log"));
+  EXPECT_NE(log.find("session_max_bytes 134217728 is more than dram_bytes 67108864"),
+            std::string::npos)
+      << log;
+  daemon.Stop();
+
+  // 64 KiB is less than one slot of the replay's namespace (a 256-token chunk).
+  o.extra_args = {"--session-max-bytes", "64KiB"};
+  DaemonProcess small(o);
+  ASSERT_EQ(small.Start(), "");
+  CommandResult r = RunCommand({BinPath("kvtier-replay"), "--socket", socket_, "--generate", "2",
+                                "--quiet"},
+                               60s);
+  EXPECT_TRUE(r.ok()) << r.Describe();
+  const std::string small_log = ReadFileOrEmpty(dir_.Sub("kvtierd.log"));
+  EXPECT_NE(small_log.find("less than one slot"), std::string::npos) << small_log;
+}
+
 TEST_F(DaemonTest, StartupRejectsBadDramBytes) {
   ExpectStartupError({"--socket", socket_, "--dram-bytes", "12XB"}, "--dram-bytes");
   ExpectStartupError({"--socket", socket_, "--dram-bytes", "lots"}, "--dram-bytes");
@@ -351,7 +376,7 @@ TEST_F(DaemonTest, StartupWithAnHbmTierButNoGpuSaysSoAndHowToTurnItOff) {
   };
   ExpectStartupError(with({"--hbm-bytes", "64MiB"}), "--hbm-bytes needs a CUDA GPU");
   ExpectStartupError(with({"--hbm-bytes", "64MiB"}), "without --hbm-bytes");
-  ExpectStartupError(with({"--hbm-bytes", "5000", "--gpu-backend", "host"}), "hbm_bytes 5000");
+  ExpectStartupError(with({"--hbm-bytes", "5000", "--gpu-backend", "host"}), "--hbm-bytes 5000");
   ExpectStartupError(with({"--hbm-bytes", "64MiB", "--gpu-backend", "tpu"}), "'tpu'");
   ExpectStartupError(with({"--hbm-bytes", "64MiB", "--gpu", "-1"}), "gpu -1");
   EXPECT_FALSE(Exists(socket_));

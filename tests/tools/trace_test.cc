@@ -88,7 +88,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadLine{R"({"timestamp": 0, "input_length": 1025, "output_length": 1, "hash_ids": [0, 1]})",
                 "needs 3 blocks"},
         BadLine{R"({"timestamp": 0, "input_length": 9999999, "output_length": 1, "hash_ids": [0]})",
-                "exceeds"}));
+                "exceeds"},
+        // A review found a key given twice taking the last value without a word.
+        BadLine{R"({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0],)"
+                R"( "input_length": 600})",
+                "key 'input_length' appears twice"}));
 
 TEST(MultiTurnGenerator, IsDeterministicAndTurnsExtendTheirConversation) {
   const auto a = GenerateMultiTurnTrace(200, 7);

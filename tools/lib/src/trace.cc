@@ -3,6 +3,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "kvtier/tools/synthetic_kv.h"
 
@@ -23,8 +26,28 @@ Result<std::vector<TraceRequest>> ParseMooncakeTrace(std::istream& in, const std
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(line_no) + ": ";
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    // nlohmann keeps the last of a key given twice; a trace line that does so is
+    // ambiguous, so the parser callback notes the first repeated key.
+    std::vector<std::set<std::string>> open_objects;
+    std::string repeated;
+    const auto note_repeats = [&](int /*depth*/, nlohmann::json::parse_event_t event,
+                                  nlohmann::json& parsed) {
+      using Event = nlohmann::json::parse_event_t;
+      if (event == Event::object_start) {
+        open_objects.emplace_back();
+      } else if (event == Event::object_end && !open_objects.empty()) {
+        open_objects.pop_back();
+      } else if (event == Event::key && !open_objects.empty() && repeated.empty() &&
+                 !open_objects.back().insert(parsed.get<std::string>()).second) {
+        repeated = parsed.get<std::string>();
+      }
+      return true;
+    };
+    nlohmann::json j = nlohmann::json::parse(line, note_repeats, /*allow_exceptions=*/false);
     if (j.is_discarded()) return Status::InvalidArgument(where + "not valid JSON");
+    if (!repeated.empty()) {
+      return Status::InvalidArgument(where + "key '" + repeated + "' appears twice");
+    }
     if (!j.is_object()) return Status::InvalidArgument(where + "not a JSON object");
     TraceRequest r;
     for (const char* f : {"timestamp", "input_length", "output_length", "hash_ids"}) {

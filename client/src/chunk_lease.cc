@@ -90,8 +90,7 @@ Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const in
   {
     const bool take_over = ticket != nullptr && WaitForPrefetch(*this, *ticket, c.session_id);
     if (ticket != nullptr) deadline = impl_->CallDeadline();  // the policy's wait comes first
-    grpc::ClientContext ctx;
-    SetDeadline(ctx, deadline);
+    CallContext ctx(c, deadline);
     v1::LookupRequest req = MakeLookup(c, ns, /*acquire=*/true);
     req.set_max_chunks(static_cast<uint32_t>(std::min<size_t>(max_chunks, UINT32_MAX)));
     if (take_over) req.set_prefetch_ticket(ticket->id);
@@ -99,7 +98,7 @@ Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const in
     req.set_request_id(std::string(request_id));
     LentTokens lent(req, tokens);
     const auto start = Clock::now();
-    Status st = FromGrpcStatus(c.stub->Lookup(&ctx, req, &resp));
+    Status st = FromGrpcStatus(c.stub->Lookup(ctx.get(), req, &resp));
     lease.lookup_time = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
     impl_->Report(*conn, st, &ns.id);
     if (!st.ok()) {

@@ -54,10 +54,10 @@ void ChunkReservation::Abort() {
   req.set_session_id(state_->conn->session_id);
   req.set_reservation_id(state_->reservation_id);
   v1::AbortWriteResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + state_->deadline);
+  CallContext ctx(*state_->conn, Clock::now() + state_->deadline);
   // A failed abort is not the caller's problem: the session or TTL frees it.
-  state_->report(state_->conn, FromGrpcStatus(state_->conn->stub->AbortWrite(&ctx, req, &resp)));
+  state_->report(state_->conn,
+                 FromGrpcStatus(state_->conn->stub->AbortWrite(ctx.get(), req, &resp)));
 }
 
 Result<StoreResult> ChunkReservation::Commit() {
@@ -74,9 +74,8 @@ Result<StoreResult> ChunkReservation::Commit() {
   req.set_session_id(state_->conn->session_id);
   req.set_reservation_id(state_->reservation_id);
   v1::CommitWriteResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + state_->deadline);
-  Status st = FromGrpcStatus(state_->conn->stub->CommitWrite(&ctx, req, &resp));
+  CallContext ctx(*state_->conn, Clock::now() + state_->deadline);
+  Status st = FromGrpcStatus(state_->conn->stub->CommitWrite(ctx.get(), req, &resp));
   state_->report(state_->conn, st);
   if (!st.ok()) {
     result.fail_open = st;
@@ -117,9 +116,8 @@ Result<ChunkReservation> Client::Reserve(const NamespaceHandle& ns, std::span<co
   }
   v1::ReserveWriteResponse resp;
   {
-    grpc::ClientContext ctx;
-    SetDeadline(ctx, deadline);
-    Status st = FromGrpcStatus(c.stub->ReserveWrite(&ctx, req, &resp));
+    CallContext ctx(c, deadline);
+    Status st = FromGrpcStatus(c.stub->ReserveWrite(ctx.get(), req, &resp));
     impl_->Report(*conn, st, &ns.id);
     if (!st.ok()) {
       r.fail_open = st;

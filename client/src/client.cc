@@ -69,12 +69,11 @@ Result<LookupResult> Client::Lookup(const NamespaceHandle& ns, std::span<const i
     return result;
   }
   v1::LookupResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(ctx, deadline);
+  CallContext ctx(**conn, deadline);
   v1::LookupRequest req = MakeLookup(**conn, ns, /*acquire=*/false);
   req.set_request_id(std::string(request_id));
   LentTokens lent(req, tokens);
-  Status st = FromGrpcStatus((*conn)->stub->Lookup(&ctx, req, &resp));
+  Status st = FromGrpcStatus((*conn)->stub->Lookup(ctx.get(), req, &resp));
   impl_->Report(*conn, st, &ns.id);
   if (!st.ok()) {
     result.fail_open = st;
@@ -129,9 +128,8 @@ Result<PrefetchTicket> Client::Prefetch(const NamespaceHandle& ns, std::span<con
   req.set_request_id(std::string(request_id));
   LentTokens lent(req, tokens);
   v1::PrefetchResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(ctx, deadline);
-  Status st = FromGrpcStatus((*conn)->stub->Prefetch(&ctx, req, &resp));
+  CallContext ctx(**conn, deadline);
+  Status st = FromGrpcStatus((*conn)->stub->Prefetch(ctx.get(), req, &resp));
   impl_->Report(*conn, st, &ns.id);
   if (!st.ok()) {
     ticket.fail_open = st;
@@ -163,9 +161,8 @@ PrefetchProgress Client::PrefetchStatus(const PrefetchTicket& ticket) {
   req.set_session_id(ticket.session_id);
   req.set_ticket(ticket.id);
   v1::PrefetchStatusResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(ctx, deadline);
-  Status st = FromGrpcStatus((*conn)->stub->PrefetchStatus(&ctx, req, &resp));
+  CallContext ctx(**conn, deadline);
+  Status st = FromGrpcStatus((*conn)->stub->PrefetchStatus(ctx.get(), req, &resp));
   impl_->Report(*conn, st);
   if (!st.ok()) {
     progress.fail_open = st;

@@ -4,6 +4,7 @@
 // Not installed; not for engines.
 #pragma once
 
+#include <grpcpp/create_channel_posix.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/client_interceptor.h>
 #include <spdlog/spdlog.h>
@@ -30,6 +31,7 @@
 #include "kvtier/sanitizers.h"
 #include "kvtier/socket_path.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
+#include "daemon_socket.h"
 
 namespace kvtier::client_internal {
 
@@ -137,8 +139,9 @@ class SessionTokenInterceptorFactory final
   std::shared_ptr<const std::string> token_;
 };
 
-// One live connection: channel, session and the arena it maps.
+// One live connection: socket, channel, session and the arena it maps.
 struct Connection {
+  std::shared_ptr<DaemonSocket> socket;  // the channel is built on a duplicate of it
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::KvCache::Stub> stub;
   std::unique_ptr<SessionStream> session;
@@ -155,6 +158,9 @@ struct Connection {
 
   bool alive() const { return !broken.load() && session->alive(); }
   ~Connection() {
+    // Shut down first: a transport stuck on a daemon that does not read then
+    // fails at once, so the session's cancel (and gRPC's teardown) cannot hang.
+    if (socket) socket->Shutdown();
     if (session) session->Cancel();
   }
 };
@@ -164,6 +170,20 @@ inline void SetDeadline(grpc::ClientContext& ctx, Clock::time_point deadline) {
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::max<Clock::duration>(deadline - Clock::now(), Clock::duration::zero()));
 }
+
+// A blocking call's context on `c`: gRPC's deadline, and the watchdog's hold
+// on the call (CallWatchdog) for when gRPC's deadline does not fire.
+class CallContext {
+ public:
+  CallContext(const Connection& c, Clock::time_point deadline) : watch_(c.socket, deadline) {
+    SetDeadline(ctx_, deadline);
+  }
+  grpc::ClientContext* get() { return &ctx_; }
+
+ private:
+  grpc::ClientContext ctx_;
+  CallWatchdog::Watch watch_;
+};
 
 inline bool BreaksConnection(const Status& st) {
   switch (st.code()) {
@@ -308,6 +328,7 @@ bool WaitForPrefetch(Client& client, const PrefetchTicket& ticket, uint64_t sess
 namespace kvtier {
 
 using client_internal::BreaksConnection;
+using client_internal::CallContext;
 using client_internal::Clock;
 using client_internal::Connection;
 using client_internal::LentTokens;
@@ -425,9 +446,8 @@ class Client::Impl {
     req.set_session_id(conn.session_id);
     *req.mutable_spec() = ToProto(spec);
     v1::OpenNamespaceResponse resp;
-    grpc::ClientContext ctx;
-    SetDeadline(ctx, deadline);
-    return FromGrpcStatus(conn.stub->OpenNamespace(&ctx, req, &resp));
+    CallContext ctx(conn, deadline);
+    return FromGrpcStatus(conn.stub->OpenNamespace(ctx.get(), req, &resp));
   }
 
   // Pending lease releases are dropped (ending the session ends those leases
@@ -460,9 +480,12 @@ class Client::Impl {
     for (const auto& [name, value] : TransportArgs()) args.SetInt(name, value);
     std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> tokens;
     tokens.push_back(std::make_unique<client_internal::SessionTokenInterceptorFactory>(c->session_token));
-    c->channel = grpc::experimental::CreateCustomChannelWithInterceptors(
-        "unix:" + options_.socket_path, grpc::InsecureChannelCredentials(), args,
-        std::move(tokens));
+    int grpc_fd = -1;
+    auto socket = client_internal::DaemonSocket::Connect(options_.socket_path, deadline, &grpc_fd);
+    if (!socket.ok()) return socket.status();
+    c->socket = std::move(socket).value();
+    c->channel = grpc::experimental::CreateCustomInsecureChannelWithInterceptorsFromFd(
+        "unix:" + options_.socket_path, grpc_fd, args, std::move(tokens));
     c->stub = v1::KvCache::NewStub(c->channel);
     c->session = std::make_unique<SessionStream>(c->stub.get(), options_.client_name);
     auto opened = c->session->WaitOpened(deadline);

@@ -18,6 +18,8 @@
 #include <string>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
 #include "kvtier/tools/model_presets.h"
@@ -206,6 +208,62 @@ TEST_F(StoppedDaemonTest, EveryCallFailsOpenWithinItsDeadlineAndCloseWithinASeco
   const auto start = Clock::now();
   (*client)->Close();
   EXPECT_LE(Clock::now() - start, 1s) << "Close waited on releases the session's end makes moot";
+}
+
+// A review found kvtier-replay (100 ms deadline) blocked for minutes in
+// Stub::Lookup after kvtierd was SIGSTOPped mid-run: once a request fills the
+// socket's buffers (here a 1M-token lookup: 4 MiB of token ids), gRPC's own
+// deadline never fires while its write cannot finish (grpc/grpc#28434), so the
+// call, and the process's exit after it, waited for the daemon forever.
+TEST_F(StoppedDaemonTest, ACallWhoseRequestFillsTheSocketStillFailsOpenWithinItsDeadline) {
+  ClientOptions o;
+  o.socket_path = daemon_.socket_path();
+  o.deadline = kDeadline;
+  o.connect_timeout = 5s;
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok());
+  auto ns = (*client)->OpenNamespace(Spec());
+  ASSERT_TRUE(ns.ok());
+  ASSERT_NO_FATAL_FAILURE(Stop());
+  const auto huge = Tokens(1, 1 << 20);
+  const auto small = Tokens(1, 64);
+  const uint64_t pb = ns->layout.payload_bytes;
+  std::vector<std::byte> data(4 * pb, std::byte{7}), out(4 * pb);
+  const auto longest = LongestCall(1, 8, [&](int, int r) {
+    switch (r % 4) {
+      case 0: EXPECT_FALSE((*client)->Lookup(*ns, huge)->fail_open.ok()); break;
+      case 1: EXPECT_FALSE((*client)->Lookup(*ns, small)->fail_open.ok()); break;
+      case 2: EXPECT_FALSE((*client)->Load(*ns, small, out)->fail_open.ok()); break;
+      case 3: EXPECT_FALSE((*client)->Store(*ns, small, data)->fail_open.ok()); break;
+    }
+  });
+  EXPECT_LE(longest, kDeadline + kMargin) << "a call waited for the stopped daemon to read";
+  const auto start = Clock::now();
+  (*client)->Close();
+  EXPECT_LE(Clock::now() - start, 1s);
+}
+
+// What the review saw, end to end: kvtier-replay (100 ms deadline) with kvtierd
+// SIGSTOPped mid-run stayed blocked in Stub::Lookup for over 13 minutes (its
+// socket's send queue full), and leaked one socket per reconnect attempt. Now
+// it fails open and finishes.
+TEST_F(StoppedDaemonTest, AReplayWhoseDaemonStopsMidRunFailsOpenAndFinishes) {
+  testing::ChildProcess replay;
+  std::string error;
+  const std::string json = dir_.Sub("replay.json");
+  ASSERT_TRUE(replay.Spawn({testing::BinPath("kvtier-replay"), "--socket", daemon_.socket_path(),
+                            "--generate", "300", "--deadline-ms", "100", "--quiet", "--json",
+                            json},
+                           dir_.Sub("replay.out"), dir_.Sub("replay.err"), &error))
+      << error;
+  std::this_thread::sleep_for(400ms);  // mid-run: the replay's first requests are served
+  ASSERT_NO_FATAL_FAILURE(Stop());
+  const auto exit = replay.Wait(120s);
+  ASSERT_TRUE(exit.has_value()) << "kvtier-replay still blocked 120 s after kvtierd stopped";
+  EXPECT_TRUE(exit->exited && exit->exit_code == 0) << exit->ToString();
+  const auto report = nlohmann::json::parse(testing::ReadFileOrEmpty(json), nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << testing::ReadFileOrEmpty(dir_.Sub("replay.err"));
+  EXPECT_GT(report.value("fail_open", 0), 0) << report.dump();
 }
 
 }  // namespace

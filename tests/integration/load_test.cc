@@ -16,11 +16,13 @@
 // soak` runs 60).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "integration/campaign_util.h"
+#include "kvtier/sanitizers.h"
 
 namespace kvtier::testing {
 namespace {
@@ -95,9 +97,16 @@ TEST(LoadTest, ThirtyTwoClientsOverFourNamespacesWithoutAnErrorWithinTheMemoryBu
   EXPECT_EQ(nvme_tier["io_errors"], 0u);
   // The daemon's peak VmHWM covers what the 100 ms samples may have missed.
   const uint64_t hwm = std::max(end.count("VmHWM") ? end.at("VmHWM") : 0, peak["VmRSS"]);
+#ifdef KVTIER_ASAN_ENABLED
+  // kvtierd is an ASan build here too: its RSS holds ASan's shadow memory and
+  // quarantine (3.2x the budget in make test-asan), so the bound means nothing.
+  std::printf("RSS budget not checked under ASan: peak %llu bytes, budget %llu\n",
+              static_cast<unsigned long long>(hwm), static_cast<unsigned long long>(budget));
+#else
   EXPECT_LE(hwm, budget * 11 / 10)
       << "peak RSS " << hwm << " bytes: anon " << peak["RssAnon"] << ", shmem "
       << peak["RssShmem"] << ", file " << peak["RssFile"] << "; budget " << budget;
+#endif
 
   ReportCampaign({{"campaign", "load"},
                   {"seconds", r["seconds"]},

@@ -16,6 +16,16 @@
 #endif
 #endif
 
+// KVTIER_ASAN_ENABLED: this is an AddressSanitizer build (make test-asan), whose
+// shadow memory and quarantine make a process's RSS several times what it uses.
+#if defined(__SANITIZE_ADDRESS__)
+#define KVTIER_ASAN_ENABLED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVTIER_ASAN_ENABLED 1
+#endif
+#endif
+
 #ifdef KVTIER_TSAN_ENABLED
 #include <sanitizer/tsan_interface.h>
 #define KVTIER_TSAN_RELEASE(addr) __tsan_release(static_cast<void*>(addr))

@@ -1,0 +1,126 @@
+#include "daemon_socket.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+namespace kvtier::client_internal {
+
+Result<std::shared_ptr<DaemonSocket>> DaemonSocket::Connect(const std::string& path,
+                                                            Clock::time_point deadline,
+                                                            int* grpc_fd) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return Status::InvalidArgument("socket path " + path + " is too long for a Unix socket");
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
+  std::shared_ptr<DaemonSocket> sock(new DaemonSocket(fd));
+  // A blocking connect to a Unix socket waits while the listener's backlog is
+  // full (a stopped daemon) for at most SO_SNDTIMEO, then fails with EAGAIN.
+  const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::max<Clock::duration>(deadline - Clock::now(), std::chrono::milliseconds(1)));
+  timeval tv{static_cast<time_t>(left.count() / 1000000),
+             static_cast<suseconds_t>(left.count() % 1000000)};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    if (err == EAGAIN || err == EINPROGRESS || err == ETIMEDOUT || err == EINTR) {
+      return Status::Unavailable("connect to " + path +
+                                 " timed out: kvtierd is not accepting connections");
+    }
+    return Status::Unavailable("connect to " + path + ": " + std::strerror(err));
+  }
+  tv = {};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  const int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (dup_fd < 0) return Status::Unavailable(std::string("dup: ") + std::strerror(errno));
+  // O_NONBLOCK belongs to the open file, which both descriptors share; gRPC needs it.
+  if (const int flags = fcntl(dup_fd, F_GETFL); flags < 0 || fcntl(dup_fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    const int err = errno;
+    close(dup_fd);
+    return Status::Unavailable(std::string("fcntl O_NONBLOCK: ") + std::strerror(err));
+  }
+  *grpc_fd = dup_fd;
+  return sock;
+}
+
+DaemonSocket::~DaemonSocket() { close(fd_); }
+
+void DaemonSocket::Shutdown() { shutdown(fd_, SHUT_RDWR); }
+
+CallWatchdog& CallWatchdog::Instance() {
+  static CallWatchdog* const watchdog = new CallWatchdog;  // never destroyed: its thread runs on
+  return *watchdog;
+}
+
+CallWatchdog::Watch::Watch(std::shared_ptr<DaemonSocket> socket, Clock::time_point deadline)
+    : id_(socket ? Instance().Add(std::move(socket), deadline) : 0) {}
+
+CallWatchdog::Watch::~Watch() {
+  if (id_ != 0) Instance().Remove(id_);
+}
+
+uint64_t CallWatchdog::Add(std::shared_ptr<DaemonSocket> socket, Clock::time_point deadline) {
+  std::lock_guard lock(mu_);
+  if (!started_) {
+    std::thread([this] { Loop(); }).detach();
+    started_ = true;
+  }
+  const uint64_t id = next_id_++;
+  calls_.emplace(id, Entry{std::move(socket), deadline + kGrace});
+  cv_.notify_one();
+  return id;
+}
+
+void CallWatchdog::Remove(uint64_t id) {
+  std::shared_ptr<DaemonSocket> last;  // freed outside mu_
+  std::lock_guard lock(mu_);
+  if (auto it = calls_.find(id); it != calls_.end()) {
+    last = std::move(it->second.socket);
+    calls_.erase(it);
+  }
+}
+
+void CallWatchdog::Loop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    if (calls_.empty()) {
+      cv_.wait(lock);
+      continue;
+    }
+    auto earliest = Clock::time_point::max();
+    for (const auto& [id, e] : calls_) earliest = std::min(earliest, e.due);
+    if (Clock::now() < earliest) {
+      cv_.wait_until(lock, earliest);
+      continue;
+    }
+    std::vector<std::shared_ptr<DaemonSocket>> overdue;
+    const auto now = Clock::now();
+    for (auto it = calls_.begin(); it != calls_.end();) {
+      if (it->second.due <= now) {
+        overdue.push_back(std::move(it->second.socket));
+        it = calls_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    lock.unlock();
+    spdlog::warn("kvtier client: {} call(s) ran {} ms past their deadline (kvtierd not reading?); "
+                 "closing their connection", overdue.size(), kGrace.count());
+    for (auto& s : overdue) s->Shutdown();
+    overdue.clear();
+    lock.lock();
+  }
+}
+
+}  // namespace kvtier::client_internal

@@ -77,8 +77,9 @@ uint64_t CallWatchdog::Add(std::shared_ptr<DaemonSocket> socket, Clock::time_poi
     started_ = true;
   }
   const uint64_t id = next_id_++;
-  calls_.emplace(id, Entry{std::move(socket), deadline + kGrace});
-  cv_.notify_one();
+  const auto due = deadline + kGrace;
+  calls_.emplace(id, Entry{std::move(socket), due});
+  if (due < wake_at_) cv_.notify_one();  // most calls are due after what Loop waits for
   return id;
 }
 
@@ -94,14 +95,16 @@ void CallWatchdog::Remove(uint64_t id) {
 void CallWatchdog::Loop() {
   std::unique_lock lock(mu_);
   for (;;) {
-    if (calls_.empty()) {
-      cv_.wait(lock);
-      continue;
-    }
     auto earliest = Clock::time_point::max();
     for (const auto& [id, e] : calls_) earliest = std::min(earliest, e.due);
     if (Clock::now() < earliest) {
-      cv_.wait_until(lock, earliest);
+      wake_at_ = earliest;
+      if (earliest == Clock::time_point::max()) {
+        cv_.wait(lock);
+      } else {
+        cv_.wait_until(lock, earliest);
+      }
+      wake_at_ = Clock::time_point::min();
       continue;
     }
     std::vector<std::shared_ptr<DaemonSocket>> overdue;

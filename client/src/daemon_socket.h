@@ -85,6 +85,8 @@ class CallWatchdog {
   std::unordered_map<uint64_t, Entry> calls_;  // GUARDED_BY(mu_)
   uint64_t next_id_ = 1;                       // GUARDED_BY(mu_)
   bool started_ = false;                       // GUARDED_BY(mu_)
+  // When Loop wakes next (max: when a call is added; min: it is awake).
+  Clock::time_point wake_at_ = Clock::time_point::max();  // GUARDED_BY(mu_)
 };
 
 }  // namespace kvtier::client_internal

@@ -112,7 +112,10 @@ class SessionTokenInterceptor final : public grpc::experimental::Interceptor {
  public:
   explicit SessionTokenInterceptor(std::shared_ptr<const std::string> token)
       : token_(std::move(token)) {}
+  // gRPC creates the interceptor on the caller's thread and runs and destroys it on its own.
+  ~SessionTokenInterceptor() override { KVTIER_TSAN_ACQUIRE(this); }
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    KVTIER_TSAN_ACQUIRE(this);
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA) &&
         !token_->empty()) {
@@ -132,7 +135,9 @@ class SessionTokenInterceptorFactory final
       : token_(std::move(token)) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(
       grpc::experimental::ClientRpcInfo* /*info*/) override {
-    return new SessionTokenInterceptor(token_);
+    auto* interceptor = new SessionTokenInterceptor(token_);
+    KVTIER_TSAN_RELEASE(interceptor);
+    return interceptor;
   }
 
  private:

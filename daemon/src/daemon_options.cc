@@ -47,12 +47,20 @@ struct RawOptions {
     if (from_config.count(key) > 0) return "config " + config_path + ": " + key;
     return FlagOf(key);
   }
-  // `st`, whose message starts with `key`, naming where the value came from instead.
-  Status Named(const std::string& key, const Status& st) const {
-    if (st.message().rfind(key, 0) != 0) return st;
-    return Status(st.code(), Where(key) + st.message().substr(key.size()));
+  // `st`, whose message starts with the key it is about (as CacheCoreOptions::
+  // Validate's do), naming where that key's value came from instead.
+  Status Named(const Status& st) const {
+    for (const std::string key : {"dram_bytes", "lease_ttl_ms", "reservation_ttl_ms", "nvme_workers",
+                                  "selective_min_hits", "nvme_write_policy", "gpu_backend"}) {
+      const std::string& m = st.message();
+      if (m.size() > key.size() && m.rfind(key, 0) == 0 && (m[key.size()] == ' ' || m[key.size()] == ':')) {
+        return Status(st.code(), Where(key) + m.substr(key.size()));
+      }
+    }
+    return st;
   }
   static std::string FlagOf(std::string key) {
+    if (key == "nvme_paths") return "--nvme-path";  // one flag per path
     for (char& c : key) c = c == '_' ? '-' : c;
     return "--" + key;
   }
@@ -339,7 +347,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
                                    " is outside 1..64");
   }
   auto policy = ParseNvmeWritePolicy(raw.nvme_write_policy);
-  if (!policy.ok()) return raw.Named("nvme_write_policy", policy.status());
+  if (!policy.ok()) return raw.Named(policy.status());
   if (raw.selective_min_hits < 1 || raw.selective_min_hits > 1000000) {
     return Status::InvalidArgument(raw.Where("selective_min_hits") + " " +
                                    std::to_string(raw.selective_min_hits) +
@@ -352,8 +360,9 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   }
   if (*nvme_bytes == 0) {  // DRAM only
     if (!raw.nvme_paths.empty()) {
-      return Status::InvalidArgument("nvme_bytes 0 turns the NVMe tier off, but nvme_paths are "
-                                     "given: drop them or give a size");
+      return Status::InvalidArgument(raw.Where("nvme_bytes") + " 0 turns the NVMe tier off, but " +
+                                     raw.Where("nvme_paths") + " gives paths: drop them or give "
+                                     "a size");
     }
     if (rebuild_index) {
       return Status::InvalidArgument("--rebuild-index needs the NVMe tier (nvme_bytes is 0)");
@@ -381,14 +390,14 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
                                    " is outside 0..1023");
   }
   auto backend = ParseHbmBackend(raw.gpu_backend);
-  if (!backend.ok()) return raw.Named("gpu_backend", backend.status());
+  if (!backend.ok()) return raw.Named(backend.status());
   opts.core.hbm.bytes = *hbm_bytes;
   opts.core.hbm.device = static_cast<int>(raw.gpu);
   opts.core.hbm.backend = *backend;
   if (*hbm_bytes > 0) opts.core.nvme_workers = static_cast<uint32_t>(raw.nvme_workers);
   opts.rebuild_index = rebuild_index;
   opts.core.reservation_ttl = std::chrono::milliseconds(raw.reservation_ttl_ms);
-  KVTIER_RETURN_IF_ERROR(opts.Validate());
+  if (Status st = opts.Validate(); !st.ok()) return raw.Named(st);
   return opts;
 }
 

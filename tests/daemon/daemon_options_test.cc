@@ -122,12 +122,12 @@ TEST_F(DaemonOptionsTest, DramBytesNotAPageMultipleIsRejected) {
 }
 
 TEST_F(DaemonOptionsTest, TtlsOutsideTheirRangeAreNamed) {
-  EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "0"}), "lease_ttl_ms"));
-  EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "99"}), "lease_ttl_ms"));
-  EXPECT_TRUE(Names(ErrorOf({"--reservation-ttl-ms", "-5"}), "reservation_ttl_ms"));
+  EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "0"}), "--lease-ttl-ms"));
+  EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "99"}), "--lease-ttl-ms"));
+  EXPECT_TRUE(Names(ErrorOf({"--reservation-ttl-ms", "-5"}), "--reservation-ttl-ms"));
   // Past a day: no backstop any more, and large values overflowed the clock.
-  EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "86400001"}), "lease_ttl_ms"));
-  EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "10000000000000"}), "lease_ttl_ms"));
+  EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "86400001"}), "--lease-ttl-ms"));
+  EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "10000000000000"}), "--lease-ttl-ms"));
   EXPECT_TRUE(Names(ErrorOf({"--lease-ttl-ms", "soon"}), "lease-ttl-ms"));
   EXPECT_TRUE(Parse({"--lease-ttl-ms", "100", "--reservation-ttl-ms", "86400000"}).ok());
 }
@@ -301,7 +301,7 @@ TEST_F(DaemonOptionsTest, NvmeFlagsAreCheckedAndNamed) {
   EXPECT_TRUE(Parse({"--nvme-bytes", "0"}).value().core.nvme.paths.empty()) << "0 turns it off";
   EXPECT_EQ(Parse({"--nvme-workers", "4"}).value().core.nvme_workers, 4u);
   EXPECT_TRUE(Names(ErrorOf({"--nvme-workers", "0"}), "--nvme-workers 0"));
-  EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-bytes", "0"}), "nvme_paths"));
+  EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-bytes", "0"}), "--nvme-path gives paths"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-bytes", "0", "--rebuild-index"}), "--rebuild-index"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-bytes", "0", "--nvme-write-policy", "writeback"}),
                     "--nvme-write-policy 'writeback'"))
@@ -341,6 +341,18 @@ TEST_F(DaemonOptionsTest, HbmIsOffByDefaultAndTakesItsFlagsAndKeys) {
   EXPECT_EQ(c->core.hbm.backend, HbmBackend::kHost);
 }
 
+// A review found --nvme-path ignored when the config file gave nvme_paths (its
+// flag is --nvme-path, not --nvme-paths): flags win over the file.
+TEST_F(DaemonOptionsTest, NvmePathFlagsWinOverTheConfigFilesNvmePaths) {
+  const std::string cfg = WriteConfig("nvme_paths: [/tmp/from-config]\nnvme_bytes: 16MiB\n");
+  auto r = Parse({"--config", cfg, "--nvme-path", "/tmp/from-flag"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->core.nvme.paths, std::vector<std::string>{"/tmp/from-flag"});
+  const std::string error = ErrorOf({"--config", cfg, "--nvme-bytes", "0", "--nvme-path", "/x"});
+  EXPECT_TRUE(Names(error, "--nvme-bytes 0")) << error;
+  EXPECT_TRUE(Names(error, "--nvme-path")) << error;
+}
+
 // A review found size and range errors naming the YAML key for a bad flag, and
 // leaving out the config file for a bad value in it.
 TEST_F(DaemonOptionsTest, EveryCheckedValueNamesItsFlagOrItsConfigFileAndKey) {
@@ -353,7 +365,8 @@ TEST_F(DaemonOptionsTest, EveryCheckedValueNamesItsFlagOrItsConfigFileAndKey) {
                        Case{"nvme_queue_depth", "0"}, Case{"nvme_workers", "65"},
                        Case{"selective_min_hits", "0"}, Case{"nvme_write_policy", "never"},
                        Case{"hbm_bytes", "5000"}, Case{"gpu", "-3"},
-                       Case{"gpu_backend", "tpu"}}) {
+                       Case{"gpu_backend", "tpu"}, Case{"dram_bytes", "5000"},
+                       Case{"lease_ttl_ms", "99"}, Case{"reservation_ttl_ms", "99"}}) {
     std::string flag = std::string("--") + c.key;
     std::replace(flag.begin(), flag.end(), '_', '-');
     const std::string by_flag = ErrorOf({flag, c.bad});

@@ -361,7 +361,7 @@ TEST_F(DaemonTest, ASessionLimitThatCannotBindIsWarnedAbout) {
 TEST_F(DaemonTest, StartupRejectsBadDramBytes) {
   ExpectStartupError({"--socket", socket_, "--dram-bytes", "12XB"}, "--dram-bytes");
   ExpectStartupError({"--socket", socket_, "--dram-bytes", "lots"}, "--dram-bytes");
-  ExpectStartupError({"--socket", socket_, "--dram-bytes", "1000"}, "dram_bytes");
+  ExpectStartupError({"--socket", socket_, "--dram-bytes", "1000"}, "--dram-bytes 1000");
   EXPECT_FALSE(Exists(socket_));
 }
 

@@ -10,11 +10,14 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <thread>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "kvtier/admin_client.h"
@@ -134,19 +137,22 @@ int main(int argc, char** argv) {
   popts.policy = prefetch == "wait_complete" ? kvtier::PrefetchPolicy::kWaitComplete
                  : prefetch == "timeout"     ? kvtier::PrefetchPolicy::kTimeout
                                              : kvtier::PrefetchPolicy::kBestEffort;
-  // NVMe bytes moved during the replay, from the daemon's counters.
+  // NVMe bytes moved during the replay, from the daemon's counters: unknown
+  // (nullopt) when either Stats call fails, e.g. a daemon that stopped meanwhile.
   auto admin = kvtier::AdminClient::Connect(
-      socket_path.empty() ? kvtier::DefaultSocketPath() : socket_path, std::chrono::seconds(5));
-  const auto nvme_counters = [&]() -> std::pair<uint64_t, uint64_t> {
-    if (!admin.ok()) return {0, 0};
+      socket_path.empty() ? kvtier::DefaultSocketPath() : socket_path,
+      std::max<std::chrono::milliseconds>(copts.deadline, std::chrono::seconds(1)));
+  using Counters = std::optional<std::pair<uint64_t, uint64_t>>;
+  const auto nvme_counters = [&]() -> Counters {
+    if (!admin.ok()) return std::nullopt;
     auto s = (*admin)->Stats();
-    if (!s.ok()) return {0, 0};
+    if (!s.ok()) return std::nullopt;
     for (const auto& tier : s->tiers) {
-      if (tier.name == "nvme") return {tier.read_bytes, tier.write_bytes};
+      if (tier.name == "nvme") return std::pair{tier.read_bytes, tier.write_bytes};
     }
-    return {0, 0};
+    return std::pair<uint64_t, uint64_t>{0, 0};  // DRAM only: no NVMe bytes
   };
-  const auto [nvme_read0, nvme_written0] = nvme_counters();
+  const Counters nvme_before = nvme_counters();
   const uint64_t pb = ns.layout.payload_bytes;
   const uint32_t layers = spec->num_layers;
 
@@ -243,8 +249,13 @@ int main(int argc, char** argv) {
   const double wall_s = std::chrono::duration<double>(Clock::now() - start).count();
   if (show_progress) std::fprintf(stderr, "\n");
 
-  const auto [nvme_read1, nvme_written1] = nvme_counters();
-  const uint64_t nvme_read = nvme_read1 - nvme_read0, nvme_written = nvme_written1 - nvme_written0;
+  const Counters nvme_after = nvme_counters();
+  nlohmann::json nvme_read, nvme_written;  // null when unknown
+  if (nvme_before && nvme_after && nvme_after->first >= nvme_before->first &&
+      nvme_after->second >= nvme_before->second) {  // a daemon restart would reset them
+    nvme_read = nvme_after->first - nvme_before->first;
+    nvme_written = nvme_after->second - nvme_before->second;
+  }
   const double hit_rate = t.prompt_tokens ? static_cast<double>(t.hit_tokens) / t.prompt_tokens : 0;
   nlohmann::json j = {
       {"trace", trace_path.empty() ? "built-in multi-turn generator" : trace_path},
@@ -291,8 +302,12 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(t.prefetch_nvme_chunks), prefetch.c_str(),
                 static_cast<long long>(schedule_delay_ms));
   }
-  std::printf("  %-22s %.1f MiB read, %.1f MiB written\n", "nvme bytes", nvme_read / 1048576.0,
-              nvme_written / 1048576.0);
+  if (nvme_read.is_null()) {
+    std::printf("  %-22s unknown (the daemon's Stats failed or it restarted)\n", "nvme bytes");
+  } else {
+    std::printf("  %-22s %.1f MiB read, %.1f MiB written\n", "nvme bytes",
+                nvme_read.get<uint64_t>() / 1048576.0, nvme_written.get<uint64_t>() / 1048576.0);
+  }
   std::printf("  %-22s %.1f MiB\n", "bytes loaded", t.bytes_loaded / 1048576.0);
   std::printf("  %-22s %.1f MiB\n", "bytes stored", t.bytes_stored / 1048576.0);
   std::printf("  %-22s %llu\n", "chunks dropped", static_cast<unsigned long long>(t.chunks_dropped));

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,37 +10,18 @@
 #include <cstring>
 #include <vector>
 
+#include "kvtier/fd_passing.h"
+
 namespace kvtier::client_internal {
 
 Result<std::shared_ptr<DaemonSocket>> DaemonSocket::Connect(const std::string& path,
                                                             Clock::time_point deadline,
                                                             int* grpc_fd) {
-  sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return Status::InvalidArgument("socket path " + path + " is too long for a Unix socket");
-  }
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  auto connected = ConnectUnixSocket(path, static_cast<int>(std::max<int64_t>(left.count(), 1)));
+  if (!connected.ok()) return connected.status();
+  const int fd = *connected;
   std::shared_ptr<DaemonSocket> sock(new DaemonSocket(fd));
-  // A blocking connect to a Unix socket waits while the listener's backlog is
-  // full (a stopped daemon) for at most SO_SNDTIMEO, then fails with EAGAIN.
-  const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
-      std::max<Clock::duration>(deadline - Clock::now(), std::chrono::milliseconds(1)));
-  timeval tv{static_cast<time_t>(left.count() / 1000000),
-             static_cast<suseconds_t>(left.count() % 1000000)};
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const int err = errno;
-    if (err == EAGAIN || err == EINPROGRESS || err == ETIMEDOUT || err == EINTR) {
-      return Status::Unavailable("connect to " + path +
-                                 " timed out: kvtierd is not accepting connections");
-    }
-    return Status::Unavailable("connect to " + path + ": " + std::strerror(err));
-  }
-  tv = {};
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   const int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (dup_fd < 0) return Status::Unavailable(std::string("dup: ") + std::strerror(errno));
   // O_NONBLOCK belongs to the open file, which both descriptors share; gRPC needs it.

@@ -58,20 +58,37 @@ Status CheckDaemonPeer(int sock, const std::string& path) {
 
 }  // namespace
 
-Result<std::pair<ArenaAnnouncement, int>> ReceiveArenaFd(const std::string& path, int timeout_ms) {
+Result<int> ConnectUnixSocket(const std::string& path, int timeout_ms) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
-    return Status::InvalidArgument("arena socket path '" + path + "' is longer than 107 bytes");
+    return Status::InvalidArgument("socket path '" + path + "' is longer than 107 bytes");
   }
-  int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (sock < 0) return Status::FromErrno(errno, "socket");
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  // A blocking connect waits on a full backlog for at most SO_SNDTIMEO, then fails with EAGAIN.
+  const int ms = timeout_ms < 1 ? 1 : timeout_ms;
+  timeval tv{ms / 1000, (ms % 1000) * 1000};
+  setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   if (connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    int err = errno;
+    const int err = errno;
     close(sock);
+    if (err == EAGAIN || err == EINPROGRESS || err == ETIMEDOUT || err == EINTR) {
+      return Status::Unavailable("connect " + path + " timed out after " + std::to_string(ms) +
+                                 " ms: kvtierd is not accepting connections");
+    }
     return Status::Unavailable("connect " + path + ": " + std::strerror(err));
   }
+  tv = {};
+  setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  return sock;
+}
+
+Result<std::pair<ArenaAnnouncement, int>> ReceiveArenaFd(const std::string& path, int timeout_ms) {
+  auto connected = ConnectUnixSocket(path, timeout_ms);
+  if (!connected.ok()) return connected.status();
+  const int sock = *connected;
   // The daemon's uid: this process's own, root, or (a daemon of another user
   // under --socket-group) the owner of the socket's directory, which kvtierd
   // must own to serve from it. Anyone else is not trusted with our mappings.

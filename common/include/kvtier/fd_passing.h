@@ -27,6 +27,12 @@ std::string ArenaSocketPath(const std::string& socket_path);
 // Sends `msg` with `fd` attached on the connected socket `sock`. Errors: IO_ERROR.
 Status SendArenaFd(int sock, const ArenaAnnouncement& msg, int fd);
 
+// A blocking, close-on-exec Unix stream socket connected to `path` (caller
+// owns it). A listener whose backlog is full (a stopped daemon) is waited for
+// at most `timeout_ms`. Errors: INVALID_ARGUMENT for a path too long,
+// UNAVAILABLE naming the path and why (no listener, timed out).
+Result<int> ConnectUnixSocket(const std::string& path, int timeout_ms);
+
 // Connects to `arena_socket_path`, receives the announcement and the fd
 // (caller owns it). Waits at most `timeout_ms`. The daemon's uid (SO_PEERCRED)
 // must be this process's, root's, or that of the socket directory's owner.

@@ -1,10 +1,11 @@
 #include "kvtier/chunk_key.h"
 
-#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t for streaming hashes
-#include <xxhash.h>
-
 #include <bit>
+#include <cstddef>
+#include <cstdlib>
 #include <cstring>
+
+#include "chunk_hash.h"
 
 namespace kvtier {
 namespace {
@@ -12,7 +13,67 @@ namespace {
 static_assert(std::endian::native == std::endian::little,
               "kvtier serializes keys and tokens little-endian; big-endian hosts need byte swaps");
 
+chunk_hash::ChainFn ChainOf(HashIsa isa) {
+  switch (isa) {
+#if KVTIER_HASH_X86
+    case HashIsa::kAvx512:
+      return chunk_hash::ChainAvx512;
+    case HashIsa::kAvx2:
+      return chunk_hash::ChainAvx2;
+#endif
+    default:
+      return chunk_hash::ChainBaseline;
+  }
+}
+
+chunk_hash::ChainFn BestChain() {
+  static const chunk_hash::ChainFn fn = ChainOf(BestHashIsa());
+  return fn;
+}
+
+std::vector<ChunkKey> Chain(chunk_hash::ChainFn fn, const ChunkKey& parent,
+                            std::span<const int32_t> tokens, uint32_t chunk_tokens) {
+  std::vector<ChunkKey> keys(tokens.size() / chunk_tokens);
+  fn(parent.lo, parent.hi, tokens.data(), chunk_tokens, keys.size(),
+     reinterpret_cast<uint64_t*>(keys.data()));
+  return keys;
+}
+
 }  // namespace
+
+bool HashIsaRuns(HashIsa isa) {
+  switch (isa) {
+    case HashIsa::kBaseline:
+      return true;
+#if KVTIER_HASH_X86
+    // GCC's and clang's checks include the OS's (XCR0: the registers are saved).
+    case HashIsa::kAvx2:
+      return __builtin_cpu_supports("avx2");
+    case HashIsa::kAvx512:
+      return __builtin_cpu_supports("avx512f");
+#endif
+    default:
+      return false;
+  }
+}
+
+HashIsa BestHashIsa() {
+  for (HashIsa isa : {HashIsa::kAvx512, HashIsa::kAvx2}) {
+    if (HashIsaRuns(isa)) return isa;
+  }
+  return HashIsa::kBaseline;
+}
+
+const char* HashIsaName(HashIsa isa) {
+  switch (isa) {
+    case HashIsa::kAvx2:
+      return "avx2";
+    case HashIsa::kAvx512:
+      return "avx512";
+    default:
+      return "baseline";
+  }
+}
 
 void ChunkKey::ToBytes(std::byte* out) const {
   std::memcpy(out, &lo, 8);
@@ -64,27 +125,21 @@ std::optional<ChunkKey> ChunkKey::FromHex(std::string_view hex) {
 }
 
 ChunkKey ComputeChunkKey(const ChunkKey& parent, std::span<const int32_t> tokens) {
-  XXH3_state_t state;
-  XXH3_128bits_reset(&state);
-  std::byte parent_bytes[ChunkKey::kBytes];
-  parent.ToBytes(parent_bytes);
-  XXH3_128bits_update(&state, parent_bytes, sizeof(parent_bytes));
-  XXH3_128bits_update(&state, tokens.data(), tokens.size_bytes());
-  XXH128_hash_t h = XXH3_128bits_digest(&state);
-  return ChunkKey{h.low64, h.high64};
+  ChunkKey key;
+  static_assert(sizeof(ChunkKey) == 16 && offsetof(ChunkKey, hi) == 8);
+  BestChain()(parent.lo, parent.hi, tokens.data(), tokens.size(), 1,
+              reinterpret_cast<uint64_t*>(&key));
+  return key;
 }
 
 std::vector<ChunkKey> ComputeChunkKeys(const NamespaceId& ns, std::span<const int32_t> tokens,
                                        uint32_t chunk_tokens) {
-  const size_t num_chunks = tokens.size() / chunk_tokens;
-  std::vector<ChunkKey> keys;
-  keys.reserve(num_chunks);
-  ChunkKey parent = ns;
-  for (size_t i = 0; i < num_chunks; ++i) {
-    parent = ComputeChunkKey(parent, tokens.subspan(i * chunk_tokens, chunk_tokens));
-    keys.push_back(parent);
-  }
-  return keys;
+  return Chain(BestChain(), ns, tokens, chunk_tokens);
+}
+
+std::vector<ChunkKey> ComputeChunkKeys(const NamespaceId& ns, std::span<const int32_t> tokens,
+                                       uint32_t chunk_tokens, HashIsa isa) {
+  return Chain(ChainOf(isa), ns, tokens, chunk_tokens);
 }
 
 std::string PackTokens(std::span<const int32_t> tokens) {

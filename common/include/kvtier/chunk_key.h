@@ -45,6 +45,17 @@ struct ChunkKeyHash {
 // The namespace digest is a 128-bit value of the same form as a chunk key.
 using NamespaceId = ChunkKey;
 
+// The instruction sets the chunk-key hash has a path for. Each gives the same keys; the
+// fastest this CPU and OS run is used (XXH3's AVX-512 path hashes a 128K-token prompt
+// about 3x faster than its SSE2 baseline; docs/BENCHMARKS.md "Lookup latency").
+enum class HashIsa { kBaseline, kAvx2, kAvx512 };
+// The path ComputeChunkKeys takes here: the best one this CPU runs.
+HashIsa BestHashIsa();
+// Whether this CPU and OS run `isa` (kBaseline: always).
+bool HashIsaRuns(HashIsa isa);
+// "baseline" (SSE2 on x86-64), "avx2" or "avx512".
+const char* HashIsaName(HashIsa isa);
+
 // Key of one chunk from its parent (the previous chunk's key, or the namespace
 // digest for chunk 0) and its `tokens` (exactly chunk_tokens ids).
 ChunkKey ComputeChunkKey(const ChunkKey& parent, std::span<const int32_t> tokens);
@@ -54,6 +65,10 @@ ChunkKey ComputeChunkKey(const ChunkKey& parent, std::span<const int32_t> tokens
 // REQUIRES: chunk_tokens > 0.
 std::vector<ChunkKey> ComputeChunkKeys(const NamespaceId& ns, std::span<const int32_t> tokens,
                                        uint32_t chunk_tokens);
+// The same through a chosen path (tests and benchmarks compare them).
+// REQUIRES: HashIsaRuns(isa).
+std::vector<ChunkKey> ComputeChunkKeys(const NamespaceId& ns, std::span<const int32_t> tokens,
+                                       uint32_t chunk_tokens, HashIsa isa);
 
 // Token ids as packed little-endian int32 bytes (the wire and slot-header form).
 std::string PackTokens(std::span<const int32_t> tokens);

@@ -322,6 +322,38 @@ TEST_F(DramTierTest, EvictionForAnotherSizeTakesOneWindowOnly) {
   for (uint64_t i : {0, 2, 4}) EXPECT_TRUE(Resident(i)) << "chunk " << i;
 }
 
+// An arena full of one slot size's prefix chains (what any long prompt makes) used to take
+// no chunk of a bigger slot size at all: a window's inner chunks each have a resident child,
+// so no window was evictable, and a store of the other namespace stored nothing (found by
+// kvtier-bench: 1 MiB chunks after 256 KiB ones). A window's chunks now go with their
+// descendants, deepest first, when no descendant is leased.
+TEST_F(DramTierTest, AnArenaFullOfChainsMakesRoomForAnotherSizeFromTheirTails) {
+  Make(8);
+  const uint32_t big = tier_->AddNamespace(2 * kSlot);
+  Chain(0, 4);  // offsets 0..3
+  Chain(4, 4);  // offsets 4..7
+  tier_->Pin(tier_->Find(Key(7)));  // a lease on the second chain's leaf keeps all of it
+  auto slot = tier_->AllocateSlot(big);
+  ASSERT_TRUE(slot.has_value());
+  EXPECT_EQ(*slot, 2 * kSlot);  // chunks 2 and 3: the cheapest window (2 then 3 under it)
+  EXPECT_EQ(tier_->counters().evictions, 2u);
+  for (uint64_t i : {0, 1, 4, 5, 6, 7}) EXPECT_TRUE(Resident(i)) << "chunk " << i;
+  for (uint64_t i : {2, 3}) EXPECT_FALSE(Resident(i)) << "chunk " << i;
+  EXPECT_EQ(tier_->Get(tier_->Find(Key(1))).resident_children, 0u);  // a leaf again
+}
+
+TEST_F(DramTierTest, AWindowWhoseChunksHaveALeasedDescendantIsNotTaken) {
+  Make(8);
+  const uint32_t big = tier_->AddNamespace(2 * kSlot);
+  Chain(0, 4);
+  Chain(4, 4);
+  tier_->Pin(tier_->Find(Key(3)));  // each chain's leaf is leased: no chunk can go
+  tier_->Pin(tier_->Find(Key(7)));
+  EXPECT_FALSE(tier_->AllocateSlot(big).has_value());
+  EXPECT_EQ(tier_->counters().evictions, 0u);
+  EXPECT_EQ(tier_->num_chunks(ns_), 8u);
+}
+
 TEST_F(DramTierTest, ArenaIsWritableThroughSlotAddress) {
   Make(2);
   auto slot = tier_->AllocateSlot(ns_);

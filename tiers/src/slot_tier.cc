@@ -30,19 +30,39 @@ std::optional<uint64_t> SlotTier::AllocateSlot(uint32_t ns_index) {
 bool SlotTier::EvictWindow(uint64_t size, bool spare_held) {
   struct Segment {
     uint64_t offset, len;
+    uint64_t cost;    // bytes evicted with it: its own and its descendants'
     uint32_t handle;  // kNone: a free extent
     bool usable;      // free, or an evictable chunk
   };
+  // A chunk can go with its descendants here (deepest first, so no orphan is left) when
+  // none of them is leased or (with `spare_held`) held for a write; its cost is the bytes
+  // of all of them. An inner chunk of a prefix chain has a resident child, so without this
+  // an arena full of one size's chains had no window for another size at all.
+  const std::vector<uint32_t> deepest_first = index_.SubtreesDeepestFirst([](uint32_t) { return true; });
+  struct Subtree {
+    bool blocked = false;
+    uint64_t bytes = 0;
+  };
+  std::vector<Subtree> subtree(index_.handle_bound());
+  for (uint32_t h : deepest_first) {  // children before parents
+    const ChunkEntry& e = index_.Get(h);
+    Subtree& t = subtree[h];
+    t.blocked |= e.leases != 0 || (spare_held && e.write_holds != 0);
+    t.bytes += ns_slot_bytes_[e.ns_index];
+    if (const uint32_t p = index_.Find(e.parent); p != ChunkIndex::kNone && p != h) {
+      subtree[p].blocked |= t.blocked;
+      subtree[p].bytes += t.bytes;
+    }
+  }
   std::vector<Segment> segments;
   allocator_.ForEachFreeExtent([&](uint64_t offset, uint64_t len) {
-    segments.push_back({offset, len, ChunkIndex::kNone, true});
+    segments.push_back({offset, len, 0, ChunkIndex::kNone, true});
   });
-  index_.ForEach([&](uint32_t h) {
+  for (uint32_t h : deepest_first) {
     const ChunkEntry& e = index_.Get(h);
-    const bool evictable = e.leases == 0 && e.resident_children == 0 &&
-                           (!spare_held || e.write_holds == 0);
-    segments.push_back({e.slot_offset, ns_slot_bytes_[e.ns_index], h, evictable});
-  });
+    segments.push_back({e.slot_offset, ns_slot_bytes_[e.ns_index], subtree[h].bytes, h,
+                        !subtree[h].blocked});
+  }
   std::sort(segments.begin(), segments.end(),
             [](const Segment& a, const Segment& b) { return a.offset < b.offset; });
   // Slide over runs of adjacent usable segments (a gap is a reserved slot).
@@ -59,7 +79,7 @@ bool SlotTier::EvictWindow(uint64_t size, bool spare_held) {
       if (!s.usable) continue;
     }
     len += s.len;
-    cost += s.handle == ChunkIndex::kNone ? 0 : s.len;
+    cost += s.cost;
     while (len >= size) {
       if (cost < best_cost) {
         best_cost = cost;
@@ -67,13 +87,17 @@ bool SlotTier::EvictWindow(uint64_t size, bool spare_held) {
         best_last = last;
       }
       len -= segments[first].len;
-      cost -= segments[first].handle == ChunkIndex::kNone ? 0 : segments[first].len;
+      cost -= segments[first].cost;
       ++first;
     }
   }
   if (best_cost == UINT64_MAX || best_cost == 0) return false;  // 0: Allocate would have fit
+  std::vector<bool> in_window(index_.handle_bound());
   for (size_t i = best_first; i <= best_last; ++i) {
-    if (segments[i].handle != ChunkIndex::kNone) Evict(segments[i].handle);
+    if (segments[i].handle != ChunkIndex::kNone) in_window[segments[i].handle] = true;
+  }
+  for (uint32_t h : index_.SubtreesDeepestFirst([&](uint32_t h) { return in_window[h]; })) {
+    Evict(h);
   }
   return true;
 }

@@ -52,6 +52,8 @@ class ChunkIndex {
   ChunkEntry& Get(uint32_t handle) { return entries_[handle]; }
   const ChunkEntry& Get(uint32_t handle) const { return entries_[handle]; }
   size_t size() const { return map_.size(); }
+  // Every handle is less than this (a size for arrays indexed by handle).
+  size_t handle_bound() const { return entries_.size(); }
   // Calls f(handle) for every chunk, in no particular order. `f` must not
   // insert or erase.
   template <typename F>

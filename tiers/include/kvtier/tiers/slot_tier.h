@@ -124,9 +124,11 @@ class SlotTier {
   // for a write; false when none is evictable.
   bool EvictOne(uint64_t same_size, bool spare_held);
   // Evicts the chunks of the window of the arena that holds `size` bytes at
-  // the least cost in evicted bytes, made only of free extents and evictable
-  // chunks (not held for a write, with `spare_held`); false, evicting nothing,
-  // when there is none.
+  // the least cost in evicted bytes, made only of free extents and chunks that
+  // can go with all their descendants here (none leased, nor held for a write
+  // with `spare_held`); those descendants go too, deepest first. The cost of a
+  // chunk counts its descendants' bytes. False, evicting nothing, when there is
+  // no such window. O(chunks log chunks): the path for another slot size only.
   bool EvictWindow(uint64_t size, bool spare_held);
   // REQUIRES: evictable. Tells the listener, removes it, counts the eviction.
   void Evict(uint32_t handle);

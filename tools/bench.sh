@@ -38,6 +38,9 @@ echo
 echo "(client with GLIBC_TUNABLES=$CLIENT_TUNABLES)"
 GLIBC_TUNABLES=$CLIENT_TUNABLES "$BIN/kvtier-bench" --socket "$WORK/dram.sock" lookup
 echo
+# Put + get through the SDK beside Redis on loopback (started and stopped by the benchmark).
+"$BIN/kvtier-bench" --socket "$WORK/dram.sock" peers
+echo
 start_daemon memory 4000MiB
 "$BIN/kvtier-bench" --socket "$WORK/memory.sock" memory
 echo

@@ -333,6 +333,29 @@ TEST_F(DaemonTest, TiersTooSmallForARealChunkAreWarnedAbout) {
   EXPECT_NE(log.find("nvme_bytes 65536 is less than 1 MiB"), std::string::npos) << log;
 }
 
+// kvtier-bench dram and peers found it: once the arena was full of one namespace's prefix
+// chains (256 KiB chunks, 4 a request), a store of another namespace's 1 MiB chunks stored
+// 0 of them and said OK, so each benchmark exited 1. The benchmarks verify every byte.
+TEST_F(DaemonTest, AnArenaFullOfOneSizesChainsStillTakesABiggerSize) {
+  // One request of 4 chunks of 4 MiB is more than the default session limit (half the arena).
+  DaemonProcess::Options o = Opts({"--session-max-bytes", "32MiB"});
+  o.dram_bytes = "32MiB";
+  DaemonProcess daemon(o);
+  ASSERT_EQ(daemon.Start(), "");
+  const CommandResult dram = RunCommand(
+      {BinPath("kvtier-bench"), "--socket", socket_, "dram", "--iterations", "2", "--chunks", "4"},
+      120s);
+  EXPECT_TRUE(dram.ok()) << dram.Describe();
+  EXPECT_NE(dram.out.find("4.0 MiB"), std::string::npos) << dram.Describe();
+  // Redis is started by the benchmark when redis-server is installed (make deps installs it).
+  const CommandResult peers = RunCommand(
+      {BinPath("kvtier-bench"), "--socket", socket_, "peers", "--iterations", "1", "--chunks", "2"},
+      120s);
+  EXPECT_TRUE(peers.ok()) << peers.Describe();
+  EXPECT_NE(peers.out.find("4.0 MiB   kvtier"), std::string::npos) << peers.Describe();
+  EXPECT_NE(peers.out.find("4.0 MiB   Redis"), std::string::npos) << peers.Describe();
+}
+
 // A review found --session-max-bytes above --dram-bytes, or below one slot,
 // starting without a word.
 TEST_F(DaemonTest, ASessionLimitThatCannotBindIsWarnedAbout) {

@@ -15,6 +15,8 @@
 //                        size and depth (writes: fdatasync every 32, as the
 //                        tier syncs each batch before indexing it); the file
 //                        is written once first, so both sides overwrite.
+//   kvtier-bench peers   put + get of 256 KiB, 1 MiB, 4 MiB values through the SDK and
+//                        through Redis started on loopback, in one run (peers.h).
 //   kvtier-bench restart time from starting kvtierd to serving with N chunks on
 //                        NVMe (default 1,000,000 small chunks), vs starting it
 //                        on an empty NVMe tier in the same run.
@@ -34,6 +36,8 @@
 #include <unistd.h>
 #include <vector>
 
+#include "bench_common.h"
+#include "peers.h"
 #include "kvtier/admin_client.h"
 #include "kvtier/client.h"
 #include "kvtier/tiers/nvme_tier.h"
@@ -43,56 +47,8 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using kvtier::tools::Percentile;
-
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-double Micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
-
-[[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "kvtier-bench: %s\n", what.c_str());
-  std::exit(1);
-}
-
-template <typename T>
-T Must(kvtier::Result<T> r, const char* what) {
-  if (!r.ok()) Die(std::string(what) + ": " + r.status().ToString());
-  return std::move(r).value();
-}
-
-std::unique_ptr<kvtier::Client> ConnectOrDie(const std::string& socket) {
-  kvtier::ClientOptions o;
-  o.socket_path = socket;
-  o.deadline = std::chrono::milliseconds(10000);  // a benchmark measures; it must not fail open
-  o.client_name = "kvtier-bench";
-  auto c = Must(kvtier::Client::Connect(o), "connect");
-  if (!c->connected()) Die("kvtierd is not reachable at " + socket);
-  return c;
-}
-
-// Prompt tokens unique to `seed`.
-std::vector<int32_t> UniquePrompt(uint64_t seed, size_t num_tokens) {
-  std::vector<int32_t> t(num_tokens);
-  for (size_t i = 0; i < num_tokens; ++i) {
-    t[i] = kvtier::tools::BlockToken(seed * 1000003 + i / 512, static_cast<uint32_t>(i % 512));
-  }
-  return t;
-}
-
-// A namespace whose chunk payload is exactly `payload_bytes` (256 B per token).
-kvtier::NamespaceSpec BenchSpec(uint64_t payload_bytes, const std::string& model) {
-  kvtier::NamespaceSpec s;
-  s.model_id = model;
-  s.num_layers = 1;
-  s.num_kv_heads = 1;
-  s.head_dim = 64;  // 2 (K,V) * 64 * 2 B = 256 B per token
-  s.chunk_tokens = static_cast<uint32_t>(payload_bytes / 256);
-  return s;
-}
-
-std::unique_ptr<kvtier::AdminClient> AdminStub(const std::string& socket) {
-  return Must(kvtier::AdminClient::Connect(socket, std::chrono::milliseconds(10000)), "admin");
-}
+using namespace kvtier::bench;  // NOLINT: this file's helpers
 
 int RunDram(const std::string& socket, int iterations, int num_chunks) {
   auto client = ConnectOrDie(socket);
@@ -124,26 +80,16 @@ int RunDram(const std::string& socket, int iterations, int num_chunks) {
     std::vector<double> kv_s, store_s, load_s, base_s;
     for (int it = -warmup; it < iterations; ++it) {
       const auto tokens = UniquePrompt(++seed, uint64_t{spec.chunk_tokens} * num_chunks);
-      const auto t0 = Clock::now();
-      auto st = Must(client->Store(ns, tokens, std::span<const std::byte>(src)), "store");
-      const auto t1 = Clock::now();
-      auto ld = Must(client->Load(ns, tokens, std::span<std::byte>(dst)), "load");
-      const auto t2 = Clock::now();
-      if (st.stored_chunks != static_cast<uint32_t>(num_chunks) ||
-          ld.num_chunks != static_cast<uint32_t>(num_chunks)) {
-        Die("stored " + std::to_string(st.stored_chunks) + " and loaded " +
-            std::to_string(ld.num_chunks) + " of " + std::to_string(num_chunks) + " chunks (" +
-            st.fail_open.ToString() + " / " + ld.fail_open.ToString() + ")");
-      }
-      if (std::memcmp(src.data(), dst.data(), bytes) != 0) Die("loaded bytes differ from stored");
+      const StoreLoadSeconds kv = StoreLoadVerified(*client, ns, tokens, src, dst,
+                                                    static_cast<uint32_t>(num_chunks));
       const auto b0 = Clock::now();
       std::memcpy(mid.data(), src.data(), bytes);
       std::memcpy(dst.data(), mid.data(), bytes);
       const auto b1 = Clock::now();
       if (it < 0) continue;
-      store_s.push_back(Seconds(t1 - t0));
-      load_s.push_back(Seconds(t2 - t1));
-      kv_s.push_back(Seconds(t2 - t0));
+      store_s.push_back(kv.store);
+      load_s.push_back(kv.load);
+      kv_s.push_back(kv.store + kv.load);
       base_s.push_back(Seconds(b1 - b0));
     }
     const double gb = static_cast<double>(bytes) / 1e9;
@@ -566,6 +512,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   nvme->add_flag("--plain-buffers", nvme_plain_buffers,
                  "do not register buffers with io_uring (neither the tier nor fio)");
+  kvtier::bench::PeersOptions peers_options;
+  auto* peers = app.add_subcommand("peers", "put + get vs Redis on loopback, same run");
+  peers->add_option("--redis-server", peers_options.redis_server, "redis-server binary")
+      ->capture_default_str();
+  peers->add_option("--iterations", peers_options.iterations, "measured rounds per value size")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  peers->add_option("--chunks", peers_options.num_chunks, "values per round")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -586,6 +542,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (dram->parsed()) return RunDram(socket, iterations, num_chunks);
+  if (peers->parsed()) {
+    peers_options.socket = socket;
+    return kvtier::bench::RunPeers(peers_options);
+  }
   if (lookup->parsed()) return RunLookup(socket, lookup_iterations, prompt_tokens);
   return RunMemory(socket, memory_chunks);
 }

@@ -1,0 +1,241 @@
+// kvtier-bench peers: put and get of 256 KiB, 1 MiB and 4 MiB values through the kvtier
+// SDK and through peers started here on loopback, side by side in one run (peers.h).
+#include "peers.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "bench_common.h"
+#include "kvtier/tools/percentiles.h"
+#include "kvtier/units.h"
+
+namespace kvtier::bench {
+namespace {
+
+using tools::Percentile;
+
+// A loopback TCP port free at the moment of asking (the kernel's choice for port 0).
+int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) Die(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    Die(std::string("bind a loopback port: ") + std::strerror(errno));
+  }
+  const int port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+struct RedisReplyFree {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using Reply = std::unique_ptr<redisReply, RedisReplyFree>;
+
+// redis-server on 127.0.0.1, without persistence, for the benchmark's lifetime; and one
+// hiredis connection to it.
+class RedisPeer {
+ public:
+  // nullopt (with `why`) when redis-server cannot be started.
+  static std::optional<RedisPeer> Start(const std::string& binary, std::string* why) {
+    // Nothing is written there (no snapshots, no append-only file), but Redis wants one.
+    const std::string dir = std::filesystem::temp_directory_path().string();
+    const int port = FreeLoopbackPort();
+    const std::vector<std::string> argv = {binary, "--port", std::to_string(port), "--bind",
+                                           "127.0.0.1", "--save", "", "--appendonly", "no",
+                                           "--dir", dir, "--loglevel", "warning"};
+    const pid_t pid = fork();
+    if (pid == 0) {
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      prctl(PR_SET_PDEATHSIG, SIGTERM);  // stopped with the benchmark, even when it exits early
+      if (const int null = open("/dev/null", O_WRONLY); null >= 0) dup2(null, STDOUT_FILENO);
+      execvp(args[0], args.data());
+      _exit(127);
+    }
+    RedisPeer peer(pid);
+    const auto t0 = Clock::now();
+    while (Seconds(Clock::now() - t0) < 10) {
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        peer.pid_ = -1;
+        *why = binary + " exited at start (" +
+               (WIFEXITED(status) && WEXITSTATUS(status) == 127 ? "not found"
+                                                                : "status " + std::to_string(status)) +
+               ")";
+        return std::nullopt;
+      }
+      redisContext* c = redisConnect("127.0.0.1", port);
+      if (c != nullptr && c->err == 0) {
+        Reply pong(static_cast<redisReply*>(redisCommand(c, "PING")));
+        if (pong && pong->type == REDIS_REPLY_STATUS) {
+          peer.ctx_.reset(c);
+          return peer;
+        }
+      }
+      if (c != nullptr) redisFree(c);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    *why = binary + " did not answer PING within 10 s";
+    return std::nullopt;
+  }
+
+  RedisPeer(RedisPeer&& o) noexcept : pid_(std::exchange(o.pid_, -1)), ctx_(std::move(o.ctx_)) {}
+  RedisPeer& operator=(RedisPeer&&) = delete;
+  ~RedisPeer() {
+    ctx_.reset();
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int status = 0;
+      waitpid(pid_, &status, 0);
+    }
+  }
+
+  // Pipelined SET of each value under `keys`; exits unless every reply is OK.
+  void Put(const std::vector<std::string>& keys, std::span<const std::byte> values) {
+    const size_t each = values.size() / keys.size();
+    for (size_t i = 0; i < keys.size(); ++i) {
+      redisAppendCommand(ctx_.get(), "SET %b %b", keys[i].data(), keys[i].size(),
+                         values.data() + i * each, each);
+    }
+    for (size_t i = 0; i < keys.size(); ++i) {
+      Reply r = Next();
+      if (r->type != REDIS_REPLY_STATUS) Die("redis SET " + keys[i] + " failed");
+    }
+  }
+  // Pipelined GET of `keys` into `out` (value i at i * out.size() / keys.size()); exits
+  // unless every value is there with its size.
+  void Get(const std::vector<std::string>& keys, std::span<std::byte> out) {
+    const size_t each = out.size() / keys.size();
+    for (const auto& k : keys) redisAppendCommand(ctx_.get(), "GET %b", k.data(), k.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      Reply r = Next();
+      if (r->type != REDIS_REPLY_STRING || r->len != each) Die("redis GET " + keys[i] + " failed");
+      std::memcpy(out.data() + i * each, r->str, each);
+    }
+  }
+  void FlushAll() { Reply r(static_cast<redisReply*>(redisCommand(ctx_.get(), "FLUSHALL SYNC"))); }
+
+ private:
+  explicit RedisPeer(pid_t pid) : pid_(pid) {}
+  Reply Next() {
+    void* r = nullptr;
+    if (redisGetReply(ctx_.get(), &r) != REDIS_OK || r == nullptr) {
+      Die(std::string("redis: ") + ctx_->errstr);
+    }
+    return Reply(static_cast<redisReply*>(r));
+  }
+
+  struct ContextFree {
+    void operator()(redisContext* c) const { redisFree(c); }
+  };
+  pid_t pid_ = -1;
+  std::unique_ptr<redisContext, ContextFree> ctx_;
+};
+
+struct PutGet {
+  std::vector<double> put_s, get_s;
+  double PutGbps(double gb) const { return gb / Percentile(put_s, 50); }
+  double GetGbps(double gb) const { return gb / Percentile(get_s, 50); }
+  // Both ways: 2 * bytes over the median put + get.
+  double BothGbps(double gb) const {
+    std::vector<double> sum(put_s.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = put_s[i] + get_s[i];
+    return 2 * gb / Percentile(sum, 50);
+  }
+};
+
+}  // namespace
+
+int RunPeers(const PeersOptions& o) {
+  auto client = ConnectOrDie(o.socket);
+  const uint64_t arena_bytes = Must(AdminStub(o.socket)->Stats(), "Stats RPC").tiers.at(0).capacity_bytes;
+  std::string redis_why;
+  std::optional<RedisPeer> redis = RedisPeer::Start(o.redis_server, &redis_why);
+  std::printf("kvtier-bench peers: put then get of %d values per round, %d rounds per size, "
+              "bytes verified, every peer on this machine\n",
+              o.num_chunks, o.iterations);
+  std::printf("  kvtier: SDK Store + Load of one request's chunks (kvtierd at %s)\n",
+              o.socket.c_str());
+  if (redis) {
+    std::printf("  Redis: %s on 127.0.0.1, no persistence; pipelined SET then GET through "
+                "hiredis, each value copied out of its reply\n",
+                o.redis_server.c_str());
+  } else {
+    std::printf("  Redis: not run (%s)\n", redis_why.c_str());
+  }
+  std::printf("  Mooncake Store: not run (its PyPI package is not among this project's venvs)\n");
+  std::printf("  LMCache: not run (its PyPI package is not among this project's venvs)\n");
+  std::printf("%-9s %-8s %9s %9s %10s %12s\n", "value", "system", "put GB/s", "get GB/s",
+              "both GB/s", "kvtier / it");
+  uint64_t seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  for (uint64_t value : {256 * kKiB, kMiB, 4 * kMiB}) {
+    const auto spec = BenchSpec(value, "bench-peers-" + std::to_string(value));
+    auto ns = Must(client->OpenNamespace(spec), "open namespace");
+    const uint64_t bytes = value * static_cast<uint64_t>(o.num_chunks);
+    std::vector<std::byte> src(bytes), dst(bytes);
+    for (size_t i = 0; i + 8 <= bytes; i += 8) {
+      const uint64_t v = (i + seed) * 0x9E3779B97F4A7C15ULL;
+      std::memcpy(src.data() + i, &v, 8);
+    }
+    if (ns.layout.slot_bytes * o.num_chunks > arena_bytes) {
+      Die("the DRAM arena (" + FormatBytes(arena_bytes) + ") cannot hold one round of " +
+          FormatBytes(ns.layout.slot_bytes * o.num_chunks) + "; raise --dram-bytes");
+    }
+    // Warm-up rounds, not counted: kvtier's until every arena page was touched once (the
+    // steady state of a running daemon, as in `dram`), Redis's once.
+    const int warmup = static_cast<int>(arena_bytes / (ns.layout.slot_bytes * o.num_chunks)) + 2;
+    PutGet kv, rd;
+    for (int it = -warmup; it < o.iterations; ++it) {
+      const auto tokens = UniquePrompt(++seed, uint64_t{spec.chunk_tokens} * o.num_chunks);
+      std::memset(dst.data(), 0, bytes);
+      const StoreLoadSeconds s =
+          StoreLoadVerified(*client, ns, tokens, src, dst, static_cast<uint32_t>(o.num_chunks));
+      if (it >= 0) kv.put_s.push_back(s.store), kv.get_s.push_back(s.load);
+      if (!redis || it < -1) continue;
+      std::vector<std::string> keys;
+      for (int i = 0; i < o.num_chunks; ++i) {
+        keys.push_back("kvtier-bench:" + std::to_string(seed) + ":" + std::to_string(i));
+      }
+      std::memset(dst.data(), 0, bytes);
+      const auto t0 = Clock::now();
+      redis->Put(keys, src);
+      const auto t1 = Clock::now();
+      redis->Get(keys, dst);
+      const auto t2 = Clock::now();
+      if (std::memcmp(src.data(), dst.data(), bytes) != 0) Die("Redis returned other bytes");
+      redis->FlushAll();  // untimed: each round starts from an empty server
+      if (it >= 0) rd.put_s.push_back(Seconds(t1 - t0)), rd.get_s.push_back(Seconds(t2 - t1));
+    }
+    const double gb = static_cast<double>(bytes) / 1e9;
+    std::printf("%-9s %-8s %9.2f %9.2f %10.2f %12s\n", FormatBytes(value).c_str(), "kvtier",
+                kv.PutGbps(gb), kv.GetGbps(gb), kv.BothGbps(gb), "-");
+    if (redis) {
+      std::printf("%-9s %-8s %9.2f %9.2f %10.2f %12.2f\n", FormatBytes(value).c_str(), "Redis",
+                  rd.PutGbps(gb), rd.GetGbps(gb), rd.BothGbps(gb), kv.BothGbps(gb) / rd.BothGbps(gb));
+    }
+  }
+  std::printf("(medians; GB/s = 1e9 bytes/s of values; both = 2 x bytes over the median put + "
+              "get time; goal vs Redis at 1 MiB >= 10)\n");
+  return 0;
+}
+
+}  // namespace kvtier::bench

@@ -586,7 +586,7 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
         resp->add_outcomes(v1::ALREADY_STORED);
         continue;
       }
-      if (auto offset = dram_->AllocateSlot(ns->ns_index)) {
+      if (auto offset = dram_->AllocateSlot(ns->ns_index, std::min<size_t>(n - i, allowed))) {
         c.slot_offset = *offset;
         // A reader whose lease lapsed may still be copying the slot's old
         // chunk: clear the header first so that reader sees the change.

@@ -127,7 +127,8 @@ void CacheCore::PromoteStep(uint64_t id) {
     }
     for (size_t i = p.ready.size(); i < p.keys.size() && plan.size() < kBatch; ++i) {
       if (dram_->Find(p.keys[i]) != ChunkIndex::kNone || !nvme_->Contains(p.keys[i])) break;
-      auto offset = dram_->AllocateSlot(ns->ns_index);  // the ready chunks are pinned
+      // The ready chunks are pinned; room for the rest of this batch at once.
+      auto offset = dram_->AllocateSlot(ns->ns_index, std::min(p.keys.size(), i + kBatch - plan.size()) - i);
       if (!offset) break;
       InvalidateSlot(dram_->SlotAddress(*offset));
       plan.push_back({i, *offset});

@@ -354,6 +354,43 @@ TEST_F(DramTierTest, AWindowWhoseChunksHaveALeasedDescendantIsNotTaken) {
   EXPECT_EQ(tier_->num_chunks(ns_), 8u);
 }
 
+// A review found the first version scoring a chain's tail k(k+1)/2 slots (each chunk with
+// all its descendants, the ones in the window again): it took four chunks with a child each
+// elsewhere (8 evictions) over a chain's last four chunks (4).
+TEST_F(DramTierTest, AWindowOverAChainsTailCostsItsChunksOnce) {
+  Make(16);
+  const uint32_t big = tier_->AddNamespace(4 * kSlot);
+  Chain(0, 4);                                     // A0..A3 at slots 0..3
+  tier_->Pin(Put(Key(100), kRoot));                // slot 4, leased
+  for (uint64_t i : {5, 6, 7, 8}) Put(Key(i), kRoot);  // B..E at slots 5..8
+  for (uint64_t i : {5, 6, 7, 8}) {                // each one's child, a leased chunk between
+    Put(Key(i + 100), Key(i));
+    if (i != 8) tier_->Pin(Put(Key(i + 200), kRoot));
+  }
+  auto slot = tier_->AllocateSlot(big);
+  ASSERT_TRUE(slot.has_value());
+  EXPECT_EQ(*slot, 0u);
+  EXPECT_EQ(tier_->counters().evictions, 4u);
+  for (uint64_t i : {5, 6, 7, 8, 105, 106, 107, 108}) EXPECT_TRUE(Resident(i)) << "chunk " << i;
+}
+
+// A request of several chunks of another size makes room for all of them in one pass over
+// the index (a review measured 0.4 s a pass with 262,000 chunks: one pass per chunk stalled
+// the daemon past its clients' deadlines).
+TEST_F(DramTierTest, RoomForSeveralSlotsOfAnotherSizeIsMadeInOnePass) {
+  Make(8);
+  const uint32_t big = tier_->AddNamespace(2 * kSlot);
+  Chain(0, 8);
+  ASSERT_TRUE(tier_->AllocateSlot(big, /*room_for=*/3).has_value());
+  EXPECT_EQ(tier_->counters().evictions, 6u);  // chunks 2..7: three windows of two slots
+  ASSERT_TRUE(tier_->AllocateSlot(big).has_value());
+  ASSERT_TRUE(tier_->AllocateSlot(big).has_value());
+  EXPECT_EQ(tier_->counters().evictions, 6u);  // no further eviction
+  EXPECT_TRUE(Resident(0));
+  EXPECT_TRUE(Resident(1));
+  EXPECT_EQ(tier_->Get(tier_->Find(Key(1))).resident_children, 0u);
+}
+
 TEST_F(DramTierTest, ArenaIsWritableThroughSlotAddress) {
   Make(2);
   auto slot = tier_->AllocateSlot(ns_);

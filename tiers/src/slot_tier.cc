@@ -14,7 +14,7 @@ uint32_t SlotTier::AddNamespace(uint64_t slot_bytes) {
   return static_cast<uint32_t>(ns_slot_bytes_.size() - 1);
 }
 
-std::optional<uint64_t> SlotTier::AllocateSlot(uint32_t ns_index) {
+std::optional<uint64_t> SlotTier::AllocateSlot(uint32_t ns_index, size_t room_for) {
   const uint64_t size = ns_slot_bytes_[ns_index];
   for (const bool spare_held : {true, false}) {  // chunks held for a write go last
     for (;;) {
@@ -22,26 +22,23 @@ std::optional<uint64_t> SlotTier::AllocateSlot(uint32_t ns_index) {
       // A victim of the same size frees exactly one slot.
       if (!EvictOne(size, spare_held)) break;
     }
-    if (EvictWindow(size, spare_held)) return allocator_.Allocate(size);
+    if (EvictWindows(size, spare_held, std::max<size_t>(room_for, 1))) {
+      return allocator_.Allocate(size);
+    }
   }
   return std::nullopt;
 }
 
-bool SlotTier::EvictWindow(uint64_t size, bool spare_held) {
-  struct Segment {
-    uint64_t offset, len;
-    uint64_t cost;    // bytes evicted with it: its own and its descendants'
-    uint32_t handle;  // kNone: a free extent
-    bool usable;      // free, or an evictable chunk
-  };
+bool SlotTier::EvictWindows(uint64_t size, bool spare_held, size_t windows) {
   // A chunk can go with its descendants here (deepest first, so no orphan is left) when
-  // none of them is leased or (with `spare_held`) held for a write; its cost is the bytes
-  // of all of them. An inner chunk of a prefix chain has a resident child, so without this
-  // an arena full of one size's chains had no window for another size at all.
-  const std::vector<uint32_t> deepest_first = index_.SubtreesDeepestFirst([](uint32_t) { return true; });
+  // none of them is leased or (with `spare_held`) held for a write. An inner chunk of a
+  // prefix chain has a resident child, so without this an arena full of one size's chains
+  // had no window for another size at all.
+  const std::vector<uint32_t> deepest_first =
+      index_.SubtreesDeepestFirst([](uint32_t) { return true; });
   struct Subtree {
     bool blocked = false;
-    uint64_t bytes = 0;
+    uint64_t bytes = 0;  // its own and its descendants'
   };
   std::vector<Subtree> subtree(index_.handle_bound());
   for (uint32_t h : deepest_first) {  // children before parents
@@ -54,6 +51,12 @@ bool SlotTier::EvictWindow(uint64_t size, bool spare_held) {
       subtree[p].bytes += t.bytes;
     }
   }
+  struct Segment {
+    uint64_t offset, len;
+    uint64_t bytes;   // evicted when it heads a window: its subtree's
+    uint32_t handle;  // kNone: a free extent
+    bool usable;      // free, or a chunk that can go with its descendants
+  };
   std::vector<Segment> segments;
   allocator_.ForEachFreeExtent([&](uint64_t offset, uint64_t len) {
     segments.push_back({offset, len, 0, ChunkIndex::kNone, true});
@@ -65,37 +68,59 @@ bool SlotTier::EvictWindow(uint64_t size, bool spare_held) {
   }
   std::sort(segments.begin(), segments.end(),
             [](const Segment& a, const Segment& b) { return a.offset < b.offset; });
-  // Slide over runs of adjacent usable segments (a gap is a reserved slot).
-  size_t best_first = 0, best_last = 0;
-  uint64_t best_cost = UINT64_MAX;
+  // A window's cost is the bytes it evicts: its first segment's subtree, plus each later
+  // segment's subtree unless that segment's parent is the segment just before it (a
+  // prompt's chunks are allocated in order, so a chain's tail is counted once).
+  // prefix[k]: the sum of those later-segment costs over segments 0..k-1.
+  std::vector<uint64_t> prefix(segments.size() + 1, 0);
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    const bool under_previous = i > 0 && s.handle != ChunkIndex::kNone &&
+                                segments[i - 1].handle != ChunkIndex::kNone &&
+                                segments[i - 1].offset + segments[i - 1].len == s.offset &&
+                                index_.Get(s.handle).parent == index_.Get(segments[i - 1].handle).key;
+    prefix[i + 1] = prefix[i] + (under_previous ? 0 : s.bytes);
+  }
+  // Per last segment, the shortest run of adjacent usable segments ending there that holds
+  // `size` bytes (a gap between segments is a reserved slot).
+  struct Window {
+    uint64_t cost;
+    size_t first, last;
+  };
+  std::vector<Window> candidates;
   size_t first = 0;
-  uint64_t len = 0, cost = 0;
+  uint64_t len = 0;
   for (size_t last = 0; last < segments.size(); ++last) {
     const Segment& s = segments[last];
     const bool adjacent = last == 0 || segments[last - 1].offset + segments[last - 1].len == s.offset;
     if (!s.usable || (last > first && !adjacent)) {
       first = s.usable ? last : last + 1;
-      len = cost = 0;
+      len = 0;
       if (!s.usable) continue;
     }
     len += s.len;
-    cost += s.cost;
-    while (len >= size) {
-      if (cost < best_cost) {
-        best_cost = cost;
-        best_first = first;
-        best_last = last;
-      }
-      len -= segments[first].len;
-      cost -= segments[first].cost;
-      ++first;
+    while (len - segments[first].len >= size) len -= segments[first++].len;
+    if (len >= size) {
+      candidates.push_back({segments[first].bytes + prefix[last + 1] - prefix[first + 1], first, last});
     }
   }
-  if (best_cost == UINT64_MAX || best_cost == 0) return false;  // 0: Allocate would have fit
-  std::vector<bool> in_window(index_.handle_bound());
-  for (size_t i = best_first; i <= best_last; ++i) {
-    if (segments[i].handle != ChunkIndex::kNone) in_window[segments[i].handle] = true;
+  // The `windows` cheapest that do not overlap. Cost 0: Allocate would have fit.
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Window& a, const Window& b) { return a.cost < b.cost; });
+  std::vector<bool> taken(segments.size()), in_window(index_.handle_bound());
+  size_t picked = 0;
+  for (const Window& w : candidates) {
+    if (picked == windows || w.cost == 0) break;
+    if (std::any_of(taken.begin() + w.first, taken.begin() + w.last + 1, [](bool t) { return t; })) {
+      continue;
+    }
+    std::fill(taken.begin() + w.first, taken.begin() + w.last + 1, true);
+    for (size_t i = w.first; i <= w.last; ++i) {
+      if (segments[i].handle != ChunkIndex::kNone) in_window[segments[i].handle] = true;
+    }
+    ++picked;
   }
+  if (picked == 0) return false;
   for (uint32_t h : index_.SubtreesDeepestFirst([&](uint32_t h) { return in_window[h]; })) {
     Evict(h);
   }

@@ -464,6 +464,8 @@ int RunRestart(const std::string& kvtierd, const std::string& dir, uint64_t num_
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A peer (redis-server) that goes away mid-run: an error from the write, not SIGPIPE.
+  signal(SIGPIPE, SIG_IGN);
   std::string socket;
   int iterations = 15, num_chunks = 64, lookup_iterations = 300;
   uint64_t prompt_tokens = 131072, memory_chunks = 1000000;

@@ -20,6 +20,7 @@
 
 #include "bench_common.h"
 #include "kvtier/tools/percentiles.h"
+#include "kvtier/slot_image.h"
 #include "kvtier/units.h"
 
 namespace kvtier::bench {
@@ -61,12 +62,15 @@ class RedisPeer {
     const std::vector<std::string> argv = {binary, "--port", std::to_string(port), "--bind",
                                            "127.0.0.1", "--save", "", "--appendonly", "no",
                                            "--dir", dir, "--loglevel", "warning"};
+    std::vector<char*> args;  // built before fork(): the child only execs
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    const pid_t parent = getpid();
     const pid_t pid = fork();
     if (pid == 0) {
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      prctl(PR_SET_PDEATHSIG, SIGTERM);  // stopped with the benchmark, even when it exits early
+      // Stopped with the benchmark, even when it exits early (and if it already has).
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != parent) _exit(1);
       if (const int null = open("/dev/null", O_WRONLY); null >= 0) dup2(null, STDOUT_FILENO);
       execvp(args[0], args.data());
       _exit(127);
@@ -77,10 +81,11 @@ class RedisPeer {
       int status = 0;
       if (waitpid(pid, &status, WNOHANG) == pid) {
         peer.pid_ = -1;
-        *why = binary + " exited at start (" +
-               (WIFEXITED(status) && WEXITSTATUS(status) == 127 ? "not found"
-                                                                : "status " + std::to_string(status)) +
-               ")";
+        *why = binary + (!WIFEXITED(status) ? " was killed at start (signal " +
+                                                 std::to_string(WTERMSIG(status)) + ")"
+                         : WEXITSTATUS(status) == 127
+                             ? " could not be run (not found, or not executable)"
+                             : " exited at start with code " + std::to_string(WEXITSTATUS(status)));
         return std::nullopt;
       }
       redisContext* c = redisConnect("127.0.0.1", port);
@@ -118,7 +123,10 @@ class RedisPeer {
     }
     for (size_t i = 0; i < keys.size(); ++i) {
       Reply r = Next();
-      if (r->type != REDIS_REPLY_STATUS) Die("redis SET " + keys[i] + " failed");
+      if (r->type != REDIS_REPLY_STATUS) {
+        Die("redis SET " + keys[i] + " failed" +
+            (r->type == REDIS_REPLY_ERROR ? ": " + std::string(r->str, r->len) : std::string()));
+      }
     }
   }
   // Pipelined GET of `keys` into `out` (value i at i * out.size() / keys.size()); exits
@@ -168,26 +176,36 @@ struct PutGet {
 int RunPeers(const PeersOptions& o) {
   auto client = ConnectOrDie(o.socket);
   const uint64_t arena_bytes = Must(AdminStub(o.socket)->Stats(), "Stats RPC").tiers.at(0).capacity_bytes;
+  constexpr uint64_t kValues[] = {256 * kKiB, kMiB, 4 * kMiB};
+  for (uint64_t value : kValues) {  // before anything is started or allocated
+    const uint64_t round = SlotLayout::For(BenchSpec(value, "check")).slot_bytes * o.num_chunks;
+    if (round > arena_bytes) {
+      Die("the DRAM arena (" + FormatBytes(arena_bytes) + ") cannot hold one round of " +
+          std::to_string(o.num_chunks) + " values of " + FormatBytes(value) + " (" +
+          FormatBytes(round) + "); raise kvtierd's --dram-bytes (and --session-max-bytes, by "
+          "default half of it) or lower --chunks");
+    }
+  }
   std::string redis_why;
   std::optional<RedisPeer> redis = RedisPeer::Start(o.redis_server, &redis_why);
+  if (!redis) {
+    Die("Redis, the baseline: " + redis_why +
+        "; install redis-server (make deps does) or pass --redis-server PATH");
+  }
   std::printf("kvtier-bench peers: put then get of %d values per round, %d rounds per size, "
               "bytes verified, every peer on this machine\n",
               o.num_chunks, o.iterations);
   std::printf("  kvtier: SDK Store + Load of one request's chunks (kvtierd at %s)\n",
               o.socket.c_str());
-  if (redis) {
-    std::printf("  Redis: %s on 127.0.0.1, no persistence; pipelined SET then GET through "
-                "hiredis, each value copied out of its reply\n",
-                o.redis_server.c_str());
-  } else {
-    std::printf("  Redis: not run (%s)\n", redis_why.c_str());
-  }
+  std::printf("  Redis: %s on 127.0.0.1, no persistence; pipelined SET then GET through "
+              "hiredis, each value copied out of its reply\n",
+              o.redis_server.c_str());
   std::printf("  Mooncake Store: not run (its PyPI package is not among this project's venvs)\n");
   std::printf("  LMCache: not run (its PyPI package is not among this project's venvs)\n");
   std::printf("%-9s %-8s %9s %9s %10s %12s\n", "value", "system", "put GB/s", "get GB/s",
               "both GB/s", "kvtier / it");
   uint64_t seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
-  for (uint64_t value : {256 * kKiB, kMiB, 4 * kMiB}) {
+  for (uint64_t value : kValues) {
     const auto spec = BenchSpec(value, "bench-peers-" + std::to_string(value));
     auto ns = Must(client->OpenNamespace(spec), "open namespace");
     const uint64_t bytes = value * static_cast<uint64_t>(o.num_chunks);
@@ -195,10 +213,6 @@ int RunPeers(const PeersOptions& o) {
     for (size_t i = 0; i + 8 <= bytes; i += 8) {
       const uint64_t v = (i + seed) * 0x9E3779B97F4A7C15ULL;
       std::memcpy(src.data() + i, &v, 8);
-    }
-    if (ns.layout.slot_bytes * o.num_chunks > arena_bytes) {
-      Die("the DRAM arena (" + FormatBytes(arena_bytes) + ") cannot hold one round of " +
-          FormatBytes(ns.layout.slot_bytes * o.num_chunks) + "; raise --dram-bytes");
     }
     // Warm-up rounds, not counted: kvtier's until every arena page was touched once (the
     // steady state of a running daemon, as in `dram`), Redis's once.
@@ -210,7 +224,7 @@ int RunPeers(const PeersOptions& o) {
       const StoreLoadSeconds s =
           StoreLoadVerified(*client, ns, tokens, src, dst, static_cast<uint32_t>(o.num_chunks));
       if (it >= 0) kv.put_s.push_back(s.store), kv.get_s.push_back(s.load);
-      if (!redis || it < -1) continue;
+      if (it < -1) continue;
       std::vector<std::string> keys;
       for (int i = 0; i < o.num_chunks; ++i) {
         keys.push_back("kvtier-bench:" + std::to_string(seed) + ":" + std::to_string(i));
@@ -228,10 +242,8 @@ int RunPeers(const PeersOptions& o) {
     const double gb = static_cast<double>(bytes) / 1e9;
     std::printf("%-9s %-8s %9.2f %9.2f %10.2f %12s\n", FormatBytes(value).c_str(), "kvtier",
                 kv.PutGbps(gb), kv.GetGbps(gb), kv.BothGbps(gb), "-");
-    if (redis) {
-      std::printf("%-9s %-8s %9.2f %9.2f %10.2f %12.2f\n", FormatBytes(value).c_str(), "Redis",
-                  rd.PutGbps(gb), rd.GetGbps(gb), rd.BothGbps(gb), kv.BothGbps(gb) / rd.BothGbps(gb));
-    }
+    std::printf("%-9s %-8s %9.2f %9.2f %10.2f %12.2f\n", FormatBytes(value).c_str(), "Redis",
+                rd.PutGbps(gb), rd.GetGbps(gb), rd.BothGbps(gb), kv.BothGbps(gb) / rd.BothGbps(gb));
   }
   std::printf("(medians; GB/s = 1e9 bytes/s of values; both = 2 x bytes over the median put + "
               "get time; goal vs Redis at 1 MiB >= 10)\n");

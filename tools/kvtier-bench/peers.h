@@ -17,7 +17,8 @@ struct PeersOptions {
   int num_chunks = 64;                     // values per round (one request's chunks)
 };
 
-// Exit status: 0, or 1 (through Die) when a call fails or bytes differ.
+// Exit status: 0, or 1 (through Die, naming why) when Redis cannot be started, a round
+// does not fit the DRAM arena, a call fails or bytes differ.
 int RunPeers(const PeersOptions& options);
 
 }  // namespace kvtier::bench

@@ -46,8 +46,9 @@ struct ChunkKeyHash {
 using NamespaceId = ChunkKey;
 
 // The instruction sets the chunk-key hash has a path for. Each gives the same keys; the
-// fastest this CPU and OS run is used (XXH3's AVX-512 path hashes a 128K-token prompt
-// about 3x faster than its SSE2 baseline; docs/BENCHMARKS.md "Lookup latency").
+// fastest this CPU and OS run is used (on the development VM the AVX-512 path keys a
+// 128K-token prompt 1.15-1.22x faster than SSE2 inside `kvtier-bench lookup`;
+// docs/BENCHMARKS.md "Hashing on the CPU's vector units").
 enum class HashIsa { kBaseline, kAvx2, kAvx512 };
 // The path ComputeChunkKeys takes here: the best one this CPU runs.
 HashIsa BestHashIsa();

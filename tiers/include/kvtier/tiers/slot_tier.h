@@ -54,8 +54,11 @@ class SlotTier {
 
   // A free slot for a chunk of namespace `ns_index`, evicting as needed (the
   // eviction rule above; chunks held for a write go last). Returns nullopt
-  // when no slot can be made, having evicted nothing for it.
-  std::optional<uint64_t> AllocateSlot(uint32_t ns_index);
+  // when no slot can be made, having evicted nothing for it. `room_for`: how
+  // many slots of this size the caller is about to ask for (the rest of a
+  // request); when room must come from chunks of other sizes, one pass over
+  // the index makes room for up to that many (the pass is O(chunks log chunks)).
+  std::optional<uint64_t> AllocateSlot(uint32_t ns_index, size_t room_for = 1);
   // Returns a slot that was allocated but never inserted (abort, expiry, drop).
   void FreeSlot(uint32_t ns_index, uint64_t slot_offset);
 
@@ -123,13 +126,12 @@ class SlotTier {
   // `same_size` bytes unless it is 0, and (with `spare_held`) not one held
   // for a write; false when none is evictable.
   bool EvictOne(uint64_t same_size, bool spare_held);
-  // Evicts the chunks of the window of the arena that holds `size` bytes at
-  // the least cost in evicted bytes, made only of free extents and chunks that
-  // can go with all their descendants here (none leased, nor held for a write
-  // with `spare_held`); those descendants go too, deepest first. The cost of a
-  // chunk counts its descendants' bytes. False, evicting nothing, when there is
-  // no such window. O(chunks log chunks): the path for another slot size only.
-  bool EvictWindow(uint64_t size, bool spare_held);
+  // Evicts the chunks of up to `windows` disjoint windows of the arena, each
+  // holding `size` bytes, cheapest first in evicted bytes, made only of free
+  // extents and chunks that can go with all their descendants here (none
+  // leased, nor held for a write with `spare_held`); those descendants go too,
+  // deepest first. False, evicting nothing, when there is no such window.
+  bool EvictWindows(uint64_t size, bool spare_held, size_t windows);
   // REQUIRES: evictable. Tells the listener, removes it, counts the eviction.
   void Evict(uint32_t handle);
 

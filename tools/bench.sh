@@ -41,6 +41,9 @@ echo
 # Put + get through the SDK beside Redis on loopback (started and stopped by the benchmark).
 "$BIN/kvtier-bench" --socket "$WORK/dram.sock" peers
 echo
+# Making room in a full tier of long prefix chains (in process, no daemon).
+"$BIN/kvtier-bench" evict
+echo
 start_daemon memory 4000MiB
 "$BIN/kvtier-bench" --socket "$WORK/memory.sock" memory
 echo

@@ -391,6 +391,50 @@ TEST_F(DramTierTest, RoomForSeveralSlotsOfAnotherSizeIsMadeInOnePass) {
   EXPECT_EQ(tier_->Get(tier_->Find(Key(1))).resident_children, 0u);
 }
 
+// The victim search looks at O(1) chunks per eviction, amortised. A scan from the LRU end
+// that skips chunks with a resident child looked at a chain's whole remaining length for
+// each of its leaves: about 32 chunks per eviction here, 128 with 256-chunk chains.
+TEST_F(DramTierTest, TheVictimSearchLooksAtAFewChunksPerEvictionOverLongChains) {
+  constexpr uint64_t kChains = 16, kLength = 64;
+  Make(kChains * kLength);
+  for (uint64_t c = 0; c < kChains; ++c) Chain(c * kLength, kLength);
+  ASSERT_EQ(tier_->counters().evictions, 0u);
+  for (uint64_t c = kChains; c < 2 * kChains; ++c) Chain(c * kLength, kLength);
+  const SlotTierCounters& n = tier_->counters();
+  ASSERT_EQ(n.evictions, kChains * kLength);  // every old chunk made room for a new one
+  EXPECT_LE(n.victim_checks, 3 * n.evictions);
+  for (uint64_t i = kChains * kLength; i < 2 * kChains * kLength; ++i) {
+    ASSERT_TRUE(Resident(i)) << "chunk " << i;  // the new chains, whole
+  }
+}
+
+// Chunks set aside by the search (leased, with a resident child, held for a write) come
+// back when that ends; meanwhile the least recently used chunk that can go goes.
+TEST_F(DramTierTest, ChunksSetAsideByTheSearchComeBackWhenTheyCanGo) {
+  Make(6);
+  Chain(0, 3);  // 0 <- 1 <- 2
+  Put(Key(10), kRoot);
+  Put(Key(20), kRoot);
+  const uint32_t h10 = tier_->Find(Key(10));
+  const uint32_t h20 = tier_->Find(Key(20));
+  tier_->Pin(h10);
+  tier_->HoldForWrite(h20);
+  Put(Key(30), kRoot);  // the arena is full now
+  auto put_evicts = [&](uint64_t key, uint64_t victim) {
+    Put(Key(key), kRoot);
+    EXPECT_FALSE(Resident(victim)) << "putting " << key << " should have evicted " << victim;
+  };
+  put_evicts(31, 2);   // 0 and 1 have a child, 10 is pinned, 20 held for a write
+  put_evicts(32, 1);   // a leaf now
+  put_evicts(33, 0);
+  put_evicts(34, 30);  // 10 and 20 still cannot go
+  tier_->Unpin(h10);
+  put_evicts(35, 10);
+  tier_->ReleaseWriteHold(h20);
+  put_evicts(36, 20);
+  for (uint64_t i : {31, 32, 33, 34, 35, 36}) EXPECT_TRUE(Resident(i)) << "chunk " << i;
+}
+
 TEST_F(DramTierTest, ArenaIsWritableThroughSlotAddress) {
   Make(2);
   auto slot = tier_->AllocateSlot(ns_);

@@ -7,48 +7,143 @@ namespace {
 
 constexpr uint32_t kNil = UINT32_MAX;
 
-// Intrusive doubly-linked list over handles: head_ is the most recent.
+// Per size class, two intrusive doubly-linked lists over handles, most recent
+// at the head: `lru` (chunks the search may pick) and `held` (chunks it found
+// held for a write, in the order it found them). A chunk judged kBlocked is in
+// neither ("aside") until OnUnblocked or OnAccess.
 class LeafFirstLru final : public EvictionPolicy {
  public:
-  void OnInsert(uint32_t h) override {
-    if (h >= prev_.size()) {
-      prev_.resize(h + 1, kNil);
-      next_.resize(h + 1, kNil);
-    }
-    PushFront(h);
+  void OnInsert(uint32_t h, uint64_t size_class) override {
+    if (h >= nodes_.size()) nodes_.resize(h + 1);
+    nodes_[h].cls = ClassOf(size_class);
+    nodes_[h].stamp = ++clock_;
+    PushFront(h, Where::kLru);
   }
   void OnAccess(uint32_t h) override {
     Unlink(h);
-    PushFront(h);
+    nodes_[h].stamp = ++clock_;
+    PushFront(h, Where::kLru);
   }
-  void OnRemove(uint32_t h) override { Unlink(h); }
+  void OnRemove(uint32_t h) override {
+    Unlink(h);
+    nodes_[h].where = Where::kAbsent;
+  }
+  void OnUnblocked(uint32_t h) override {
+    if (h >= nodes_.size() || nodes_[h].where == Where::kAbsent ||
+        nodes_[h].where == Where::kLru) {
+      return;
+    }
+    Unlink(h);
+    PushBack(h);
+  }
 
-  std::optional<uint32_t> PickVictim(const std::function<bool(uint32_t)>& evictable) override {
-    for (uint32_t h = tail_; h != kNil; h = prev_[h]) {
-      if (evictable(h)) return h;
+  std::optional<uint32_t> PickVictim(uint64_t size_class, bool take_held,
+                                     const std::function<Verdict(uint32_t)>& verdict) override {
+    if (size_class != kAnyClass) {
+      for (uint16_t c = 0; c < classes_.size(); ++c) {
+        if (classes_[c].size == size_class) return Pick(c, take_held, verdict);
+      }
+      return std::nullopt;
+    }
+    std::optional<uint32_t> oldest;
+    for (uint16_t c = 0; c < classes_.size(); ++c) {
+      const std::optional<uint32_t> v = Pick(c, take_held, verdict);
+      // Stamps wrap; live ones lie within 2^31 accesses of each other.
+      if (v && (!oldest || static_cast<int32_t>(nodes_[*v].stamp - nodes_[*oldest].stamp) < 0)) {
+        oldest = v;
+      }
+    }
+    return oldest;
+  }
+
+ private:
+  enum class Where : uint8_t { kAbsent, kLru, kHeld, kAside };
+  struct Node {
+    uint32_t prev = kNil;
+    uint32_t next = kNil;
+    uint32_t stamp = 0;  // the clock at its last insert or access
+    uint16_t cls = 0;
+    Where where = Where::kAbsent;
+  };
+  struct List {
+    uint32_t head = kNil;
+    uint32_t tail = kNil;
+  };
+  struct Class {
+    uint64_t size;
+    List lru, held;
+  };
+
+  // The least recent chunk of class `c` that can go. Each chunk it looks at
+  // either goes or leaves the lists it searches until an event brings it back.
+  std::optional<uint32_t> Pick(uint16_t c, bool take_held,
+                               const std::function<Verdict(uint32_t)>& verdict) {
+    while (classes_[c].lru.tail != kNil) {
+      const uint32_t h = classes_[c].lru.tail;
+      switch (verdict(h)) {
+        case Verdict::kEvict: return h;
+        case Verdict::kBlocked: SetAside(h); break;
+        case Verdict::kHeld:
+          Unlink(h);
+          PushFront(h, Where::kHeld);
+          break;
+      }
+    }
+    while (take_held && classes_[c].held.tail != kNil) {
+      const uint32_t h = classes_[c].held.tail;
+      if (verdict(h) != Verdict::kBlocked) return h;
+      SetAside(h);
     }
     return std::nullopt;
   }
 
- private:
-  void PushFront(uint32_t h) {
-    prev_[h] = kNil;
-    next_[h] = head_;
-    if (head_ != kNil) prev_[head_] = h;
-    head_ = h;
-    if (tail_ == kNil) tail_ = h;
+  uint16_t ClassOf(uint64_t size) {
+    for (uint16_t c = 0; c < classes_.size(); ++c) {
+      if (classes_[c].size == size) return c;
+    }
+    classes_.push_back({size, {}, {}});
+    return static_cast<uint16_t>(classes_.size() - 1);
   }
+  List& ListOf(uint32_t h) {
+    Class& c = classes_[nodes_[h].cls];
+    return nodes_[h].where == Where::kHeld ? c.held : c.lru;
+  }
+  void SetAside(uint32_t h) {
+    Unlink(h);
+    nodes_[h].where = Where::kAside;
+  }
+  void PushFront(uint32_t h, Where where) {
+    Node& n = nodes_[h];
+    n.where = where;
+    List& l = ListOf(h);
+    n.prev = kNil;
+    n.next = l.head;
+    if (l.head != kNil) nodes_[l.head].prev = h; else l.tail = h;
+    l.head = h;
+  }
+  void PushBack(uint32_t h) {
+    Node& n = nodes_[h];
+    n.where = Where::kLru;
+    List& l = ListOf(h);
+    n.next = kNil;
+    n.prev = l.tail;
+    if (l.tail != kNil) nodes_[l.tail].next = h; else l.head = h;
+    l.tail = h;
+  }
+  // Takes `h` out of its list, if it is in one.
   void Unlink(uint32_t h) {
-    if (prev_[h] == kNil && head_ != h) return;  // not linked
-    if (prev_[h] != kNil) next_[prev_[h]] = next_[h]; else head_ = next_[h];
-    if (next_[h] != kNil) prev_[next_[h]] = prev_[h]; else tail_ = prev_[h];
-    prev_[h] = next_[h] = kNil;
+    Node& n = nodes_[h];
+    if (n.where != Where::kLru && n.where != Where::kHeld) return;
+    List& l = ListOf(h);
+    if (n.prev != kNil) nodes_[n.prev].next = n.next; else l.head = n.next;
+    if (n.next != kNil) nodes_[n.next].prev = n.prev; else l.tail = n.prev;
+    n.prev = n.next = kNil;
+    n.where = Where::kAside;
   }
 
-  std::vector<uint32_t> prev_;
-  std::vector<uint32_t> next_;
-  uint32_t head_ = kNil;
-  uint32_t tail_ = kNil;
+  std::vector<Node> nodes_;
+  std::vector<Class> classes_;
+  uint32_t clock_ = 0;
 };
 
 }  // namespace

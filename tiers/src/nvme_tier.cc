@@ -308,9 +308,13 @@ uint32_t NvmeTier::IndexLocked(const ChunkKey& key, const ChunkKey& parent,
   }
   slot_bytes_[h] = slot_bytes;
   ns_[h] = ns;
-  policy_->OnInsert(h);
+  policy_->OnInsert(h, slot_bytes);
   ++counters_.chunks;
   return h;
+}
+
+void NvmeTier::UnpinLocked(uint32_t h) {
+  if (--chunks_.Get(h).leases == 0) policy_->OnUnblocked(h);
 }
 
 void NvmeTier::EraseLocked(uint32_t h) {
@@ -319,7 +323,7 @@ void NvmeTier::EraseLocked(uint32_t h) {
   if (e.parent != ns_[h]) {
     if (uint32_t ph = chunks_.Find(e.parent); ph != ChunkIndex::kNone) {
       auto& pc = chunks_.Get(ph).resident_children;
-      if (pc > 0) --pc;
+      if (pc > 0 && --pc == 0) policy_->OnUnblocked(ph);
     }
   }
   allocators_[e.ns_index].Free(e.slot_offset, slot_bytes_[h]);
@@ -359,10 +363,10 @@ Result<SubtreeRemoval> NvmeTier::RemoveSubtrees(
 }
 
 Result<bool> NvmeTier::EvictOneLocked(uint64_t same_size) {
-  auto victim = policy_->PickVictim([&](uint32_t h) {
+  auto victim = policy_->PickVictim(same_size, /*take_held=*/false, [&](uint32_t h) {
     const ChunkEntry& e = chunks_.Get(h);
-    return e.leases == 0 && e.resident_children == 0 &&
-           (same_size == 0 || slot_bytes_[h] == same_size);
+    return e.leases == 0 && e.resident_children == 0 ? EvictionPolicy::Verdict::kEvict
+                                                     : EvictionPolicy::Verdict::kBlocked;
   });
   if (!victim) return false;
   // The record goes before the slot is reused; a crash in between leaves at
@@ -403,7 +407,7 @@ Result<size_t> NvmeTier::Write(std::span<const NvmeImage> images) {
     std::lock_guard lock(mu_);
     std::vector<ChunkKey> in_batch;
     auto give_back = [&] {
-      for (uint32_t h : pinned) --chunks_.Get(h).leases;
+      for (uint32_t h : pinned) UnpinLocked(h);
       for (const Planned& p : planned) {
         allocators_[p.loc.device].Free(p.loc.offset, p.image->image.size());
         counters_.used_bytes -= p.image->image.size();
@@ -466,7 +470,7 @@ Result<size_t> NvmeTier::Write(std::span<const NvmeImage> images) {
       max_sequence_ = std::max(max_sequence_, h.sequence);
     }
   }
-  for (uint32_t h : pinned) --chunks_.Get(h).leases;
+  for (uint32_t h : pinned) UnpinLocked(h);
   if (!st.ok()) {
     for (const Planned& p : planned) {
       allocators_[p.loc.device].Free(p.loc.offset, p.image->image.size());
@@ -545,7 +549,7 @@ Status NvmeTier::ReadMany(std::span<ReadRequest> requests) {
                                             " failed verification");
       continue;  // already dropped (the same key twice in one batch)
     }
-    --chunks_.Get(h).leases;
+    UnpinLocked(h);
     if (!io.ok()) {
       requests[i].result = io;
     } else if (!requests[i].result.ok()) {

@@ -147,16 +147,17 @@ uint32_t SlotTier::Insert(const ChunkKey& key, const ChunkKey& parent, const Chu
   e.ns_index = ns_index;
   uint32_t handle = index_.Insert(e);
   if (parent_handle != ChunkIndex::kNone) ++index_.Get(parent_handle).resident_children;
-  policy_->OnInsert(handle);
+  policy_->OnInsert(handle, ns_slot_bytes_[ns_index]);
   ++ns_chunks_[ns_index];
   return handle;
 }
 
 bool SlotTier::EvictOne(uint64_t same_size, bool spare_held) {
-  auto victim = policy_->PickVictim([&](uint32_t h) {
+  auto victim = policy_->PickVictim(same_size, /*take_held=*/!spare_held, [&](uint32_t h) {
+    ++counters_.victim_checks;
     const ChunkEntry& e = index_.Get(h);
-    return e.leases == 0 && e.resident_children == 0 && (!spare_held || e.write_holds == 0) &&
-           (same_size == 0 || ns_slot_bytes_[e.ns_index] == same_size);
+    if (e.leases != 0 || e.resident_children != 0) return EvictionPolicy::Verdict::kBlocked;
+    return e.write_holds != 0 ? EvictionPolicy::Verdict::kHeld : EvictionPolicy::Verdict::kEvict;
   });
   if (!victim) return false;
   Evict(*victim);
@@ -172,8 +173,9 @@ void SlotTier::Evict(uint32_t handle) {
 void SlotTier::Remove(uint32_t handle) {
   const ChunkEntry e = index_.Get(handle);
   policy_->OnRemove(handle);
-  uint32_t parent_handle = index_.Find(e.parent);
-  if (parent_handle != ChunkIndex::kNone) --index_.Get(parent_handle).resident_children;
+  if (uint32_t p = index_.Find(e.parent); p != ChunkIndex::kNone) {
+    if (--index_.Get(p).resident_children == 0) policy_->OnUnblocked(p);
+  }
   index_.Erase(handle);
   allocator_.Free(e.slot_offset, ns_slot_bytes_[e.ns_index]);
   --ns_chunks_[e.ns_index];

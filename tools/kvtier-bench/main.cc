@@ -17,6 +17,8 @@
 //                        is written once first, so both sides overwrite.
 //   kvtier-bench peers   put + get of 256 KiB, 1 MiB, 4 MiB values through the SDK and
 //                        through Redis started on loopback, in one run (peers.h).
+//   kvtier-bench evict   making room in a full tier of long prefix chains, in process:
+//                        ns per store that evicts vs one into free space (evict.h).
 //   kvtier-bench restart time from starting kvtierd to serving with N chunks on
 //                        NVMe (default 1,000,000 small chunks), vs starting it
 //                        on an empty NVMe tier in the same run.
@@ -37,6 +39,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "evict.h"
 #include "peers.h"
 #include "kvtier/admin_client.h"
 #include "kvtier/client.h"
@@ -524,11 +527,20 @@ int main(int argc, char** argv) {
   peers->add_option("--chunks", peers_options.num_chunks, "values per round")
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
+  uint64_t evict_chunks = 262144, evict_chain = 256;
+  auto* evict = app.add_subcommand("evict", "making room in a full tier of long prefix chains");
+  evict->add_option("--chunks", evict_chunks, "slots in the tier")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 28))
+      ->capture_default_str();
+  evict->add_option("--chain-length", evict_chain, "chunks per prompt")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;  // --help exits 0; usage errors exit 2
   }
+  if (evict->parsed()) return kvtier::bench::RunEvict(evict_chunks, evict_chain);
   if (restart->parsed()) return RunRestart(restart_kvtierd, restart_dir, restart_chunks);
   if (nvme->parsed()) {
     auto bytes = kvtier::ParseBytes(nvme_file_bytes);

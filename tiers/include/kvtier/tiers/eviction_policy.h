@@ -1,9 +1,13 @@
 // EvictionPolicy: decides which chunk of a tier to evict (policy apart from
 // mechanism: the tier stores bytes, the index records where, this picks).
 //
-// Chunks are named by the small integer handles of ChunkIndex. The tier tells
-// the policy about inserts, accesses and removals, and asks it for a victim
-// among the chunks `evictable` accepts (no lease, no resident child, right size).
+// Chunks are named by the small integer handles of ChunkIndex, and belong to a
+// size class (their slot size): a victim is picked within one class. The tier
+// tells the policy about inserts, accesses and removals, and judges each chunk
+// the search looks at (Verdict). A chunk that cannot go now is set aside until
+// the tier says the reason has ended (OnUnblocked), so the search never looks
+// at it again meanwhile: the search costs O(1) amortised per insert, access,
+// unblock and eviction, however many chunks are leased or have a child.
 //
 // Thread-safety: not thread-safe; the owning tier serializes calls.
 #pragma once
@@ -17,18 +21,38 @@ namespace kvtier {
 
 class EvictionPolicy {
  public:
+  // What the tier says of a chunk the search looks at.
+  enum class Verdict {
+    kEvict,    // it can go now
+    kBlocked,  // not until OnUnblocked: it is leased, or has a resident child
+    kHeld,     // held for a write to a lower tier: it goes only with `take_held`
+  };
+  // PickVictim's class for "any size".
+  static constexpr uint64_t kAnyClass = 0;
+
   virtual ~EvictionPolicy() = default;
-  virtual void OnInsert(uint32_t handle) = 0;
+  // REQUIRES: size_class != kAnyClass; `handle` is not in the policy.
+  virtual void OnInsert(uint32_t handle, uint64_t size_class) = 0;
   virtual void OnAccess(uint32_t handle) = 0;
   virtual void OnRemove(uint32_t handle) = 0;
-  // The chunk to evict next, or nullopt when `evictable` accepts none.
-  virtual std::optional<uint32_t> PickVictim(
-      const std::function<bool(uint32_t handle)>& evictable) = 0;
+  // The reason a chunk was judged kBlocked or kHeld has ended: its last
+  // resident child left, its last lease ended, or its write hold was released.
+  // A chunk that was not set aside is left where it is.
+  virtual void OnUnblocked(uint32_t handle) = 0;
+  // The chunk of `size_class` (kAnyClass: of any class, the least recent of
+  // each class's pick) to evict next, or nullopt when none can go. Chunks
+  // judged kHeld go only when `take_held` and nothing else of the class can.
+  virtual std::optional<uint32_t> PickVictim(uint64_t size_class, bool take_held,
+                                             const std::function<Verdict(uint32_t)>& verdict) = 0;
 };
 
-// Least recently used first, among chunks `evictable` accepts. With the tier's
-// predicate "no lease and no resident child" this is DESIGN.md's leaf-first LRU:
-// a prefix never loses an inner chunk while its descendants stay.
+// Least recently used first, among chunks the tier judges kEvict. With the
+// tier's verdict "no lease and no resident child" this is DESIGN.md's
+// leaf-first LRU: a prefix never loses an inner chunk while its descendants
+// stay. A chunk set aside comes back at the least recent end: it was the least
+// recently used when set aside, and has not been used since (an access brings
+// it back as the most recent). Its order among others set aside is the order
+// they come back in.
 std::unique_ptr<EvictionPolicy> NewLeafFirstLruPolicy();
 
 }  // namespace kvtier

@@ -170,6 +170,8 @@ class NvmeTier {
   // Errors: IO_ERROR when the index refuses to drop its record (it stays).
   Result<bool> EvictOneLocked(uint64_t same_size);
   void EraseLocked(uint32_t handle);
+  // Ends one pin of a read or a write's parent.
+  void UnpinLocked(uint32_t handle);
   // Indexes a chunk whose slot is already taken in its allocator.
   uint32_t IndexLocked(const ChunkKey& key, const ChunkKey& parent, const NamespaceId& ns,
                        Location loc, uint64_t slot_bytes);

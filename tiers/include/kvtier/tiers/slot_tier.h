@@ -33,6 +33,9 @@ namespace kvtier {
 
 struct SlotTierCounters {
   uint64_t evictions = 0;
+  // Chunks the victim search looked at (the search's cost: O(1) amortised
+  // per eviction, insert and access).
+  uint64_t victim_checks = 0;
 };
 
 class SlotTier {
@@ -89,14 +92,19 @@ class SlotTier {
   // A chunk waiting for its NVMe write is evicted only when nothing else can
   // be (then its write is skipped). Holds nest.
   void HoldForWrite(uint32_t handle) { ++index_.Get(handle).write_holds; }
-  void ReleaseWriteHold(uint32_t handle) { --index_.Get(handle).write_holds; }
+  void ReleaseWriteHold(uint32_t handle) {
+    if (--index_.Get(handle).write_holds == 0) policy_->OnUnblocked(handle);
+  }
 
   // A pinned chunk is never evicted. Pins nest.
   void Pin(uint32_t handle) {
     if (index_.Get(handle).leases++ == 0) ++num_pinned_;
   }
   void Unpin(uint32_t handle) {
-    if (--index_.Get(handle).leases == 0) --num_pinned_;
+    if (--index_.Get(handle).leases == 0) {
+      --num_pinned_;
+      policy_->OnUnblocked(handle);
+    }
   }
 
   // Drops a resident chunk now, as eviction would (without the listener).
@@ -122,9 +130,9 @@ class SlotTier {
   const SlotTierCounters& counters() const { return counters_; }
 
  private:
-  // Evicts the least recently used evictable chunk, only among slots of
-  // `same_size` bytes unless it is 0, and (with `spare_held`) not one held
-  // for a write; false when none is evictable.
+  // Evicts the least recently used evictable chunk among slots of
+  // `same_size` bytes, and (with `spare_held`) not one held for a write;
+  // false when none is evictable. O(1) amortised (EvictionPolicy).
   bool EvictOne(uint64_t same_size, bool spare_held);
   // Evicts the chunks of up to `windows` disjoint windows of the arena, each
   // holding `size` bytes, cheapest first in evicted bytes, made only of free

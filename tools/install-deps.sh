@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages kvtier builds and tests with, only those missing, then the
-# project's Python venvs (tools/install-python-envs.sh): `base` always, and with --engines the
-# vLLM and SGLang ones too (about 10 GB and 3-5 minutes each on a fresh machine).
+# project's Python venvs (tools/install-python-envs.sh): `base` and `peers` always, and with
+# --engines the vLLM and SGLang ones too (about 10 GB and 3-5 minutes each on a fresh machine).
 # Idempotent: a second run installs nothing. Runs apt-get as root, or through sudo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-envs=(base)
+envs=(base peers)
 for arg in "$@"; do
   case "$arg" in
-    --engines) envs=(base vllm sglang) ;;
+    --engines) envs=(base peers vllm sglang) ;;
     *) echo "install-deps: unknown argument '$arg' (known: --engines)" >&2; exit 2 ;;
   esac
 done

@@ -4,13 +4,14 @@
 #
 #   base    pybind11, scikit-build-core, numpy, pytest, mypy: builds the `kvtier` package
 #           and runs its own tests (no engine).
+#   peers   Mooncake Store's CPU build (mooncake_master and its client) for kvtier-bench peers.
 #   vllm    the pinned vLLM (with its CUDA torch wheels, ~9.4 GB) plus pytest.
 #   sglang  the pinned SGLang (~11 GB; it pins another torch than vLLM, so its own venv).
 #
 # Where: $KVTIER_VENV_ROOT (default ${XDG_CACHE_HOME:-$HOME/.cache}/kvtier/venvs), outside the
 # clone, so that every clone of the repository on a machine shares them. Each venv carries a
 # stamp of its pins; a venv whose stamp differs is rebuilt from scratch.
-# Usage: install-python-envs.sh [base] [vllm] [sglang]   (default: all three)
+# Usage: install-python-envs.sh [base] [peers] [vllm] [sglang]   (default: all four)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ PYTHON="${KVTIER_PYTHON:-python3}"
 REQ_DIR="client/python/requirements"
 
 envs=("$@")
-[ ${#envs[@]} -eq 0 ] && envs=(base vllm sglang)
+[ ${#envs[@]} -eq 0 ] && envs=(base peers vllm sglang)
 
 for env in "${envs[@]}"; do
   req="$REQ_DIR/$env.txt"

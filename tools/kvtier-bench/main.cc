@@ -16,7 +16,8 @@
 //                        tier syncs each batch before indexing it); the file
 //                        is written once first, so both sides overwrite.
 //   kvtier-bench peers   put + get of 256 KiB, 1 MiB, 4 MiB values through the SDK and
-//                        through Redis started on loopback, in one run (peers.h).
+//                        through Redis and Mooncake Store started on loopback, in one
+//                        run (peers.h).
 //   kvtier-bench evict   making room in a full tier of long prefix chains, in process:
 //                        ns per store that evicts vs one into free space (evict.h).
 //   kvtier-bench restart time from starting kvtierd to serving with N chunks on
@@ -521,6 +522,8 @@ int main(int argc, char** argv) {
   auto* peers = app.add_subcommand("peers", "put + get vs Redis on loopback, same run");
   peers->add_option("--redis-server", peers_options.redis_server, "redis-server binary")
       ->capture_default_str();
+  peers->add_option("--mooncake-python", peers_options.mooncake_python,
+                    "python with mooncake-transfer-engine-non-cuda (default: the peers venv)");
   peers->add_option("--iterations", peers_options.iterations, "measured rounds per value size")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();

@@ -12,9 +12,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -171,6 +176,77 @@ struct PutGet {
   }
 };
 
+// tools/install-python-envs.sh's `peers` venv (the same rule as that script).
+std::string PeersVenvPython() {
+  std::string root;
+  if (const char* v = std::getenv("KVTIER_VENV_ROOT"); v != nullptr && *v != '\0') {
+    root = v;
+  } else if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
+    root = std::string(x) + "/kvtier/venvs";
+  } else {
+    const char* home = std::getenv("HOME");
+    root = std::string(home != nullptr ? home : "") + "/.cache/kvtier/venvs";
+  }
+  return root + "/peers/bin/python";
+}
+
+std::string ShellQuote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Mooncake Store's rounds, per value size, from mooncake_peer.py run by `python` (it starts
+// and stops its master). Exits, with the script's last words, when it fails.
+std::map<uint64_t, PutGet> RunMooncake(const std::string& python, const uint64_t (&values)[3],
+                                       int num_chunks, int iterations) {
+  std::string list;
+  for (uint64_t v : values) list += (list.empty() ? "" : ",") + std::to_string(v);
+  const std::string err = std::filesystem::temp_directory_path().string() + "/kvtier-bench-mooncake." +
+                          std::to_string(getpid()) + ".err";
+  const std::string cmd = ShellQuote(python) + " " + ShellQuote(KVTIER_MOONCAKE_PEER_SCRIPT) +
+                          " --values " + list + " --chunks " + std::to_string(num_chunks) +
+                          " --iterations " + std::to_string(iterations) + " 2>" + ShellQuote(err);
+  FILE* out = popen(cmd.c_str(), "r");
+  if (out == nullptr) Die("Mooncake Store: popen: " + std::string(std::strerror(errno)));
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), out)) > 0;) text.append(buf, n);
+  const int status = pclose(out);
+  std::string why;
+  {
+    std::ifstream in(err);
+    for (std::string line; std::getline(in, line);) {
+      // Mooncake logs through glog ("I1201 ...", "W1201 ..."); the script's own words do not.
+      if (!line.empty() && std::string("IWE").find(line[0]) != std::string::npos &&
+          line.size() > 1 && std::isdigit(static_cast<unsigned char>(line[1]))) {
+        continue;
+      }
+      why = line;
+    }
+  }
+  std::filesystem::remove(err);
+  if (status != 0) {
+    Die("Mooncake Store (" + python + " " + KVTIER_MOONCAKE_PEER_SCRIPT + ") failed" +
+        (why.empty() ? std::string() : ": " + why));
+  }
+  std::map<uint64_t, PutGet> rows;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.contains("value")) Die("Mooncake Store: unreadable line: " + line);
+    PutGet& r = rows[j["value"].get<uint64_t>()];
+    r.put_s = j["put_s"].get<std::vector<double>>();
+    r.get_s = j["get_s"].get<std::vector<double>>();
+  }
+  for (uint64_t v : values) {
+    if (rows[v].put_s.size() != static_cast<size_t>(iterations)) {
+      Die("Mooncake Store: no rounds of " + FormatBytes(v) + " values in its output");
+    }
+  }
+  return rows;
+}
+
 }  // namespace
 
 int RunPeers(const PeersOptions& o) {
@@ -200,8 +276,23 @@ int RunPeers(const PeersOptions& o) {
   std::printf("  Redis: %s on 127.0.0.1, no persistence; pipelined SET then GET through "
               "hiredis, each value copied out of its reply\n",
               o.redis_server.c_str());
-  std::printf("  Mooncake Store: not run (its PyPI package is not among this project's venvs)\n");
-  std::printf("  LMCache: not run (its PyPI package is not among this project's venvs)\n");
+  const std::string mooncake_python =
+      o.mooncake_python.empty() ? PeersVenvPython() : o.mooncake_python;
+  std::map<uint64_t, PutGet> mooncake;
+  if (access(mooncake_python.c_str(), X_OK) == 0) {
+    std::printf("  Mooncake Store: mooncake_master on 127.0.0.1 and one client mounting its "
+                "segment (TCP transport); batch_put_from then batch_get_into, registered buffers "
+                "(%s)\n",
+                mooncake_python.c_str());
+    std::fflush(stdout);
+    mooncake = RunMooncake(mooncake_python, kValues, o.num_chunks, o.iterations);
+  } else {
+    std::printf("  Mooncake Store: not run (no %s; tools/install-python-envs.sh peers makes it, "
+                "or pass --mooncake-python)\n",
+                mooncake_python.c_str());
+  }
+  std::printf("  LMCache: not run (its package needs torch with CUDA, not in this project's "
+              "CPU venvs)\n");
   std::printf("%-9s %-8s %9s %9s %10s %12s\n", "value", "system", "put GB/s", "get GB/s",
               "both GB/s", "kvtier / it");
   uint64_t seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
@@ -244,6 +335,11 @@ int RunPeers(const PeersOptions& o) {
                 kv.PutGbps(gb), kv.GetGbps(gb), kv.BothGbps(gb), "-");
     std::printf("%-9s %-8s %9.2f %9.2f %10.2f %12.2f\n", FormatBytes(value).c_str(), "Redis",
                 rd.PutGbps(gb), rd.GetGbps(gb), rd.BothGbps(gb), kv.BothGbps(gb) / rd.BothGbps(gb));
+    if (auto m = mooncake.find(value); m != mooncake.end()) {
+      const PutGet& mc = m->second;
+      std::printf("%-9s %-8s %9.2f %9.2f %10.2f %12.2f\n", FormatBytes(value).c_str(), "Mooncake",
+                  mc.PutGbps(gb), mc.GetGbps(gb), mc.BothGbps(gb), kv.BothGbps(gb) / mc.BothGbps(gb));
+    }
   }
   std::printf("(medians; GB/s = 1e9 bytes/s of values; both = 2 x bytes over the median put + "
               "get time; goal vs Redis at 1 MiB >= 10)\n");

@@ -16,6 +16,10 @@ add_test(NAME python_typing
   COMMAND ${KVTIER_VENV_ROOT}/base/bin/python -m mypy --strict --no-incremental
           -p kvtier --exclude kvtier/integrations)
 set_tests_properties(python_typing PROPERTIES WORKING_DIRECTORY ${CMAKE_BINARY_DIR}/python)
+# kvtier-bench peers' Mooncake Store leg (run by DaemonTest.AnArenaFullOfOneSizesChains...).
+add_test(NAME python_bench_typing
+  COMMAND ${KVTIER_VENV_ROOT}/base/bin/python -m mypy --strict --no-incremental
+          ${CMAKE_SOURCE_DIR}/tools/kvtier-bench/mooncake_peer.py)
 # The vLLM connector against the real vllm package (its own venv).
 add_test(NAME python_vllm
   COMMAND ${KVTIER_VENV_ROOT}/vllm/bin/python -m pytest -q -p no:cacheprovider
@@ -24,5 +28,5 @@ add_test(NAME python_vllm
 add_test(NAME python_sglang
   COMMAND ${KVTIER_VENV_ROOT}/sglang/bin/python -m pytest -q -p no:cacheprovider
           -W ignore::UserWarning ${_kvtier_py_tests}/sglang)
-set_tests_properties(python_sdk python_typing python_vllm python_sglang PROPERTIES
+set_tests_properties(python_sdk python_typing python_bench_typing python_vllm python_sglang PROPERTIES
   LABELS integration ENVIRONMENT "${_kvtier_py_env}" TIMEOUT 900)

@@ -399,7 +399,8 @@ size_t CacheCore::FlushWriteBack(const std::function<bool()>& keep_going) {
 size_t CacheCore::WriteThroughOnce() {
   if (!nvme_) return 0;
   constexpr size_t kBatch = 256;
-  constexpr uint64_t kBatchBytes = uint64_t{64} << 20;
+  // The batch's copies stay in staging_: at most 64 MiB, and 1/16 of the arena.
+  const uint64_t max_batch_bytes = std::min<uint64_t>(uint64_t{64} << 20, dram_->capacity_bytes() / 16);
   std::vector<Demotion> demoted;
   {
     std::lock_guard lock(mu_);
@@ -445,8 +446,8 @@ size_t CacheCore::WriteThroughOnce() {
   {
     std::lock_guard lock(mu_);
     if (admin_evictions_running_ > 0) return 0;
-    uint64_t batch_bytes = 0;  // the copies below are heap memory: at most kBatchBytes
-    while (!nvme_queue_.empty() && taken < kBatch && batch_bytes < kBatchBytes) {
+    uint64_t batch_bytes = 0;  // the copies below: max_batch_bytes and one slot at most
+    while (!nvme_queue_.empty() && taken < kBatch && batch_bytes < max_batch_bytes) {
       const PendingWrite w = nvme_queue_.front();
       const ChunkKey& key = w.key;
       nvme_queue_.pop_front();
@@ -472,14 +473,16 @@ size_t CacheCore::WriteThroughOnce() {
     nvme_in_flight_ += items.size();
   }
   if (taken == 0) return 0;
-  std::vector<std::unique_ptr<std::byte, decltype(&std::free)>> copies;
+  std::lock_guard staging_lock(staging_mu_);  // before mu_, never inside it
+  uint64_t staging_bytes = 0;
+  for (const Item& it : items) staging_bytes += it.layout.slot_bytes;
+  std::byte* copy = staging_.Reserve(staging_bytes);
   std::vector<NvmeImage> images;
   for (const Item& it : items) {
-    copies.emplace_back(static_cast<std::byte*>(std::aligned_alloc(kBlockBytes, it.layout.slot_bytes)),
-                        &std::free);
-    std::memcpy(copies.back().get(), it.slot, it.layout.slot_bytes);
-    SealPayloadChecksum(copies.back().get(), it.layout);
-    images.push_back({it.key, it.parent, it.ns, {copies.back().get(), it.layout.slot_bytes}});
+    std::memcpy(copy, it.slot, it.layout.slot_bytes);
+    SealPayloadChecksum(copy, it.layout);
+    images.push_back({it.key, it.parent, it.ns, {copy, it.layout.slot_bytes}});
+    copy += it.layout.slot_bytes;  // slot sizes are multiples of 4096: each copy stays aligned
   }
   {  // Copied: DRAM may evict them now; the copies go to NVMe.
     std::lock_guard lock(mu_);

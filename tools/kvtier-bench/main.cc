@@ -9,12 +9,8 @@
 //                        empty RPC (Health) in the same run.
 //   kvtier-bench memory  1,000,000 chunks of a small namespace: the daemon's
 //                        anonymous resident memory (RssAnon) per chunk.
-//   kvtier-bench nvme    chunk writes and reads through the NVMe tier (256 KiB,
-//                        1 MiB, 4 MiB payloads, queue depth 32), vs fio with
-//                        io_uring and O_DIRECT on the same file, same block
-//                        size and depth (writes: fdatasync every 32, as the
-//                        tier syncs each batch before indexing it); the file
-//                        is written once first, so both sides overwrite.
+//   kvtier-bench nvme    chunk writes and reads through the NVMe tier vs fio on the
+//                        same file, same pattern, block size and depth (nvme.h).
 //   kvtier-bench peers   put + get of 256 KiB, 1 MiB, 4 MiB values through the SDK and
 //                        through Redis and Mooncake Store started on loopback, in one
 //                        run (peers.h).
@@ -41,6 +37,7 @@
 
 #include "bench_common.h"
 #include "evict.h"
+#include "nvme.h"
 #include "peers.h"
 #include "kvtier/admin_client.h"
 #include "kvtier/client.h"
@@ -217,160 +214,6 @@ int RunMemory(const std::string& socket, uint64_t num_chunks) {
               kvtier::FormatBytes(after).c_str());
   std::printf("  anonymous memory per chunk: %.1f bytes (goal <= 256; ratio to goal %.2f)\n",
               per_chunk, per_chunk / 256.0);
-  return 0;
-}
-
-
-// Runs fio on `file` and returns its bandwidth in bytes/s, or -1. `fixed_bufs`:
-// io_uring registered buffers and file (what the tier uses when it could
-// register its buffers).
-double Fio(const std::string& file, const char* rw, uint64_t block_bytes, uint64_t file_bytes,
-           int seconds, bool fixed_bufs) {
-  const std::string out = file + ".fio.json";
-  std::string cmd = "fio --name=kvtier --filename=" + file + " --rw=" + rw +
-                    " --bs=" + std::to_string(block_bytes) + " --iodepth=32 --ioengine=io_uring" +
-                    " --direct=1 --size=" + std::to_string(file_bytes) +
-                    (fixed_bufs ? " --fixedbufs=1 --registerfiles=1" : "") +
-                    " --runtime=" + std::to_string(seconds) + " --time_based --group_reporting" +
-                    (std::string(rw) == "randwrite" ? " --fdatasync=32" : "") +
-                    " --output-format=json --output=" + out + " > /dev/null 2>&1";
-  if (std::system(cmd.c_str()) != 0) return -1;
-  std::ifstream in(out);
-  auto j = nlohmann::json::parse(in, nullptr, false);
-  std::filesystem::remove(out);
-  if (j.is_discarded()) return -1;
-  const char* side = std::string(rw) == "randwrite" ? "write" : "read";
-  return j["jobs"][0][side]["bw_bytes"].get<double>();
-}
-
-// Writes every block of `file` (`bytes` long) once and syncs it, so that
-// neither side measures first writes into fallocated (unwritten) extents,
-// whose conversion costs ext4/XFS metadata work, nor reads of unwritten
-// extents, which return zeros without touching the disk.
-void Prefill(const std::string& file, uint64_t bytes) {
-  const int fd = open(file.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
-  if (fd < 0) Die("open " + file + ": " + std::strerror(errno));
-  constexpr uint64_t kChunk = uint64_t{4} << 20;
-  std::unique_ptr<std::byte, decltype(&std::free)> zeros(
-      static_cast<std::byte*>(std::aligned_alloc(4096, kChunk)), &std::free);
-  std::memset(zeros.get(), 0, kChunk);
-  for (uint64_t off = 0; off < bytes; off += kChunk) {
-    const uint64_t n = std::min(kChunk, bytes - off);
-    if (pwrite(fd, zeros.get(), n, static_cast<off_t>(off)) != static_cast<ssize_t>(n)) {
-      Die("prefill " + file + ": " + std::strerror(errno));
-    }
-  }
-  if (fdatasync(fd) != 0) Die("fdatasync " + file + ": " + std::strerror(errno));
-  close(fd);
-}
-
-// An anonymous mapping, the bench's stand-in for the DRAM arena.
-struct Arena {
-  explicit Arena(uint64_t n) : bytes(n) {
-    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) Die("mmap " + std::to_string(n) + " bytes");
-    base = static_cast<std::byte*>(p);
-  }
-  ~Arena() { munmap(base, bytes); }
-  std::byte* base;
-  uint64_t bytes;
-};
-
-int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain_buffers) {
-  namespace fs = std::filesystem;
-  std::printf("kvtier-bench nvme: NvmeTier writes (batches of 32: data, fdatasync, RocksDB) and "
-              "reads (batches up to 256 MiB, verified), queue depth 32, vs fio io_uring O_DIRECT "
-              "depth 32 (writes: fdatasync every 32) on the same %s file in %s, every block "
-              "written once before either side runs\n",
-              kvtier::FormatBytes(file_bytes).c_str(), dir.c_str());
-  std::printf("%-10s %12s %12s %8s %12s %12s %8s\n", "payload", "write GB/s", "fio GB/s", "ratio",
-              "read GB/s", "fio GB/s", "ratio");
-  bool registered_all = !plain_buffers;
-  for (uint64_t payload : {256 * kvtier::kKiB, kvtier::kMiB, 4 * kvtier::kMiB}) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    const std::string file = dir + "/kvtier-slots.dat";
-    Prefill(file, file_bytes);
-    kvtier::NvmeTierOptions o;
-    o.paths = {dir};
-    o.bytes_per_path = file_bytes;
-    o.queue_depth = 32;
-    auto tier = Must(kvtier::NvmeTier::Open(o), "open NVMe tier");
-    const auto spec = BenchSpec(payload, "bench-nvme");
-    const kvtier::SlotLayout layout = kvtier::SlotLayout::For(spec);
-    const kvtier::NamespaceId ns = spec.Digest();
-    const uint64_t num_chunks = file_bytes * 8 / 10 / layout.slot_bytes;
-    constexpr size_t kBatch = 32;  // writes: one durable batch (data, fdatasync, index)
-    // Reads: up to 256 MiB of images per ReadMany, so the 32-deep queue stays full.
-    const size_t read_batch = std::max<size_t>(kBatch, std::min<uint64_t>(256, (256 << 20) / layout.slot_bytes));
-    // All buffers in one region, registered with the tier as the DRAM arena would be.
-    Arena arena(read_batch * layout.slot_bytes);
-    std::memset(arena.base, 0x5a, arena.bytes);
-    const auto buf = [&](size_t i) { return arena.base + i * layout.slot_bytes; };
-    if (!plain_buffers) {
-      const std::span<std::byte> region(arena.base, arena.bytes);
-      const kvtier::Status st = tier->RegisterBuffers(std::span(&region, 1));
-      if (!st.ok()) {
-        std::printf("(buffers not registered: %s)\n", st.ToString().c_str());
-        registered_all = false;
-      }
-    }
-    const bool fixed = !plain_buffers && registered_all;
-    std::vector<std::vector<int32_t>> tokens(num_chunks);
-    std::vector<kvtier::ChunkKey> keys(num_chunks);
-    double write_s = 0;
-    for (uint64_t first = 0; first < num_chunks; first += kBatch) {
-      const size_t n = std::min<uint64_t>(kBatch, num_chunks - first);
-      std::vector<kvtier::NvmeImage> images;
-      for (size_t i = 0; i < n; ++i) {
-        const uint64_t c = first + i;
-        tokens[c] = UniquePrompt(c + 1, spec.chunk_tokens);
-        keys[c] = kvtier::ComputeChunkKey(ns, tokens[c]);
-        kvtier::SealSlot(buf(i), layout, {ns, keys[c], ns, tokens[c]}, c + 1);
-        images.push_back({keys[c], ns, ns, {buf(i), layout.slot_bytes}});
-      }
-      const auto t0 = Clock::now();
-      auto stored = Must(tier->Write(images), "NVMe write");
-      write_s += Seconds(Clock::now() - t0);
-      if (stored != n) Die("the NVMe tier stored " + std::to_string(stored) + " of " + std::to_string(n));
-    }
-    // Reads of random stored chunks: every chunk's worth at least, and as long
-    // as fio runs.
-    std::mt19937_64 rng(42);
-    double read_s = 0;
-    uint64_t reads = 0;
-    std::vector<kvtier::NvmeTier::ReadRequest> reqs(read_batch);
-    while (reads < num_chunks || read_s < seconds) {
-      for (size_t i = 0; i < read_batch; ++i) {
-        const uint64_t c = rng() % num_chunks;
-        reqs[i] = {{ns, keys[c], ns, tokens[c]}, &layout, {buf(i), layout.slot_bytes},
-                   kvtier::Status::Ok()};
-      }
-      const auto t0 = Clock::now();
-      kvtier::Status st = tier->ReadMany(reqs);
-      read_s += Seconds(Clock::now() - t0);
-      if (!st.ok()) Die("NVMe read: " + st.ToString());
-      for (const auto& r : reqs) {
-        if (!r.result.ok()) Die("NVMe read verification: " + r.result.ToString());
-      }
-      reads += read_batch;
-    }
-    tier.reset();
-    const double fio_read = Fio(file, "randread", layout.slot_bytes, file_bytes, seconds, fixed);
-    const double fio_write = Fio(file, "randwrite", layout.slot_bytes, file_bytes, seconds, fixed);
-    const double w = num_chunks * layout.slot_bytes / write_s;
-    const double r = reads * layout.slot_bytes / read_s;
-    std::printf("%-10s %12.2f %12.2f %8.2f %12.2f %12.2f %8.2f\n",
-                kvtier::FormatBytes(payload).c_str(), w / 1e9, fio_write / 1e9,
-                fio_write > 0 ? w / fio_write : 0.0, r / 1e9, fio_read / 1e9,
-                fio_read > 0 ? r / fio_read : 0.0);
-  }
-  fs::remove_all(dir);
-  std::printf("(GB/s = 1e9 bytes/s of whole slot images; reads verify header and XXH3 checksum; "
-              "buffers %s; fio -1 = fio failed; goal ratio >= 0.9)\n",
-              plain_buffers     ? "plain (per-I/O pinning) on both sides"
-              : registered_all ? "registered with io_uring on both sides (fio --fixedbufs)"
-                               : "registered where the kernel allowed (see above)");
   return 0;
 }
 
@@ -552,7 +395,7 @@ int main(int argc, char** argv) {
                    bytes.ok() ? "at least 64MiB" : bytes.status().message().c_str());
       return 2;
     }
-    return RunNvme(nvme_dir, *bytes & ~uint64_t{4095}, fio_seconds, nvme_plain_buffers);
+    return kvtier::bench::RunNvme(nvme_dir, *bytes & ~uint64_t{4095}, fio_seconds, nvme_plain_buffers);
   }
   if (socket.empty()) {
     std::fprintf(stderr, "kvtier-bench: --socket is required for this benchmark\n");

@@ -43,6 +43,7 @@
 #include "kvtier/tiers/dram_tier.h"
 #include "kvtier/tiers/hbm_tier.h"
 #include "kvtier/tiers/nvme_tier.h"
+#include "kvtier/tiers/staging_buffer.h"
 #include "kvtier/v1/kvtier.pb.h"
 
 namespace kvtier {
@@ -427,6 +428,10 @@ class CacheCore {
   std::unordered_set<ChunkKey, ChunkKeyHash> demoting_;               // GUARDED_BY(mu_)
   uint64_t demotion_bytes_ = 0;                                       // GUARDED_BY(mu_)
   uint64_t nvme_in_flight_ = 0;                                       // GUARDED_BY(mu_)
+  // Write-through's copies of a batch, kept from one batch to the next (up to 64 MiB or
+  // 1/16 of the arena, whichever is less, and one slot). Taken before mu_, never inside it.
+  std::mutex staging_mu_;
+  StagingBuffer staging_;                                             // GUARDED_BY(staging_mu_)
   // Admin evictions: while one runs the NVMe writer takes nothing new, and it
   // waits on nvme_idle_cv_ for nvme_in_flight_ to reach 0. A promotion whose
   // reads overlapped an eviction (the generation moved) keeps none of them.

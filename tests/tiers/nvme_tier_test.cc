@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <cstdlib>
 #include <cstring>
@@ -290,6 +292,83 @@ TEST_F(NvmeTierTest, InjectedWriteErrorIndexesNothingAndFreesTheSlots) {
 
 namespace kvtier {
 namespace {
+
+// Reads that wait for one another: each read Submit returns only once `n` reads are in, so
+// that `n` concurrent ReadMany calls all hold their pins before any of them ends.
+class ReadsTogetherDevice final : public BlockDevice {
+ public:
+  ReadsTogetherDevice(BlockDevice& inner, int n) : BlockDevice(inner.bytes()), inner_(inner), n_(n) {}
+
+ protected:
+  Status SubmitImpl(std::span<const IoRequest> batch) override {
+    if (!batch.empty() && batch[0].op == IoRequest::Op::kRead) {
+      std::unique_lock lock(mu_);
+      ++arrived_;
+      cv_.notify_all();
+      cv_.wait_for(lock, std::chrono::seconds(10), [&] { return arrived_ >= n_; });
+    }
+    return inner_.Submit(batch);
+  }
+  Status SyncImpl() override { return inner_.Sync(); }
+
+ private:
+  BlockDevice& inner_;
+  const int n_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+};
+
+// Two workers promoting the same prompt read the same corrupt chunk at once. The first to
+// finish erased it while the second still held it, and the second then unpinned and erased
+// a freed (or reused) handle: the chunk count ran twice down, the handle went twice onto
+// the free list, and two later chunks shared one handle.
+TEST_F(NvmeTierTest, TwoReadsOfOneCorruptChunkAtOnceDropItOnce) {
+  Chain c(spec_, 9, 2);
+  auto inner = IoUringFileDevice::Open({(dir_ / "slots.dat").string(), 1 << 20, 8, {}});
+  ASSERT_TRUE(inner.ok());
+  std::vector<std::unique_ptr<BlockDevice>> devices;
+  devices.push_back(std::make_unique<ReadsTogetherDevice>(**inner, 2));
+  auto index = NvmeIndex::Open((dir_ / "index").string());
+  ASSERT_TRUE(index.ok());
+  auto tier = NvmeTier::Create(std::move(devices), std::move(index).value());
+  ASSERT_TRUE(tier.ok());
+  ASSERT_EQ(*(*tier)->Write(c.Images()), 2u);
+  {  // chunk 1 (a leaf, the second slot) gets a flipped payload byte
+    const int fd = open((dir_ / "slots.dat").c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    const off_t at = static_cast<off_t>(layout_.slot_bytes + layout_.header_bytes + 5);
+    char byte;
+    ASSERT_EQ(pread(fd, &byte, 1, at), 1);
+    byte ^= 0x20;
+    ASSERT_EQ(pwrite(fd, &byte, 1, at), 1);
+    fsync(fd);
+    close(fd);
+  }
+  Status results[2];
+  auto read = [&](int t) {
+    AlignedBuf buf(layout_.slot_bytes);
+    results[t] = (*tier)->Read(c.Id(1), layout_, buf.span());
+  };
+  std::thread a(read, 0), b(read, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(results[0].code(), StatusCode::kDataLoss);
+  EXPECT_EQ(results[1].code(), StatusCode::kDataLoss);
+  EXPECT_FALSE((*tier)->Contains(c.keys[1]));
+  EXPECT_TRUE((*tier)->Contains(c.keys[0]));
+  EXPECT_EQ((*tier)->counters().chunks, 1u);
+  EXPECT_EQ((*tier)->counters().used_bytes, layout_.slot_bytes);
+  // The freed slot and handle are whole again: two new chunks take them, apart.
+  Chain d(spec_, 10, 2);
+  ASSERT_EQ(*(*tier)->Write(d.Images()), 2u);
+  EXPECT_EQ((*tier)->counters().chunks, 3u);
+  AlignedBuf buf(layout_.slot_bytes);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE((*tier)->Read(d.Id(i), layout_, buf.span()).ok()) << i;  // (reads pass alone now)
+  }
+  EXPECT_TRUE((*tier)->Read(c.Id(0), layout_, buf.span()).ok());
+}
 
 TEST_F(NvmeTierTest, LostIndexIsRebuiltFromSlotHeaders) {
   Chain a(spec_, 8, 4);

@@ -48,7 +48,8 @@ class LeafFirstLru final : public EvictionPolicy {
     std::optional<uint32_t> oldest;
     for (uint16_t c = 0; c < classes_.size(); ++c) {
       const std::optional<uint32_t> v = Pick(c, take_held, verdict);
-      // Stamps wrap; live ones lie within 2^31 accesses of each other.
+      // Stamps wrap: a chunk unused for over 2^31 accesses may compare as recent, which
+      // only changes which class gives the victim.
       if (v && (!oldest || static_cast<int32_t>(nodes_[*v].stamp - nodes_[*oldest].stamp) < 0)) {
         oldest = v;
       }

@@ -544,11 +544,8 @@ Status NvmeTier::ReadMany(std::span<ReadRequest> requests) {
   for (size_t i = 0; i < requests.size(); ++i) {
     const uint32_t h = handles[i];
     if (h == ChunkIndex::kNone) continue;
-    if (std::find(bad.begin(), bad.end(), requests[i].id.key) != bad.end()) {
-      requests[i].result = Status::DataLoss("chunk " + requests[i].id.key.ToHex() +
-                                            " failed verification");
-      continue;  // already dropped (the same key twice in one batch)
-    }
+    // Nothing erases a pinned chunk (a corrupt one is dropped by its last reader below),
+    // so `h` is still this key's entry.
     UnpinLocked(h);
     if (!io.ok()) {
       requests[i].result = io;
@@ -559,6 +556,9 @@ Status NvmeTier::ReadMany(std::span<ReadRequest> requests) {
                      requests[i].id.key.ToHex(), requests[i].result.message(),
                      HeldBack(*held_back));
       }
+      // Another read of it (this batch's or a concurrent one) still holds it: that read
+      // finds the same bytes on disk and drops it when it ends.
+      if (chunks_.Get(h).leases != 0) continue;
       bad.push_back(requests[i].id.key);
       EraseLocked(h);
     } else {

@@ -25,7 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+# No BLAS threads: the master is started with a preexec_fn, which wants a single thread.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import numpy as np  # noqa: E402
 
 
 def free_port() -> int:
@@ -36,7 +39,7 @@ def free_port() -> int:
 
 
 def die_with_parent() -> None:
-    """In the master's child process: SIGTERM when this script ends, however it ends."""
+    """SIGTERM to the calling process when its parent ends, however it ends."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     pr_set_pdeathsig = 1
     libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
@@ -108,10 +111,11 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, required=True, help="measured rounds per size")
     args = parser.parse_args()
     values = [int(v) for v in args.values.split(",")]
+    die_with_parent()  # this script goes with kvtier-bench, and its master with it
     master_bin = Path(sys.executable).parent / "mooncake_master"
     if not master_bin.exists():
-        print(f"no mooncake_master beside {sys.executable} (tools/install-python-envs.sh peers)",
-              file=sys.stderr)
+        print(f"mooncake_peer: no mooncake_master beside {sys.executable} "
+              "(tools/install-python-envs.sh peers)", file=sys.stderr)
         return 1
     from mooncake.store import MooncakeDistributedStore  # type: ignore[import-not-found]
 
@@ -139,7 +143,7 @@ def main() -> int:
                 print(json.dumps(row), flush=True)
             store.close()
         except RuntimeError as e:
-            print(f"{e}", file=sys.stderr)
+            print(f"mooncake_peer: {e}", file=sys.stderr, flush=True)
             return 1
         finally:
             master.terminate()

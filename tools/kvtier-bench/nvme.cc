@@ -28,16 +28,16 @@ namespace {
 
 // Runs fio on `file` and returns its bandwidth in bytes/s, or -1. `fixed_bufs`:
 // io_uring registered buffers and file (what the tier uses when it could
-// register its buffers).
+// register its buffers). `sync_every`: writes between fdatasyncs (0: none).
 double Fio(const std::string& file, const char* rw, uint64_t block_bytes, uint64_t file_bytes,
-           int seconds, bool fixed_bufs) {
+           int seconds, bool fixed_bufs, size_t sync_every) {
   const std::string out = file + ".fio.json";
   std::string cmd = "fio --name=kvtier --filename=" + file + " --rw=" + rw +
                     " --bs=" + std::to_string(block_bytes) + " --iodepth=32 --ioengine=io_uring" +
                     " --direct=1 --size=" + std::to_string(file_bytes) +
                     (fixed_bufs ? " --fixedbufs=1 --registerfiles=1" : "") +
                     " --runtime=" + std::to_string(seconds) + " --time_based --group_reporting" +
-                    (std::string(rw).find("write") != std::string::npos ? " --fdatasync=32" : "") +
+                    (sync_every > 0 ? " --fdatasync=" + std::to_string(sync_every) : std::string()) +
                     " --output-format=json --output=" + out + " > /dev/null 2>&1";
   if (std::system(cmd.c_str()) != 0) return -1;
   std::ifstream in(out);
@@ -91,8 +91,8 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
               "file in %s, every block written once before either side runs\n"
               "  writes: the tier in its steady state (each chunk evicts the least recently "
               "written: slots reused in ascending order), timed with the writer's copy and "
-              "checksum, batches of 32 (data, fdatasync, RocksDB); fio sequential, fdatasync "
-              "every 32, plain buffers\n"
+              "checksum, in the writer's batches (up to 256 chunks and 64 MiB: data, fdatasync, "
+              "RocksDB); fio sequential, fdatasync after as many writes, plain buffers\n"
               "  reads: random stored chunks, verified; fio randread\n",
               kvtier::FormatBytes(file_bytes).c_str(), dir.c_str());
   std::printf("%-10s %10s %8s %10s %7s %13s %10s %10s %7s\n", "payload", "write GB/s", "prepare",
@@ -111,10 +111,13 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
     const auto spec = BenchSpec(payload, "bench-nvme");
     const kvtier::SlotLayout layout = kvtier::SlotLayout::For(spec);
     const kvtier::NamespaceId ns = spec.Digest();
-    const uint64_t num_chunks = file_bytes * 8 / 10 / layout.slot_bytes;
-    constexpr size_t kBatch = 32;  // writes: one durable batch (data, fdatasync, index)
+    // The fill pass takes every slot, so each chunk of the timed pass evicts one.
+    const uint64_t num_chunks = file_bytes / layout.slot_bytes;
+    // Writes: one durable batch (data, fdatasync, index) as the daemon's writer takes it
+    // with its default 1 GiB arena: up to 256 chunks and 64 MiB (and one slot).
+    const size_t batch = std::min<uint64_t>(256, (uint64_t{64} << 20) / layout.slot_bytes + 1);
     // Reads: up to 256 MiB of images per ReadMany, so the 32-deep queue stays full.
-    const size_t read_batch = std::max<size_t>(kBatch, std::min<uint64_t>(256, (256 << 20) / layout.slot_bytes));
+    const size_t read_batch = std::max<size_t>(batch, std::min<uint64_t>(256, (256 << 20) / layout.slot_bytes));
     // All buffers in one region, registered with the tier as the DRAM arena would be.
     Arena arena(read_batch * layout.slot_bytes);
     std::memset(arena.base, 0x5a, arena.bytes);
@@ -129,13 +132,14 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
     }
     const bool fixed = !plain_buffers && registered_all;
     // Chunk c of the fill pass (untimed) and of the timed pass (c >= num_chunks).
+    std::printf("%-10s (%zu chunks a write batch)\n", kvtier::FormatBytes(payload).c_str(), batch);
     std::vector<std::vector<int32_t>> tokens(2 * num_chunks);
     std::vector<kvtier::ChunkKey> keys(2 * num_chunks);
     kvtier::StagingBuffer staging;
     double write_s = 0, prepare_s = 0;  // prepare: the copies and checksums
     uint64_t timed_chunks = 0;
-    for (uint64_t first = 0; first < 2 * num_chunks; first += kBatch) {
-      const size_t n = std::min<uint64_t>(kBatch, 2 * num_chunks - first);
+    for (uint64_t first = 0; first < 2 * num_chunks; first += batch) {
+      const size_t n = std::min<uint64_t>(batch, 2 * num_chunks - first);
       for (size_t i = 0; i < n; ++i) {  // what a client's commit leaves in the arena
         const uint64_t c = first + i;
         tokens[c] = UniquePrompt(c + 1, spec.chunk_tokens);
@@ -183,9 +187,10 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
       reads += read_batch;
     }
     tier.reset();
-    const double fio_read = Fio(file, "randread", layout.slot_bytes, file_bytes, seconds, fixed);
-    const double fio_write = Fio(file, "write", layout.slot_bytes, file_bytes, seconds, false);
-    const double fio_randwrite = Fio(file, "randwrite", layout.slot_bytes, file_bytes, seconds, false);
+    const double fio_read = Fio(file, "randread", layout.slot_bytes, file_bytes, seconds, fixed, 0);
+    const double fio_write = Fio(file, "write", layout.slot_bytes, file_bytes, seconds, false, batch);
+    const double fio_randwrite =
+        Fio(file, "randwrite", layout.slot_bytes, file_bytes, seconds, false, batch);
     const double w = static_cast<double>(timed_chunks * layout.slot_bytes) / write_s;
     const double r = static_cast<double>(reads * layout.slot_bytes) / read_s;
     std::printf("%-10s %10.2f %7.0f%% %10.2f %7.2f %13.2f %10.2f %10.2f %7.2f\n",

@@ -12,7 +12,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -202,9 +201,15 @@ std::map<uint64_t, PutGet> RunMooncake(const std::string& python, const uint64_t
                                        int num_chunks, int iterations) {
   std::string list;
   for (uint64_t v : values) list += (list.empty() ? "" : ",") + std::to_string(v);
-  const std::string err = std::filesystem::temp_directory_path().string() + "/kvtier-bench-mooncake." +
-                          std::to_string(getpid()) + ".err";
-  const std::string cmd = ShellQuote(python) + " " + ShellQuote(KVTIER_MOONCAKE_PEER_SCRIPT) +
+  // The script's stderr (Mooncake's glog lines and its own last words) goes to a file made
+  // here, not to a guessable name.
+  std::string err = std::filesystem::temp_directory_path().string() + "/kvtier-bench-mooncake.XXXXXX";
+  const int err_fd = mkstemp(err.data());
+  if (err_fd < 0) Die("Mooncake Store: mkstemp: " + std::string(std::strerror(errno)));
+  close(err_fd);
+  // exec: python replaces the shell, so it is kvtier-bench's child and goes with it
+  // (the script asks for SIGTERM when its parent dies; its master goes with the script).
+  const std::string cmd = "exec " + ShellQuote(python) + " " + ShellQuote(KVTIER_MOONCAKE_PEER_SCRIPT) +
                           " --values " + list + " --chunks " + std::to_string(num_chunks) +
                           " --iterations " + std::to_string(iterations) + " 2>" + ShellQuote(err);
   FILE* out = popen(cmd.c_str(), "r");
@@ -216,14 +221,14 @@ std::map<uint64_t, PutGet> RunMooncake(const std::string& python, const uint64_t
   std::string why;
   {
     std::ifstream in(err);
+    // The script's own words start with "mooncake_peer: "; failing that, the last line
+    // (Mooncake's glog or a Python traceback).
+    std::string last;
     for (std::string line; std::getline(in, line);) {
-      // Mooncake logs through glog ("I1201 ...", "W1201 ..."); the script's own words do not.
-      if (!line.empty() && std::string("IWE").find(line[0]) != std::string::npos &&
-          line.size() > 1 && std::isdigit(static_cast<unsigned char>(line[1]))) {
-        continue;
-      }
-      why = line;
+      if (line.rfind("mooncake_peer: ", 0) == 0) why = line;
+      if (!line.empty()) last = line;
     }
+    if (why.empty()) why = last;
   }
   std::filesystem::remove(err);
   if (status != 0) {
@@ -279,7 +284,10 @@ int RunPeers(const PeersOptions& o) {
   const std::string mooncake_python =
       o.mooncake_python.empty() ? PeersVenvPython() : o.mooncake_python;
   std::map<uint64_t, PutGet> mooncake;
-  if (access(mooncake_python.c_str(), X_OK) == 0) {
+  // A venv whose install failed half-way has its python but no mooncake_master.
+  const std::string mooncake_master =
+      std::filesystem::path(mooncake_python).parent_path().string() + "/mooncake_master";
+  if (access(mooncake_python.c_str(), X_OK) == 0 && access(mooncake_master.c_str(), X_OK) == 0) {
     std::printf("  Mooncake Store: mooncake_master on 127.0.0.1 and one client mounting its "
                 "segment (TCP transport); batch_put_from then batch_get_into, registered buffers "
                 "(%s)\n",
@@ -289,7 +297,7 @@ int RunPeers(const PeersOptions& o) {
   } else {
     std::printf("  Mooncake Store: not run (no %s; tools/install-python-envs.sh peers makes it, "
                 "or pass --mooncake-python)\n",
-                mooncake_python.c_str());
+                mooncake_master.c_str());
   }
   std::printf("  LMCache: not run (its package needs torch with CUDA, not in this project's "
               "CPU venvs)\n");

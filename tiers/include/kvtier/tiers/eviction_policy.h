@@ -41,7 +41,9 @@ class EvictionPolicy {
   virtual void OnUnblocked(uint32_t handle) = 0;
   // The chunk of `size_class` (kAnyClass: of any class, the least recent of
   // each class's pick) to evict next, or nullopt when none can go. Chunks
-  // judged kHeld go only when `take_held` and nothing else of the class can.
+  // judged kHeld go only when `take_held` and nothing else of the class can
+  // (so with kAnyClass, a held chunk of one class may go before a plain one of
+  // another).
   virtual std::optional<uint32_t> PickVictim(uint64_t size_class, bool take_held,
                                              const std::function<Verdict(uint32_t)>& verdict) = 0;
 };

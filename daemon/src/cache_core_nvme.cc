@@ -398,9 +398,10 @@ size_t CacheCore::FlushWriteBack(const std::function<bool()>& keep_going) {
 
 size_t CacheCore::WriteThroughOnce() {
   if (!nvme_) return 0;
-  constexpr size_t kBatch = 256;
-  // The batch's copies stay in staging_: at most 64 MiB, and 1/16 of the arena.
-  const uint64_t max_batch_bytes = std::min<uint64_t>(uint64_t{64} << 20, dram_->capacity_bytes() / 16);
+  constexpr size_t kBatch = kWriteThroughBatchChunks;
+  // The batch's copies stay in staging_.
+  const uint64_t max_batch_bytes =
+      std::min<uint64_t>(kWriteThroughBatchBytes, dram_->capacity_bytes() / 16);
   std::vector<Demotion> demoted;
   {
     std::lock_guard lock(mu_);

@@ -83,7 +83,7 @@ class LeafFirstLru final : public EvictionPolicy {
       const uint32_t h = classes_[c].lru.tail;
       switch (verdict(h)) {
         case Verdict::kEvict: return h;
-        case Verdict::kBlocked: SetAside(h); break;
+        case Verdict::kBlocked: Unlink(h); break;  // aside
         case Verdict::kHeld:
           Unlink(h);
           PushFront(h, Where::kHeld);
@@ -93,7 +93,7 @@ class LeafFirstLru final : public EvictionPolicy {
     while (take_held && classes_[c].held.tail != kNil) {
       const uint32_t h = classes_[c].held.tail;
       if (verdict(h) != Verdict::kBlocked) return h;
-      SetAside(h);
+      Unlink(h);  // aside
     }
     return std::nullopt;
   }
@@ -108,10 +108,6 @@ class LeafFirstLru final : public EvictionPolicy {
   List& ListOf(uint32_t h) {
     Class& c = classes_[nodes_[h].cls];
     return nodes_[h].where == Where::kHeld ? c.held : c.lru;
-  }
-  void SetAside(uint32_t h) {
-    Unlink(h);
-    nodes_[h].where = Where::kAside;
   }
   void PushFront(uint32_t h, Where where) {
     Node& n = nodes_[h];
@@ -131,7 +127,7 @@ class LeafFirstLru final : public EvictionPolicy {
     if (l.tail != kNil) nodes_[l.tail].next = h; else l.head = h;
     l.tail = h;
   }
-  // Takes `h` out of its list, if it is in one.
+  // Takes `h` out of its list, if it is in one: it is then aside.
   void Unlink(uint32_t h) {
     Node& n = nodes_[h];
     if (n.where != Where::kLru && n.where != Where::kHeld) return;

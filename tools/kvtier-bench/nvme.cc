@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include "bench_common.h"
+#include "kvtier/daemon/cache_core.h"
 #include "kvtier/slot_image.h"
 #include "kvtier/tiers/nvme_tier.h"
 #include "kvtier/tiers/staging_buffer.h"
@@ -115,7 +116,8 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
     const uint64_t num_chunks = file_bytes / layout.slot_bytes;
     // Writes: one durable batch (data, fdatasync, index) as the daemon's writer takes it
     // with its default 1 GiB arena: up to 256 chunks and 64 MiB (and one slot).
-    const size_t batch = std::min<uint64_t>(256, (uint64_t{64} << 20) / layout.slot_bytes + 1);
+    const size_t batch = std::min<uint64_t>(kvtier::CacheCore::kWriteThroughBatchChunks,
+                                            kvtier::CacheCore::kWriteThroughBatchBytes / layout.slot_bytes + 1);
     // Reads: up to 256 MiB of images per ReadMany, so the 32-deep queue stays full.
     const size_t read_batch = std::max<size_t>(batch, std::min<uint64_t>(256, (256 << 20) / layout.slot_bytes));
     // All buffers in one region, registered with the tier as the DRAM arena would be.

@@ -142,6 +142,10 @@ class CacheCore {
   // The daemon's NVMe worker calls it in a loop; tests call it directly.
   // Under write-back it writes the images copied out at eviction instead.
   size_t WriteThroughOnce();
+  // A write-through batch: up to kWriteThroughBatchChunks chunks, and while under
+  // kWriteThroughBatchBytes and 1/16 of the arena (so one slot more at most).
+  static constexpr size_t kWriteThroughBatchChunks = 256;
+  static constexpr uint64_t kWriteThroughBatchBytes = uint64_t{64} << 20;
   // Write-back at a clean shutdown: writes every DRAM chunk not yet on NVMe
   // (stops early when the tier is degraded or `keep_going` says no, checked
   // between batches). Returns how many it queued.

@@ -45,9 +45,9 @@ void Hit(SlotTier& tier, uint64_t c, uint64_t length) {
 }
 
 Figures Run(uint64_t chunks, uint64_t length, bool with_hits) {
-  SlotTier tier(chunks * kSlotBytes);
+  const uint64_t chains = chunks / length;  // the tier holds exactly these, full
+  SlotTier tier(chains * length * kSlotBytes);
   const uint32_t ns = tier.AddNamespace(kSlotBytes);
-  const uint64_t chains = chunks / length;
   Figures f;
   auto t0 = Clock::now();
   for (uint64_t c = 0; c < chains; ++c) StoreChain(tier, ns, c, length);

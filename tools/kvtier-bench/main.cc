@@ -351,7 +351,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 30))
       ->capture_default_str();
   auto* nvme = app.add_subcommand("nvme", "NVMe tier chunk I/O vs fio on the same file");
-  nvme->add_option("--dir", nvme_dir, "directory for the test file (removed afterwards)")
+  nvme->add_option("--dir", nvme_dir, "directory for the test file and its index (those two removed afterwards)")
       ->capture_default_str();
   nvme->add_option("--file-bytes", nvme_file_bytes, "test file size, e.g. 1GiB (at least 64MiB)")
       ->capture_default_str();

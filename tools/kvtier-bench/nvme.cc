@@ -99,10 +99,18 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
   std::printf("%-10s %10s %8s %10s %7s %13s %10s %10s %7s\n", "payload", "write GB/s", "prepare",
               "fio GB/s", "ratio", "fio randwrite", "read GB/s", "fio GB/s", "ratio");
   bool registered_all = !plain_buffers;
+  const auto remove_own = [&] {
+    std::error_code ec;
+    fs::remove(dir + "/kvtier-slots.dat", ec);
+    fs::remove_all(dir + "/index", ec);
+  };
   for (uint64_t payload : {256 * kvtier::kKiB, kvtier::kMiB, 4 * kvtier::kMiB}) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    // Only what the tier and fio make here is removed: the directory may hold other files.
     const std::string file = dir + "/kvtier-slots.dat";
+    remove_own();
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) Die("--dir " + dir + ": " + ec.message());
     Prefill(file, file_bytes);
     kvtier::NvmeTierOptions o;
     o.paths = {dir};
@@ -201,7 +209,7 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
                 fio_write > 0 ? w / fio_write : 0.0, fio_randwrite / 1e9, r / 1e9, fio_read / 1e9,
                 fio_read > 0 ? r / fio_read : 0.0);
   }
-  fs::remove_all(dir);
+  remove_own();
   std::printf("(prepare: the share of the write time spent copying and checksumming; "
               "GB/s = 1e9 bytes/s of whole slot images; reads verify header and XXH3 checksum; "
               "read buffers %s; fio -1 = fio failed; goal ratio >= 0.9)\n",

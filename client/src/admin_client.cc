@@ -51,6 +51,7 @@ Result<DaemonStats> AdminClient::Stats() {
                        t.uncommitted_bytes(), t.throttled_writes()});
   }
   s.lookups = r.lookups();
+  s.ring_lookups = r.ring_lookups();
   s.lookup_tokens = r.lookup_tokens();
   s.hit_tokens = r.hit_tokens();
   s.sessions = r.sessions();

@@ -90,15 +90,13 @@ Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const in
   {
     const bool take_over = ticket != nullptr && WaitForPrefetch(*this, *ticket, c.session_id);
     if (ticket != nullptr) deadline = impl_->CallDeadline();  // the policy's wait comes first
-    CallContext ctx(c, deadline);
     v1::LookupRequest req = MakeLookup(c, ns, /*acquire=*/true);
     req.set_max_chunks(static_cast<uint32_t>(std::min<size_t>(max_chunks, UINT32_MAX)));
     if (take_over) req.set_prefetch_ticket(ticket->id);
     req.set_hbm(hbm && c.hbm.has_value());
     req.set_request_id(std::string(request_id));
-    LentTokens lent(req, tokens);
     const auto start = Clock::now();
-    Status st = FromGrpcStatus(c.stub->Lookup(ctx.get(), req, &resp));
+    Status st = CallLookup(c, ns, deadline, req, tokens, &resp);
     lease.lookup_time = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
     impl_->Report(*conn, st, &ns.id);
     if (!st.ok()) {

@@ -69,11 +69,9 @@ Result<LookupResult> Client::Lookup(const NamespaceHandle& ns, std::span<const i
     return result;
   }
   v1::LookupResponse resp;
-  CallContext ctx(**conn, deadline);
   v1::LookupRequest req = MakeLookup(**conn, ns, /*acquire=*/false);
   req.set_request_id(std::string(request_id));
-  LentTokens lent(req, tokens);
-  Status st = FromGrpcStatus((*conn)->stub->Lookup(ctx.get(), req, &resp));
+  Status st = CallLookup(**conn, ns, deadline, req, tokens, &resp);
   impl_->Report(*conn, st, &ns.id);
   if (!st.ok()) {
     result.fail_open = st;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -32,6 +33,7 @@
 #include "kvtier/socket_path.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
 #include "daemon_socket.h"
+#include "ring_client.h"
 
 namespace kvtier::client_internal {
 
@@ -151,6 +153,7 @@ struct Connection {
   std::unique_ptr<v1::KvCache::Stub> stub;
   std::unique_ptr<SessionStream> session;
   std::shared_ptr<Arena> arena;
+  std::unique_ptr<RingClient> ring;  // the session's control ring; null: gRPC only
   std::optional<HbmPoolInfo> hbm;  // the daemon's HBM pool, from SessionOpened
   uint64_t session_id = 0;
   // Written once, when the session opens and before any other call on the
@@ -216,6 +219,8 @@ class Releaser {
 
   void Enqueue(std::shared_ptr<Connection> conn, uint64_t lease_id,
                std::chrono::milliseconds deadline) {
+    // On the control ring, behind this thread's Lookups and ahead of its next.
+    if (conn->ring && conn->alive() && conn->ring->ReleaseRead(lease_id)) return;
     auto owned = std::make_shared<Call>();
     Call* call = owned.get();
     call->conn = std::move(conn);
@@ -315,6 +320,24 @@ class LentTokens {
 template <typename Request>
 thread_local std::unique_ptr<std::string> LentTokens<Request>::spare_;
 
+// Runs `req` (its tokens unset) with `tokens` as a Lookup by `deadline`: on
+// the control ring when `c` has one that takes it, else over gRPC.
+inline Status CallLookup(Connection& c, const NamespaceHandle& ns, Clock::time_point deadline,
+                         v1::LookupRequest& req, std::span<const int32_t> tokens,
+                         v1::LookupResponse* resp) {
+  if (c.ring) {
+    const RingClient::LookupArgs args{&ns.id, tokens, ns.spec.chunk_tokens, req.acquire(),
+                                      req.hbm(), req.max_chunks(), req.prefetch_ticket(),
+                                      req.request_id()};
+    if (auto st = c.ring->Lookup(args, deadline, [&c] { return c.alive(); }, resp)) {
+      return *std::move(st);
+    }
+  }
+  CallContext ctx(c, deadline);
+  LentTokens lent(req, tokens);
+  return FromGrpcStatus(c.stub->Lookup(ctx.get(), req, resp));
+}
+
 inline v1::LookupRequest MakeLookup(const Connection& c, const NamespaceHandle& ns, bool acquire) {
   v1::LookupRequest req;
   req.set_session_id(c.session_id);
@@ -347,6 +370,10 @@ class Client::Impl {
  public:
   explicit Impl(const ClientOptions& o) : options_(o) {
     if (options_.socket_path.empty()) options_.socket_path = DefaultSocketPath();
+    if (const char* ring = std::getenv("KVTIER_CONTROL_RING"); ring != nullptr &&
+        std::string_view(ring) == "0") {
+      options_.control_ring = false;
+    }
   }
 
   const ClientOptions& options() const { return options_; }
@@ -520,6 +547,18 @@ class Client::Impl {
       c->arena = std::shared_ptr<Arena>(std::move(mapped).value());
       spdlog::debug("kvtier client: mapped arena epoch {:016x} ({} bytes)", msg.epoch,
                    msg.arena_bytes);
+    }
+    if (options_.control_ring) {  // without one, calls go over gRPC
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      auto fd = RequestRingFd(options_.socket_path, c->session_id, *c->session_token,
+                              static_cast<int>(std::max<int64_t>(left.count(), 1)));
+      auto ring = fd.ok() ? RingMemory::Map(*fd, c->session_id) : Result<RingMemory>(fd.status());
+      if (ring.ok()) {
+        c->ring = std::make_unique<client_internal::RingClient>(std::move(ring).value());
+      } else {
+        spdlog::info("kvtier client: no control ring ({}); Lookups go over gRPC",
+                     ring.status().ToString());
+      }
     }
     return c;  // namespaces are registered on first use (EnsureRegistered)
   }

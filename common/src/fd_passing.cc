@@ -16,7 +16,11 @@ namespace kvtier {
 std::string ArenaSocketPath(const std::string& socket_path) { return socket_path + ".arena"; }
 
 Status SendArenaFd(int sock, const ArenaAnnouncement& msg, int fd) {
-  iovec iov{const_cast<ArenaAnnouncement*>(&msg), sizeof(msg)};
+  return SendFd(sock, &msg, sizeof(msg), fd);
+}
+
+Status SendFd(int sock, const void* msg, size_t bytes, int fd) {
+  iovec iov{const_cast<void*>(msg), bytes};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr mh{};
   mh.msg_iov = &iov;
@@ -32,8 +36,8 @@ Status SendArenaFd(int sock, const ArenaAnnouncement& msg, int fd) {
   do {
     n = sendmsg(sock, &mh, MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
-  if (n < 0) return Status::FromErrno(errno, "sendmsg arena fd");
-  if (static_cast<size_t>(n) != sizeof(msg)) return Status::IOError("sendmsg arena fd: short send");
+  if (n < 0) return Status::FromErrno(errno, "sendmsg fd");
+  if (static_cast<size_t>(n) != bytes) return Status::IOError("sendmsg fd: short send");
   return Status::Ok();
 }
 
@@ -96,18 +100,28 @@ Result<std::pair<ArenaAnnouncement, int>> ReceiveArenaFd(const std::string& path
     close(sock);
     return st;
   }
+  ArenaAnnouncement msg;
+  auto fd = ReceiveFd(sock, timeout_ms, &msg, sizeof(msg), path);
+  close(sock);
+  if (!fd.ok()) return fd.status();
+  if (msg.magic != kArenaAnnouncementMagic || msg.version != 1 || *fd < 0) {
+    if (*fd >= 0) close(*fd);
+    return Status::DataLoss("malformed arena announcement from " + path);
+  }
+  return std::make_pair(msg, *fd);
+}
+
+Result<int> ReceiveFd(int sock, int timeout_ms, void* msg, size_t bytes, const std::string& from) {
   pollfd pfd{sock, POLLIN, 0};
   int pr;
   do {
     pr = poll(&pfd, 1, timeout_ms);
   } while (pr < 0 && errno == EINTR);
   if (pr <= 0) {
-    close(sock);
-    return Status::Unavailable("no arena announcement from " + path + " within " +
-                               std::to_string(timeout_ms) + " ms");
+    return Status::Unavailable("no answer from " + from + " within " + std::to_string(timeout_ms) +
+                               " ms");
   }
-  ArenaAnnouncement msg;
-  iovec iov{&msg, sizeof(msg)};
+  iovec iov{msg, bytes};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr mh{};
   mh.msg_iov = &iov;
@@ -118,21 +132,20 @@ Result<std::pair<ArenaAnnouncement, int>> ReceiveArenaFd(const std::string& path
   do {
     n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
-  int err = errno;
-  close(sock);
-  if (n < 0) return Status::FromErrno(err, "recvmsg arena fd");
+  if (n < 0) return Status::FromErrno(errno, "recvmsg from " + from);
   int fd = -1;
   for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm != nullptr; cm = CMSG_NXTHDR(&mh, cm)) {
     if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
       std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));
     }
   }
-  if (static_cast<size_t>(n) != sizeof(msg) || msg.magic != kArenaAnnouncementMagic ||
-      msg.version != 1 || fd < 0) {
+  if (static_cast<size_t>(n) != bytes) {
     if (fd >= 0) close(fd);
-    return Status::DataLoss("malformed arena announcement from " + path);
+    return Status::DataLoss("short message (" + std::to_string(n) + " of " + std::to_string(bytes) +
+                            " bytes) from " + from);
   }
-  return std::make_pair(msg, fd);
+  return fd;
 }
+
 
 }  // namespace kvtier

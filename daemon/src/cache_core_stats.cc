@@ -93,6 +93,7 @@ void CacheCore::Stats(v1::StatsResponse* resp) {
     nt->set_degraded(NvmeDegraded());
   }
   resp->set_lookups(counters_.lookups);
+  resp->set_ring_lookups(ring_lookups_.load(std::memory_order_relaxed));
   resp->set_lookup_tokens(counters_.lookup_tokens);
   resp->set_hit_tokens(counters_.hit_tokens);
   resp->set_sessions(sessions_.size());

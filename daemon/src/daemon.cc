@@ -21,11 +21,13 @@
 #include <random>
 
 #include "grpc_services.h"
+#include "kvtier/control_ring.h"
 #include "kvtier/fd_passing.h"
 #include "kvtier/logging.h"
 #include "kvtier/proto/transport_args.h"
 #include "kvtier/units.h"
 #include "peer_listener.h"
+#include "ring_server.h"
 
 namespace kvtier {
 namespace {
@@ -110,6 +112,10 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   if (!core.ok()) return core.status();
   d->core_ = std::move(core).value();
   KVTIER_RETURN_IF_ERROR(d->StartArenaSocket());
+  auto ring_fd = ListenUnix(RingSocketPath(options.socket_path), d->SocketMode(), d->SocketGroup());
+  if (!ring_fd.ok()) return ring_fd.status();
+  d->ring_server_ = std::make_unique<RingServer>(*d->core_, *ring_fd,
+                                                 PeerPolicy(geteuid(), d->SocketGroup()));
 
   d->kv_service_ = std::make_unique<KvCacheService>(*d->core_);
   d->admin_service_ = std::make_unique<AdminService>(*d->core_);
@@ -221,6 +227,7 @@ Status Daemon::PrepareSocketDir() {
   owns_socket_ = true;
   unlink(options_.socket_path.c_str());
   unlink(ArenaSocketPath(options_.socket_path).c_str());
+  unlink(RingSocketPath(options_.socket_path).c_str());
   return Status::Ok();
 }
 
@@ -352,6 +359,7 @@ size_t Daemon::Shutdown(const std::atomic<bool>* abort) {
   shut_down_ = true;
   stopping_.store(true);
   if (arena_thread_.joinable()) arena_thread_.join();  // hands gRPC no connection after this
+  if (ring_server_) ring_server_->Stop();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   if (sweep_thread_.joinable()) sweep_thread_.join();
   if (nvme_thread_.joinable()) nvme_thread_.join();
@@ -361,6 +369,7 @@ size_t Daemon::Shutdown(const std::atomic<bool>* abort) {
   if (owns_socket_) {  // a daemon refused by the lock must not remove the server's sockets
     unlink(options_.socket_path.c_str());
     unlink(ArenaSocketPath(options_.socket_path).c_str());
+    unlink(RingSocketPath(options_.socket_path).c_str());
   }
   if (!started_) {
     // A refused start leaves nothing behind: its lock file (unlinked while we

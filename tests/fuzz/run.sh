@@ -21,7 +21,7 @@ shift || true
 BUILD="${FUZZ_BUILD_DIR:-build-fuzz}"
 JOBS="${JOBS:-$(nproc)}"
 ALL=(fuzz_parse_bytes fuzz_slot_header fuzz_nvme_index fuzz_rebuild_index fuzz_trace fuzz_config
-     fuzz_cache_core fuzz_cache_core_nvme)
+     fuzz_cache_core fuzz_cache_core_nvme fuzz_control_ring)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${ALL[@]}")
 

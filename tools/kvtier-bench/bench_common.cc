@@ -6,9 +6,10 @@
 
 namespace kvtier::bench {
 
-std::unique_ptr<Client> ConnectOrDie(const std::string& socket) {
+std::unique_ptr<Client> ConnectOrDie(const std::string& socket, bool control_ring) {
   ClientOptions o;
   o.socket_path = socket;
+  o.control_ring = control_ring;
   o.deadline = std::chrono::milliseconds(10000);
   o.client_name = "kvtier-bench";
   auto c = Must(Client::Connect(o), "connect");

@@ -34,7 +34,8 @@ T Must(Result<T> r, const char* what) {
 
 // A client of kvtierd at `socket` with a 10 s deadline (a benchmark measures; it must
 // not fail open); exits when kvtierd is not reachable.
-std::unique_ptr<Client> ConnectOrDie(const std::string& socket);
+// `control_ring`: ClientOptions::control_ring (Lookups over gRPC when false).
+std::unique_ptr<Client> ConnectOrDie(const std::string& socket, bool control_ring = true);
 std::unique_ptr<AdminClient> AdminStub(const std::string& socket);
 
 // Prompt tokens unique to `seed`.

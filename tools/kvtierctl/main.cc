@@ -43,6 +43,7 @@ json StatsJson(const kvtier::DaemonStats& s) {
   }
   return {{"tiers", tiers},
           {"lookups", s.lookups},
+          {"ring_lookups", s.ring_lookups},
           {"lookup_tokens", s.lookup_tokens},
           {"hit_tokens", s.hit_tokens},
           {"token_hit_rate", s.lookup_tokens ? double(s.hit_tokens) / s.lookup_tokens : 0.0},
@@ -70,8 +71,10 @@ void PrintStats(const kvtier::DaemonStats& s) {
                 kvtier::FormatBytes(t.read_bytes).c_str(),
                 kvtier::FormatBytes(t.write_bytes).c_str());
   }
-  std::printf("lookups %llu, lookup tokens %llu, hit tokens %llu (token hit rate %.4f)\n",
+  std::printf("lookups %llu (%llu over the control ring), lookup tokens %llu, hit tokens %llu "
+              "(token hit rate %.4f)\n",
               static_cast<unsigned long long>(s.lookups),
+              static_cast<unsigned long long>(s.ring_lookups),
               static_cast<unsigned long long>(s.lookup_tokens),
               static_cast<unsigned long long>(s.hit_tokens),
               s.lookup_tokens ? double(s.hit_tokens) / s.lookup_tokens : 0.0);

@@ -45,6 +45,7 @@ nb::dict StatsDict(const DaemonStats& s) {
   for (const TierStats& t : s.tiers) tiers.append(TierDict(t));
   d["tiers"] = tiers;
   d["lookups"] = s.lookups;
+  d["ring_lookups"] = s.ring_lookups;
   d["lookup_tokens"] = s.lookup_tokens;
   d["hit_tokens"] = s.hit_tokens;
   d["sessions"] = s.sessions;

@@ -26,6 +26,13 @@ std::string ArenaSocketPath(const std::string& socket_path);
 
 // Sends `msg` with `fd` attached on the connected socket `sock`. Errors: IO_ERROR.
 Status SendArenaFd(int sock, const ArenaAnnouncement& msg, int fd);
+// Sends `bytes` bytes at `msg` with `fd` attached (SCM_RIGHTS). Errors: IO_ERROR.
+Status SendFd(int sock, const void* msg, size_t bytes, int fd);
+// Waits at most `timeout_ms` for one message of exactly `bytes` bytes on
+// `sock` into `msg`, and returns the fd attached to it (-1 for none; the
+// caller owns it). `from` names the peer in errors. Errors: UNAVAILABLE when
+// nothing came in time, IO_ERROR from recvmsg, DATA_LOSS for another length.
+Result<int> ReceiveFd(int sock, int timeout_ms, void* msg, size_t bytes, const std::string& from);
 
 // A blocking, close-on-exec Unix stream socket connected to `path` (caller
 // owns it). A listener whose backlog is full (a stopped daemon) is waited for

@@ -175,6 +175,8 @@ class CacheCore {
   // PERMISSION_DENIED for a missing or wrong token.
   Status CheckSessionToken(uint64_t session_id, std::string_view token) const;
   static constexpr size_t kMaxClientNameBytes = 256;
+  // Counts a Lookup that came over a control ring (StatsResponse.ring_lookups).
+  void CountRingLookup() { ring_lookups_.fetch_add(1, std::memory_order_relaxed); }
 
   // RPC bodies. Each returns the status the client sees; on error, `response`
   // is unspecified and no state changed.
@@ -478,6 +480,7 @@ class CacheCore {
   uint64_t next_id_ = 1;                                              // GUARDED_BY(mu_)
   uint64_t next_sequence_ = 1;                                        // GUARDED_BY(mu_)
   Counters counters_;                                                 // GUARDED_BY(mu_)
+  std::atomic<uint64_t> ring_lookups_{0};
   const Clock::TimePoint started_ = std::chrono::steady_clock::now();
 };
 

@@ -31,6 +31,7 @@ namespace kvtier {
 
 class KvCacheService;
 class AdminService;
+class RingServer;
 
 class Daemon {
  public:
@@ -71,6 +72,7 @@ class Daemon {
   int arena_listen_fd_ = -1;
   int grpc_listen_fd_ = -1;
   std::unique_ptr<CacheCore> core_;
+  std::unique_ptr<RingServer> ring_server_;  // the control ring; stopped before core_ goes
   std::unique_ptr<KvCacheService> kv_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;

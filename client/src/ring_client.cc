@@ -1,0 +1,162 @@
+#include "ring_client.h"
+
+#include <cstring>
+
+namespace kvtier::client_internal {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long a caller spins on its answer before it sleeps on the slot's futex:
+// a DRAM-only Lookup is answered within this on an idle machine.
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+inline void CpuRelax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
+bool KnownCode(int32_t code) {
+  return (code >= 0 && code <= static_cast<int32_t>(StatusCode::kDataLoss)) ||
+         code == static_cast<int32_t>(StatusCode::kIOError);
+}
+
+}  // namespace
+
+RingClient::RingClient(RingMemory mem) : mem_(std::move(mem)) {
+  for (uint32_t i = kRingDepth; i > 0; --i) free_.push_back(i - 1);
+}
+
+std::optional<uint32_t> RingClient::TakeSlot() {
+  std::lock_guard lock(mu_);
+  // A slot whose call nobody waits for is free again once the daemon answered it.
+  for (auto it = unanswered_.begin(); it != unanswered_.end();) {
+    if (mem_.slot(it->first).done.load(std::memory_order_acquire) == it->second) {
+      free_.push_back(it->first);
+      it = unanswered_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (free_.empty()) return std::nullopt;
+  const uint32_t slot = free_.back();
+  free_.pop_back();
+  return slot;
+}
+
+void RingClient::GiveBack(uint32_t slot) {
+  std::lock_guard lock(mu_);
+  free_.push_back(slot);
+}
+
+void RingClient::Publish(uint32_t slot, RingSubmission& entry) {
+  RingHeader& h = mem_.header();
+  std::lock_guard lock(submit_mu_);
+  entry.seq = next_seq_++;
+  if (next_seq_ == 0) next_seq_ = 1;  // 0 is a slot's initial done value
+  std::memcpy(&mem_.slot(slot).submission, &entry, sizeof(entry));
+  const uint32_t tail = h.sq_tail.load(std::memory_order_relaxed);
+  h.sq[tail % kRingDepth].store(slot, std::memory_order_relaxed);
+  h.sq_tail.store(tail + 1);  // seq_cst: ordered before the daemon_idle load
+  if (h.daemon_idle.load() != 0) RingFutexWake(h.sq_tail);
+}
+
+bool RingClient::ReleaseRead(uint64_t lease_id) {
+  const auto slot = TakeSlot();
+  if (!slot) return false;
+  RingSubmission entry;
+  entry.op = static_cast<uint32_t>(RingOp::kReleaseRead);
+  entry.lease_id = lease_id;
+  Publish(*slot, entry);
+  std::lock_guard lock(mu_);
+  unanswered_.emplace_back(*slot, entry.seq);
+  return true;
+}
+
+std::optional<Status> RingClient::Lookup(const LookupArgs& args, Clock::time_point deadline,
+                                         const std::function<bool()>& session_alive,
+                                         v1::LookupResponse* resp) {
+  const uint64_t token_bytes = args.tokens.size_bytes();
+  if (token_bytes + args.request_id.size() > kRingSlotDataBytes ||
+      args.request_id.size() > kRingMaxRequestIdBytes || args.chunk_tokens == 0) {
+    return std::nullopt;
+  }
+  uint64_t max_answer = args.tokens.size() / args.chunk_tokens;
+  if (args.max_chunks != 0) max_answer = std::min<uint64_t>(max_answer, args.max_chunks);
+  if (args.acquire && max_answer > kRingMaxLocations) return std::nullopt;
+  const auto taken = TakeSlot();
+  if (!taken) return std::nullopt;
+  const uint32_t slot = *taken;
+  RingSlot& s = mem_.slot(slot);
+  const std::span<uint8_t> data = mem_.data(slot);
+
+  RingSubmission entry;
+  entry.op = static_cast<uint32_t>(RingOp::kLookup);
+  entry.flags = (args.acquire ? kRingAcquire : 0) | (args.hbm ? kRingHbm : 0);
+  entry.max_chunks = args.max_chunks;
+  entry.token_count = args.tokens.size();
+  entry.prefetch_ticket = args.prefetch_ticket;
+  entry.request_id_bytes = static_cast<uint32_t>(args.request_id.size());
+  args.ns->ToBytes(reinterpret_cast<std::byte*>(entry.namespace_id));
+  std::memcpy(data.data(), args.tokens.data(), token_bytes);
+  std::memcpy(data.data() + token_bytes, args.request_id.data(), args.request_id.size());
+  Publish(slot, entry);
+
+  const auto spin_until = Clock::now() + kSpin;
+  for (;;) {
+    const uint32_t done = s.done.load(std::memory_order_acquire);
+    if (done == entry.seq) break;
+    const auto now = Clock::now();
+    const bool gone = now >= spin_until && !session_alive();
+    if (now >= deadline || gone) {
+      s.cancelled.store(entry.seq, std::memory_order_release);
+      std::lock_guard lock(mu_);
+      unanswered_.emplace_back(slot, entry.seq);
+      if (gone) return Status::Unavailable("kvtierd ended the session during a control ring call");
+      return Status::DeadlineExceeded("kvtierd did not answer on the control ring within the "
+                                      "deadline");
+    }
+    if (now < spin_until) {
+      CpuRelax();
+    } else {
+      RingFutexWait(s.done, done, std::min<Clock::duration>(deadline - now,
+                                                            std::chrono::milliseconds(10)));
+    }
+  }
+
+  RingCompletion c;
+  std::memcpy(&c, &s.completion, sizeof(c));
+  Status st;
+  if (c.seq != entry.seq || !KnownCode(c.code) || c.message_bytes > kRingMaxMessageBytes ||
+      c.location_count > kRingMaxLocations) {
+    st = Status::DataLoss("malformed control ring answer from kvtierd");
+  } else if (c.code != 0) {
+    st = Status(static_cast<StatusCode>(c.code),
+                std::string(reinterpret_cast<const char*>(data.data()), c.message_bytes));
+  } else {
+    resp->Clear();
+    resp->set_num_chunks(c.num_chunks);
+    resp->set_cached_tokens(c.cached_tokens);
+    resp->set_lease_id(c.lease_id);
+    resp->set_lease_ttl_ms(c.lease_ttl_ms);
+    resp->set_nvme_chunks(c.nvme_chunks);
+    resp->set_prefetched_chunks(c.prefetched_chunks);
+    resp->set_hbm_chunks(c.hbm_chunks);
+    resp->mutable_chunks()->Reserve(static_cast<int>(c.location_count));
+    for (uint32_t i = 0; i < c.location_count; ++i) {
+      RingLocation loc;
+      std::memcpy(&loc, data.data() + i * sizeof(RingLocation), sizeof(loc));
+      v1::ChunkLocation* out = resp->add_chunks();
+      out->set_payload_offset(loc.payload_offset);
+      out->set_payload_bytes(loc.payload_bytes);
+      out->set_sequence(loc.sequence);
+      out->set_hbm_payload_offset(loc.hbm_payload_offset);
+    }
+  }
+  GiveBack(slot);
+  return st;
+}
+
+}  // namespace kvtier::client_internal

@@ -1,0 +1,190 @@
+#include "kvtier/control_ring.h"
+
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <new>
+
+#include "kvtier/fd_passing.h"
+
+namespace kvtier {
+
+Result<uint8_t*> RingMemory::MapShared(int fd) {
+  void* base = mmap(nullptr, kRingBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base != MAP_FAILED) return static_cast<uint8_t*>(base);
+  const int err = errno;
+  close(fd);
+  return Status::FromErrno(err, "mmap control ring");
+}
+
+Result<RingMemory> RingMemory::Create(uint64_t session_id) {
+  const int fd = memfd_create("kvtier-ring", MFD_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "memfd_create control ring");
+  if (ftruncate(fd, static_cast<off_t>(kRingBytes)) != 0) {
+    const int err = errno;
+    close(fd);
+    return Status::FromErrno(err, "ftruncate control ring");
+  }
+  auto mapped = MapShared(fd);
+  if (!mapped.ok()) return mapped.status();
+  RingMemory ring(*mapped, fd);
+  new (ring.base_) RingHeader();
+  ring.header().session_id = session_id;
+  for (uint32_t i = 0; i < kRingDepth; ++i) new (&ring.slot(i)) RingSlot();
+  return ring;
+}
+
+Result<RingMemory> RingMemory::Map(int fd, uint64_t session_id) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return Status::FromErrno(err, "fstat control ring");
+  }
+  if (static_cast<uint64_t>(st.st_size) != kRingBytes) {
+    close(fd);
+    return Status::DataLoss("control ring is " + std::to_string(st.st_size) + " bytes, not " +
+                            std::to_string(kRingBytes));
+  }
+  auto mapped = MapShared(fd);
+  if (!mapped.ok()) return mapped.status();
+  RingMemory ring(*mapped, fd);
+  const RingHeader& h = ring.header();
+  if (h.magic != kRingMagic || h.version != kRingVersion || h.depth != kRingDepth ||
+      h.slot_data_bytes != kRingSlotDataBytes) {
+    return Status::DataLoss("control ring header: magic, version " + std::to_string(h.version) +
+                            " or depth " + std::to_string(h.depth) + " differ from this SDK's");
+  }
+  if (h.session_id != session_id) {
+    return Status::DataLoss("control ring belongs to session " + std::to_string(h.session_id) +
+                            ", not " + std::to_string(session_id));
+  }
+  return ring;
+}
+
+RingMemory::RingMemory(RingMemory&& other) noexcept
+    : base_(std::exchange(other.base_, nullptr)), fd_(std::exchange(other.fd_, -1)) {}
+
+RingMemory& RingMemory::operator=(RingMemory&& other) noexcept {
+  if (this != &other) {
+    this->~RingMemory();
+    base_ = std::exchange(other.base_, nullptr);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+RingMemory::~RingMemory() {
+  if (base_ != nullptr) munmap(base_, kRingBytes);
+  if (fd_ >= 0) close(fd_);
+}
+
+Result<RingCall> DecodeSubmission(const RingSubmission& entry, std::span<const uint8_t> data) {
+  if (entry.op == static_cast<uint32_t>(RingOp::kReleaseRead)) {
+    if (entry.flags != 0 || entry.token_count != 0 || entry.request_id_bytes != 0) {
+      return Status::InvalidArgument("ring entry: ReleaseRead takes no flags, tokens or request id");
+    }
+    RingCall call;
+    call.op = RingOp::kReleaseRead;
+    call.seq = entry.seq;
+    call.lease_id = entry.lease_id;
+    return call;
+  }
+  if (entry.op != static_cast<uint32_t>(RingOp::kLookup)) {
+    return Status::InvalidArgument("ring entry op " + std::to_string(entry.op) +
+                                   " is neither Lookup (1) nor ReleaseRead (2)");
+  }
+  if ((entry.flags & ~kRingKnownFlags) != 0) {
+    return Status::InvalidArgument("ring entry flags 0x" + std::to_string(entry.flags) +
+                                   " has unknown bits (known: acquire 1, hbm 2)");
+  }
+  if (entry.request_id_bytes > kRingMaxRequestIdBytes) {
+    return Status::InvalidArgument("ring entry request id is " +
+                                   std::to_string(entry.request_id_bytes) + " bytes, more than " +
+                                   std::to_string(kRingMaxRequestIdBytes));
+  }
+  if (entry.token_count > data.size() / sizeof(int32_t) ||
+      entry.token_count * sizeof(int32_t) + entry.request_id_bytes > data.size()) {
+    return Status::InvalidArgument("ring entry holds " + std::to_string(entry.token_count) +
+                                   " tokens and a " + std::to_string(entry.request_id_bytes) +
+                                   "-byte request id: more than the slot's " +
+                                   std::to_string(data.size()) + " bytes");
+  }
+  RingCall call;
+  call.seq = entry.seq;
+  call.acquire = (entry.flags & kRingAcquire) != 0;
+  call.hbm = (entry.flags & kRingHbm) != 0;
+  call.max_chunks = entry.max_chunks;
+  if (call.acquire && (call.max_chunks == 0 || call.max_chunks > kRingMaxLocations)) {
+    call.max_chunks = kRingMaxLocations;  // the locations must fit in the data area
+  }
+  call.prefetch_ticket = entry.prefetch_ticket;
+  call.namespace_id.assign(reinterpret_cast<const char*>(entry.namespace_id),
+                           sizeof(entry.namespace_id));
+  const size_t token_bytes = entry.token_count * sizeof(int32_t);
+  call.tokens.assign(reinterpret_cast<const char*>(data.data()), token_bytes);
+  call.request_id.assign(reinterpret_cast<const char*>(data.data()) + token_bytes,
+                         entry.request_id_bytes);
+  return call;
+}
+
+void RingFutexWait(std::atomic<uint32_t>& word, uint32_t expected,
+                   std::chrono::nanoseconds timeout) {
+  if (timeout.count() <= 0) return;
+  timespec ts{static_cast<time_t>(timeout.count() / 1'000'000'000),
+              static_cast<long>(timeout.count() % 1'000'000'000)};
+  // Not FUTEX_PRIVATE_FLAG: the word lives in memory shared with another process.
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void RingFutexWake(std::atomic<uint32_t>& word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+std::string RingSocketPath(const std::string& socket_path) { return socket_path + ".ring"; }
+
+Result<int> RequestRingFd(const std::string& socket_path, uint64_t session_id,
+                          std::string_view session_token, int timeout_ms) {
+  const std::string path = RingSocketPath(socket_path);
+  auto connected = ConnectUnixSocket(path, timeout_ms);
+  if (!connected.ok()) return connected.status();
+  const int sock = *connected;
+  RingHello hello;
+  hello.session_id = session_id;
+  std::memcpy(hello.session_token, session_token.data(),
+              std::min(session_token.size(), sizeof(hello.session_token)));
+  if (send(sock, &hello, sizeof(hello), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(hello))) {
+    const int err = errno;
+    close(sock);
+    return Status::Unavailable("send to " + path + ": " + std::strerror(err));
+  }
+  RingAnnouncement msg;
+  auto received = ReceiveFd(sock, timeout_ms, &msg, sizeof(msg), path);
+  close(sock);
+  if (!received.ok()) return received.status();
+  const int fd = *received;
+  if (msg.magic != kRingMagic) {
+    if (fd >= 0) close(fd);
+    return Status::DataLoss("malformed answer from " + path);
+  }
+  if (msg.code != 0) {
+    if (fd >= 0) close(fd);
+    if (msg.code < 0 || (msg.code > static_cast<int32_t>(StatusCode::kDataLoss) &&
+                         msg.code != static_cast<int32_t>(StatusCode::kIOError))) {
+      return Status::DataLoss("unknown status code " + std::to_string(msg.code) + " from " + path);
+    }
+    msg.message[sizeof(msg.message) - 1] = '\0';
+    return Status(static_cast<StatusCode>(msg.code), std::string(path) + ": " + msg.message);
+  }
+  if (fd < 0) return Status::DataLoss("no ring fd from " + path);
+  return fd;
+}
+
+}  // namespace kvtier

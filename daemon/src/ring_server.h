@@ -1,0 +1,57 @@
+// Serves the control ring (kvtier/control_ring.h): hands each session its
+// ring over `<socket>.ring` and answers what the session's client submits.
+//
+// One thread accepts and hands out rings; each ring has a thread that takes
+// its submissions in order (spinning briefly after work, then sleeping on the
+// ring's futex) and passes them to CacheCore as the gRPC service would. A
+// Lookup that promotes from NVMe is answered later by the core's I/O worker.
+// A ring whose queue indexes make no sense is no longer served (its client's
+// calls time out and fail open, as with a daemon that stopped reading); a
+// ring whose session ended is torn down within 100 ms.
+//
+// Thread-safety: Stop() from one thread; the rest is internal.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "kvtier/control_ring.h"
+#include "kvtier/daemon/cache_core.h"
+#include "peer_listener.h"
+
+namespace kvtier {
+
+class RingServer {
+ public:
+  // Takes `listen_fd` (a listening Unix socket at RingSocketPath).
+  RingServer(CacheCore& core, int listen_fd, PeerPolicy peers);
+  ~RingServer();
+  RingServer(const RingServer&) = delete;
+  RingServer& operator=(const RingServer&) = delete;
+
+  // Stops accepting and serving (idempotent). Answers still owed by the
+  // core's I/O workers are written into rings that stay mapped until then.
+  void Stop();
+
+  struct Ring;
+
+ private:
+  void AcceptLoop();
+  void Handshake(int conn);
+  void Serve(const std::shared_ptr<Ring>& ring);
+  void Submit(const std::shared_ptr<Ring>& ring, uint32_t slot);
+  void ReapEnded();
+
+  CacheCore& core_;
+  const int listen_fd_;
+  const PeerPolicy peers_;
+  std::atomic<bool> stopping_{false};
+  std::thread accept_thread_;
+  std::mutex mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<Ring>> rings_;  // by session; GUARDED_BY(mu_)
+};
+
+}  // namespace kvtier

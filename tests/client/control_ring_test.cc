@@ -1,0 +1,275 @@
+// The control ring (kvtier/control_ring.h) against a real kvtierd: the SDK's
+// Lookups go over it with the answers gRPC gives, and kvtierd treats a ring
+// as hostile: a client that scribbles over its own ring gets errors or
+// nothing, while other sessions keep being served.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "kvtier/client.h"
+#include "kvtier/control_ring.h"
+#include "kvtier/proto/transport_args.h"
+#include "kvtier/tools/model_presets.h"
+#include "kvtier/tools/synthetic_kv.h"
+#include "kvtier/v1/kvtier.grpc.pb.h"
+#include "testing/daemon_process.h"
+
+namespace kvtier {
+namespace {
+
+using testing::DaemonProcess;
+using testing::TempDir;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr uint32_t kChunkTokens = 16;
+
+NamespaceSpec TinySpec() {
+  auto spec = tools::ModelPreset("tiny", kChunkTokens);  // 8 KiB per chunk
+  EXPECT_TRUE(spec.ok());
+  return *spec;
+}
+
+std::vector<int32_t> Tokens(uint32_t stream, size_t n) {
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>((stream * 7919u + i * 131u) % 128000);
+  return t;
+}
+
+class ControlRingTest : public ::testing::Test {
+ protected:
+  ControlRingTest()
+      : socket_(dir_.Sub("run/kvtierd.sock")), daemon_([&] {
+          DaemonProcess::Options o;
+          o.socket_path = socket_;
+          o.dram_bytes = "64MiB";
+          o.log_path = dir_.Sub("kvtierd.log");
+          return o;
+        }()) {}
+
+  void SetUp() override { ASSERT_EQ(daemon_.Start(), ""); }
+  void TearDown() override {
+    if (HasFailure()) std::fprintf(stderr, "--- kvtierd log ---\n%s\n", daemon_.log().c_str());
+  }
+
+  std::unique_ptr<Client> Connect(bool ring) {
+    ClientOptions o;
+    o.socket_path = socket_;
+    o.deadline = 2000ms;
+    o.connect_timeout = 5000ms;
+    o.control_ring = ring;
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+
+  uint64_t RingLookups() {
+    auto r = daemon_.Ctl({"--json", "stats"});
+    EXPECT_TRUE(r.ok()) << r.Describe();
+    return nlohmann::json::parse(r.out, nullptr, false).value("ring_lookups", uint64_t{0});
+  }
+
+  // Stores `tokens`' chunks through `c`, then loads them and counts wrong bytes.
+  void StoreAndVerify(Client& c, const NamespaceHandle& ns, const std::vector<int32_t>& tokens) {
+    const auto keys = Client::ChunkKeys(ns, tokens);
+    const uint64_t pb = ns.layout.payload_bytes;
+    std::vector<std::byte> src(keys.size() * pb);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      tools::FillPayload(keys[i], ns.spec.num_layers, std::span(src.data() + i * pb, pb));
+    }
+    auto stored = c.Store(ns, tokens, std::span<const std::byte>(src));
+    ASSERT_TRUE(stored.ok() && stored->fail_open.ok());
+    std::vector<std::byte> dst(src.size());
+    auto loaded = c.Load(ns, tokens, dst);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    ASSERT_TRUE(loaded->fail_open.ok()) << loaded->fail_open.ToString();
+    ASSERT_EQ(loaded->num_chunks, keys.size());
+    uint64_t errors = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      errors += tools::CountPayloadErrors(keys[i], ns.spec.num_layers,
+                                          std::span<const std::byte>(dst.data() + i * pb, pb));
+    }
+    EXPECT_EQ(errors, 0u);
+  }
+
+  TempDir dir_;
+  std::string socket_;
+  DaemonProcess daemon_;
+};
+
+// A raw session (its own Session stream, as an engine's client would open it)
+// and its ring, mapped here, for writing entries by hand.
+struct RawSession {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::KvCache::Stub> stub;
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionHello, v1::SessionOpened>> stream;
+  v1::SessionOpened opened;
+
+  explicit RawSession(const std::string& socket) {
+    channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
+    stub = v1::KvCache::NewStub(channel);
+    stream = stub->Session(&ctx);
+    v1::SessionHello hello;
+    hello.set_client_name("control_ring_test raw");
+    hello.set_pid(static_cast<uint32_t>(getpid()));
+    EXPECT_TRUE(stream->Write(hello));
+    EXPECT_TRUE(stream->Read(&opened));
+  }
+  ~RawSession() { ctx.TryCancel(); }
+};
+
+// Submits slot `slot` (its entry already written) and waits up to `wait` for
+// the daemon's answer to `seq`; nullopt when none came.
+std::optional<RingCompletion> Submit(RingMemory& ring, uint32_t slot, uint32_t seq,
+                                     std::chrono::milliseconds wait = 2000ms) {
+  RingHeader& h = ring.header();
+  const uint32_t tail = h.sq_tail.load();
+  h.sq[tail % kRingDepth].store(slot);
+  h.sq_tail.store(tail + 1);
+  RingFutexWake(h.sq_tail);
+  for (const auto until = Clock::now() + wait; Clock::now() < until;) {
+    if (ring.slot(slot).done.load() == seq) {
+      RingCompletion c;
+      std::memcpy(&c, &ring.slot(slot).completion, sizeof(c));
+      return c;
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  return std::nullopt;
+}
+
+TEST_F(ControlRingTest, LookupsGoOverTheRingAndAnswerAsGrpcDoes) {
+  auto ringed = Connect(/*ring=*/true);
+  auto plain = Connect(/*ring=*/false);
+  ASSERT_TRUE(ringed && plain);
+  auto ns_r = ringed->OpenNamespace(TinySpec());
+  auto ns_p = plain->OpenNamespace(TinySpec());
+  ASSERT_TRUE(ns_r.ok() && ns_p.ok());
+  const auto tokens = Tokens(1, 10 * kChunkTokens + 5);
+  const uint64_t before = RingLookups();
+  ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*ringed, *ns_r, tokens));  // one Load: one ring Lookup
+  EXPECT_EQ(RingLookups(), before + 1);
+
+  for (size_t prefix : {size_t{0}, size_t{kChunkTokens - 1}, size_t{3 * kChunkTokens + 2},
+                        tokens.size()}) {
+    const std::span<const int32_t> p(tokens.data(), prefix);
+    auto a = ringed->Lookup(*ns_r, p);
+    auto b = plain->Lookup(*ns_p, p);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_TRUE(a->fail_open.ok()) << a->fail_open.ToString();
+    EXPECT_EQ(a->num_chunks, b->num_chunks) << prefix << " tokens";
+    EXPECT_EQ(a->num_chunks, prefix / kChunkTokens);
+  }
+  EXPECT_EQ(RingLookups(), before + 5) << "the plain client's Lookups went over gRPC";
+}
+
+TEST_F(ControlRingTest, ARingIsHandedOnlyToItsSessionsToken) {
+  RawSession raw(socket_);
+  std::string wrong = raw.opened.session_token();
+  wrong[0] = wrong[0] == 'a' ? 'b' : 'a';
+  auto refused = RequestRingFd(socket_, raw.opened.session_id(), wrong, 2000);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied) << refused.status().ToString();
+  auto unknown = RequestRingFd(socket_, raw.opened.session_id() + 1000, raw.opened.session_token(),
+                               2000);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), StatusCode::kFailedPrecondition);
+  auto fd = RequestRingFd(socket_, raw.opened.session_id(), raw.opened.session_token(), 2000);
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  auto ring = RingMemory::Map(*fd, raw.opened.session_id());
+  ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+  EXPECT_EQ(ring->header().session_id, raw.opened.session_id());
+}
+
+TEST_F(ControlRingTest, AScribblingClientGetsErrorsAndOtherSessionsKeepServing) {
+  auto good = Connect(/*ring=*/true);
+  ASSERT_TRUE(good);
+  auto ns = good->OpenNamespace(TinySpec());
+  ASSERT_TRUE(ns.ok());
+  ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*good, *ns, Tokens(2, 8 * kChunkTokens)));
+
+  RawSession raw(socket_);
+  auto fd = RequestRingFd(socket_, raw.opened.session_id(), raw.opened.session_token(), 2000);
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  auto mapped = RingMemory::Map(*fd, raw.opened.session_id());
+  ASSERT_TRUE(mapped.ok());
+  RingMemory& ring = *mapped;
+  auto write = [&](uint32_t slot, const RingSubmission& e) {
+    std::memcpy(&ring.slot(slot).submission, &e, sizeof(e));
+  };
+
+  RingSubmission e;  // an unknown op
+  e.seq = 11;
+  e.op = 77;
+  write(0, e);
+  auto c = Submit(ring, 0, 11);
+  ASSERT_TRUE(c.has_value()) << "no answer to a bad op";
+  EXPECT_EQ(c->code, static_cast<int32_t>(StatusCode::kInvalidArgument));
+  const std::string text(reinterpret_cast<const char*>(ring.data(0).data()), c->message_bytes);
+  EXPECT_NE(text.find("op 77"), std::string::npos) << text;
+
+  e = {};  // more tokens than the slot holds
+  e.seq = 12;
+  e.op = static_cast<uint32_t>(RingOp::kLookup);
+  e.token_count = kRingSlotDataBytes;  // 4x the slot
+  write(1, e);
+  c = Submit(ring, 1, 12);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->code, static_cast<int32_t>(StatusCode::kInvalidArgument));
+
+  e.token_count = ~uint64_t{0} / 2;  // token_count * 4 wraps around
+  e.seq = 13;
+  write(2, e);
+  c = Submit(ring, 2, 13);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->code, static_cast<int32_t>(StatusCode::kInvalidArgument));
+
+  // A well-formed Lookup of a namespace this session never opened: the core's own error.
+  e = {};
+  e.seq = 14;
+  e.op = static_cast<uint32_t>(RingOp::kLookup);
+  e.flags = kRingAcquire;
+  e.token_count = 4 * kChunkTokens;
+  write(3, e);
+  const auto t = Tokens(2, 4 * kChunkTokens);
+  std::memcpy(ring.data(3).data(), t.data(), t.size() * sizeof(int32_t));
+  c = Submit(ring, 3, 14);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_NE(c->code, 0);
+  EXPECT_EQ(c->lease_id, 0u);
+
+  // A slot index past the ring: no slot to answer into, and nothing breaks.
+  RingHeader& h = ring.header();
+  h.sq[h.sq_tail.load() % kRingDepth].store(1000);
+  h.sq_tail.fetch_add(1);
+  RingFutexWake(h.sq_tail);
+  ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*good, *ns, Tokens(3, 6 * kChunkTokens)));
+
+  // A tail far ahead of what kvtierd took: the ring is no longer served.
+  h.sq_tail.fetch_add(100000);
+  RingFutexWake(h.sq_tail);
+  std::this_thread::sleep_for(200ms);
+  e = {};
+  e.seq = 15;
+  e.op = static_cast<uint32_t>(RingOp::kLookup);
+  write(4, e);
+  EXPECT_FALSE(Submit(ring, 4, 15, 500ms).has_value()) << "a ring past repair was served";
+
+  // The rest of the ring scribbled over, submission entries and data alike.
+  for (uint32_t s = 0; s < kRingDepth; ++s) {
+    std::memset(static_cast<void*>(&ring.slot(s).submission), 0xA5, sizeof(RingSubmission));
+    std::memset(ring.data(s).data(), 0x5A, 4096);
+  }
+  ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*good, *ns, Tokens(4, 5 * kChunkTokens)));
+  auto health = daemon_.Ctl({"health"});
+  EXPECT_TRUE(health.ok()) << health.Describe();
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,115 @@
+// The control ring's shared pieces: the hostile-input decoder and the mapping checks.
+#include "kvtier/control_ring.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace kvtier {
+namespace {
+
+RingSubmission Lookup(uint64_t tokens, uint32_t request_id_bytes = 0) {
+  RingSubmission e;
+  e.seq = 9;
+  e.op = static_cast<uint32_t>(RingOp::kLookup);
+  e.token_count = tokens;
+  e.request_id_bytes = request_id_bytes;
+  std::memset(e.namespace_id, 0x42, sizeof(e.namespace_id));
+  return e;
+}
+
+TEST(RingDecodeTest, DecodeCopiesTokensAndRequestIdOutOfTheSlot) {
+  std::vector<uint8_t> data(64);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i);
+  auto call = DecodeSubmission(Lookup(3, 5), data);
+  ASSERT_TRUE(call.ok()) << call.status().ToString();
+  EXPECT_EQ(call->seq, 9u);
+  EXPECT_EQ(call->tokens, std::string(reinterpret_cast<const char*>(data.data()), 12));
+  EXPECT_EQ(call->request_id, std::string(reinterpret_cast<const char*>(data.data()) + 12, 5));
+  EXPECT_EQ(call->namespace_id, std::string(16, '\x42'));
+  data[0] = 0xff;  // the client writes again: the call keeps what was copied
+  EXPECT_EQ(static_cast<uint8_t>(call->tokens[0]), 0u);
+}
+
+TEST(RingDecodeTest, DecodeRefusesWhatDoesNotFitOrIsUnknown) {
+  std::vector<uint8_t> data(64);
+  EXPECT_TRUE(DecodeSubmission(Lookup(16), data).ok());               // exactly the area
+  EXPECT_FALSE(DecodeSubmission(Lookup(16, 1), data).ok());           // one byte past it
+  EXPECT_FALSE(DecodeSubmission(Lookup(17), data).ok());
+  EXPECT_FALSE(DecodeSubmission(Lookup(uint64_t{1} << 62), data).ok());  // * 4 wraps to 0
+  EXPECT_FALSE(DecodeSubmission(Lookup(0, kRingMaxRequestIdBytes + 1),
+                            std::vector<uint8_t>(1024)).ok());
+  RingSubmission e = Lookup(1);
+  e.flags = 4;
+  auto st = DecodeSubmission(e, data);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.status().message().find("flags"), std::string::npos) << st.status().message();
+  e = Lookup(1);
+  e.op = 3;
+  st = DecodeSubmission(e, data);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("op 3"), std::string::npos) << st.status().message();
+}
+
+TEST(RingDecodeTest, AReleaseCarriesOnlyItsLease) {
+  std::vector<uint8_t> data(64);
+  RingSubmission e;
+  e.seq = 4;
+  e.op = static_cast<uint32_t>(RingOp::kReleaseRead);
+  e.lease_id = 77;
+  auto call = DecodeSubmission(e, data);
+  ASSERT_TRUE(call.ok()) << call.status().ToString();
+  EXPECT_EQ(call->op, RingOp::kReleaseRead);
+  EXPECT_EQ(call->lease_id, 77u);
+  EXPECT_EQ(call->seq, 4u);
+  e.token_count = 1;
+  EXPECT_FALSE(DecodeSubmission(e, data).ok());
+  e.token_count = 0;
+  e.flags = kRingAcquire;
+  EXPECT_FALSE(DecodeSubmission(e, data).ok());
+}
+
+TEST(RingDecodeTest, AnAcquireAnswersAtMostWhatASlotHolds) {
+  std::vector<uint8_t> data(64);
+  RingSubmission e = Lookup(1);
+  e.flags = kRingAcquire;
+  EXPECT_EQ(DecodeSubmission(e, data)->max_chunks, kRingMaxLocations);  // 0: no limit, bounded
+  e.max_chunks = kRingMaxLocations + 1;
+  EXPECT_EQ(DecodeSubmission(e, data)->max_chunks, kRingMaxLocations);
+  e.max_chunks = 7;
+  EXPECT_EQ(DecodeSubmission(e, data)->max_chunks, 7u);
+  e.flags = 0;
+  e.max_chunks = 0;
+  EXPECT_EQ(DecodeSubmission(e, data)->max_chunks, 0u);  // nothing to answer without acquire
+}
+
+TEST(RingDecodeTest, MapChecksSizeHeaderAndSession) {
+  auto ring = RingMemory::Create(7);
+  ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+  auto same = RingMemory::Map(dup(ring->fd()), 7);
+  ASSERT_TRUE(same.ok()) << same.status().ToString();
+  same->header().sq_tail.store(5);
+  EXPECT_EQ(ring->header().sq_tail.load(), 5u) << "one memory, two mappings";
+  auto other = RingMemory::Map(dup(ring->fd()), 8);
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), StatusCode::kDataLoss);
+  ring->header().version = 2;
+  auto newer = RingMemory::Map(dup(ring->fd()), 7);
+  ASSERT_FALSE(newer.ok());
+  EXPECT_EQ(newer.status().code(), StatusCode::kDataLoss);
+  const int small = memfd_create("not-a-ring", MFD_CLOEXEC);
+  ASSERT_GE(small, 0);
+  ASSERT_EQ(ftruncate(small, 4096), 0);
+  auto tiny = RingMemory::Map(small, 7);
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_NE(tiny.status().message().find("4096 bytes"), std::string::npos)
+      << tiny.status().message();
+}
+
+}  // namespace
+}  // namespace kvtier

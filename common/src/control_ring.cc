@@ -1,5 +1,6 @@
 #include "kvtier/control_ring.h"
 
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -25,12 +26,15 @@ Result<uint8_t*> RingMemory::MapShared(int fd) {
 }
 
 Result<RingMemory> RingMemory::Create(uint64_t session_id) {
-  const int fd = memfd_create("kvtier-ring", MFD_CLOEXEC);
+  const int fd = memfd_create("kvtier-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Status::FromErrno(errno, "memfd_create control ring");
-  if (ftruncate(fd, static_cast<off_t>(kRingBytes)) != 0) {
+  // Sealed against resizing: a client that shrank it would make kvtierd's
+  // next touch of a page past the end a SIGBUS.
+  if (ftruncate(fd, static_cast<off_t>(kRingBytes)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     const int err = errno;
     close(fd);
-    return Status::FromErrno(err, "ftruncate control ring");
+    return Status::FromErrno(err, "sizing and sealing the control ring");
   }
   auto mapped = MapShared(fd);
   if (!mapped.ok()) return mapped.status();
@@ -52,6 +56,11 @@ Result<RingMemory> RingMemory::Map(int fd, uint64_t session_id) {
     close(fd);
     return Status::DataLoss("control ring is " + std::to_string(st.st_size) + " bytes, not " +
                             std::to_string(kRingBytes));
+  }
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    close(fd);
+    return Status::DataLoss("control ring is not sealed against resizing");
   }
   auto mapped = MapShared(fd);
   if (!mapped.ok()) return mapped.status();

@@ -22,7 +22,7 @@ RingSubmission Lookup(uint64_t tokens, uint32_t request_id_bytes = 0) {
   return e;
 }
 
-TEST(RingDecodeTest, DecodeCopiesTokensAndRequestIdOutOfTheSlot) {
+TEST(ControlRingUnitTest, DecodeCopiesTokensAndRequestIdOutOfTheSlot) {
   std::vector<uint8_t> data(64);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i);
   auto call = DecodeSubmission(Lookup(3, 5), data);
@@ -35,7 +35,7 @@ TEST(RingDecodeTest, DecodeCopiesTokensAndRequestIdOutOfTheSlot) {
   EXPECT_EQ(static_cast<uint8_t>(call->tokens[0]), 0u);
 }
 
-TEST(RingDecodeTest, DecodeRefusesWhatDoesNotFitOrIsUnknown) {
+TEST(ControlRingUnitTest, DecodeRefusesWhatDoesNotFitOrIsUnknown) {
   std::vector<uint8_t> data(64);
   EXPECT_TRUE(DecodeSubmission(Lookup(16), data).ok());               // exactly the area
   EXPECT_FALSE(DecodeSubmission(Lookup(16, 1), data).ok());           // one byte past it
@@ -56,7 +56,7 @@ TEST(RingDecodeTest, DecodeRefusesWhatDoesNotFitOrIsUnknown) {
   EXPECT_NE(st.status().message().find("op 3"), std::string::npos) << st.status().message();
 }
 
-TEST(RingDecodeTest, AReleaseCarriesOnlyItsLease) {
+TEST(ControlRingUnitTest, AReleaseCarriesOnlyItsLease) {
   std::vector<uint8_t> data(64);
   RingSubmission e;
   e.seq = 4;
@@ -74,7 +74,7 @@ TEST(RingDecodeTest, AReleaseCarriesOnlyItsLease) {
   EXPECT_FALSE(DecodeSubmission(e, data).ok());
 }
 
-TEST(RingDecodeTest, AnAcquireAnswersAtMostWhatASlotHolds) {
+TEST(ControlRingUnitTest, AnAcquireAnswersAtMostWhatASlotHolds) {
   std::vector<uint8_t> data(64);
   RingSubmission e = Lookup(1);
   e.flags = kRingAcquire;
@@ -88,7 +88,7 @@ TEST(RingDecodeTest, AnAcquireAnswersAtMostWhatASlotHolds) {
   EXPECT_EQ(DecodeSubmission(e, data)->max_chunks, 0u);  // nothing to answer without acquire
 }
 
-TEST(RingDecodeTest, MapChecksSizeHeaderAndSession) {
+TEST(ControlRingUnitTest, MapChecksSizeHeaderAndSession) {
   auto ring = RingMemory::Create(7);
   ASSERT_TRUE(ring.ok()) << ring.status().ToString();
   auto same = RingMemory::Map(dup(ring->fd()), 7);
@@ -109,6 +109,27 @@ TEST(RingDecodeTest, MapChecksSizeHeaderAndSession) {
   ASSERT_FALSE(tiny.ok());
   EXPECT_NE(tiny.status().message().find("4096 bytes"), std::string::npos)
       << tiny.status().message();
+}
+
+// A client holds the ring's fd: had it shrunk the file, kvtierd's next touch
+// of a page past the new end would have been a SIGBUS.
+TEST(ControlRingUnitTest, AClientCannotResizeTheRingItWasHanded) {
+  auto ring = RingMemory::Create(7);
+  ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+  const int client_fd = dup(ring->fd());
+  EXPECT_NE(ftruncate(client_fd, 0), 0) << "the ring shrank";
+  EXPECT_NE(ftruncate(client_fd, 2 * kRingBytes), 0) << "the ring grew";
+  close(client_fd);
+  ring->header().sq_tail.store(1);  // still mapped and whole
+  std::memset(ring->data(kRingDepth - 1).data(), 1, kRingSlotDataBytes);
+
+  const int unsealed = memfd_create("unsealed-ring", MFD_CLOEXEC);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(ftruncate(unsealed, static_cast<off_t>(kRingBytes)), 0);
+  auto refused = RingMemory::Map(unsealed, 7);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("sealed"), std::string::npos)
+      << refused.status().message();
 }
 
 }  // namespace

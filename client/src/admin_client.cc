@@ -52,6 +52,7 @@ Result<DaemonStats> AdminClient::Stats() {
   }
   s.lookups = r.lookups();
   s.ring_lookups = r.ring_lookups();
+  s.ring_calls = r.ring_calls();
   s.lookup_tokens = r.lookup_tokens();
   s.hit_tokens = r.hit_tokens();
   s.sessions = r.sessions();

@@ -54,10 +54,13 @@ void ChunkReservation::Abort() {
   req.set_session_id(state_->conn->session_id);
   req.set_reservation_id(state_->reservation_id);
   v1::AbortWriteResponse resp;
-  CallContext ctx(*state_->conn, Clock::now() + state_->deadline);
+  Connection& c = *state_->conn;
   // A failed abort is not the caller's problem: the session or TTL frees it.
   state_->report(state_->conn,
-                 FromGrpcStatus(state_->conn->stub->AbortWrite(ctx.get(), req, &resp)));
+                 CallUnary(c, RingOp::kAbortWrite, Clock::now() + state_->deadline, req, &resp,
+                           [&c](auto* ctx, const auto& r, auto* o) {
+                             return c.stub->AbortWrite(ctx, r, o);
+                           }));
 }
 
 Result<StoreResult> ChunkReservation::Commit() {
@@ -74,8 +77,11 @@ Result<StoreResult> ChunkReservation::Commit() {
   req.set_session_id(state_->conn->session_id);
   req.set_reservation_id(state_->reservation_id);
   v1::CommitWriteResponse resp;
-  CallContext ctx(*state_->conn, Clock::now() + state_->deadline);
-  Status st = FromGrpcStatus(state_->conn->stub->CommitWrite(ctx.get(), req, &resp));
+  Connection& c = *state_->conn;
+  Status st = CallUnary(c, RingOp::kCommitWrite, Clock::now() + state_->deadline, req, &resp,
+                        [&c](auto* ctx, const auto& r, auto* o) {
+                          return c.stub->CommitWrite(ctx, r, o);
+                        });
   state_->report(state_->conn, st);
   if (!st.ok()) {
     result.fail_open = st;
@@ -116,8 +122,10 @@ Result<ChunkReservation> Client::Reserve(const NamespaceHandle& ns, std::span<co
   }
   v1::ReserveWriteResponse resp;
   {
-    CallContext ctx(c, deadline);
-    Status st = FromGrpcStatus(c.stub->ReserveWrite(ctx.get(), req, &resp));
+    Status st = CallUnary(c, RingOp::kReserveWrite, deadline, req, &resp,
+                          [&c](auto* ctx, const auto& r, auto* o) {
+                            return c.stub->ReserveWrite(ctx, r, o);
+                          });
     impl_->Report(*conn, st, &ns.id);
     if (!st.ok()) {
       r.fail_open = st;

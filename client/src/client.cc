@@ -159,8 +159,11 @@ PrefetchProgress Client::PrefetchStatus(const PrefetchTicket& ticket) {
   req.set_session_id(ticket.session_id);
   req.set_ticket(ticket.id);
   v1::PrefetchStatusResponse resp;
-  CallContext ctx(**conn, deadline);
-  Status st = FromGrpcStatus((*conn)->stub->PrefetchStatus(ctx.get(), req, &resp));
+  Connection& c = **conn;
+  Status st = CallUnary(c, RingOp::kPrefetchStatus, deadline, req, &resp,
+                        [&c](auto* ctx, const auto& r, auto* o) {
+                          return c.stub->PrefetchStatus(ctx, r, o);
+                        });
   impl_->Report(*conn, st);
   if (!st.ok()) {
     progress.fail_open = st;

@@ -338,6 +338,20 @@ inline Status CallLookup(Connection& c, const NamespaceHandle& ns, Clock::time_p
   return FromGrpcStatus(c.stub->Lookup(ctx.get(), req, resp));
 }
 
+// Runs a unary call by `deadline`: op `op` on the control ring when `c` has
+// one that takes it, else `grpc(context, req, resp)` (the stub's method).
+template <typename Request, typename Response, typename Grpc>
+Status CallUnary(Connection& c, RingOp op, Clock::time_point deadline, const Request& req,
+                 Response* resp, Grpc grpc) {
+  if (c.ring) {
+    if (auto st = c.ring->Call(op, req, deadline, [&c] { return c.alive(); }, resp)) {
+      return *std::move(st);
+    }
+  }
+  CallContext ctx(c, deadline);
+  return FromGrpcStatus(grpc(ctx.get(), req, resp));
+}
+
 inline v1::LookupRequest MakeLookup(const Connection& c, const NamespaceHandle& ns, bool acquire) {
   v1::LookupRequest req;
   req.set_session_id(c.session_id);
@@ -357,6 +371,7 @@ namespace kvtier {
 
 using client_internal::BreaksConnection;
 using client_internal::CallContext;
+using client_internal::CallUnary;
 using client_internal::Clock;
 using client_internal::Connection;
 using client_internal::LentTokens;

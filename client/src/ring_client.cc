@@ -30,17 +30,21 @@ RingClient::RingClient(RingMemory mem) : mem_(std::move(mem)) {
 }
 
 std::optional<uint32_t> RingClient::TakeSlot() {
+  if (mem_.header().closed.load() != 0) return std::nullopt;  // not served: use gRPC
   std::lock_guard lock(mu_);
   // A slot whose call nobody waits for is free again once the daemon answered it.
+  const auto now = Clock::now();
+  bool stuck = false;
   for (auto it = unanswered_.begin(); it != unanswered_.end();) {
-    if (mem_.slot(it->first).done.load(std::memory_order_acquire) == it->second) {
-      free_.push_back(it->first);
+    if (mem_.slot(it->slot).done.load(std::memory_order_acquire) == it->seq) {
+      free_.push_back(it->slot);
       it = unanswered_.erase(it);
     } else {
+      stuck = stuck || now - it->since > kStuckAfter;
       ++it;
     }
   }
-  if (free_.empty()) return std::nullopt;
+  if (stuck || free_.empty()) return std::nullopt;
   const uint32_t slot = free_.back();
   free_.pop_back();
   return slot;
@@ -55,8 +59,11 @@ void RingClient::Publish(uint32_t slot, RingSubmission& entry) {
   RingHeader& h = mem_.header();
   std::lock_guard lock(submit_mu_);
   entry.seq = next_seq_++;
-  if (next_seq_ == 0) next_seq_ = 1;  // 0 is a slot's initial done value
-  std::memcpy(&mem_.slot(slot).submission, &entry, sizeof(entry));
+  if (next_seq_ == kRingClaimed) next_seq_ = 1;  // neither 0 (a fresh word) nor kRingClaimed
+  RingSlot& s = mem_.slot(slot);
+  s.done.store(0, std::memory_order_relaxed);  // a stale seq from 2^32 calls ago cannot match
+  s.claim.store(0, std::memory_order_relaxed);
+  std::memcpy(&s.submission, &entry, sizeof(entry));
   const uint32_t tail = h.sq_tail.load(std::memory_order_relaxed);
   h.sq[tail % kRingDepth].store(slot, std::memory_order_relaxed);
   h.sq_tail.store(tail + 1);  // seq_cst: ordered before the daemon_idle load
@@ -71,8 +78,83 @@ bool RingClient::ReleaseRead(uint64_t lease_id) {
   entry.lease_id = lease_id;
   Publish(*slot, entry);
   std::lock_guard lock(mu_);
-  unanswered_.emplace_back(*slot, entry.seq);
+  unanswered_.push_back({*slot, entry.seq, Clock::now()});
   return true;
+}
+
+Status RingClient::Wait(uint32_t slot, uint32_t seq, Clock::time_point deadline,
+                        const std::function<bool()>& session_alive, RingCompletion* c) {
+  RingSlot& s = mem_.slot(slot);
+  const RingHeader& h = mem_.header();
+  const auto spin_until = Clock::now() + kSpin;
+  for (;;) {
+    const uint32_t done = s.done.load(std::memory_order_acquire);
+    if (done == seq) break;
+    const auto now = Clock::now();
+    const bool closed = h.closed.load() != 0;
+    const bool gone = closed || (now >= spin_until && !session_alive());
+    if (now >= deadline || gone) {
+      uint32_t unclaimed = 0;
+      if (!s.claim.compare_exchange_strong(unclaimed, seq)) {
+        // kvtierd answered first: its `done` is a store away.
+        if (now < std::max(deadline, spin_until) + std::chrono::milliseconds(100)) {
+          CpuRelax();
+          continue;
+        }
+        std::lock_guard lock(mu_);
+        unanswered_.push_back({slot, seq, now});
+        return Status::DataLoss("kvtierd claimed a control ring call and did not answer it");
+      }
+      std::lock_guard lock(mu_);
+      unanswered_.push_back({slot, seq, now});  // kvtierd undoes the call if it ever answers it
+      if (closed) return Status::Unavailable("kvtierd stopped serving the control ring");
+      if (gone) return Status::Unavailable("kvtierd ended the session during a control ring call");
+      return Status::DeadlineExceeded("kvtierd did not answer on the control ring within the "
+                                      "deadline");
+    }
+    if (now < spin_until) {
+      CpuRelax();
+    } else {
+      RingFutexWait(s.done, done, std::min<Clock::duration>(deadline - now,
+                                                            std::chrono::milliseconds(10)));
+    }
+  }
+  std::memcpy(c, &s.completion, sizeof(*c));
+  if (c->seq == seq && KnownCode(c->code) &&
+      (c->code == 0 || c->message_bytes <= kRingMaxMessageBytes)) {
+    return Status::Ok();
+  }
+  GiveBack(slot);
+  return Status::DataLoss("malformed control ring answer from kvtierd");
+}
+
+std::optional<Status> RingClient::Call(RingOp op, const google::protobuf::MessageLite& req,
+                                       Clock::time_point deadline,
+                                       const std::function<bool()>& session_alive,
+                                       google::protobuf::MessageLite* resp) {
+  const size_t bytes = req.ByteSizeLong();
+  if (bytes > kRingSlotDataBytes) return std::nullopt;
+  const auto taken = TakeSlot();
+  if (!taken) return std::nullopt;
+  const uint32_t slot = *taken;
+  const std::span<uint8_t> data = mem_.data(slot);
+  req.SerializeToArray(data.data(), static_cast<int>(bytes));
+  RingSubmission entry;
+  entry.op = static_cast<uint32_t>(op);
+  entry.message_bytes = static_cast<uint32_t>(bytes);
+  Publish(slot, entry);
+  RingCompletion c;
+  Status st = Wait(slot, entry.seq, deadline, session_alive, &c);
+  if (!st.ok()) return st;
+  if (c.code != 0) {
+    st = Status(static_cast<StatusCode>(c.code),
+                std::string(reinterpret_cast<const char*>(data.data()), c.message_bytes));
+  } else if (c.message_bytes > kRingSlotDataBytes ||
+             !resp->ParseFromArray(data.data(), static_cast<int>(c.message_bytes))) {
+    st = Status::DataLoss("malformed control ring answer from kvtierd");
+  }
+  GiveBack(slot);
+  return st;
 }
 
 std::optional<Status> RingClient::Lookup(const LookupArgs& args, Clock::time_point deadline,
@@ -89,7 +171,6 @@ std::optional<Status> RingClient::Lookup(const LookupArgs& args, Clock::time_poi
   const auto taken = TakeSlot();
   if (!taken) return std::nullopt;
   const uint32_t slot = *taken;
-  RingSlot& s = mem_.slot(slot);
   const std::span<uint8_t> data = mem_.data(slot);
 
   RingSubmission entry;
@@ -103,34 +184,10 @@ std::optional<Status> RingClient::Lookup(const LookupArgs& args, Clock::time_poi
   std::memcpy(data.data(), args.tokens.data(), token_bytes);
   std::memcpy(data.data() + token_bytes, args.request_id.data(), args.request_id.size());
   Publish(slot, entry);
-
-  const auto spin_until = Clock::now() + kSpin;
-  for (;;) {
-    const uint32_t done = s.done.load(std::memory_order_acquire);
-    if (done == entry.seq) break;
-    const auto now = Clock::now();
-    const bool gone = now >= spin_until && !session_alive();
-    if (now >= deadline || gone) {
-      s.cancelled.store(entry.seq, std::memory_order_release);
-      std::lock_guard lock(mu_);
-      unanswered_.emplace_back(slot, entry.seq);
-      if (gone) return Status::Unavailable("kvtierd ended the session during a control ring call");
-      return Status::DeadlineExceeded("kvtierd did not answer on the control ring within the "
-                                      "deadline");
-    }
-    if (now < spin_until) {
-      CpuRelax();
-    } else {
-      RingFutexWait(s.done, done, std::min<Clock::duration>(deadline - now,
-                                                            std::chrono::milliseconds(10)));
-    }
-  }
-
   RingCompletion c;
-  std::memcpy(&c, &s.completion, sizeof(c));
-  Status st;
-  if (c.seq != entry.seq || !KnownCode(c.code) || c.message_bytes > kRingMaxMessageBytes ||
-      c.location_count > kRingMaxLocations) {
+  Status st = Wait(slot, entry.seq, deadline, session_alive, &c);
+  if (!st.ok()) return st;
+  if (c.location_count > kRingMaxLocations || c.message_bytes > kRingMaxMessageBytes) {
     st = Status::DataLoss("malformed control ring answer from kvtierd");
   } else if (c.code != 0) {
     st = Status(static_cast<StatusCode>(c.code),

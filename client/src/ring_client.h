@@ -49,7 +49,20 @@ class RingClient {
   // False: no free slot; nothing was sent.
   bool ReleaseRead(uint64_t lease_id);
 
+  // Runs op `op` (ReserveWrite to PrefetchStatus) with its v1 request `req`
+  // (session_id and epoch are the ring's) and parses the answer into `resp`.
+  // Statuses and nullopt as for Lookup.
+  std::optional<Status> Call(RingOp op, const google::protobuf::MessageLite& req,
+                             std::chrono::steady_clock::time_point deadline,
+                             const std::function<bool()>& session_alive,
+                             google::protobuf::MessageLite* resp);
+
  private:
+  // Waits for the answer to `seq` in `slot` and copies its completion entry.
+  // OK: answered (the daemon's own status is in `c`); else the slot stays
+  // with the call (given up on, or handed back when the answer is malformed).
+  Status Wait(uint32_t slot, uint32_t seq, std::chrono::steady_clock::time_point deadline,
+              const std::function<bool()>& session_alive, RingCompletion* c);
   std::optional<uint32_t> TakeSlot();
   // Sets `entry.seq`, writes `entry` into `slot` (its data already there) and
   // appends the slot to the submission queue.
@@ -60,8 +73,16 @@ class RingClient {
   std::mutex mu_;
   std::vector<uint32_t> free_;                         // GUARDED_BY(mu_)
   // Calls not waited for (releases, calls past their deadline): each slot is
-  // free again once the daemon answered its seq.
-  std::vector<std::pair<uint32_t, uint32_t>> unanswered_;  // slot, seq; GUARDED_BY(mu_)
+  // free again once the daemon answered its seq. One left unanswered for
+  // kStuckAfter means kvtierd is not serving the ring (stopped, say): calls
+  // then go over gRPC, whose watchdog ends the connection (CallWatchdog).
+  struct Unanswered {
+    uint32_t slot;
+    uint32_t seq;
+    std::chrono::steady_clock::time_point since;
+  };
+  static constexpr std::chrono::milliseconds kStuckAfter{100};
+  std::vector<Unanswered> unanswered_;  // GUARDED_BY(mu_)
   std::mutex submit_mu_;  // one producer at a time on the submission queue
   uint32_t next_seq_ = 1;  // GUARDED_BY(submit_mu_)
 };

@@ -96,19 +96,32 @@ RingMemory::~RingMemory() {
 }
 
 Result<RingCall> DecodeSubmission(const RingSubmission& entry, std::span<const uint8_t> data) {
-  if (entry.op == static_cast<uint32_t>(RingOp::kReleaseRead)) {
+  if (entry.op < static_cast<uint32_t>(RingOp::kLookup) ||
+      entry.op > static_cast<uint32_t>(RingOp::kPrefetchStatus)) {
+    return Status::InvalidArgument("ring entry op " + std::to_string(entry.op) +
+                                   " is none of Lookup (1) to PrefetchStatus (6)");
+  }
+  const auto op = static_cast<RingOp>(entry.op);
+  if (op != RingOp::kLookup) {
     if (entry.flags != 0 || entry.token_count != 0 || entry.request_id_bytes != 0) {
-      return Status::InvalidArgument("ring entry: ReleaseRead takes no flags, tokens or request id");
+      return Status::InvalidArgument("ring entry op " + std::to_string(entry.op) +
+                                     " takes no flags, tokens or request id");
+    }
+    if (op == RingOp::kReleaseRead ? entry.message_bytes != 0
+                                   : entry.message_bytes > data.size()) {
+      return Status::InvalidArgument("ring entry op " + std::to_string(entry.op) + ": message of " +
+                                     std::to_string(entry.message_bytes) + " bytes (the slot holds " +
+                                     std::to_string(data.size()) + ")");
     }
     RingCall call;
-    call.op = RingOp::kReleaseRead;
+    call.op = op;
     call.seq = entry.seq;
     call.lease_id = entry.lease_id;
+    call.message.assign(reinterpret_cast<const char*>(data.data()), entry.message_bytes);
     return call;
   }
-  if (entry.op != static_cast<uint32_t>(RingOp::kLookup)) {
-    return Status::InvalidArgument("ring entry op " + std::to_string(entry.op) +
-                                   " is neither Lookup (1) nor ReleaseRead (2)");
+  if (entry.message_bytes != 0) {
+    return Status::InvalidArgument("ring entry: a Lookup carries no message");
   }
   if ((entry.flags & ~kRingKnownFlags) != 0) {
     return Status::InvalidArgument("ring entry flags 0x" + std::to_string(entry.flags) +
@@ -162,9 +175,14 @@ std::string RingSocketPath(const std::string& socket_path) { return socket_path 
 Result<int> RequestRingFd(const std::string& socket_path, uint64_t session_id,
                           std::string_view session_token, int timeout_ms) {
   const std::string path = RingSocketPath(socket_path);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   auto connected = ConnectUnixSocket(path, timeout_ms);
   if (!connected.ok()) return connected.status();
   const int sock = *connected;
+  if (Status st = CheckDaemonPeer(sock, path); !st.ok()) {  // the token goes to kvtierd only
+    close(sock);
+    return st;
+  }
   RingHello hello;
   hello.session_id = session_id;
   std::memcpy(hello.session_token, session_token.data(),
@@ -175,7 +193,10 @@ Result<int> RequestRingFd(const std::string& socket_path, uint64_t session_id,
     return Status::Unavailable("send to " + path + ": " + std::strerror(err));
   }
   RingAnnouncement msg;
-  auto received = ReceiveFd(sock, timeout_ms, &msg, sizeof(msg), path);
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      until - std::chrono::steady_clock::now());  // one budget for connect and answer
+  auto received = ReceiveFd(sock, static_cast<int>(std::max<int64_t>(left.count(), 1)), &msg,
+                            sizeof(msg), path);
   close(sock);
   if (!received.ok()) return received.status();
   const int fd = *received;

@@ -41,8 +41,6 @@ Status SendFd(int sock, const void* msg, size_t bytes, int fd) {
   return Status::Ok();
 }
 
-namespace {
-
 Status CheckDaemonPeer(int sock, const std::string& path) {
   ucred cred{};
   socklen_t len = sizeof(cred);
@@ -60,7 +58,6 @@ Status CheckDaemonPeer(int sock, const std::string& path) {
                                   ": its arena is not mapped");
 }
 
-}  // namespace
 
 Result<int> ConnectUnixSocket(const std::string& path, int timeout_ms) {
   sockaddr_un addr{};

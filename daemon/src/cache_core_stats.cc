@@ -94,6 +94,7 @@ void CacheCore::Stats(v1::StatsResponse* resp) {
   }
   resp->set_lookups(counters_.lookups);
   resp->set_ring_lookups(ring_lookups_.load(std::memory_order_relaxed));
+  resp->set_ring_calls(ring_calls_.load(std::memory_order_relaxed));
   resp->set_lookup_tokens(counters_.lookup_tokens);
   resp->set_hit_tokens(counters_.hit_tokens);
   resp->set_sessions(sessions_.size());

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <system_error>
 
 #include "kvtier/fd_passing.h"
 #include "kvtier/logging.h"
@@ -23,6 +24,9 @@ using SteadyTime = std::chrono::steady_clock;
 constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kIdleCheck = std::chrono::milliseconds(100);
 constexpr int kHelloTimeoutMs = 200;
+// Rings (each a thread and 64 MiB of address space) open at once; a session
+// past it is refused one and uses gRPC.
+constexpr size_t kMaxRings = 1024;
 
 inline void CpuRelax() {
 #if defined(__x86_64__)
@@ -39,22 +43,33 @@ struct RingServer::Ring {
   std::atomic<bool> ended{false};  // its thread returned; ReapEnded joins it
   std::thread thread;
   LogLimiter bad_entries;
+  // Ours, not the client's: a slot whose call is still being answered (a
+  // Lookup promoting from NVMe). A client that submits it again is ignored.
+  std::atomic<bool> busy[kRingDepth] = {};
 };
 
 namespace {
 
-// Writes the answer to the call `seq` into `slot` and wakes its client;
-// `resp`: a Lookup's answer (null for a ReleaseRead).
-void Answer(RingServer::Ring& ring, uint32_t slot, uint32_t seq, const Status& st,
-            const v1::LookupResponse* resp) {
+// Writes the answer to the call `seq` into `slot`, claims the call and wakes
+// its client; `resp`: a Lookup's answer; `message`: another op's response
+// (neither for a ReleaseRead). The caller checked that `message` fits the
+// data area. Returns false when the client had given up on the call first:
+// the caller then undoes it.
+bool Answer(RingServer::Ring& ring, uint32_t slot, uint32_t seq, const Status& st,
+            const v1::LookupResponse* resp, const google::protobuf::MessageLite* message = nullptr) {
   RingSlot& s = ring.mem.slot(slot);
   const std::span<uint8_t> data = ring.mem.data(slot);
   RingCompletion c;
   c.seq = seq;
-  c.code = static_cast<int32_t>(st.code());
+  // As the gRPC path maps it (IO_ERROR is INTERNAL on the wire).
+  c.code = static_cast<int32_t>(st.code() == StatusCode::kIOError ? StatusCode::kInternal
+                                                                  : st.code());
   if (!st.ok()) {
     c.message_bytes = static_cast<uint32_t>(std::min<size_t>(st.message().size(), kRingMaxMessageBytes));
     std::memcpy(data.data(), st.message().data(), c.message_bytes);
+  } else if (message != nullptr) {
+    c.message_bytes = static_cast<uint32_t>(message->ByteSizeLong());
+    message->SerializeToArray(data.data(), static_cast<int>(c.message_bytes));
   } else if (resp != nullptr) {
     c.num_chunks = resp->num_chunks();
     c.cached_tokens = resp->cached_tokens();
@@ -73,8 +88,41 @@ void Answer(RingServer::Ring& ring, uint32_t slot, uint32_t seq, const Status& s
     }
   }
   std::memcpy(&s.completion, &c, sizeof(c));
+  uint32_t unclaimed = 0;
+  const bool wanted = s.claim.compare_exchange_strong(unclaimed, kRingClaimed);
+  ring.busy[slot].store(false);
   s.done.store(seq, std::memory_order_release);
   RingFutexWake(s.done);
+  return wanted;
+}
+
+// Parses ops 3-6's request from `call`, gives it the ring's session (and
+// epoch), runs it and answers. `undo` takes back what the call did when its
+// response would not fit the slot (then RESOURCE_EXHAUSTED) or its client
+// gave up on it.
+template <typename Request, typename Response, typename Run, typename Undo>
+void RunMessage(RingServer::Ring& ring, uint32_t slot, const RingCall& call, uint64_t session_id,
+                uint64_t epoch, Run run, Undo undo) {
+  Request req;
+  if (!req.ParseFromString(call.message)) {
+    (void)Answer(ring, slot, call.seq,
+                 Status::InvalidArgument("ring entry op " +
+                                         std::to_string(static_cast<uint32_t>(call.op)) + ": not a " +
+                                         req.GetTypeName()),
+                 nullptr);
+    return;
+  }
+  req.set_session_id(session_id);
+  if constexpr (requires { req.set_epoch(epoch); }) req.set_epoch(epoch);
+  Response resp;
+  Status st = run(req, &resp);
+  if (st.ok() && resp.ByteSizeLong() > kRingSlotDataBytes) {
+    undo(resp);
+    st = Status::ResourceExhausted("the " + resp.GetTypeName() + " is " +
+                                   std::to_string(resp.ByteSizeLong()) +
+                                   " bytes, more than a ring slot holds; send it over gRPC");
+  }
+  if (!Answer(ring, slot, call.seq, st, nullptr, &resp) && st.ok()) undo(resp);
 }
 
 }  // namespace
@@ -134,10 +182,9 @@ void RingServer::Handshake(int conn) {
     (void)send(conn, &answer, sizeof(answer), MSG_NOSIGNAL);
   };
   RingHello hello;
-  pollfd pfd{conn, POLLIN, 0};
-  if (poll(&pfd, 1, kHelloTimeoutMs) <= 0 ||
-      recv(conn, &hello, sizeof(hello), MSG_DONTWAIT | MSG_WAITALL) !=
-          static_cast<ssize_t>(sizeof(hello))) {
+  const timeval tv{0, kHelloTimeoutMs * 1000};
+  setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (recv(conn, &hello, sizeof(hello), MSG_WAITALL) != static_cast<ssize_t>(sizeof(hello))) {
     return refuse(Status::InvalidArgument("no RingHello within " +
                                           std::to_string(kHelloTimeoutMs) + " ms"));
   }
@@ -145,25 +192,41 @@ void RingServer::Handshake(int conn) {
     return refuse(Status::InvalidArgument("RingHello magic or version " +
                                           std::to_string(hello.version) + " is not this kvtierd's"));
   }
-  const std::string_view token(hello.session_token, sizeof(hello.session_token));
-  if (core_.SessionToken(hello.session_id).empty()) {
+  const std::string want = core_.SessionToken(hello.session_id);  // one look: no race with its end
+  if (want.empty()) {
     return refuse(Status::FailedPrecondition("session " + std::to_string(hello.session_id) +
                                              " is unknown"));
   }
-  if (Status st = core_.CheckSessionToken(hello.session_id, token); !st.ok()) return refuse(st);
+  uint8_t diff = want.size() == sizeof(hello.session_token) ? 0 : 1;
+  for (size_t i = 0; i < sizeof(hello.session_token); ++i) {  // constant time
+    diff |= static_cast<uint8_t>(hello.session_token[i] ^ (i < want.size() ? want[i] : 0));
+  }
+  if (diff != 0) {
+    return refuse(Status::PermissionDenied("a wrong session token for session " +
+                                           std::to_string(hello.session_id)));
+  }
   std::shared_ptr<Ring> ring;
+  size_t rings = 0;
   {
     std::lock_guard lock(mu_);
     if (auto it = rings_.find(hello.session_id); it != rings_.end()) ring = it->second;
+    rings = rings_.size();
   }
   if (!ring) {
+    if (rings >= kMaxRings) {  // the client uses gRPC instead
+      return refuse(Status::ResourceExhausted(std::to_string(rings) + " rings are open"));
+    }
     auto mem = RingMemory::Create(hello.session_id);
     if (!mem.ok()) {
       spdlog::warn("control ring for session {}: {}", hello.session_id, mem.status().ToString());
       return refuse(mem.status());
     }
     ring = std::make_shared<Ring>(hello.session_id, std::move(mem).value());
-    ring->thread = std::thread([this, ring] { Serve(ring); });
+    try {
+      ring->thread = std::thread([this, ring] { Serve(ring); });
+    } catch (const std::system_error& e) {  // out of threads: this session goes over gRPC
+      return refuse(Status::ResourceExhausted(std::string("no thread for the ring: ") + e.what()));
+    }
     std::lock_guard lock(mu_);
     rings_.emplace(hello.session_id, ring);
   }
@@ -195,12 +258,12 @@ void RingServer::Serve(const std::shared_ptr<Ring>& ring) {
   auto last_check = last_work;
   while (!stopping_.load(std::memory_order_relaxed)) {
     const uint32_t tail = h.sq_tail.load(std::memory_order_acquire);
+    const auto now = SteadyTime::now();
+    if (now - last_check >= kIdleCheck) {  // busy or not
+      last_check = now;
+      if (core_.SessionToken(ring->session_id).empty()) break;  // the session ended
+    }
     if (tail == head) {
-      const auto now = SteadyTime::now();
-      if (now - last_check >= kIdleCheck) {
-        last_check = now;
-        if (core_.SessionToken(ring->session_id).empty()) break;  // the session ended
-      }
       if (now - last_work < kSpin) {
         CpuRelax();
         continue;
@@ -212,11 +275,8 @@ void RingServer::Serve(const std::shared_ptr<Ring>& ring) {
     }
     if (tail - head > kRingDepth) {
       spdlog::warn("control ring of session {}: its tail ran {} entries ahead of what kvtierd "
-                   "took (at most {}): the ring is no longer served; its client's calls time out "
-                   "and fail open", ring->session_id, tail - head, kRingDepth);
-      while (!stopping_.load() && !core_.SessionToken(ring->session_id).empty()) {
-        std::this_thread::sleep_for(kIdleCheck);
-      }
+                   "took (at most {}): the ring is no longer served; its client uses gRPC",
+                   ring->session_id, tail - head, kRingDepth);
       break;
     }
     for (; head != tail; ++head) {
@@ -226,6 +286,9 @@ void RingServer::Serve(const std::shared_ptr<Ring>& ring) {
     }
     last_work = SteadyTime::now();
   }
+  h.closed.store(1);
+  RingFutexWake(h.sq_tail);
+  for (uint32_t i = 0; i < kRingDepth; ++i) RingFutexWake(ring->mem.slot(i).done);
   ring->ended.store(true);
 }
 
@@ -237,17 +300,57 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
     }
     return;
   }
+  if (ring->busy[slot].exchange(true)) {  // its last call is still being answered
+    if (auto held_back = ring->bad_entries.Admit()) {
+      spdlog::warn("control ring of session {}: slot {} submitted again before its answer{}",
+                   ring->session_id, slot, HeldBack(*held_back));
+    }
+    return;
+  }
   RingSubmission entry;
   std::memcpy(&entry, &ring->mem.slot(slot).submission, sizeof(entry));
   auto call = DecodeSubmission(entry, ring->mem.data(slot));
-  if (!call.ok()) return Answer(*ring, slot, entry.seq, call.status(), nullptr);
-  if (call->op == RingOp::kReleaseRead) {
-    v1::ReleaseReadRequest release;
-    release.set_session_id(ring->session_id);
-    release.set_lease_id(call->lease_id);
-    return Answer(*ring, slot, call->seq, core_.ReleaseRead(release), nullptr);
+  if (!call.ok()) {
+    (void)Answer(*ring, slot, entry.seq, call.status(), nullptr);
+    return;
   }
-  core_.CountRingLookup();
+  core_.CountRingCall();
+  const uint64_t session = ring->session_id;
+  const uint64_t epoch = core_.epoch();
+  auto nothing = [](const auto&) {};
+  switch (call->op) {
+    case RingOp::kLookup:
+      break;
+    case RingOp::kReleaseRead: {
+      v1::ReleaseReadRequest release;
+      release.set_session_id(session);
+      release.set_lease_id(call->lease_id);
+      (void)Answer(*ring, slot, call->seq, core_.ReleaseRead(release), nullptr);
+      return;
+    }
+    case RingOp::kReserveWrite:
+      return RunMessage<v1::ReserveWriteRequest, v1::ReserveWriteResponse>(
+          *ring, slot, *call, session, epoch,
+          [&](const auto& req, auto* resp) { return core_.ReserveWrite(req, resp); },
+          [&](const v1::ReserveWriteResponse& resp) {
+            v1::AbortWriteRequest abort;  // its client never sees the reservation
+            abort.set_session_id(session);
+            abort.set_reservation_id(resp.reservation_id());
+            if (resp.reservation_id() != 0) (void)core_.AbortWrite(abort);
+          });
+    case RingOp::kCommitWrite:
+      return RunMessage<v1::CommitWriteRequest, v1::CommitWriteResponse>(
+          *ring, slot, *call, session, epoch,
+          [&](const auto& req, auto* resp) { return core_.CommitWrite(req, resp); }, nothing);
+    case RingOp::kAbortWrite:
+      return RunMessage<v1::AbortWriteRequest, v1::AbortWriteResponse>(
+          *ring, slot, *call, session, epoch,
+          [&](const auto& req, auto*) { return core_.AbortWrite(req); }, nothing);
+    case RingOp::kPrefetchStatus:
+      return RunMessage<v1::PrefetchStatusRequest, v1::PrefetchStatusResponse>(
+          *ring, slot, *call, session, epoch,
+          [&](const auto& req, auto* resp) { return core_.PrefetchStatus(req, resp); }, nothing);
+  }
   struct Job {
     v1::LookupRequest req;
     v1::LookupResponse resp;
@@ -265,14 +368,13 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
   req.set_request_id(std::move(call->request_id));
   // The core outlives its I/O workers, which may run this after Stop().
   core_.Lookup(req, &job->resp, [ring, slot, seq = call->seq, job, core = &core_](Status st) {
-    if (st.ok() && job->resp.lease_id() != 0 &&
-        ring->mem.slot(slot).cancelled.load(std::memory_order_acquire) == seq) {
+    if (st.ok()) core->CountRingLookup();
+    if (!Answer(*ring, slot, seq, st, &job->resp) && st.ok() && job->resp.lease_id() != 0) {
       v1::ReleaseReadRequest release;  // its client gave up waiting, as a cancelled RPC
       release.set_session_id(ring->session_id);
       release.set_lease_id(job->resp.lease_id());
       (void)core->ReleaseRead(release);
     }
-    Answer(*ring, slot, seq, st, &job->resp);
   });
 }
 

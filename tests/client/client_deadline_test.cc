@@ -254,7 +254,13 @@ TEST_F(StoppedDaemonTest, AReplayWhoseDaemonStopsMidRunFailsOpenAndFinishes) {
                             json},
                            dir_.Sub("replay.out"), dir_.Sub("replay.err"), &error))
       << error;
-  std::this_thread::sleep_for(400ms);  // mid-run: the replay's first requests are served
+  // Mid-run: once the replay's first requests are served (300 take well under
+  // a second over the control ring, so a fixed sleep could miss the run).
+  for (auto until = Clock::now() + 10s; Clock::now() < until; std::this_thread::sleep_for(2ms)) {
+    auto r = daemon_.Ctl({"--json", "stats"});
+    const auto s = nlohmann::json::parse(r.out, nullptr, false);
+    if (!s.is_discarded() && s.value("lookups", 0) >= 20) break;
+  }
   ASSERT_NO_FATAL_FAILURE(Stop());
   const auto exit = replay.Wait(120s);
   ASSERT_TRUE(exit.has_value()) << "kvtier-replay still blocked 120 s after kvtierd stopped";

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
 #include "kvtier/control_ring.h"
+#include "kvtier/proto/convert.h"
 #include "kvtier/proto/transport_args.h"
 #include "kvtier/tools/model_presets.h"
 #include "kvtier/tools/synthetic_kv.h"
@@ -68,11 +69,12 @@ class ControlRingTest : public ::testing::Test {
     return c.ok() ? std::move(c).value() : nullptr;
   }
 
-  uint64_t RingLookups() {
+  uint64_t RingStat(const char* name) {
     auto r = daemon_.Ctl({"--json", "stats"});
     EXPECT_TRUE(r.ok()) << r.Describe();
-    return nlohmann::json::parse(r.out, nullptr, false).value("ring_lookups", uint64_t{0});
+    return nlohmann::json::parse(r.out, nullptr, false).value(name, uint64_t{0});
   }
+  uint64_t RingLookups() { return RingStat("ring_lookups"); }
 
   // Stores `tokens`' chunks through `c`, then loads them and counts wrong bytes.
   void StoreAndVerify(Client& c, const NamespaceHandle& ns, const std::vector<int32_t>& tokens) {
@@ -153,8 +155,13 @@ TEST_F(ControlRingTest, LookupsGoOverTheRingAndAnswerAsGrpcDoes) {
   ASSERT_TRUE(ns_r.ok() && ns_p.ok());
   const auto tokens = Tokens(1, 10 * kChunkTokens + 5);
   const uint64_t before = RingLookups();
+  const uint64_t calls_before = RingStat("ring_calls");
   ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*ringed, *ns_r, tokens));  // one Load: one ring Lookup
   EXPECT_EQ(RingLookups(), before + 1);
+  // ReserveWrite, CommitWrite, the Lookup and (sent before Load returned) its release.
+  EXPECT_EQ(RingStat("ring_calls"), calls_before + 4);
+  ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*plain, *ns_p, Tokens(5, 3 * kChunkTokens)));
+  EXPECT_EQ(RingStat("ring_calls"), calls_before + 4) << "the plain client used the ring";
 
   for (size_t prefix : {size_t{0}, size_t{kChunkTokens - 1}, size_t{3 * kChunkTokens + 2},
                         tokens.size()}) {
@@ -192,80 +199,135 @@ TEST_F(ControlRingTest, AScribblingClientGetsErrorsAndOtherSessionsKeepServing) 
   ASSERT_TRUE(good);
   auto ns = good->OpenNamespace(TinySpec());
   ASSERT_TRUE(ns.ok());
-  ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*good, *ns, Tokens(2, 8 * kChunkTokens)));
+  const auto stored = Tokens(2, 8 * kChunkTokens);
+  ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*good, *ns, stored));
 
   RawSession raw(socket_);
   auto fd = RequestRingFd(socket_, raw.opened.session_id(), raw.opened.session_token(), 2000);
   ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  // The client holds a writable fd, but the ring is sealed: no SIGBUS for kvtierd.
+  EXPECT_NE(ftruncate(*fd, 0), 0) << "the client shrank its ring";
   auto mapped = RingMemory::Map(*fd, raw.opened.session_id());
   ASSERT_TRUE(mapped.ok());
   RingMemory& ring = *mapped;
-  auto write = [&](uint32_t slot, const RingSubmission& e) {
-    std::memcpy(&ring.slot(slot).submission, &e, sizeof(e));
+  uint32_t seq = 100;
+  auto write = [&](uint32_t slot, RingSubmission e) {
+    e.seq = ++seq;
+    ring.slot(slot).claim.store(0);
+    std::memcpy(static_cast<void*>(&ring.slot(slot).submission), &e, sizeof(e));
+    return e.seq;
+  };
+  // A Lookup with acquire of the stored prompt, in this raw session's namespace.
+  auto lookup = [&] {
+    RingSubmission e;
+    e.op = static_cast<uint32_t>(RingOp::kLookup);
+    e.flags = kRingAcquire;
+    e.token_count = stored.size();
+    ns->id.ToBytes(reinterpret_cast<std::byte*>(e.namespace_id));
+    return e;
+  };
+  auto put_tokens = [&](uint32_t slot) {
+    std::memcpy(ring.data(slot).data(), stored.data(), stored.size() * sizeof(int32_t));
   };
 
   RingSubmission e;  // an unknown op
-  e.seq = 11;
   e.op = 77;
-  write(0, e);
-  auto c = Submit(ring, 0, 11);
+  uint32_t s = write(0, e);
+  auto c = Submit(ring, 0, s);
   ASSERT_TRUE(c.has_value()) << "no answer to a bad op";
   EXPECT_EQ(c->code, static_cast<int32_t>(StatusCode::kInvalidArgument));
   const std::string text(reinterpret_cast<const char*>(ring.data(0).data()), c->message_bytes);
   EXPECT_NE(text.find("op 77"), std::string::npos) << text;
 
-  e = {};  // more tokens than the slot holds
-  e.seq = 12;
-  e.op = static_cast<uint32_t>(RingOp::kLookup);
-  e.token_count = kRingSlotDataBytes;  // 4x the slot
-  write(1, e);
-  c = Submit(ring, 1, 12);
+  e = lookup();  // more tokens than the slot holds
+  e.token_count = kRingSlotDataBytes;
+  s = write(1, e);
+  c = Submit(ring, 1, s);
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->code, static_cast<int32_t>(StatusCode::kInvalidArgument));
-
   e.token_count = ~uint64_t{0} / 2;  // token_count * 4 wraps around
-  e.seq = 13;
-  write(2, e);
-  c = Submit(ring, 2, 13);
+  s = write(2, e);
+  c = Submit(ring, 2, s);
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->code, static_cast<int32_t>(StatusCode::kInvalidArgument));
 
-  // A well-formed Lookup of a namespace this session never opened: the core's own error.
-  e = {};
-  e.seq = 14;
-  e.op = static_cast<uint32_t>(RingOp::kLookup);
-  e.flags = kRingAcquire;
-  e.token_count = 4 * kChunkTokens;
-  write(3, e);
-  const auto t = Tokens(2, 4 * kChunkTokens);
-  std::memcpy(ring.data(3).data(), t.data(), t.size() * sizeof(int32_t));
-  c = Submit(ring, 3, 14);
+  // Well-formed, but of a namespace no session opened: CacheCore's own error.
+  e = lookup();
+  std::memset(e.namespace_id, 0x3C, sizeof(e.namespace_id));
+  s = write(3, e);
+  put_tokens(3);
+  c = Submit(ring, 3, s);
   ASSERT_TRUE(c.has_value());
-  EXPECT_NE(c->code, 0);
+  EXPECT_EQ(c->code, static_cast<int32_t>(StatusCode::kNotFound));
   EXPECT_EQ(c->lease_id, 0u);
+  const std::string not_found(reinterpret_cast<const char*>(ring.data(3).data()), c->message_bytes);
+  EXPECT_NE(not_found.find("unknown (call OpenNamespace)"), std::string::npos) << not_found;
 
-  // A slot index past the ring: no slot to answer into, and nothing breaks.
+  s = write(3, lookup());
+  put_tokens(3);
+  c = Submit(ring, 3, s);
+  ASSERT_TRUE(c.has_value());
+  ASSERT_EQ(c->code, 0);
+  EXPECT_EQ(c->num_chunks, 8u);
+  EXPECT_NE(c->lease_id, 0u);
+  EXPECT_EQ(c->location_count, 8u);
+  RingSubmission release;
+  release.op = static_cast<uint32_t>(RingOp::kReleaseRead);
+  release.lease_id = c->lease_id;
+  s = write(4, release);
+  c = Submit(ring, 4, s);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->code, 0);
+
+  // A call its client gave up on before kvtierd answered: the lease it was
+  // granted ends at once instead of pinning its chunks until the TTL.
+  const auto leases = [&] {
+    auto r = daemon_.Ctl({"--json", "stats"});
+    return nlohmann::json::parse(r.out, nullptr, false).value("active_leases", uint64_t{99});
+  };
+  ASSERT_EQ(leases(), 0u);
+  s = write(5, lookup());
+  put_tokens(5);
+  ring.slot(5).claim.store(s);  // given up on
+  c = Submit(ring, 5, s);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->code, 0);
+  EXPECT_NE(c->lease_id, 0u);
+  EXPECT_EQ(leases(), 0u) << "the abandoned call's lease was kept";
+
+  // A slot index past the ring: no slot to answer into; the ring still serves.
   RingHeader& h = ring.header();
   h.sq[h.sq_tail.load() % kRingDepth].store(1000);
   h.sq_tail.fetch_add(1);
   RingFutexWake(h.sq_tail);
+  s = write(6, release);
+  c = Submit(ring, 6, s);
+  ASSERT_TRUE(c.has_value()) << "one bad index stopped the ring";
+
+  // Submission entries scribbled over: each gets an error, and a good call after them works.
+  for (uint32_t slot = 7; slot < 12; ++slot) {
+    std::memset(static_cast<void*>(&ring.slot(slot).submission), 0xA5, sizeof(RingSubmission));
+    const uint32_t garbage_seq = ring.slot(slot).submission.seq;
+    c = Submit(ring, slot, garbage_seq);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->code, static_cast<int32_t>(StatusCode::kInvalidArgument));
+  }
+  s = write(12, lookup());
+  put_tokens(12);
+  c = Submit(ring, 12, s);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->num_chunks, 8u);
   ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*good, *ns, Tokens(3, 6 * kChunkTokens)));
 
-  // A tail far ahead of what kvtierd took: the ring is no longer served.
+  // A tail far ahead of what kvtierd took: the ring is closed, and says so.
   h.sq_tail.fetch_add(100000);
   RingFutexWake(h.sq_tail);
-  std::this_thread::sleep_for(200ms);
-  e = {};
-  e.seq = 15;
-  e.op = static_cast<uint32_t>(RingOp::kLookup);
-  write(4, e);
-  EXPECT_FALSE(Submit(ring, 4, 15, 500ms).has_value()) << "a ring past repair was served";
-
-  // The rest of the ring scribbled over, submission entries and data alike.
-  for (uint32_t s = 0; s < kRingDepth; ++s) {
-    std::memset(static_cast<void*>(&ring.slot(s).submission), 0xA5, sizeof(RingSubmission));
-    std::memset(ring.data(s).data(), 0x5A, 4096);
+  for (auto until = Clock::now() + 2s; Clock::now() < until && h.closed.load() == 0;) {
+    std::this_thread::sleep_for(1ms);
   }
+  EXPECT_EQ(h.closed.load(), 1u);
+  s = write(13, release);
+  EXPECT_FALSE(Submit(ring, 13, s, 300ms).has_value()) << "a ring past repair was served";
   ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*good, *ns, Tokens(4, 5 * kChunkTokens)));
   auto health = daemon_.Ctl({"health"});
   EXPECT_TRUE(health.ok()) << health.Describe();

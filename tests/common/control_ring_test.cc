@@ -50,10 +50,30 @@ TEST(ControlRingUnitTest, DecodeRefusesWhatDoesNotFitOrIsUnknown) {
   EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.status().message().find("flags"), std::string::npos) << st.status().message();
   e = Lookup(1);
-  e.op = 3;
+  e.op = 7;
   st = DecodeSubmission(e, data);
   ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.status().message().find("op 3"), std::string::npos) << st.status().message();
+  EXPECT_NE(st.status().message().find("op 7"), std::string::npos) << st.status().message();
+  e = Lookup(1);
+  e.message_bytes = 4;  // a Lookup carries its tokens, not a message
+  EXPECT_FALSE(DecodeSubmission(e, data).ok());
+}
+
+TEST(ControlRingUnitTest, OtherOpsCarryTheirMessageWithinTheSlot) {
+  std::vector<uint8_t> data(64, 7);
+  RingSubmission e;
+  e.seq = 5;
+  e.op = static_cast<uint32_t>(RingOp::kCommitWrite);
+  e.message_bytes = 64;
+  auto call = DecodeSubmission(e, data);
+  ASSERT_TRUE(call.ok()) << call.status().ToString();
+  EXPECT_EQ(call->op, RingOp::kCommitWrite);
+  EXPECT_EQ(call->message, std::string(64, '\x07'));
+  e.message_bytes = 65;
+  EXPECT_FALSE(DecodeSubmission(e, data).ok());
+  e.message_bytes = 8;
+  e.token_count = 1;
+  EXPECT_FALSE(DecodeSubmission(e, data).ok());
 }
 
 TEST(ControlRingUnitTest, AReleaseCarriesOnlyItsLease) {

@@ -2,7 +2,8 @@
 // whatever a client left in its ring: DecodeSubmission over a submission entry made of raw bytes
 // and a data area of fuzzed size (allocated exactly, so a read past it is an ASan report).
 // Checks:
-//   - an accepted ReleaseRead carries its lease and nothing else;
+//   - an accepted ReleaseRead carries its lease and nothing else; ops 3-6 their message,
+//     copied whole from inside the data area;
 //   - an accepted Lookup has known flags whose tokens and request id lie inside
 //     the data area, and the call holds exactly those bytes;
 //   - with acquire, max_chunks is bounded by what a slot can answer (kRingMaxLocations);
@@ -20,11 +21,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
   RingSubmission e;
   const auto raw = in.ConsumeBytes<uint8_t>(sizeof(e));
-  std::memcpy(&e, raw.data(), raw.size());
+  if (!raw.empty()) std::memcpy(&e, raw.data(), raw.size());
   // Small counts often enough to be accepted, huge ones too.
   if (in.ConsumeBool()) e.token_count %= 1024;
   if (in.ConsumeBool()) e.request_id_bytes %= 300;
-  if (in.ConsumeBool()) e.op = static_cast<uint32_t>(in.ConsumeBool() ? RingOp::kLookup : RingOp::kReleaseRead);
+  if (in.ConsumeBool()) e.op = in.ConsumeIntegralInRange<uint32_t>(1, 6);
+  if (in.ConsumeBool()) e.message_bytes %= 4096;
   const auto area = in.ConsumeRemainingBytes<uint8_t>();
   auto owned = std::make_unique<uint8_t[]>(area.size());
   if (!area.empty()) std::memcpy(owned.get(), area.data(), area.size());
@@ -32,20 +34,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   const bool fits = e.token_count <= span.size() / 4 &&
                     e.token_count * 4 + e.request_id_bytes <= span.size();
+  const bool lookup = e.op == static_cast<uint32_t>(RingOp::kLookup);
   const bool release = e.op == static_cast<uint32_t>(RingOp::kReleaseRead);
-  const bool valid = release ? e.flags == 0 && e.token_count == 0 && e.request_id_bytes == 0
-                             : e.op == static_cast<uint32_t>(RingOp::kLookup) &&
-                                   (e.flags & ~kRingKnownFlags) == 0 &&
-                                   e.request_id_bytes <= kRingMaxRequestIdBytes && fits;
+  const bool message_op = e.op >= 3 && e.op <= 6;
+  const bool bare = e.flags == 0 && e.token_count == 0 && e.request_id_bytes == 0;
+  const bool valid =
+      lookup ? (e.flags & ~kRingKnownFlags) == 0 && e.request_id_bytes <= kRingMaxRequestIdBytes &&
+                   fits && e.message_bytes == 0
+      : release    ? bare && e.message_bytes == 0
+      : message_op ? bare && e.message_bytes <= span.size()
+                   : false;
   auto call = DecodeSubmission(e, span);
   FUZZ_CHECK(call.ok() == valid, "accepted iff op, flags, request id and sizes are valid");
   if (!call.ok()) {
     FUZZ_CHECK(call.status().code() == StatusCode::kInvalidArgument, "refusals are INVALID_ARGUMENT");
     return 0;
   }
+  FUZZ_CHECK(static_cast<uint32_t>(call->op) == e.op && call->seq == e.seq, "op and seq kept");
   if (release) {
-    FUZZ_CHECK(call->op == RingOp::kReleaseRead && call->lease_id == e.lease_id &&
-                   call->seq == e.seq && call->tokens.empty(), "a release carries its lease");
+    FUZZ_CHECK(call->lease_id == e.lease_id && call->tokens.empty() && call->message.empty(),
+               "a release carries its lease");
+    return 0;
+  }
+  if (message_op) {
+    FUZZ_CHECK(call->message.size() == e.message_bytes &&
+                   std::memcmp(call->message.data(), span.data(), call->message.size()) == 0,
+               "the message is copied out whole");
     return 0;
   }
   FUZZ_CHECK(call->op == RingOp::kLookup, "a Lookup");

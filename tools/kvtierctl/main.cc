@@ -44,6 +44,7 @@ json StatsJson(const kvtier::DaemonStats& s) {
   return {{"tiers", tiers},
           {"lookups", s.lookups},
           {"ring_lookups", s.ring_lookups},
+          {"ring_calls", s.ring_calls},
           {"lookup_tokens", s.lookup_tokens},
           {"hit_tokens", s.hit_tokens},
           {"token_hit_rate", s.lookup_tokens ? double(s.hit_tokens) / s.lookup_tokens : 0.0},

@@ -54,10 +54,12 @@ struct ClientOptions {
   std::chrono::milliseconds reconnect_interval{100};
   // Name shown in the daemon's logs, at most 256 bytes. Default: "kvtier-client".
   std::string client_name = "kvtier-client";
-  // Send Lookups over the session's shared-memory control ring (DESIGN.md,
+  // Send Lookups, lease releases, ReserveWrite, CommitWrite, AbortWrite and
+  // PrefetchStatus over the session's shared-memory control ring (DESIGN.md,
   // "Control ring") instead of gRPC, when kvtierd hands one over; gRPC stays
-  // the fallback (no ring, all ring slots busy, a prompt over 512K tokens).
-  // Same answers and errors either way. The environment variable
+  // the fallback (no ring, all 32 ring slots busy, a request over 2 MiB such
+  // as a prompt over 512K tokens, a ring kvtierd stopped serving). Same
+  // answers and errors either way. The environment variable
   // KVTIER_CONTROL_RING=0 turns it off. Default: true.
   bool control_ring = true;
 };

@@ -46,6 +46,7 @@ nb::dict StatsDict(const DaemonStats& s) {
   d["tiers"] = tiers;
   d["lookups"] = s.lookups;
   d["ring_lookups"] = s.ring_lookups;
+  d["ring_calls"] = s.ring_calls;
   d["lookup_tokens"] = s.lookup_tokens;
   d["hit_tokens"] = s.hit_tokens;
   d["sessions"] = s.sessions;

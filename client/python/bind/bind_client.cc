@@ -26,8 +26,9 @@ size_t MaxChunks(std::optional<int64_t> max_chunks) {
 
 std::unique_ptr<Client> Connect(const std::string& socket, int64_t deadline_ms,
                                 int64_t connect_timeout_ms, int64_t reconnect_interval_ms,
-                                const std::string& client_name) {
+                                const std::string& client_name, bool control_ring) {
   ClientOptions options;
+  options.control_ring = control_ring;
   options.socket_path = socket;
   options.deadline = milliseconds(deadline_ms);
   options.connect_timeout = milliseconds(connect_timeout_ms);
@@ -66,7 +67,8 @@ NamespaceHandle OpenNamespace(Client& c, const std::string& model_id, uint32_t n
 void BindClient(nb::module_& m) {
   auto client = nb::class_<Client>(
       m, "Client",
-      "A connection to kvtierd: one session, the shared DRAM arena mapped, control over gRPC.\n\n"
+      "A connection to kvtierd: one session, the shared DRAM arena mapped, control over the "
+      "session's shared-memory ring and gRPC.\n\n"
       "The cache fails open: when the daemon is down, slower than the deadline or answers "
       "with an error, lookups and loads report a miss and stores drop the write, with the "
       "reason in the result's `fail_open`; the engine then recomputes. Errors that are the "
@@ -74,10 +76,12 @@ void BindClient(nb::module_& m) {
       "raise. Thread-safe: threads may share one Client; the GIL is released during calls.")
       .def_static("connect", &Connect, nb::arg("socket") = "", nb::arg("deadline_ms") = 100,
                   nb::arg("connect_timeout_ms") = 2000, nb::arg("reconnect_interval_ms") = 100,
-                  nb::arg("client_name") = "kvtier-python",
+                  nb::arg("client_name") = "kvtier-python", nb::arg("control_ring") = true,
                   "Connects to kvtierd's socket ('' = ${XDG_RUNTIME_DIR:-/tmp}/kvtier/"
                   "kvtierd.sock). deadline_ms bounds each RPC; connect_timeout_ms the first "
-                  "connection. A daemon that is down is not an error: the client starts "
+                  "connection. control_ring: send lookups, releases and stores over the "
+                  "session's shared-memory ring, gRPC as the fallback (KVTIER_CONTROL_RING=0 "
+                  "also turns it off). A daemon that is down is not an error: the client starts "
                   "disconnected, fails open and keeps reconnecting.\n\n"
                   "Raises InvalidArgument for a nonpositive deadline or a socket path that is "
                   "too long or not a socket.")

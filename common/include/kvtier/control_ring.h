@@ -23,7 +23,8 @@
 // `sq` and bumps `sq_tail`, waking the daemon (FUTEX_WAKE on sq_tail) when
 // `daemon_idle` is set. The daemon copies the Submission and the token ids out
 // before it looks at them, answers into the slot's Completion and data area,
-// then stores `seq` into the slot's `done` word and wakes it. Completions are
+// then claims the call (RingSlot::claim) and stores `seq` into the slot's
+// `done` word and wakes it. Completions are
 // thus indexed by slot, not queued: a waiter needs no demultiplexer, and a
 // Lookup that promotes from NVMe may finish after later calls.
 //
@@ -50,9 +51,21 @@ inline constexpr uint64_t kRingSlotsOffset = 4096;
 inline constexpr uint64_t kRingDataOffset = 16384;
 inline constexpr uint64_t kRingBytes = kRingDataOffset + kRingDepth * kRingSlotDataBytes;
 inline constexpr uint32_t kRingMaxRequestIdBytes = 256;
+inline constexpr uint32_t kRingClaimed = 0xFFFFFFFF;  // RingSlot::claim; never a seq
 inline constexpr uint32_t kRingMaxMessageBytes = 1024;  // error text, truncated to this
 
-enum class RingOp : uint32_t { kLookup = 1, kReleaseRead = 2 };
+// Lookup and ReleaseRead are carried in the entry's own fields (a Lookup's
+// token ids in the data area). The others carry their v1 request message,
+// serialized, in the data area (`message_bytes`; its session_id and epoch are
+// the ring's own), and are answered with the v1 response message there.
+enum class RingOp : uint32_t {
+  kLookup = 1,
+  kReleaseRead = 2,
+  kReserveWrite = 3,
+  kCommitWrite = 4,
+  kAbortWrite = 5,
+  kPrefetchStatus = 6,
+};
 inline constexpr uint32_t kRingAcquire = 1;  // Lookup: lease the hits, return their locations
 inline constexpr uint32_t kRingHbm = 2;      // Lookup: LookupRequest.hbm
 inline constexpr uint32_t kRingKnownFlags = kRingAcquire | kRingHbm;
@@ -66,14 +79,15 @@ struct RingSubmission {
   uint64_t token_count = 0;       // int32 token ids at the start of the data area
   uint64_t prefetch_ticket = 0;   // as LookupRequest.prefetch_ticket
   uint32_t request_id_bytes = 0;  // the request id follows the token ids
-  uint32_t reserved = 0;
+  uint32_t message_bytes = 0;     // ops 3-6: the serialized request at the data area's start
   uint8_t namespace_id[16] = {};
   uint64_t lease_id = 0;  // ReleaseRead: the lease to end
 };
 static_assert(sizeof(RingSubmission) == 64);
 
 // Written by the daemon. `code` is a StatusCode; on error the data area holds
-// `message_bytes` of text, else `location_count` RingLocations.
+// `message_bytes` of text; else a Lookup's `location_count` RingLocations, or
+// ops 3-6's serialized response (`message_bytes`).
 struct RingCompletion {
   uint32_t seq = 0;
   int32_t code = 0;
@@ -108,6 +122,9 @@ struct alignas(64) RingHeader {
   uint64_t session_id = 0;
   alignas(64) std::atomic<uint32_t> sq_tail{0};      // the client's; the daemon's futex word
   alignas(64) std::atomic<uint32_t> daemon_idle{0};  // 1 while the daemon sleeps on sq_tail
+  // 1 once kvtierd no longer serves this ring (it is stopping, or gave up on
+  // the ring): the client stops waiting and uses gRPC.
+  std::atomic<uint32_t> closed{0};
   alignas(64) std::atomic<uint32_t> sq_head{0};      // the daemon's (what it has taken)
   alignas(64) std::atomic<uint32_t> sq[kRingDepth] = {};  // slot indexes, at tail % depth
 };
@@ -118,9 +135,12 @@ struct alignas(64) RingSlot {
   RingSubmission submission;
   RingCompletion completion;
   alignas(64) std::atomic<uint32_t> done{0};  // completion.seq once answered; the client's futex
-  // The client stores a call's seq here when it stops waiting for it: a lease
-  // the daemon grants that call afterwards is released at once.
-  std::atomic<uint32_t> cancelled{0};
+  // Who decides a call's fate, set 0 by the client before it publishes the
+  // call: the daemon, its answer written, swaps 0 for kRingClaimed; a client
+  // that gives up swaps 0 for the call's seq. When the client won, the daemon
+  // undoes what the call did (ends its lease, aborts its reservation); when
+  // the daemon won, the client waits for `done` and takes the answer.
+  std::atomic<uint32_t> claim{0};
 };
 static_assert(kRingSlotsOffset + kRingDepth * sizeof(RingSlot) <= kRingDataOffset);
 
@@ -156,10 +176,12 @@ class RingMemory {
 };
 
 // A call taken off the ring, copied out of shared memory and checked: a
-// Lookup (the fields below) or a ReleaseRead (`lease_id`).
+// Lookup (the fields below), a ReleaseRead (`lease_id`), or another op's
+// serialized request (`message`, still to be parsed).
 struct RingCall {
   RingOp op = RingOp::kLookup;
   uint64_t lease_id = 0;
+  std::string message;
   uint32_t seq = 0;
   bool acquire = false;
   bool hbm = false;
@@ -173,8 +195,8 @@ struct RingCall {
 // Decodes slot `entry` (already copied out of the ring) with `data`, the
 // slot's shared data area, copying what it needs before checking it. Errors:
 // INVALID_ARGUMENT naming the field (an unknown op or flag, a count or length
-// past the data area, a ReleaseRead with tokens). CacheCore checks the rest,
-// as for gRPC.
+// past the data area, a ReleaseRead with tokens). The daemon parses a
+// `message` and CacheCore checks the rest, as for gRPC.
 Result<RingCall> DecodeSubmission(const RingSubmission& entry, std::span<const uint8_t> data);
 
 // Blocks while `*word == expected`, at most `timeout` (a process-shared

@@ -40,6 +40,11 @@ Result<int> ReceiveFd(int sock, int timeout_ms, void* msg, size_t bytes, const s
 // UNAVAILABLE naming the path and why (no listener, timed out).
 Result<int> ConnectUnixSocket(const std::string& path, int timeout_ms);
 
+// The daemon's uid (SO_PEERCRED on the connected `sock`, named `path` in
+// errors) must be this process's, root's, or that of the socket directory's
+// owner. Errors: PERMISSION_DENIED naming the uids, IO_ERROR.
+Status CheckDaemonPeer(int sock, const std::string& path);
+
 // Connects to `arena_socket_path`, receives the announcement and the fd
 // (caller owns it). Waits at most `timeout_ms`. The daemon's uid (SO_PEERCRED)
 // must be this process's, root's, or that of the socket directory's owner.

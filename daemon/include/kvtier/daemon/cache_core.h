@@ -175,7 +175,9 @@ class CacheCore {
   // PERMISSION_DENIED for a missing or wrong token.
   Status CheckSessionToken(uint64_t session_id, std::string_view token) const;
   static constexpr size_t kMaxClientNameBytes = 256;
-  // Counts a Lookup that came over a control ring (StatsResponse.ring_lookups).
+  // Counts a call that came over a control ring (StatsResponse.ring_calls),
+  // and a Lookup that came over one and succeeded (ring_lookups, of lookups).
+  void CountRingCall() { ring_calls_.fetch_add(1, std::memory_order_relaxed); }
   void CountRingLookup() { ring_lookups_.fetch_add(1, std::memory_order_relaxed); }
 
   // RPC bodies. Each returns the status the client sees; on error, `response`
@@ -481,6 +483,7 @@ class CacheCore {
   uint64_t next_sequence_ = 1;                                        // GUARDED_BY(mu_)
   Counters counters_;                                                 // GUARDED_BY(mu_)
   std::atomic<uint64_t> ring_lookups_{0};
+  std::atomic<uint64_t> ring_calls_{0};
   const Clock::TimePoint started_ = std::chrono::steady_clock::now();
 };
 

@@ -385,9 +385,9 @@ class Client::Impl {
  public:
   explicit Impl(const ClientOptions& o) : options_(o) {
     if (options_.socket_path.empty()) options_.socket_path = DefaultSocketPath();
-    if (const char* ring = std::getenv("KVTIER_CONTROL_RING"); ring != nullptr &&
-        std::string_view(ring) == "0") {
-      options_.control_ring = false;
+    if (const char* ring = std::getenv("KVTIER_CONTROL_RING"); ring != nullptr) {
+      const std::string_view v(ring);
+      if (v == "0" || v == "false" || v == "off" || v == "no") options_.control_ring = false;
     }
   }
 

@@ -206,7 +206,8 @@ Status Daemon::PrepareSocketDir() {
 
   // We hold the lock: socket files left behind are from a dead daemon. Anything
   // else at those paths is not ours to remove.
-  for (const std::string& p : {options_.socket_path, ArenaSocketPath(options_.socket_path)}) {
+  for (const std::string& p : {options_.socket_path, ArenaSocketPath(options_.socket_path),
+                               RingSocketPath(options_.socket_path)}) {
     struct stat ps {};
     if (lstat(p.c_str(), &ps) != 0) continue;
     if (!S_ISSOCK(ps.st_mode)) {

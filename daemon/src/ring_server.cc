@@ -24,6 +24,7 @@ using SteadyTime = std::chrono::steady_clock;
 constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kIdleCheck = std::chrono::milliseconds(100);
 constexpr int kHelloTimeoutMs = 200;
+constexpr size_t kMaxWaiting = 64;  // connections that have not sent their hello yet
 // Rings (each a thread and 64 MiB of address space) open at once; a session
 // past it is refused one and uses gRPC.
 constexpr size_t kMaxRings = 1024;
@@ -150,11 +151,41 @@ void RingServer::Stop() {
 }
 
 void RingServer::AcceptLoop() {
-  LogLimiter refusals;
+  LogLimiter refusals, crowded;
+  // Connections waiting for their RingHello, served as each arrives: a peer
+  // that connects and stays silent holds up no one else.
+  struct Waiting {
+    int fd;
+    SteadyTime::time_point since;
+  };
+  std::vector<Waiting> waiting;
+  std::vector<pollfd> pfds;
   while (!stopping_.load()) {
     ReapEnded();
-    pollfd pfd{listen_fd_, POLLIN, 0};
-    if (poll(&pfd, 1, static_cast<int>(kIdleCheck.count())) <= 0) continue;
+    pfds.assign(1, pollfd{listen_fd_, POLLIN, 0});
+    for (const Waiting& w : waiting) pfds.push_back({w.fd, POLLIN, 0});
+    if (poll(pfds.data(), pfds.size(), 20) < 0) continue;
+    const auto now = SteadyTime::now();
+    std::vector<Waiting> still;
+    for (size_t i = 0; i < waiting.size(); ++i) {
+      const Waiting& w = waiting[i];
+      RingHello peek;
+      const ssize_t n = (pfds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) != 0
+                            ? recv(w.fd, &peek, sizeof(peek), MSG_PEEK | MSG_DONTWAIT)
+                            : -1;
+      if (n == static_cast<ssize_t>(sizeof(peek))) {
+        Handshake(w.fd);
+      } else if (n != 0 && now - w.since < std::chrono::milliseconds(kHelloTimeoutMs)) {
+        still.push_back(w);  // nothing, or part of a hello, yet
+        continue;
+      } else if (n != 0) {
+        Refuse(w.fd, Status::InvalidArgument("no RingHello within " +
+                                             std::to_string(kHelloTimeoutMs) + " ms"));
+      }
+      close(w.fd);
+    }
+    waiting.swap(still);
+    if ((pfds[0].revents & POLLIN) == 0) continue;
     const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) {
       if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
@@ -169,24 +200,33 @@ void RingServer::AcceptLoop() {
       close(conn);
       continue;
     }
-    Handshake(conn);
-    close(conn);
+    if (waiting.size() >= kMaxWaiting) {
+      if (auto held_back = crowded.Admit()) {
+        spdlog::warn("ring socket: {} connections wait for their hello; refused one more (its "
+                     "client uses gRPC){}", waiting.size(), HeldBack(*held_back));
+      }
+      Refuse(conn, Status::ResourceExhausted("too many connections wait for their hello"));
+      close(conn);
+      continue;
+    }
+    waiting.push_back({conn, SteadyTime::now()});
   }
+  for (const Waiting& w : waiting) close(w.fd);
+}
+
+void RingServer::Refuse(int conn, const Status& st) {
+  RingAnnouncement answer;
+  answer.code = static_cast<int32_t>(st.code());
+  std::strncpy(answer.message, st.message().c_str(), sizeof(answer.message) - 1);
+  (void)send(conn, &answer, sizeof(answer), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 void RingServer::Handshake(int conn) {
   RingAnnouncement answer;
-  auto refuse = [&](const Status& st) {
-    answer.code = static_cast<int32_t>(st.code());
-    std::strncpy(answer.message, st.message().c_str(), sizeof(answer.message) - 1);
-    (void)send(conn, &answer, sizeof(answer), MSG_NOSIGNAL);
-  };
+  auto refuse = [&](const Status& st) { Refuse(conn, st); };
   RingHello hello;
-  const timeval tv{0, kHelloTimeoutMs * 1000};
-  setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  if (recv(conn, &hello, sizeof(hello), MSG_WAITALL) != static_cast<ssize_t>(sizeof(hello))) {
-    return refuse(Status::InvalidArgument("no RingHello within " +
-                                          std::to_string(kHelloTimeoutMs) + " ms"));
+  if (recv(conn, &hello, sizeof(hello), MSG_DONTWAIT) != static_cast<ssize_t>(sizeof(hello))) {
+    return refuse(Status::InvalidArgument("a short RingHello"));
   }
   if (hello.magic != kRingHelloMagic || hello.version != kRingVersion) {
     return refuse(Status::InvalidArgument("RingHello magic or version " +

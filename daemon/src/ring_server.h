@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "kvtier/control_ring.h"
 #include "kvtier/daemon/cache_core.h"
@@ -40,7 +41,9 @@ class RingServer {
 
  private:
   void AcceptLoop();
+  // Answers `conn`, whose RingHello has arrived whole, with its ring or a refusal.
   void Handshake(int conn);
+  static void Refuse(int conn, const Status& st);
   void Serve(const std::shared_ptr<Ring>& ring);
   void Submit(const std::shared_ptr<Ring>& ring, uint32_t slot);
   void ReapEnded();

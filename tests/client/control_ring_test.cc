@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
 #include "kvtier/control_ring.h"
+#include "kvtier/fd_passing.h"
 #include "kvtier/proto/convert.h"
 #include "kvtier/proto/transport_args.h"
 #include "kvtier/tools/model_presets.h"
@@ -174,6 +175,28 @@ TEST_F(ControlRingTest, LookupsGoOverTheRingAndAnswerAsGrpcDoes) {
     EXPECT_EQ(a->num_chunks, prefix / kChunkTokens);
   }
   EXPECT_EQ(RingLookups(), before + 5) << "the plain client's Lookups went over gRPC";
+}
+
+// Peers that connect to the ring socket and never say hello hold up no one:
+// a client that connects meanwhile still gets its ring, at once.
+TEST_F(ControlRingTest, SilentPeersOnTheRingSocketKeepNoOneOffTheRing) {
+  std::vector<int> silent;
+  for (int i = 0; i < 20; ++i) {
+    auto fd = ConnectUnixSocket(RingSocketPath(socket_), 1000);
+    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+    silent.push_back(*fd);
+  }
+  const auto start = Clock::now();
+  auto c = Connect(/*ring=*/true);
+  const auto took = Clock::now() - start;
+  ASSERT_TRUE(c);
+  EXPECT_LT(took, 1s) << "connecting waited behind the silent peers";
+  auto ns = c->OpenNamespace(TinySpec());
+  ASSERT_TRUE(ns.ok());
+  const uint64_t before = RingStat("ring_calls");
+  ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*c, *ns, Tokens(6, 4 * kChunkTokens)));
+  EXPECT_GE(RingStat("ring_calls"), before + 3) << "the client got no ring";
+  for (int fd : silent) close(fd);
 }
 
 TEST_F(ControlRingTest, ARingIsHandedOnlyToItsSessionsToken) {

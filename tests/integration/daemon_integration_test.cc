@@ -503,6 +503,20 @@ TEST_F(DaemonTest, FileAtTheSocketPathIsNeverRemoved) {
   EXPECT_FALSE(Exists(path + ".lock")) << "a refused start leaves no lock file";
 }
 
+// The same for the socket's companions, `<socket>.arena` and `<socket>.ring`.
+TEST_F(DaemonTest, FileAtACompanionSocketPathIsNeverRemoved) {
+  for (const char* suffix : {".arena", ".ring"}) {
+    const std::string sock = dir_.Sub(std::string("c") + suffix + "/kvtierd.sock");
+    ASSERT_EQ(mkdir(dir_.Sub(std::string("c") + suffix).c_str(), 0700), 0);
+    const std::string path = sock + suffix;
+    ASSERT_TRUE(kvtier::testing::WriteFile(path, "precious"));
+    CommandResult r = RunCommand({BinPath("kvtierd"), "--socket", sock, "--nvme-bytes", "0"}, 10s);
+    EXPECT_FALSE(r.ok()) << suffix;
+    EXPECT_NE(r.err.find(path + " exists and is not a socket"), std::string::npos) << r.Describe();
+    EXPECT_EQ(ReadFileOrEmpty(path), "precious") << suffix;
+  }
+}
+
 // A socket some other program is listening on is not a dead daemon's leftover.
 TEST_F(DaemonTest, LiveSocketOfAnotherProgramIsNeverReplaced) {
   const std::string path = dir_.Sub("other.sock");

@@ -87,6 +87,7 @@ Status RingClient::Wait(uint32_t slot, uint32_t seq, Clock::time_point deadline,
   RingSlot& s = mem_.slot(slot);
   const RingHeader& h = mem_.header();
   const auto spin_until = Clock::now() + kSpin;
+  std::optional<Clock::time_point> lost_claim_at;
   for (;;) {
     const uint32_t done = s.done.load(std::memory_order_acquire);
     if (done == seq) break;
@@ -97,8 +98,9 @@ Status RingClient::Wait(uint32_t slot, uint32_t seq, Clock::time_point deadline,
       uint32_t unclaimed = 0;
       if (!s.claim.compare_exchange_strong(unclaimed, seq)) {
         // kvtierd answered first: its `done` is a store away.
-        if (now < std::max(deadline, spin_until) + std::chrono::milliseconds(100)) {
-          CpuRelax();
+        if (!lost_claim_at) lost_claim_at = now;
+        if (now < *lost_claim_at + std::chrono::milliseconds(100)) {
+          RingFutexWait(s.done, done, std::chrono::milliseconds(1));
           continue;
         }
         std::lock_guard lock(mu_);

@@ -124,7 +124,7 @@ Result<RingCall> DecodeSubmission(const RingSubmission& entry, std::span<const u
     return Status::InvalidArgument("ring entry: a Lookup carries no message");
   }
   if ((entry.flags & ~kRingKnownFlags) != 0) {
-    return Status::InvalidArgument("ring entry flags 0x" + std::to_string(entry.flags) +
+    return Status::InvalidArgument("ring entry flags " + std::to_string(entry.flags) +
                                    " has unknown bits (known: acquire 1, hbm 2)");
   }
   if (entry.request_id_bytes > kRingMaxRequestIdBytes) {

@@ -154,9 +154,13 @@ void RingServer::AcceptLoop() {
   LogLimiter refusals, crowded;
   // Connections waiting for their RingHello, served as each arrives: a peer
   // that connects and stays silent holds up no one else.
+  // Each hello's bytes are taken off its socket as they come (a peek would
+  // leave them there, and poll would wake this loop at once, again and again).
   struct Waiting {
     int fd;
     SteadyTime::time_point since;
+    RingHello hello;
+    size_t got = 0;
   };
   std::vector<Waiting> waiting;
   std::vector<pollfd> pfds;
@@ -164,21 +168,28 @@ void RingServer::AcceptLoop() {
     ReapEnded();
     pfds.assign(1, pollfd{listen_fd_, POLLIN, 0});
     for (const Waiting& w : waiting) pfds.push_back({w.fd, POLLIN, 0});
-    if (poll(pfds.data(), pfds.size(), 20) < 0) continue;
+    if (poll(pfds.data(), pfds.size(), 20) < 0) {
+      if (errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
     const auto now = SteadyTime::now();
     std::vector<Waiting> still;
     for (size_t i = 0; i < waiting.size(); ++i) {
-      const Waiting& w = waiting[i];
-      RingHello peek;
-      const ssize_t n = (pfds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) != 0
-                            ? recv(w.fd, &peek, sizeof(peek), MSG_PEEK | MSG_DONTWAIT)
-                            : -1;
-      if (n == static_cast<ssize_t>(sizeof(peek))) {
-        Handshake(w.fd);
-      } else if (n != 0 && now - w.since < std::chrono::milliseconds(kHelloTimeoutMs)) {
+      Waiting& w = waiting[i];
+      const short ev = pfds[i + 1].revents;
+      bool dead = (ev & (POLLHUP | POLLERR)) != 0 && (ev & POLLIN) == 0;
+      if ((ev & POLLIN) != 0) {
+        const ssize_t n = recv(w.fd, reinterpret_cast<char*>(&w.hello) + w.got,
+                               sizeof(w.hello) - w.got, MSG_DONTWAIT);
+        if (n > 0) w.got += static_cast<size_t>(n);
+        dead = n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
+      }
+      if (w.got == sizeof(w.hello)) {
+        Handshake(w.fd, w.hello);
+      } else if (!dead && now - w.since < std::chrono::milliseconds(kHelloTimeoutMs)) {
         still.push_back(w);  // nothing, or part of a hello, yet
         continue;
-      } else if (n != 0) {
+      } else if (!dead) {
         Refuse(w.fd, Status::InvalidArgument("no RingHello within " +
                                              std::to_string(kHelloTimeoutMs) + " ms"));
       }
@@ -209,7 +220,7 @@ void RingServer::AcceptLoop() {
       close(conn);
       continue;
     }
-    waiting.push_back({conn, SteadyTime::now()});
+    waiting.push_back({conn, SteadyTime::now(), RingHello{}, 0});
   }
   for (const Waiting& w : waiting) close(w.fd);
 }
@@ -221,13 +232,9 @@ void RingServer::Refuse(int conn, const Status& st) {
   (void)send(conn, &answer, sizeof(answer), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-void RingServer::Handshake(int conn) {
+void RingServer::Handshake(int conn, const RingHello& hello) {
   RingAnnouncement answer;
   auto refuse = [&](const Status& st) { Refuse(conn, st); };
-  RingHello hello;
-  if (recv(conn, &hello, sizeof(hello), MSG_DONTWAIT) != static_cast<ssize_t>(sizeof(hello))) {
-    return refuse(Status::InvalidArgument("a short RingHello"));
-  }
   if (hello.magic != kRingHelloMagic || hello.version != kRingVersion) {
     return refuse(Status::InvalidArgument("RingHello magic or version " +
                                           std::to_string(hello.version) + " is not this kvtierd's"));
@@ -349,6 +356,11 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
   }
   RingSubmission entry;
   std::memcpy(&entry, &ring->mem.slot(slot).submission, sizeof(entry));
+  if (ring->mem.slot(slot).claim.load() != 0) {  // its client gave up before we took it
+    (void)Answer(*ring, slot, entry.seq, Status(StatusCode::kCancelled, "given up by the client"),
+                 nullptr);
+    return;
+  }
   auto call = DecodeSubmission(entry, ring->mem.data(slot));
   if (!call.ok()) {
     (void)Answer(*ring, slot, entry.seq, call.status(), nullptr);

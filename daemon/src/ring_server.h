@@ -41,8 +41,8 @@ class RingServer {
 
  private:
   void AcceptLoop();
-  // Answers `conn`, whose RingHello has arrived whole, with its ring or a refusal.
-  void Handshake(int conn);
+  // Answers `conn`, whose `hello` has arrived whole, with its ring or a refusal.
+  void Handshake(int conn, const RingHello& hello);
   static void Refuse(int conn, const Status& st);
   void Serve(const std::shared_ptr<Ring>& ring);
   void Submit(const std::shared_ptr<Ring>& ring, uint32_t slot);

@@ -302,8 +302,7 @@ TEST_F(ControlRingTest, AScribblingClientGetsErrorsAndOtherSessionsKeepServing) 
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->code, 0);
 
-  // A call its client gave up on before kvtierd answered: the lease it was
-  // granted ends at once instead of pinning its chunks until the TTL.
+  // A call its client gave up on before kvtierd took it is not run at all.
   const auto leases = [&] {
     auto r = daemon_.Ctl({"--json", "stats"});
     return nlohmann::json::parse(r.out, nullptr, false).value("active_leases", uint64_t{99});
@@ -314,8 +313,8 @@ TEST_F(ControlRingTest, AScribblingClientGetsErrorsAndOtherSessionsKeepServing) 
   ring.slot(5).claim.store(s);  // given up on
   c = Submit(ring, 5, s);
   ASSERT_TRUE(c.has_value());
-  EXPECT_EQ(c->code, 0);
-  EXPECT_NE(c->lease_id, 0u);
+  EXPECT_EQ(c->code, static_cast<int32_t>(StatusCode::kCancelled));
+  EXPECT_EQ(c->lease_id, 0u);
   EXPECT_EQ(leases(), 0u) << "the abandoned call's lease was kept";
 
   // A slot index past the ring: no slot to answer into; the ring still serves.

@@ -183,8 +183,10 @@ std::optional<Status> RingClient::Lookup(const LookupArgs& args, Clock::time_poi
   entry.prefetch_ticket = args.prefetch_ticket;
   entry.request_id_bytes = static_cast<uint32_t>(args.request_id.size());
   args.ns->ToBytes(reinterpret_cast<std::byte*>(entry.namespace_id));
-  std::memcpy(data.data(), args.tokens.data(), token_bytes);
-  std::memcpy(data.data() + token_bytes, args.request_id.data(), args.request_id.size());
+  if (token_bytes != 0) std::memcpy(data.data(), args.tokens.data(), token_bytes);
+  if (!args.request_id.empty()) {  // memcpy from the null of an empty span is undefined
+    std::memcpy(data.data() + token_bytes, args.request_id.data(), args.request_id.size());
+  }
   Publish(slot, entry);
   RingCompletion c;
   Status st = Wait(slot, entry.seq, deadline, session_alive, &c);

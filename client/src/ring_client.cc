@@ -12,17 +12,6 @@ using Clock = std::chrono::steady_clock;
 // a DRAM-only Lookup is answered within this on an idle machine.
 constexpr auto kSpin = std::chrono::microseconds(50);
 
-inline void CpuRelax() {
-#if defined(__x86_64__)
-  __builtin_ia32_pause();
-#endif
-}
-
-bool KnownCode(int32_t code) {
-  return (code >= 0 && code <= static_cast<int32_t>(StatusCode::kDataLoss)) ||
-         code == static_cast<int32_t>(StatusCode::kIOError);
-}
-
 }  // namespace
 
 RingClient::RingClient(RingMemory mem) : mem_(std::move(mem)) {
@@ -115,14 +104,14 @@ Status RingClient::Wait(uint32_t slot, uint32_t seq, Clock::time_point deadline,
                                       "deadline");
     }
     if (now < spin_until) {
-      CpuRelax();
+      RingCpuRelax();
     } else {
       RingFutexWait(s.done, done, std::min<Clock::duration>(deadline - now,
                                                             std::chrono::milliseconds(10)));
     }
   }
   std::memcpy(c, &s.completion, sizeof(*c));
-  if (c->seq == seq && KnownCode(c->code) &&
+  if (c->seq == seq && RingStatusCodeKnown(c->code) &&
       (c->code == 0 || c->message_bytes <= kRingMaxMessageBytes)) {
     return Status::Ok();
   }

@@ -206,8 +206,7 @@ Result<int> RequestRingFd(const std::string& socket_path, uint64_t session_id,
   }
   if (msg.code != 0) {
     if (fd >= 0) close(fd);
-    if (msg.code < 0 || (msg.code > static_cast<int32_t>(StatusCode::kDataLoss) &&
-                         msg.code != static_cast<int32_t>(StatusCode::kIOError))) {
+    if (!RingStatusCodeKnown(msg.code)) {
       return Status::DataLoss("unknown status code " + std::to_string(msg.code) + " from " + path);
     }
     msg.message[sizeof(msg.message) - 1] = '\0';

@@ -29,12 +29,6 @@ constexpr size_t kMaxWaiting = 64;  // connections that have not sent their hell
 // past it is refused one and uses gRPC.
 constexpr size_t kMaxRings = 1024;
 
-inline void CpuRelax() {
-#if defined(__x86_64__)
-  __builtin_ia32_pause();
-#endif
-}
-
 }  // namespace
 
 struct RingServer::Ring {
@@ -312,7 +306,7 @@ void RingServer::Serve(const std::shared_ptr<Ring>& ring) {
     }
     if (tail == head) {
       if (now - last_work < kSpin) {
-        CpuRelax();
+        RingCpuRelax();
         continue;
       }
       h.daemon_idle.store(1);  // then look again: a client that saw 0 did not wake us

@@ -199,6 +199,20 @@ struct RingCall {
 // `message` and CacheCore checks the rest, as for gRPC.
 Result<RingCall> DecodeSubmission(const RingSubmission& entry, std::span<const uint8_t> data);
 
+// Whether `code`, read from the other side of a ring or its socket, is a
+// StatusCode (OK included).
+inline bool RingStatusCodeKnown(int32_t code) {
+  return (code >= 0 && code <= static_cast<int32_t>(StatusCode::kDataLoss)) ||
+         code == static_cast<int32_t>(StatusCode::kIOError);
+}
+
+// One spin-wait step (x86 PAUSE) while polling a ring word.
+inline void RingCpuRelax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
 // Blocks while `*word == expected`, at most `timeout` (a process-shared
 // futex). Returns early on a wake, a signal or a changed value.
 void RingFutexWait(std::atomic<uint32_t>& word, uint32_t expected,

@@ -48,10 +48,9 @@ void RingClient::Publish(uint32_t slot, RingSubmission& entry) {
   RingHeader& h = mem_.header();
   std::lock_guard lock(submit_mu_);
   entry.seq = next_seq_++;
-  if (next_seq_ == kRingClaimed) next_seq_ = 1;  // neither 0 (a fresh word) nor kRingClaimed
+  if (next_seq_ == kRingGivenUp) next_seq_ = 1;  // neither 0 (pending) nor kRingGivenUp
   RingSlot& s = mem_.slot(slot);
-  s.done.store(0, std::memory_order_relaxed);  // a stale seq from 2^32 calls ago cannot match
-  s.claim.store(0, std::memory_order_relaxed);
+  s.done.store(0, std::memory_order_relaxed);  // pending; a seq from 2^32 calls ago cannot match
   std::memcpy(&s.submission, &entry, sizeof(entry));
   const uint32_t tail = h.sq_tail.load(std::memory_order_relaxed);
   h.sq[tail % kRingDepth].store(slot, std::memory_order_relaxed);
@@ -76,7 +75,6 @@ Status RingClient::Wait(uint32_t slot, uint32_t seq, Clock::time_point deadline,
   RingSlot& s = mem_.slot(slot);
   const RingHeader& h = mem_.header();
   const auto spin_until = Clock::now() + kSpin;
-  std::optional<Clock::time_point> lost_claim_at;
   for (;;) {
     const uint32_t done = s.done.load(std::memory_order_acquire);
     if (done == seq) break;
@@ -84,17 +82,10 @@ Status RingClient::Wait(uint32_t slot, uint32_t seq, Clock::time_point deadline,
     const bool closed = h.closed.load() != 0;
     const bool gone = closed || (now >= spin_until && !session_alive());
     if (now >= deadline || gone) {
-      uint32_t unclaimed = 0;
-      if (!s.claim.compare_exchange_strong(unclaimed, seq)) {
-        // kvtierd answered first: its `done` is a store away.
-        if (!lost_claim_at) lost_claim_at = now;
-        if (now < *lost_claim_at + std::chrono::milliseconds(100)) {
-          RingFutexWait(s.done, done, std::chrono::milliseconds(1));
-          continue;
-        }
-        std::lock_guard lock(mu_);
-        unanswered_.push_back({slot, seq, now});
-        return Status::DataLoss("kvtierd claimed a control ring call and did not answer it");
+      if (!RingGiveUp(s)) {
+        if (s.done.load(std::memory_order_acquire) == seq) break;  // answered meanwhile
+        GiveBack(slot);
+        return Status::DataLoss("malformed control ring answer from kvtierd");
       }
       std::lock_guard lock(mu_);
       unanswered_.push_back({slot, seq, now});  // kvtierd undoes the call if it ever answers it

@@ -172,6 +172,19 @@ void RingFutexWake(std::atomic<uint32_t>& word) {
 
 std::string RingSocketPath(const std::string& socket_path) { return socket_path + ".ring"; }
 
+bool RingComplete(RingSlot& slot, uint32_t seq) {
+  uint32_t pending = 0;
+  const bool wanted = slot.done.compare_exchange_strong(pending, seq, std::memory_order_acq_rel);
+  if (!wanted) slot.done.store(seq, std::memory_order_release);  // the client sweeps it free
+  RingFutexWake(slot.done);
+  return wanted;
+}
+
+bool RingGiveUp(RingSlot& slot) {
+  uint32_t pending = 0;
+  return slot.done.compare_exchange_strong(pending, kRingGivenUp, std::memory_order_acq_rel);
+}
+
 Result<int> RequestRingFd(const std::string& socket_path, uint64_t session_id,
                           std::string_view session_token, int timeout_ms) {
   const std::string path = RingSocketPath(socket_path);

@@ -45,8 +45,8 @@ struct RingServer::Ring {
 
 namespace {
 
-// Writes the answer to the call `seq` into `slot`, claims the call and wakes
-// its client; `resp`: a Lookup's answer; `message`: another op's response
+// Writes the answer to the call `seq` into `slot` and completes it
+// (RingComplete); `resp`: a Lookup's answer; `message`: another op's response
 // (neither for a ReleaseRead). The caller checked that `message` fits the
 // data area. Returns false when the client had given up on the call first:
 // the caller then undoes it.
@@ -83,12 +83,8 @@ bool Answer(RingServer::Ring& ring, uint32_t slot, uint32_t seq, const Status& s
     }
   }
   std::memcpy(&s.completion, &c, sizeof(c));
-  uint32_t unclaimed = 0;
-  const bool wanted = s.claim.compare_exchange_strong(unclaimed, kRingClaimed);
-  ring.busy[slot].store(false);
-  s.done.store(seq, std::memory_order_release);
-  RingFutexWake(s.done);
-  return wanted;
+  ring.busy[slot].store(false);  // before `done`: the client may reuse the slot once it sees it
+  return RingComplete(s, seq);
 }
 
 // Parses ops 3-6's request from `call`, gives it the ring's session (and
@@ -350,7 +346,7 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
   }
   RingSubmission entry;
   std::memcpy(&entry, &ring->mem.slot(slot).submission, sizeof(entry));
-  if (ring->mem.slot(slot).claim.load() != 0) {  // its client gave up before we took it
+  if (ring->mem.slot(slot).done.load() == kRingGivenUp) {  // given up before we took it
     (void)Answer(*ring, slot, entry.seq, Status(StatusCode::kCancelled, "given up by the client"),
                  nullptr);
     return;

@@ -236,7 +236,7 @@ TEST_F(ControlRingTest, AScribblingClientGetsErrorsAndOtherSessionsKeepServing) 
   uint32_t seq = 100;
   auto write = [&](uint32_t slot, RingSubmission e) {
     e.seq = ++seq;
-    ring.slot(slot).claim.store(0);
+    ring.slot(slot).done.store(0);
     std::memcpy(static_cast<void*>(&ring.slot(slot).submission), &e, sizeof(e));
     return e.seq;
   };
@@ -310,7 +310,7 @@ TEST_F(ControlRingTest, AScribblingClientGetsErrorsAndOtherSessionsKeepServing) 
   ASSERT_EQ(leases(), 0u);
   s = write(5, lookup());
   put_tokens(5);
-  ring.slot(5).claim.store(s);  // given up on
+  ASSERT_TRUE(RingGiveUp(ring.slot(5)));
   c = Submit(ring, 5, s);
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->code, static_cast<int32_t>(StatusCode::kCancelled));

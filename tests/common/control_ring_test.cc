@@ -118,7 +118,7 @@ TEST(ControlRingUnitTest, MapChecksSizeHeaderAndSession) {
   auto other = RingMemory::Map(dup(ring->fd()), 8);
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.status().code(), StatusCode::kDataLoss);
-  ring->header().version = 2;
+  ring->header().version = kRingVersion + 1;
   auto newer = RingMemory::Map(dup(ring->fd()), 7);
   ASSERT_FALSE(newer.ok());
   EXPECT_EQ(newer.status().code(), StatusCode::kDataLoss);

@@ -23,8 +23,10 @@
 // `sq` and bumps `sq_tail`, waking the daemon (FUTEX_WAKE on sq_tail) when
 // `daemon_idle` is set. The daemon copies the Submission and the token ids out
 // before it looks at them, answers into the slot's Completion and data area,
-// then claims the call (RingSlot::claim) and stores `seq` into the slot's
-// `done` word and wakes it. Completions are
+// then swaps the slot's `done` word from 0 to `seq` and wakes it
+// (RingComplete). A client past its deadline swaps `done` from 0 to
+// kRingGivenUp instead (RingGiveUp): one word decides whether the answer was
+// taken or must be undone. Completions are
 // thus indexed by slot, not queued: a waiter needs no demultiplexer, and a
 // Lookup that promotes from NVMe may finish after later calls.
 //
@@ -43,7 +45,7 @@
 namespace kvtier {
 
 inline constexpr uint64_t kRingMagic = 0x31474E4952545650ULL;  // "PVTRING1"
-inline constexpr uint32_t kRingVersion = 1;
+inline constexpr uint32_t kRingVersion = 2;  // 2: `done` decides a call's fate (no claim word)
 inline constexpr uint32_t kRingDepth = 32;  // calls in flight per session on the ring
 // Per slot: up to 512K token ids in, or 65,536 chunk locations out.
 inline constexpr uint64_t kRingSlotDataBytes = uint64_t{2} << 20;
@@ -51,7 +53,7 @@ inline constexpr uint64_t kRingSlotsOffset = 4096;
 inline constexpr uint64_t kRingDataOffset = 16384;
 inline constexpr uint64_t kRingBytes = kRingDataOffset + kRingDepth * kRingSlotDataBytes;
 inline constexpr uint32_t kRingMaxRequestIdBytes = 256;
-inline constexpr uint32_t kRingClaimed = 0xFFFFFFFF;  // RingSlot::claim; never a seq
+inline constexpr uint32_t kRingGivenUp = 0xFFFFFFFF;  // RingSlot::done; never a seq
 inline constexpr uint32_t kRingMaxMessageBytes = 1024;  // error text, truncated to this
 
 // Lookup and ReleaseRead are carried in the entry's own fields (a Lookup's
@@ -134,15 +136,23 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 struct alignas(64) RingSlot {
   RingSubmission submission;
   RingCompletion completion;
-  alignas(64) std::atomic<uint32_t> done{0};  // completion.seq once answered; the client's futex
-  // Who decides a call's fate, set 0 by the client before it publishes the
-  // call: the daemon, its answer written, swaps 0 for kRingClaimed; a client
-  // that gives up swaps 0 for the call's seq. When the client won, the daemon
-  // undoes what the call did (ends its lease, aborts its reservation); when
-  // the daemon won, the client waits for `done` and takes the answer.
-  std::atomic<uint32_t> claim{0};
+  // The call's fate, set 0 by the client before it publishes the call; the
+  // client's futex. kvtierd, its answer written, swaps 0 for the call's seq; a
+  // client that gives up swaps 0 for kRingGivenUp. Whoever swaps first decides:
+  // when the client did, kvtierd undoes what the call did (ends its lease,
+  // aborts its reservation) and then stores the seq anyway, which frees the slot.
+  alignas(64) std::atomic<uint32_t> done{0};
 };
 static_assert(kRingSlotsOffset + kRingDepth * sizeof(RingSlot) <= kRingDataOffset);
+
+// kvtierd, its answer to `seq` written into `slot`: publishes it and wakes the
+// client. False when the client had given up on the call first; the caller
+// then undoes the call (the slot is free for the client either way).
+bool RingComplete(RingSlot& slot, uint32_t seq);
+// The client, past its deadline: true when it gave up on the slot's call
+// before the answer came (kvtierd will undo the call); false when the answer
+// is there (`done` holds the call's seq).
+bool RingGiveUp(RingSlot& slot);
 
 // A mapped ring. Move-only; unmaps (and closes its fd) when destroyed.
 class RingMemory {

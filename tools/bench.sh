@@ -38,6 +38,9 @@ echo
 echo "(client with GLIBC_TUNABLES=$CLIENT_TUNABLES)"
 GLIBC_TUNABLES=$CLIENT_TUNABLES "$BIN/kvtier-bench" --socket "$WORK/dram.sock" lookup
 echo
+# Eight clients at once vs one alone, over the control ring and over gRPC.
+"$BIN/kvtier-bench" --socket "$WORK/dram.sock" scale
+echo
 # Put + get through the SDK beside Redis on loopback (started and stopped by the benchmark).
 "$BIN/kvtier-bench" --socket "$WORK/dram.sock" peers
 echo

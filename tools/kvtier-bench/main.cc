@@ -39,6 +39,7 @@
 #include "evict.h"
 #include "nvme.h"
 #include "peers.h"
+#include "scale.h"
 #include "kvtier/admin_client.h"
 #include "kvtier/client.h"
 #include "kvtier/tiers/nvme_tier.h"
@@ -410,6 +411,19 @@ int main(int argc, char** argv) {
   evict->add_option("--chain-length", evict_chain, "chunks per prompt")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20))
       ->capture_default_str();
+  int scale_clients = 8;
+  double scale_seconds = 5;
+  uint64_t scale_tokens = 2048;
+  auto* scale = app.add_subcommand("scale", "Lookups from N concurrent clients vs one, same run");
+  scale->add_option("--clients", scale_clients, "concurrent clients (sessions)")
+      ->check(CLI::Range(2, 256))
+      ->capture_default_str();
+  scale->add_option("--seconds", scale_seconds, "seconds per phase")
+      ->check(CLI::Range(0.1, 600.0))
+      ->capture_default_str();
+  scale->add_option("--prompt-tokens", scale_tokens, "prompt length (at least one chunk, 256)")
+      ->check(CLI::Range(uint64_t{256}, uint64_t{1} << 22))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -436,5 +450,8 @@ int main(int argc, char** argv) {
     return kvtier::bench::RunPeers(peers_options);
   }
   if (lookup->parsed()) return RunLookup(socket, lookup_iterations, prompt_tokens);
+  if (scale->parsed()) {
+    return kvtier::bench::RunScale(socket, scale_clients, scale_seconds, scale_tokens);
+  }
   return RunMemory(socket, memory_chunks);
 }

@@ -95,7 +95,7 @@ Status RingClient::Wait(uint32_t slot, uint32_t seq, Clock::time_point deadline,
                                       "deadline");
     }
     if (now < spin_until) {
-      RingCpuRelax();
+      RingSpinStep();
     } else {
       RingFutexWait(s.done, done, std::min<Clock::duration>(deadline - now,
                                                             std::chrono::milliseconds(10)));

@@ -8,12 +8,18 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <ctime>
 #include <new>
 
 #include "kvtier/fd_passing.h"
+
+#ifndef SYS_futex_waitv
+#define SYS_futex_waitv 449  // the same number on every architecture (Linux 5.16)
+#endif
 
 namespace kvtier {
 
@@ -168,6 +174,29 @@ void RingFutexWait(std::atomic<uint32_t>& word, uint32_t expected,
 
 void RingFutexWake(std::atomic<uint32_t>& word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void RingFutexWaitAny(std::span<std::atomic<uint32_t>* const> words,
+                      std::span<const uint32_t> expected, std::chrono::nanoseconds timeout) {
+  if (timeout.count() <= 0 || words.empty()) return;
+  futex_waitv waiters[kRingWaitAnyMax] = {};
+  const size_t n = std::min({words.size(), expected.size(), kRingWaitAnyMax});
+  for (size_t i = 0; i < n; ++i) {
+    waiters[i].val = expected[i];
+    waiters[i].uaddr = reinterpret_cast<uintptr_t>(words[i]);
+    waiters[i].flags = FUTEX_32;  // shared: the words live in memory shared with clients
+  }
+  timespec until;  // futex_waitv takes an absolute time
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  const auto ns = until.tv_nsec + timeout.count();
+  until.tv_sec += static_cast<time_t>(ns / 1'000'000'000);
+  until.tv_nsec = static_cast<long>(ns % 1'000'000'000);
+  if (syscall(SYS_futex_waitv, waiters, static_cast<unsigned>(n), 0, &until, CLOCK_MONOTONIC) < 0 &&
+      errno == ENOSYS) {
+    const auto nap = std::min<std::chrono::nanoseconds>(timeout, std::chrono::microseconds(200));
+    timespec ts{0, static_cast<long>(nap.count())};
+    nanosleep(&ts, nullptr);
+  }
 }
 
 std::string RingSocketPath(const std::string& socket_path) { return socket_path + ".ring"; }

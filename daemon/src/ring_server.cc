@@ -25,9 +25,14 @@ constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kIdleCheck = std::chrono::milliseconds(100);
 constexpr int kHelloTimeoutMs = 200;
 constexpr size_t kMaxWaiting = 64;  // connections that have not sent their hello yet
-// Rings (each a thread and 64 MiB of address space) open at once; a session
-// past it is refused one and uses gRPC.
+// Rings (64 MiB of address space each) open at once; a session past it is
+// refused one and uses gRPC.
 constexpr size_t kMaxRings = 1024;
+// Threads serving rings: half the cores (the other half for the clients
+// spinning on their answers, and kvtierd's other work), more only when each
+// serves as many rings as one futex_waitv sleeps on.
+const size_t kPollers = std::max(1u, std::thread::hardware_concurrency() / 2);
+constexpr size_t kRingsPerPoller = kRingWaitAnyMax - 1;  // and the poller's own wake word
 
 }  // namespace
 
@@ -35,8 +40,8 @@ struct RingServer::Ring {
   Ring(uint64_t id, RingMemory m) : session_id(id), mem(std::move(m)) {}
   const uint64_t session_id;
   const RingMemory mem;
-  std::atomic<bool> ended{false};  // its thread returned; ReapEnded joins it
-  std::thread thread;
+  std::atomic<bool> ended{false};  // no longer served; ReapEnded forgets it
+  uint32_t head = 0;  // its poller's: what it took (the shared sq_head is only told)
   LogLimiter bad_entries;
   // Ours, not the client's: a slot whose call is still being answered (a
   // Lookup promoting from NVMe). A client that submits it again is ignored.
@@ -118,6 +123,16 @@ void RunMessage(RingServer::Ring& ring, uint32_t slot, const RingCall& call, uin
 
 }  // namespace
 
+struct RingServer::Poller {
+  std::thread thread;
+  // Bumped (and woken) when a ring is handed to this poller, or at Stop.
+  std::atomic<uint32_t> wake{0};
+  std::mutex mu;
+  std::vector<std::shared_ptr<Ring>> added;  // handed over, not yet taken; GUARDED_BY(mu)
+  size_t rings = 0;  // rings handed to it and not yet ended; GUARDED_BY(RingServer::mu_)
+  std::atomic<size_t> ended{0};  // of those, ended since (the accept loop subtracts them)
+};
+
 RingServer::RingServer(CacheCore& core, int listen_fd, PeerPolicy peers)
     : core_(core), listen_fd_(listen_fd), peers_(peers) {
   accept_thread_ = std::thread([this] { AcceptLoop(); });
@@ -129,14 +144,16 @@ void RingServer::Stop() {
   if (stopping_.exchange(true)) return;
   if (accept_thread_.joinable()) accept_thread_.join();
   close(listen_fd_);
-  std::unordered_map<uint64_t, std::shared_ptr<Ring>> rings;
+  std::vector<std::unique_ptr<Poller>> pollers;
   {
     std::lock_guard lock(mu_);
-    rings.swap(rings_);
+    pollers.swap(pollers_);
+    rings_.clear();
   }
-  for (auto& [id, ring] : rings) {
-    RingFutexWake(ring->mem.header().sq_tail);
-    if (ring->thread.joinable()) ring->thread.join();
+  for (auto& p : pollers) {
+    p->wake.fetch_add(1);
+    RingFutexWake(p->wake);
+    p->thread.join();  // it closes its rings on the way out
   }
 }
 
@@ -259,74 +276,140 @@ void RingServer::Handshake(int conn, const RingHello& hello) {
       return refuse(mem.status());
     }
     ring = std::make_shared<Ring>(hello.session_id, std::move(mem).value());
-    try {
-      ring->thread = std::thread([this, ring] { Serve(ring); });
-    } catch (const std::system_error& e) {  // out of threads: this session goes over gRPC
-      return refuse(Status::ResourceExhausted(std::string("no thread for the ring: ") + e.what()));
-    }
-    std::lock_guard lock(mu_);
-    rings_.emplace(hello.session_id, ring);
+    if (Status st = Assign(ring); !st.ok()) return refuse(st);
   }
   if (Status st = SendFd(conn, &answer, sizeof(answer), ring->mem.fd()); !st.ok()) {
     spdlog::debug("control ring for session {}: {}", hello.session_id, st.ToString());
   }
 }
 
-void RingServer::ReapEnded() {
-  std::vector<std::shared_ptr<Ring>> ended;
-  {
-    std::lock_guard lock(mu_);
-    for (auto it = rings_.begin(); it != rings_.end();) {
-      if (it->second->ended.load()) {
-        ended.push_back(std::move(it->second));
-        it = rings_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+Status RingServer::Assign(const std::shared_ptr<Ring>& ring) {
+  std::lock_guard lock(mu_);
+  Poller* least = nullptr;
+  for (auto& p : pollers_) {
+    if (least == nullptr || p->rings < least->rings) least = p.get();
   }
-  for (auto& ring : ended) ring->thread.join();
+  // A new poller while there are fewer than kPollers, or all are full.
+  if (least == nullptr || (least->rings > 0 && pollers_.size() < kPollers) ||
+      least->rings >= kRingsPerPoller) {
+    auto p = std::make_unique<Poller>();
+    try {
+      p->thread = std::thread([this, raw = p.get()] { Poll(*raw); });
+    } catch (const std::system_error& e) {  // out of threads: this session goes over gRPC
+      return Status::ResourceExhausted(std::string("no thread to serve the ring: ") + e.what());
+    }
+    least = p.get();
+    pollers_.push_back(std::move(p));
+  }
+  ++least->rings;
+  rings_.emplace(ring->session_id, ring);
+  {
+    std::lock_guard added(least->mu);
+    least->added.push_back(ring);
+  }
+  least->wake.fetch_add(1);
+  RingFutexWake(least->wake);
+  return Status::Ok();
 }
 
-void RingServer::Serve(const std::shared_ptr<Ring>& ring) {
-  RingHeader& h = ring->mem.header();
-  uint32_t head = 0;  // ours: the shared sq_head is only told
+void RingServer::ReapEnded() {
+  std::lock_guard lock(mu_);
+  for (auto it = rings_.begin(); it != rings_.end();) {
+    it = it->second->ended.load() ? rings_.erase(it) : std::next(it);
+  }
+  for (auto& p : pollers_) p->rings -= p->ended.exchange(0);
+}
+
+bool RingServer::Serve(const std::shared_ptr<Ring>& shared) {
+  Ring& ring = *shared;
+  RingHeader& h = ring.mem.header();
+  const uint32_t tail = h.sq_tail.load(std::memory_order_acquire);
+  if (tail == ring.head) return false;
+  if (tail - ring.head > kRingDepth) {
+    spdlog::warn("control ring of session {}: its tail ran {} entries ahead of what kvtierd "
+                 "took (at most {}): the ring is no longer served; its client uses gRPC",
+                 ring.session_id, tail - ring.head, kRingDepth);
+    ring.ended.store(true);
+    return false;
+  }
+  for (; ring.head != tail; ++ring.head) {
+    const uint32_t slot = h.sq[ring.head % kRingDepth].load(std::memory_order_acquire);
+    h.sq_head.store(ring.head + 1, std::memory_order_release);
+    Submit(shared, slot);
+  }
+  return true;
+}
+
+void RingServer::Poll(Poller& p) {
+  std::vector<std::shared_ptr<Ring>> rings;
+  auto close_ring = [&p](Ring& ring) {
+    RingHeader& h = ring.mem.header();
+    h.closed.store(1);
+    RingFutexWake(h.sq_tail);
+    for (uint32_t i = 0; i < kRingDepth; ++i) RingFutexWake(ring.mem.slot(i).done);
+    ring.ended.store(true);
+    p.ended.fetch_add(1);
+  };
+  std::vector<std::atomic<uint32_t>*> words;
+  std::vector<uint32_t> expected;
   auto last_work = SteadyTime::now();
   auto last_check = last_work;
   while (!stopping_.load(std::memory_order_relaxed)) {
-    const uint32_t tail = h.sq_tail.load(std::memory_order_acquire);
-    const auto now = SteadyTime::now();
-    if (now - last_check >= kIdleCheck) {  // busy or not
-      last_check = now;
-      if (core_.SessionToken(ring->session_id).empty()) break;  // the session ended
+    const uint32_t wake = p.wake.load();
+    {
+      std::lock_guard lock(p.mu);
+      for (auto& r : p.added) rings.push_back(std::move(r));
+      p.added.clear();
     }
-    if (tail == head) {
-      if (now - last_work < kSpin) {
-        RingCpuRelax();
+    auto now = SteadyTime::now();
+    const bool check = now - last_check >= kIdleCheck;  // busy or not
+    if (check) last_check = now;
+    bool worked = false;
+    for (size_t i = 0; i < rings.size();) {
+      Ring& ring = *rings[i];
+      if (check && core_.SessionToken(ring.session_id).empty()) ring.ended.store(true);
+      if (!ring.ended.load()) worked = Serve(rings[i]) || worked;
+      if (ring.ended.load()) {  // its session ended, or it ran away
+        close_ring(ring);
+        rings[i] = std::move(rings.back());
+        rings.pop_back();
         continue;
       }
-      h.daemon_idle.store(1);  // then look again: a client that saw 0 did not wake us
-      if (h.sq_tail.load() == head) RingFutexWait(h.sq_tail, head, kIdleCheck);
-      h.daemon_idle.store(0, std::memory_order_relaxed);
+      ++i;
+    }
+    now = SteadyTime::now();
+    if (worked) {
+      last_work = now;
       continue;
     }
-    if (tail - head > kRingDepth) {
-      spdlog::warn("control ring of session {}: its tail ran {} entries ahead of what kvtierd "
-                   "took (at most {}): the ring is no longer served; its client uses gRPC",
-                   ring->session_id, tail - head, kRingDepth);
-      break;
+    if (now - last_work < kSpin) {
+      RingSpinStep();
+      continue;
     }
-    for (; head != tail; ++head) {
-      const uint32_t slot = h.sq[head % kRingDepth].load(std::memory_order_acquire);
-      h.sq_head.store(head + 1, std::memory_order_release);
-      Submit(ring, slot);
+    // Sleep until a client rings (it wakes sq_tail when daemon_idle is set),
+    // a ring is added, or it is time to look for ended sessions. Look again
+    // after setting daemon_idle: a client that saw 0 did not wake us.
+    words.assign(1, &p.wake);
+    expected.assign(1, wake);
+    bool ready = false;
+    for (auto& r : rings) {
+      RingHeader& h = r->mem.header();
+      h.daemon_idle.store(1);
+      ready = ready || h.sq_tail.load() != r->head;
+      if (words.size() < kRingWaitAnyMax) {
+        words.push_back(&h.sq_tail);
+        expected.push_back(r->head);
+      }
     }
-    last_work = SteadyTime::now();
+    if (!ready) RingFutexWaitAny(words, expected, kIdleCheck);
+    for (auto& r : rings) r->mem.header().daemon_idle.store(0, std::memory_order_relaxed);
   }
-  h.closed.store(1);
-  RingFutexWake(h.sq_tail);
-  for (uint32_t i = 0; i < kRingDepth; ++i) RingFutexWake(ring->mem.slot(i).done);
-  ring->ended.store(true);
+  {
+    std::lock_guard lock(p.mu);
+    for (auto& r : p.added) rings.push_back(std::move(r));
+    p.added.clear();
+  }
+  for (auto& r : rings) close_ring(*r);
 }
 
 void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {

@@ -1,10 +1,13 @@
 // Serves the control ring (kvtier/control_ring.h): hands each session its
 // ring over `<socket>.ring` and answers what the session's client submits.
 //
-// One thread accepts and hands out rings; each ring has a thread that takes
-// its submissions in order (spinning briefly after work, then sleeping on the
-// ring's futex) and passes them to CacheCore as the gRPC service would. A
-// Lookup that promotes from NVMe is answered later by the core's I/O worker.
+// One thread accepts and hands out rings. A few poller threads (half the
+// cores; one more per 127 rings past that) serve them: each takes its rings'
+// submissions in order, passes them to CacheCore as the gRPC service would,
+// spins 50 us after its last work, then sleeps on all its rings' futexes at
+// once (futex_waitv). A thread per ring would put more spinners than cores on
+// a small machine, where they take turns burning each other's time. A Lookup
+// that promotes from NVMe is answered later by the core's I/O worker.
 // A ring whose queue indexes make no sense is no longer served (its client's
 // calls time out and fail open, as with a daemon that stopped reading); a
 // ring whose session ended is torn down within 100 ms.
@@ -38,13 +41,21 @@ class RingServer {
   void Stop();
 
   struct Ring;
+  struct Poller;
 
  private:
   void AcceptLoop();
   // Answers `conn`, whose `hello` has arrived whole, with its ring or a refusal.
   void Handshake(int conn, const RingHello& hello);
   static void Refuse(int conn, const Status& st);
-  void Serve(const std::shared_ptr<Ring>& ring);
+  // Hands `ring` to the poller with the fewest rings (a new one while there
+  // are fewer than kPollers, or when all are full). RESOURCE_EXHAUSTED: no
+  // thread for a new poller.
+  Status Assign(const std::shared_ptr<Ring>& ring);
+  void Poll(Poller& poller);
+  // Takes `ring`'s new submissions; true when there were any. A ring whose
+  // tail ran away is marked ended.
+  bool Serve(const std::shared_ptr<Ring>& ring);
   void Submit(const std::shared_ptr<Ring>& ring, uint32_t slot);
   void ReapEnded();
 
@@ -55,6 +66,7 @@ class RingServer {
   std::thread accept_thread_;
   std::mutex mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Ring>> rings_;  // by session; GUARDED_BY(mu_)
+  std::vector<std::unique_ptr<Poller>> pollers_;               // GUARDED_BY(mu_)
 };
 
 }  // namespace kvtier

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -175,6 +176,54 @@ TEST_F(ControlRingTest, LookupsGoOverTheRingAndAnswerAsGrpcDoes) {
     EXPECT_EQ(a->num_chunks, prefix / kChunkTokens);
   }
   EXPECT_EQ(RingLookups(), before + 5) << "the plain client's Lookups went over gRPC";
+}
+
+// kvtierd's threads (from /proc/<pid>/status).
+int DaemonThreads(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// Many sessions' rings are served by a few threads, not one each: a thread
+// per ring put more spinners than cores on a small machine (8 clients on 2
+// cores got half of one client's lookups/s). Every ring is still served, and
+// the rings of ended sessions are let go.
+TEST_F(ControlRingTest, ManyRingsShareAFewThreadsAndAreAllServed) {
+  auto first = Connect(/*ring=*/true);  // kvtierd's gRPC and first ring threads exist now
+  ASSERT_TRUE(first);
+  auto ns0 = first->OpenNamespace(TinySpec());
+  ASSERT_TRUE(ns0.ok());
+  ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*first, *ns0, Tokens(40, 2 * kChunkTokens)));
+  const int threads_before = DaemonThreads(daemon_.pid());
+  ASSERT_GT(threads_before, 0);
+  constexpr int kSessions = 24;
+  std::vector<std::unique_ptr<Client>> clients;
+  const uint64_t before = RingLookups();
+  for (int i = 0; i < kSessions; ++i) {
+    clients.push_back(Connect(/*ring=*/true));
+    ASSERT_TRUE(clients.back());
+    auto ns = clients.back()->OpenNamespace(TinySpec());
+    ASSERT_TRUE(ns.ok());
+    ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*clients.back(), *ns, Tokens(41 + i, 2 * kChunkTokens)));
+  }
+  EXPECT_EQ(RingLookups(), before + kSessions) << "some sessions' Loads did not use their ring";
+  const int threads_after = DaemonThreads(daemon_.pid());
+  // The cores' half in pollers at most, and some slack for gRPC's own pool.
+  EXPECT_LE(threads_after - threads_before,
+            static_cast<int>(std::thread::hardware_concurrency() / 2) + 4)
+      << kSessions << " rings took " << threads_after - threads_before << " more threads";
+  clients.clear();  // their sessions end; their rings are let go
+  auto last = Connect(/*ring=*/true);
+  ASSERT_TRUE(last);
+  auto ns = last->OpenNamespace(TinySpec());
+  ASSERT_TRUE(ns.ok());
+  const uint64_t calls = RingStat("ring_calls");
+  ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*last, *ns, Tokens(99, 2 * kChunkTokens)));
+  EXPECT_GE(RingStat("ring_calls"), calls + 3) << "a ring after many ended ones was not served";
 }
 
 // Peers that connect to the ring socket and never say hello hold up no one:

@@ -34,6 +34,8 @@
 // over its ring gets errors or nothing, and other sessions are not affected.
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -216,18 +218,25 @@ inline bool RingStatusCodeKnown(int32_t code) {
          code == static_cast<int32_t>(StatusCode::kIOError);
 }
 
-// One spin-wait step (x86 PAUSE) while polling a ring word.
-inline void RingCpuRelax() {
-#if defined(__x86_64__)
-  __builtin_ia32_pause();
-#endif
-}
+// One step of a spin-wait on a ring word: sched_yield, so that with more
+// waiters than cores (8 clients and kvtierd on 2 cores) a thread with work
+// gets the core instead of a spinner (`kvtier-bench scale`: PAUSE loops there
+// gave 0.5x a lone client's lookups/s and a p99 near 1 ms; PAUSE for the
+// first 5 us, then yields, was no better). With nothing else to run it
+// returns at once.
+inline void RingSpinStep() { sched_yield(); }
 
 // Blocks while `*word == expected`, at most `timeout` (a process-shared
 // futex). Returns early on a wake, a signal or a changed value.
 void RingFutexWait(std::atomic<uint32_t>& word, uint32_t expected,
                    std::chrono::nanoseconds timeout);
 void RingFutexWake(std::atomic<uint32_t>& word);
+// Blocks while `*words[i] == expected[i]` for every i, at most `timeout`
+// (futex_waitv, Linux 5.16+; a kernel without it sleeps at most 200 us
+// instead). At most kRingWaitAnyMax words.
+inline constexpr size_t kRingWaitAnyMax = 128;
+void RingFutexWaitAny(std::span<std::atomic<uint32_t>* const> words,
+                      std::span<const uint32_t> expected, std::chrono::nanoseconds timeout);
 
 // Handing a session its ring: the client connects to `<socket>.ring`, sends
 // RingHello, and gets one RingAnnouncement with the ring's fd attached.

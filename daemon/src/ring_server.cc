@@ -33,6 +33,8 @@ constexpr size_t kMaxRings = 1024;
 // serves as many rings as one futex_waitv sleeps on.
 const size_t kPollers = std::max(1u, std::thread::hardware_concurrency() / 2);
 constexpr size_t kRingsPerPoller = kRingWaitAnyMax - 1;  // and the poller's own wake word
+// Threads running ReserveWrite, CommitWrite, AbortWrite and PrefetchStatus.
+constexpr int kWorkers = 2;
 
 }  // namespace
 
@@ -135,6 +137,7 @@ struct RingServer::Poller {
 
 RingServer::RingServer(CacheCore& core, int listen_fd, PeerPolicy peers)
     : core_(core), listen_fd_(listen_fd), peers_(peers) {
+  for (int i = 0; i < kWorkers; ++i) workers_.emplace_back([this] { Work(); });
   accept_thread_ = std::thread([this] { AcceptLoop(); });
 }
 
@@ -155,6 +158,12 @@ void RingServer::Stop() {
     RingFutexWake(p->wake);
     p->thread.join();  // it closes its rings on the way out
   }
+  {
+    std::lock_guard lock(jobs_mu_);
+    workers_stop_ = true;
+  }
+  jobs_cv_.notify_all();
+  for (auto& w : workers_) w.join();  // after answering what the pollers handed them
 }
 
 void RingServer::AcceptLoop() {
@@ -442,7 +451,6 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
   core_.CountRingCall();
   const uint64_t session = ring->session_id;
   const uint64_t epoch = core_.epoch();
-  auto nothing = [](const auto&) {};
   switch (call->op) {
     case RingOp::kLookup:
       break;
@@ -454,27 +462,14 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
       return;
     }
     case RingOp::kReserveWrite:
-      return RunMessage<v1::ReserveWriteRequest, v1::ReserveWriteResponse>(
-          *ring, slot, *call, session, epoch,
-          [&](const auto& req, auto* resp) { return core_.ReserveWrite(req, resp); },
-          [&](const v1::ReserveWriteResponse& resp) {
-            v1::AbortWriteRequest abort;  // its client never sees the reservation
-            abort.set_session_id(session);
-            abort.set_reservation_id(resp.reservation_id());
-            if (resp.reservation_id() != 0) (void)core_.AbortWrite(abort);
-          });
     case RingOp::kCommitWrite:
-      return RunMessage<v1::CommitWriteRequest, v1::CommitWriteResponse>(
-          *ring, slot, *call, session, epoch,
-          [&](const auto& req, auto* resp) { return core_.CommitWrite(req, resp); }, nothing);
     case RingOp::kAbortWrite:
-      return RunMessage<v1::AbortWriteRequest, v1::AbortWriteResponse>(
-          *ring, slot, *call, session, epoch,
-          [&](const auto& req, auto*) { return core_.AbortWrite(req); }, nothing);
     case RingOp::kPrefetchStatus:
-      return RunMessage<v1::PrefetchStatusRequest, v1::PrefetchStatusResponse>(
-          *ring, slot, *call, session, epoch,
-          [&](const auto& req, auto* resp) { return core_.PrefetchStatus(req, resp); }, nothing);
+      // Off the poller: a ReserveWrite may wait for the NVMe writer
+      // (write-through backpressure), which must not hold up other rings.
+      return Defer([this, ring, slot, call = std::move(*call), session, epoch] {
+        RunMessageOp(ring, slot, call, session, epoch);
+      });
   }
   struct Job {
     v1::LookupRequest req;
@@ -501,6 +496,60 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
       (void)core->ReleaseRead(release);
     }
   });
+}
+
+void RingServer::RunMessageOp(const std::shared_ptr<Ring>& ring, uint32_t slot, const RingCall& call,
+                              uint64_t session, uint64_t epoch) {
+  auto nothing = [](const auto&) {};
+  switch (call.op) {
+    case RingOp::kReserveWrite:
+      return RunMessage<v1::ReserveWriteRequest, v1::ReserveWriteResponse>(
+          *ring, slot, call, session, epoch,
+          [&](const auto& req, auto* resp) { return core_.ReserveWrite(req, resp); },
+          [&](const v1::ReserveWriteResponse& resp) {
+            v1::AbortWriteRequest abort;  // its client never sees the reservation
+            abort.set_session_id(session);
+            abort.set_reservation_id(resp.reservation_id());
+            if (resp.reservation_id() != 0) (void)core_.AbortWrite(abort);
+          });
+    case RingOp::kCommitWrite:
+      return RunMessage<v1::CommitWriteRequest, v1::CommitWriteResponse>(
+          *ring, slot, call, session, epoch,
+          [&](const auto& req, auto* resp) { return core_.CommitWrite(req, resp); }, nothing);
+    case RingOp::kAbortWrite:
+      return RunMessage<v1::AbortWriteRequest, v1::AbortWriteResponse>(
+          *ring, slot, call, session, epoch,
+          [&](const auto& req, auto*) { return core_.AbortWrite(req); }, nothing);
+    case RingOp::kPrefetchStatus:
+      return RunMessage<v1::PrefetchStatusRequest, v1::PrefetchStatusResponse>(
+          *ring, slot, call, session, epoch,
+          [&](const auto& req, auto* resp) { return core_.PrefetchStatus(req, resp); }, nothing);
+    case RingOp::kLookup:
+    case RingOp::kReleaseRead:
+      break;  // the poller's own
+  }
+}
+
+void RingServer::Defer(std::function<void()> job) {
+  {
+    std::lock_guard lock(jobs_mu_);
+    jobs_.push_back(std::move(job));
+  }
+  jobs_cv_.notify_one();
+}
+
+void RingServer::Work() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock lock(jobs_mu_);
+      jobs_cv_.wait(lock, [&] { return !jobs_.empty() || workers_stop_; });
+      if (jobs_.empty()) return;  // stopping, and every call taken is answered
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();
+  }
 }
 
 }  // namespace kvtier

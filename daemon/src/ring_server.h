@@ -8,6 +8,9 @@
 // once (futex_waitv). A thread per ring would put more spinners than cores on
 // a small machine, where they take turns burning each other's time. A Lookup
 // that promotes from NVMe is answered later by the core's I/O worker.
+// ReserveWrite, CommitWrite, AbortWrite and PrefetchStatus run on two worker
+// threads: a ReserveWrite may wait for the NVMe writer (write-through
+// backpressure), and the pollers' other rings must not wait with it.
 // A ring whose queue indexes make no sense is no longer served (its client's
 // calls time out and fail open, as with a daemon that stopped reading); a
 // ring whose session ended is torn down within 100 ms.
@@ -16,6 +19,9 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -57,6 +63,12 @@ class RingServer {
   // tail ran away is marked ended.
   bool Serve(const std::shared_ptr<Ring>& ring);
   void Submit(const std::shared_ptr<Ring>& ring, uint32_t slot);
+  // Runs ReserveWrite to PrefetchStatus (their v1 messages) and answers.
+  void RunMessageOp(const std::shared_ptr<Ring>& ring, uint32_t slot, const RingCall& call,
+                    uint64_t session, uint64_t epoch);
+  // Hands `job` to a worker.
+  void Defer(std::function<void()> job);
+  void Work();  // a worker's loop
   void ReapEnded();
 
   CacheCore& core_;
@@ -67,6 +79,11 @@ class RingServer {
   std::mutex mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Ring>> rings_;  // by session; GUARDED_BY(mu_)
   std::vector<std::unique_ptr<Poller>> pollers_;               // GUARDED_BY(mu_)
+  std::mutex jobs_mu_;
+  std::condition_variable jobs_cv_;
+  std::deque<std::function<void()>> jobs_;  // GUARDED_BY(jobs_mu_)
+  bool workers_stop_ = false;               // GUARDED_BY(jobs_mu_)
+  std::vector<std::thread> workers_;
 };
 
 }  // namespace kvtier

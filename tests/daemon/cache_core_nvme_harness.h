@@ -46,6 +46,7 @@ class CacheCoreNvmeTest : public CacheCoreHarness {
     o.nvme_write_policy = policy;
     o.selective_min_hits = 2;
     o.write_back_buffer_bytes = write_back_buffer_bytes;
+    o.write_through_wait = write_through_wait_;
     Start(o, std::move(nvme).value(), engine_keyed);
   }
 
@@ -59,6 +60,7 @@ class CacheCoreNvmeTest : public CacheCoreHarness {
   std::unique_ptr<IoUringFileDevice> inner_;
   FaultInjectionDevice* faulty_ = nullptr;
   Fault fault_ = Fault::kEio;
+  std::chrono::milliseconds write_through_wait_{CacheCoreOptions{}.write_through_wait};
 };
 
 // Stores `a` (3 chunks) and then a 6-chunk prompt into a DRAM of 6 slots

@@ -1,0 +1,129 @@
+// RingServer (daemon/src/ring_server.h) in process, over a CacheCore whose
+// NVMe writer is held back, so that a ReserveWrite waits on write-through
+// backpressure for as long as the test says.
+#include "ring_server.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "daemon/cache_core_nvme_harness.h"
+#include "kvtier/control_ring.h"
+#include "peer_listener.h"
+
+namespace kvtier::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+class RingServerTest : public CacheCoreNvmeTest {
+ protected:
+  void TearDown() override {
+    if (server_) server_->Stop();
+  }
+
+  void StartServer() {
+    socket_ = (dir_ / "kvtierd.sock").string();
+    auto fd = ListenUnix(RingSocketPath(socket_), 0600, std::nullopt);
+    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+    server_ = std::make_unique<RingServer>(*core_, *fd, PeerPolicy(geteuid(), std::nullopt));
+  }
+
+  RingMemory RingOf(uint64_t session) {
+    auto fd = RequestRingFd(socket_, session, core_->SessionToken(session), 2000);
+    EXPECT_TRUE(fd.ok()) << fd.status().ToString();
+    auto ring = RingMemory::Map(*fd, session);
+    EXPECT_TRUE(ring.ok()) << ring.status().ToString();
+    return std::move(ring).value();
+  }
+
+  // Writes `e` (seq set here) into `slot` and appends it to the ring's queue.
+  static uint32_t Submit(RingMemory& ring, uint32_t slot, RingSubmission e) {
+    static uint32_t seq = 1;
+    e.seq = ++seq;
+    ring.slot(slot).done.store(0);
+    std::memcpy(static_cast<void*>(&ring.slot(slot).submission), &e, sizeof(e));
+    RingHeader& h = ring.header();
+    const uint32_t tail = h.sq_tail.load();
+    h.sq[tail % kRingDepth].store(slot);
+    h.sq_tail.store(tail + 1);
+    RingFutexWake(h.sq_tail);
+    return e.seq;
+  }
+
+  static bool Answered(RingMemory& ring, uint32_t slot, uint32_t seq, std::chrono::milliseconds wait) {
+    for (const auto until = Clock::now() + wait; Clock::now() < until;) {
+      if (ring.slot(slot).done.load() == seq) return true;
+      std::this_thread::sleep_for(1ms);
+    }
+    return false;
+  }
+
+  std::string socket_;
+  std::unique_ptr<RingServer> server_;
+};
+
+// A ReserveWrite that waits for the NVMe writer (write-through backpressure)
+// holds up no other ring: another session's Lookup, and a Lookup on the same
+// ring behind it, are answered at once. (When ops ran on the poller, both
+// waited for the ReserveWrite.)
+TEST_F(RingServerTest, AReserveWaitingForTheNvmeWriterHoldsUpNoLookup) {
+  write_through_wait_ = 1500ms;
+  StartWithNvme(/*dram_slots=*/4, /*good_writes=*/1000);
+  ASSERT_EQ(Store(Tokens(16)), 4u);  // the whole arena waits for the writer, which never runs
+  StartServer();
+  const uint64_t other = core_->OpenSession("other", 2);
+  {
+    v1::OpenNamespaceRequest req;
+    req.set_session_id(other);
+    *req.mutable_spec() = TinyProtoSpec();
+    v1::OpenNamespaceResponse resp;
+    ASSERT_TRUE(core_->OpenNamespace(req, &resp).ok());
+  }
+  RingMemory mine = RingOf(session_);
+  RingMemory theirs = RingOf(other);
+
+  const std::string reserve = ReserveRequest(Tokens(8, 500), session_).SerializeAsString();
+  std::memcpy(mine.data(0).data(), reserve.data(), reserve.size());
+  RingSubmission r;
+  r.op = static_cast<uint32_t>(RingOp::kReserveWrite);
+  r.message_bytes = static_cast<uint32_t>(reserve.size());
+  const auto start = Clock::now();
+  const uint32_t reserve_seq = Submit(mine, 0, r);
+  std::this_thread::sleep_for(50ms);  // the ReserveWrite is waiting for the writer now
+
+  const auto prompt = Tokens(16);
+  RingSubmission l;
+  l.op = static_cast<uint32_t>(RingOp::kLookup);
+  l.token_count = prompt.size();
+  ns_.ToBytes(reinterpret_cast<std::byte*>(l.namespace_id));
+  for (RingMemory* ring : {&theirs, &mine}) {
+    std::memcpy(ring->data(1).data(), prompt.data(), prompt.size() * sizeof(int32_t));
+    const uint32_t seq = Submit(*ring, 1, l);
+    ASSERT_TRUE(Answered(*ring, 1, seq, 500ms))
+        << (ring == &theirs ? "another session's" : "the same session's")
+        << " Lookup waited behind the ReserveWrite";
+    RingCompletion c;
+    std::memcpy(&c, &ring->slot(1).completion, sizeof(c));
+    EXPECT_EQ(c.code, 0);
+    EXPECT_EQ(c.num_chunks, 4u);
+  }
+  EXPECT_FALSE(mine.slot(0).done.load() == reserve_seq) << "the ReserveWrite did not wait";
+  ASSERT_TRUE(Answered(mine, 0, reserve_seq, 5000ms));
+  EXPECT_GE(Clock::now() - start, 1400ms);
+  RingCompletion c;
+  std::memcpy(&c, &mine.slot(0).completion, sizeof(c));
+  EXPECT_EQ(c.code, 0);
+  v1::ReserveWriteResponse resp;
+  ASSERT_TRUE(resp.ParseFromArray(mine.data(0).data(), static_cast<int>(c.message_bytes)));
+  EXPECT_EQ(resp.reservation_id(), 0u);
+  ASSERT_EQ(resp.outcomes_size(), 2);
+  EXPECT_EQ(resp.outcomes(0), v1::NVME_BEHIND);
+}
+
+}  // namespace
+}  // namespace kvtier::testing

@@ -1,9 +1,11 @@
-// ChunkIndex::SubtreesDeepestFirst: the chunks picked plus all their
-// descendants, each child before its parent (the order of a leaf-first removal).
+// ChunkIndex: its open-addressed key table against a std::map, and
+// SubtreesDeepestFirst: the chunks picked plus all their descendants, each
+// child before its parent (the order of a leaf-first removal).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
+#include <random>
 #include <set>
 
 #include "kvtier/tiers/chunk_index.h"
@@ -13,6 +15,65 @@ namespace {
 
 ChunkKey K(uint64_t n) { return ChunkKey{n, 0}; }
 constexpr uint64_t kRoot = 1000;  // the namespace id: parent of first chunks, never an entry
+
+// Inserts and erases at random, many keys sharing a home position (their low
+// bits: long probe runs that wrap around the table's end, so erases shift
+// handles back across it), and checks every key against a std::map after each
+// step: found with its own entry, or absent; ForEach lists each live handle once.
+TEST(ChunkIndexTest, FindAgreesWithAMapThroughInsertsErasesAndGrowth) {
+  ChunkIndex index;
+  std::map<std::pair<uint64_t, uint64_t>, uint32_t> model;  // (lo, hi) -> handle
+  std::mt19937_64 rng(7);
+  std::vector<ChunkKey> keys;
+  for (uint64_t i = 0; i < 600; ++i) {
+    // Low bits from 40 values (shared homes), and near the top of a 16- to
+    // 1024-position table (runs that wrap); hi tells the keys apart.
+    keys.push_back(ChunkKey{(rng() % 40) | ((rng() % 2) ? 0 : 0x3F0), i + 1});
+  }
+  for (int step = 0; step < 6000; ++step) {
+    const ChunkKey& k = keys[rng() % keys.size()];
+    const auto it = model.find({k.lo, k.hi});
+    if (it == model.end()) {
+      ChunkEntry e;
+      e.key = k;
+      e.slot_offset = k.hi * 4096;
+      model[{k.lo, k.hi}] = index.Insert(e);
+    } else if (rng() % 3 != 0) {  // erase more often than not once present
+      index.Erase(it->second);
+      model.erase(it);
+    }
+    if (step % 97 != 0 && step < 5900) continue;
+    ASSERT_EQ(index.size(), model.size()) << "step " << step;
+    for (const ChunkKey& q : keys) {
+      const uint32_t h = index.Find(q);
+      const auto m = model.find({q.lo, q.hi});
+      if (m == model.end()) {
+        ASSERT_EQ(h, ChunkIndex::kNone) << "step " << step << ": an erased key is found";
+      } else {
+        ASSERT_EQ(h, m->second) << "step " << step << ": key " << q.hi << " lost";
+        ASSERT_EQ(index.Get(h).slot_offset, q.hi * 4096);
+      }
+    }
+    std::set<uint32_t> listed;
+    index.ForEach([&](uint32_t h) { EXPECT_TRUE(listed.insert(h).second) << "listed twice"; });
+    ASSERT_EQ(listed.size(), model.size());
+  }
+}
+
+TEST(ChunkIndexTest, ReserveKeepsWhatIsThere) {
+  ChunkIndex index;
+  std::vector<uint32_t> handles;
+  for (uint64_t i = 0; i < 100; ++i) {
+    ChunkEntry e;
+    e.key = ChunkKey{i * 0x9E3779B97F4A7C15ULL, i};
+    handles.push_back(index.Insert(e));
+  }
+  index.Reserve(100000);
+  for (uint64_t i = 0; i < 100; ++i) {
+    EXPECT_EQ(index.Find(ChunkKey{i * 0x9E3779B97F4A7C15ULL, i}), handles[i]);
+  }
+  EXPECT_EQ(index.Find(ChunkKey{1, 1000}), ChunkIndex::kNone);
+}
 
 class SubtreesTest : public ::testing::Test {
  protected:

@@ -5,6 +5,7 @@
 namespace kvtier {
 
 uint32_t ChunkIndex::Insert(const ChunkEntry& entry) {
+  if ((size_ + 1) * 4 > table_.size() * 3) Rehash(std::max<size_t>(16, table_.size() * 2));
   uint32_t handle;
   if (!free_handles_.empty()) {
     handle = free_handles_.back();
@@ -14,14 +15,47 @@ uint32_t ChunkIndex::Insert(const ChunkEntry& entry) {
     handle = static_cast<uint32_t>(entries_.size());
     entries_.push_back(entry);
   }
-  map_.emplace(entry.key, handle);
+  size_t i = Home(entry.key);
+  while (table_[i] != kNone) i = (i + 1) & mask_;
+  table_[i] = handle;
+  ++size_;
   return handle;
 }
 
 void ChunkIndex::Erase(uint32_t handle) {
-  map_.erase(entries_[handle].key);
+  size_t i = Home(entries_[handle].key);
+  while (table_[i] != handle) i = (i + 1) & mask_;
+  // Backward shift: move up each later handle of the run that may sit at i
+  // (its home is not cyclically within (i, j]), so no probe meets a hole.
+  for (size_t j = (i + 1) & mask_; table_[j] != kNone; j = (j + 1) & mask_) {
+    const size_t home = Home(entries_[table_[j]].key);
+    if (((j - home) & mask_) >= ((j - i) & mask_)) {
+      table_[i] = table_[j];
+      i = j;
+    }
+  }
+  table_[i] = kNone;
+  --size_;
   entries_[handle] = ChunkEntry{};
   free_handles_.push_back(handle);
+}
+
+void ChunkIndex::Reserve(size_t num_chunks) {
+  size_t capacity = 16;
+  while (capacity * 3 < num_chunks * 4) capacity *= 2;
+  if (capacity > table_.size()) Rehash(capacity);
+}
+
+void ChunkIndex::Rehash(size_t capacity) {
+  std::vector<uint32_t> old = std::move(table_);
+  table_.assign(capacity, kNone);
+  mask_ = capacity - 1;
+  for (const uint32_t h : old) {
+    if (h == kNone) continue;
+    size_t i = Home(entries_[h].key);
+    while (table_[i] != kNone) i = (i + 1) & mask_;
+    table_[i] = h;
+  }
 }
 
 std::vector<uint32_t> ChunkIndex::SubtreesDeepestFirst(
@@ -36,12 +70,13 @@ std::vector<uint32_t> ChunkIndex::SubtreesDeepestFirst(
   std::vector<Mark> marks(entries_.size());
   std::vector<uint32_t> path;
   std::vector<std::pair<uint32_t, uint32_t>> picked;  // (depth, handle)
-  for (const auto& [key, start] : map_) {
+  for (const uint32_t start : table_) {
+    if (start == kNone) continue;
     path.clear();
     uint32_t h = start;
     // Up to the first chunk already marked or the top; a chain longer than the
     // index (a cycle, which chained hashes cannot make) stops there.
-    while (!marks[h].known && path.size() <= map_.size()) {
+    while (!marks[h].known && path.size() <= size_) {
       path.push_back(h);
       const uint32_t parent = Find(entries_[h].parent);
       if (parent == kNone) break;

@@ -2,14 +2,16 @@
 //
 // Entries are addressed by small integer handles (stable while the entry
 // exists) so that policies and leases can refer to them cheaply. An entry is
-// about 56 bytes plus its hash-map node; DESIGN.md budgets 256 B per chunk.
+// 64 bytes, plus 5.3-10.7 bytes of its key's table: an open-addressed array
+// of handles (linear probing, at most 3/4 full, backward-shift erase), whose
+// keys live in the entries. A std::unordered_map node cost about 56 bytes
+// more per chunk. DESIGN.md budgets 256 B per chunk (issue 11: 64 B).
 //
 // Thread-safety: not thread-safe; the owning tier serializes calls.
 #pragma once
 
 #include <cstdint>
 #include <functional>
-#include <unordered_map>
 #include <vector>
 
 #include "kvtier/chunk_key.h"
@@ -41,8 +43,11 @@ class ChunkIndex {
 
   // Handle of `key`, or kNone.
   uint32_t Find(const ChunkKey& key) const {
-    auto it = map_.find(key);
-    return it == map_.end() ? kNone : it->second;
+    if (table_.empty()) return kNone;
+    for (size_t i = Home(key);; i = (i + 1) & mask_) {
+      const uint32_t h = table_[i];
+      if (h == kNone || entries_[h].key == key) return h;
+    }
   }
   // Adds `entry`. REQUIRES: Find(entry.key) == kNone.
   uint32_t Insert(const ChunkEntry& entry);
@@ -51,16 +56,18 @@ class ChunkIndex {
 
   ChunkEntry& Get(uint32_t handle) { return entries_[handle]; }
   const ChunkEntry& Get(uint32_t handle) const { return entries_[handle]; }
-  size_t size() const { return map_.size(); }
+  size_t size() const { return size_; }
   // Every handle is less than this (a size for arrays indexed by handle).
   size_t handle_bound() const { return entries_.size(); }
   // Calls f(handle) for every chunk, in no particular order. `f` must not
   // insert or erase.
   template <typename F>
   void ForEach(F&& f) const {
-    for (const auto& entry : map_) f(entry.second);
+    for (const uint32_t h : table_) {
+      if (h != kNone) f(h);
+    }
   }
-  void Reserve(size_t num_chunks) { map_.reserve(num_chunks); }
+  void Reserve(size_t num_chunks);
 
   // The chunks `pick(handle)` selects and every descendant of theirs here,
   // deepest first: each child comes before its parent, the order a leaf-first
@@ -68,7 +75,14 @@ class ChunkIndex {
   std::vector<uint32_t> SubtreesDeepestFirst(const std::function<bool(uint32_t)>& pick) const;
 
  private:
-  std::unordered_map<ChunkKey, uint32_t, ChunkKeyHash> map_;
+  // Chunk keys are uniform 128-bit hashes already: their low bits place them.
+  size_t Home(const ChunkKey& key) const { return static_cast<size_t>(key.lo) & mask_; }
+  // Rebuilds the table with `capacity` positions (a power of two).
+  void Rehash(size_t capacity);
+
+  std::vector<uint32_t> table_;  // handles, kNone where empty; a power-of-two size
+  size_t mask_ = 0;              // table_.size() - 1
+  size_t size_ = 0;
   std::vector<ChunkEntry> entries_;
   std::vector<uint32_t> free_handles_;
 };

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -386,7 +387,8 @@ class Client::Impl {
   explicit Impl(const ClientOptions& o) : options_(o) {
     if (options_.socket_path.empty()) options_.socket_path = DefaultSocketPath();
     if (const char* ring = std::getenv("KVTIER_CONTROL_RING"); ring != nullptr) {
-      const std::string_view v(ring);
+      std::string v(ring);  // any case: OFF, False
+      for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       if (v == "0" || v == "false" || v == "off" || v == "no") options_.control_ring = false;
     }
   }

@@ -178,6 +178,21 @@ TEST_F(ControlRingTest, LookupsGoOverTheRingAndAnswerAsGrpcDoes) {
   EXPECT_EQ(RingLookups(), before + 5) << "the plain client's Lookups went over gRPC";
 }
 
+// KVTIER_CONTROL_RING's off values count in any case (OFF, False).
+TEST_F(ControlRingTest, TheEnvironmentTurnsTheRingOffInAnyCase) {
+  for (const char* off : {"OFF", "False", "No"}) {
+    setenv("KVTIER_CONTROL_RING", off, 1);
+    auto c = Connect(/*ring=*/true);
+    unsetenv("KVTIER_CONTROL_RING");
+    ASSERT_TRUE(c);
+    auto ns = c->OpenNamespace(TinySpec());
+    ASSERT_TRUE(ns.ok());
+    const uint64_t calls = RingStat("ring_calls");
+    ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*c, *ns, Tokens(60, 2 * kChunkTokens)));
+    EXPECT_EQ(RingStat("ring_calls"), calls) << "KVTIER_CONTROL_RING=" << off << " left the ring on";
+  }
+}
+
 // kvtierd's threads (from /proc/<pid>/status).
 int DaemonThreads(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");

@@ -63,5 +63,18 @@ TEST_F(ReplayTest, HitTokensCountOnlyTheVerifiedLeadingRun) {
   EXPECT_EQ(s["hit_tokens"].get<uint64_t>(), 2048u);
 }
 
+// A --json path that cannot be written is refused before the replay, not
+// after it (it used to run the whole trace, then say "cannot write").
+TEST_F(ReplayTest, AJsonPathThatCannotBeWrittenIsRefusedBeforeTheRun) {
+  const std::string missing = dir_.Sub("no-such-dir/out.json");
+  // No daemon at this socket: a check before the run answers first.
+  CommandResult r = RunCommand({BinPath("kvtier-replay"), "--socket", dir_.Sub("nobody.sock"),
+                                "--generate", "3", "--quiet", "--json", missing},
+                               30s);
+  EXPECT_EQ(r.exit.exit_code, 2) << r.Describe();
+  EXPECT_NE(r.err.find("--json " + missing), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("not reachable"), std::string::npos) << "it tried the run first: " << r.err;
+}
+
 }  // namespace
 }  // namespace kvtier::integration

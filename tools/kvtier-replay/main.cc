@@ -11,8 +11,11 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <random>
@@ -90,6 +93,15 @@ int main(int argc, char** argv) {
   if (trace_path.empty() && generate == 0) {
     std::fprintf(stderr, "kvtier-replay: give --trace FILE or --generate N\n");
     return 2;
+  }
+  if (!json_path.empty()) {  // before the run, not after it
+    const std::filesystem::path dir = std::filesystem::path(json_path).parent_path();
+    const std::string d = dir.empty() ? "." : dir.string();
+    if (access(d.c_str(), W_OK) != 0) {
+      std::fprintf(stderr, "kvtier-replay: --json %s: cannot write into %s: %s\n",
+                   json_path.c_str(), d.c_str(), std::strerror(errno));
+      return 2;
+    }
   }
   auto spec = kvtier::tools::ModelPreset(model, chunk_tokens);
   if (!spec.ok()) {

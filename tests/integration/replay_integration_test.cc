@@ -74,6 +74,12 @@ TEST_F(ReplayTest, AJsonPathThatCannotBeWrittenIsRefusedBeforeTheRun) {
   EXPECT_EQ(r.exit.exit_code, 2) << r.Describe();
   EXPECT_NE(r.err.find("--json " + missing), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("not reachable"), std::string::npos) << "it tried the run first: " << r.err;
+  // A folder is not a file to write.
+  r = RunCommand({BinPath("kvtier-replay"), "--socket", dir_.Sub("nobody.sock"), "--generate", "3",
+                  "--quiet", "--json", dir_.Sub("")},
+                 30s);
+  EXPECT_EQ(r.exit.exit_code, 2) << r.Describe();
+  EXPECT_NE(r.err.find("is a folder"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -97,6 +97,12 @@ int main(int argc, char** argv) {
   if (!json_path.empty()) {  // before the run, not after it
     const std::filesystem::path dir = std::filesystem::path(json_path).parent_path();
     const std::string d = dir.empty() ? "." : dir.string();
+    std::error_code ec;
+    if (std::filesystem::is_directory(json_path, ec)) {
+      std::fprintf(stderr, "kvtier-replay: --json %s is a folder; give a file path\n",
+                   json_path.c_str());
+      return 2;
+    }
     if (access(d.c_str(), W_OK) != 0) {
       std::fprintf(stderr, "kvtier-replay: --json %s: cannot write into %s: %s\n",
                    json_path.c_str(), d.c_str(), std::strerror(errno));

@@ -131,8 +131,7 @@ struct RingServer::Poller {
   std::atomic<uint32_t> wake{0};
   std::mutex mu;
   std::vector<std::shared_ptr<Ring>> added;  // handed over, not yet taken; GUARDED_BY(mu)
-  size_t rings = 0;  // rings handed to it and not yet ended; GUARDED_BY(RingServer::mu_)
-  std::atomic<size_t> ended{0};  // of those, ended since (the accept loop subtracts them)
+  std::atomic<size_t> rings{0};  // handed to it and not yet closed
 };
 
 RingServer::RingServer(CacheCore& core, int listen_fd, PeerPolicy peers)
@@ -326,7 +325,6 @@ void RingServer::ReapEnded() {
   for (auto it = rings_.begin(); it != rings_.end();) {
     it = it->second->ended.load() ? rings_.erase(it) : std::next(it);
   }
-  for (auto& p : pollers_) p->rings -= p->ended.exchange(0);
 }
 
 bool RingServer::Serve(const std::shared_ptr<Ring>& shared) {
@@ -357,7 +355,12 @@ void RingServer::Poll(Poller& p) {
     RingFutexWake(h.sq_tail);
     for (uint32_t i = 0; i < kRingDepth; ++i) RingFutexWake(ring.mem.slot(i).done);
     ring.ended.store(true);
-    p.ended.fetch_add(1);
+    p.rings.fetch_sub(1);
+  };
+  auto take_added = [&p, &rings] {
+    std::lock_guard lock(p.mu);
+    for (auto& r : p.added) rings.push_back(std::move(r));
+    p.added.clear();
   };
   std::vector<std::atomic<uint32_t>*> words;
   std::vector<uint32_t> expected;
@@ -365,11 +368,7 @@ void RingServer::Poll(Poller& p) {
   auto last_check = last_work;
   while (!stopping_.load(std::memory_order_relaxed)) {
     const uint32_t wake = p.wake.load();
-    {
-      std::lock_guard lock(p.mu);
-      for (auto& r : p.added) rings.push_back(std::move(r));
-      p.added.clear();
-    }
+    take_added();
     auto now = SteadyTime::now();
     const bool check = now - last_check >= kIdleCheck;  // busy or not
     if (check) last_check = now;
@@ -413,11 +412,7 @@ void RingServer::Poll(Poller& p) {
     if (!ready) RingFutexWaitAny(words, expected, kIdleCheck);
     for (auto& r : rings) r->mem.header().daemon_idle.store(0, std::memory_order_relaxed);
   }
-  {
-    std::lock_guard lock(p.mu);
-    for (auto& r : p.added) rings.push_back(std::move(r));
-    p.added.clear();
-  }
+  take_added();
   for (auto& r : rings) close_ring(*r);
 }
 

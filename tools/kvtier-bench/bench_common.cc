@@ -1,5 +1,7 @@
 #include "bench_common.h"
 
+#include <algorithm>
+
 #include <cstring>
 
 #include "kvtier/tools/synthetic_kv.h"
@@ -55,6 +57,29 @@ StoreLoadSeconds StoreLoadVerified(Client& client, const NamespaceHandle& ns,
   }
   if (std::memcmp(src.data(), dst.data(), src.size()) != 0) Die("loaded bytes differ from stored");
   return {Seconds(t1 - t0), Seconds(t2 - t1)};
+}
+
+NamespaceSpec LookupSpec(const std::string& model) {
+  NamespaceSpec spec;
+  spec.model_id = model;
+  spec.num_layers = 2;
+  spec.num_kv_heads = 1;
+  spec.head_dim = 64;
+  spec.chunk_tokens = 256;
+  return spec;
+}
+
+uint64_t StoreZerosOrDie(Client& client, const NamespaceHandle& ns,
+                         std::span<const int32_t> tokens) {
+  const uint64_t chunks = tokens.size() / ns.spec.chunk_tokens;
+  auto st = Must(client.Store(ns, tokens,
+                              [](size_t, std::span<std::byte> p) {
+                                std::fill(p.begin(), p.end(), std::byte{0});
+                                return Status::Ok();
+                              }),
+                 "store");
+  if (st.stored_chunks + st.already_stored_chunks != chunks) Die("the prompt did not fit in DRAM");
+  return chunks;
 }
 
 }  // namespace kvtier::bench

@@ -44,6 +44,14 @@ std::vector<int32_t> UniquePrompt(uint64_t seed, size_t num_tokens);
 // A namespace whose chunk payload is exactly `payload_bytes` (256 B per token).
 NamespaceSpec BenchSpec(uint64_t payload_bytes, const std::string& model);
 
+// The lookup benchmarks' namespace (lookup, scale): tiny, 512 B per token,
+// 256-token chunks.
+NamespaceSpec LookupSpec(const std::string& model);
+// Stores `tokens` in `ns` with zero payloads; exits unless every chunk is in DRAM.
+// Returns the number of chunks.
+uint64_t StoreZerosOrDie(Client& client, const NamespaceHandle& ns,
+                         std::span<const int32_t> tokens);
+
 // One engine request's Store of `src` then Load into `dst` (the prompt's chunks, each
 // `src.size() / chunks` bytes), checked: every chunk stored and loaded, dst == src.
 // Exits on any shortfall. Returns the seconds of each call.

@@ -109,24 +109,11 @@ int RunLookup(const std::string& socket, int iterations, uint64_t prompt_tokens)
   auto client = ConnectOrDie(socket);                         // Lookups over the control ring
   auto grpc_client = ConnectOrDie(socket, /*control_ring=*/false);  // the same over gRPC
   auto admin = AdminStub(socket);
-  kvtier::NamespaceSpec spec;  // tiny: 512 B/token, 256-token chunks
-  spec.model_id = "bench-lookup";
-  spec.num_layers = 2;
-  spec.num_kv_heads = 1;
-  spec.head_dim = 64;
-  spec.chunk_tokens = 256;
+  const kvtier::NamespaceSpec spec = kvtier::bench::LookupSpec("bench-lookup");
   auto ns = Must(client->OpenNamespace(spec), "open namespace");
   auto grpc_ns = Must(grpc_client->OpenNamespace(spec), "open namespace");
   const auto tokens = UniquePrompt(static_cast<uint64_t>(getpid()), prompt_tokens);
-  std::vector<std::byte> zeros(ns.layout.payload_bytes);
-  auto st = Must(client->Store(ns, tokens,
-                               [&](size_t, std::span<std::byte> p) {
-                                 std::memset(p.data(), 0, p.size());
-                                 return kvtier::Status::Ok();
-                               }),
-                 "store");
-  const uint64_t chunks = prompt_tokens / spec.chunk_tokens;
-  if (st.stored_chunks + st.already_stored_chunks != chunks) Die("the prompt did not fit in DRAM");
+  const uint64_t chunks = kvtier::bench::StoreZerosOrDie(*client, ns, tokens);
   const uint64_t ring_before = Must(admin->Stats(), "stats").ring_lookups;
   std::vector<double> lookup_us, grpc_us, hash_us, rpc_us, baseline_hash_us;
   for (int it = 0; it < iterations; ++it) {

@@ -32,22 +32,9 @@ Session OpenSession(const std::string& socket, bool control_ring, uint64_t seed,
                     uint64_t prompt_tokens) {
   Session s;
   s.client = ConnectOrDie(socket, control_ring);
-  NamespaceSpec spec;  // tiny: 512 B/token, 256-token chunks, as `kvtier-bench lookup`
-  spec.model_id = "bench-scale";
-  spec.num_layers = 2;
-  spec.num_kv_heads = 1;
-  spec.head_dim = 64;
-  spec.chunk_tokens = 256;
-  s.ns = Must(s.client->OpenNamespace(spec), "open namespace");
+  s.ns = Must(s.client->OpenNamespace(LookupSpec("bench-scale")), "open namespace");
   s.tokens = UniquePrompt(seed, prompt_tokens);
-  s.chunks = prompt_tokens / spec.chunk_tokens;
-  auto st = Must(s.client->Store(s.ns, s.tokens,
-                                 [](size_t, std::span<std::byte> p) {
-                                   std::fill(p.begin(), p.end(), std::byte{0});
-                                   return Status::Ok();
-                                 }),
-                 "store");
-  if (st.stored_chunks + st.already_stored_chunks != s.chunks) Die("the prompt did not fit in DRAM");
+  s.chunks = StoreZerosOrDie(*s.client, s.ns, s.tokens);
   return s;
 }
 

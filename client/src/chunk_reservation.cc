@@ -10,6 +10,8 @@ namespace kvtier {
 struct ChunkReservation::State {
   std::shared_ptr<Connection> conn;
   std::function<void(const std::shared_ptr<Connection>&, const Status&)> report;
+  // Aborts the reservation off the caller's path (Client::Impl::AbortLater).
+  std::function<void(const std::shared_ptr<Connection>&, uint64_t)> abort_later;
   std::chrono::milliseconds deadline{0};
   uint64_t reservation_id = 0;
   uint64_t payload_bytes = 0;
@@ -26,6 +28,7 @@ ChunkReservation& ChunkReservation::operator=(ChunkReservation&& other) noexcept
     Abort();
     state_ = std::move(other.state_);
     already_stored_chunks = other.already_stored_chunks;
+    being_written_chunks = other.being_written_chunks;
     dropped_chunks = other.dropped_chunks;
     fail_open = std::move(other.fail_open);
   }
@@ -66,6 +69,7 @@ void ChunkReservation::Abort() {
 Result<StoreResult> ChunkReservation::Commit() {
   StoreResult result;
   result.already_stored_chunks = already_stored_chunks;
+  result.being_written_chunks = being_written_chunks;
   result.dropped_chunks = dropped_chunks;
   result.fail_open = fail_open;
   if (!state_ || state_->reservation_id == 0) return result;  // nothing was reserved
@@ -84,6 +88,9 @@ Result<StoreResult> ChunkReservation::Commit() {
                         });
   state_->report(state_->conn, st);
   if (!st.ok()) {
+    // Unanswered, the commit may never run; the reservation would then hold
+    // its keys (no one could store them) until its TTL.
+    state_->abort_later(state_->conn, state_->reservation_id);
     result.fail_open = st;
     result.dropped_chunks += static_cast<uint32_t>(size());
     return result;
@@ -139,6 +146,11 @@ Result<ChunkReservation> Client::Reserve(const NamespaceHandle& ns, std::span<co
   s.report = [impl = impl_.get(), id = ns.id](const std::shared_ptr<Connection>& held,
                                               const Status& st) { impl->Report(held, st, &id); };
   s.deadline = impl_->options().deadline;
+  const std::chrono::milliseconds ttl(resp.reservation_ttl_ms());
+  s.abort_later = [impl = impl_.get(), ttl = ttl.count() > 0 ? ttl : s.deadline](
+                      const std::shared_ptr<Connection>& held, uint64_t id) {
+    impl->AbortLater(held, id, ttl);
+  };
   s.reservation_id = resp.reservation_id();
   s.payload_bytes = ns.layout.payload_bytes;
   // Every location is checked before any is handed out.
@@ -151,6 +163,7 @@ Result<ChunkReservation> Client::Reserve(const NamespaceHandle& ns, std::span<co
   for (int i = 0; bad.ok() && i < resp.outcomes_size(); ++i) {
     switch (resp.outcomes(i)) {
       case v1::ALREADY_STORED: ++r.already_stored_chunks; break;
+      case v1::BEING_WRITTEN: ++r.being_written_chunks; break;
       case v1::RESERVED: {
         if (loc_index >= resp.chunks_size()) {
           bad = Status::DataLoss("daemon returned too few chunk locations");
@@ -175,6 +188,7 @@ Result<ChunkReservation> Client::Reserve(const NamespaceHandle& ns, std::span<co
     s.offsets.clear();
     r.fail_open = bad;
     r.already_stored_chunks = 0;
+    r.being_written_chunks = 0;
     r.dropped_chunks = all_dropped;
   }
   return r;

@@ -205,50 +205,49 @@ inline bool BreaksConnection(const Status& st) {
   }
 }
 
-// Ends leases off the load path: Enqueue sends the ReleaseRead at once, from
-// the caller's thread, and returns without waiting for the answer. A release
-// that waited for another thread (or behind earlier releases) kept its chunks
-// pinned meanwhile: loads from several threads, or a scheduler slow to run that
-// thread, filled the arena with released leases, and later loads found no room
-// to promote into. The calls finish on gRPC's threads; this class's own thread
-// only frees them, so that a connection whose last reference a call holds is
-// torn down there, not on a gRPC callback thread. Stop() waits for the calls in
-// flight (each within its deadline; with `drop_pending`, cancelled).
+// Ends leases (and reservations) off the caller's path: Release sends the
+// ReleaseRead at once, from the caller's thread, and returns without waiting
+// for the answer. A release that waited for another thread (or behind earlier
+// releases) kept its chunks pinned meanwhile: loads from several threads, or a
+// scheduler slow to run that thread, filled the arena with released leases,
+// and later loads found no room to promote into. The calls finish on gRPC's
+// threads; this class's own thread only frees them, so that a connection whose
+// last reference a call holds is torn down there, not on a gRPC callback
+// thread. Stop() waits for the calls in flight (each within its deadline; with
+// `drop_pending`, cancelled).
 class Releaser {
  public:
   ~Releaser() { Stop(); }
 
-  void Enqueue(std::shared_ptr<Connection> conn, uint64_t lease_id,
+  void Release(std::shared_ptr<Connection> conn, uint64_t lease_id,
                std::chrono::milliseconds deadline) {
     // On the control ring, behind this thread's Lookups and ahead of its next.
     if (conn->ring && conn->alive() && conn->ring->ReleaseRead(lease_id)) return;
-    auto owned = std::make_shared<Call>();
-    Call* call = owned.get();
-    call->conn = std::move(conn);
-    call->req.set_session_id(call->conn->session_id);
-    call->req.set_lease_id(lease_id);
-    call->ctx.set_deadline(std::chrono::system_clock::now() + deadline);
-    {
-      std::lock_guard lock(mu_);
-      if (stopped_) return;  // the session's end releases it
-      if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
-      in_flight_.emplace(call, std::move(owned));
-    }
+    v1::ReleaseReadRequest req;
+    req.set_session_id(conn->session_id);
+    req.set_lease_id(lease_id);
     // A failed release is not the engine's problem: the session or TTL ends the lease.
-    call->conn->stub->async()->ReleaseRead(&call->ctx, &call->req, &call->resp,
-                                           [this, call](grpc::Status) {
-                                             std::lock_guard lock(mu_);
-                                             auto it = in_flight_.find(call);
-                                             finished_.push_back(std::move(it->second));
-                                             in_flight_.erase(it);
-                                             cv_.notify_one();
-                                           });
+    Send<v1::ReleaseReadResponse>(std::move(conn), std::move(req), deadline,
+                                  [](auto* async, auto... args) { async->ReleaseRead(args...); });
   }
 
-  // `drop_pending`: cancel the releases in flight (their session is about to
-  // end) instead of waiting for their answers.
+  // Over gRPC: a reservation whose CommitWrite got no answer may still be
+  // waiting in the daemon for that commit (a daemon stopped or slow past the
+  // deadline), and would hold its keys until its TTL. If the commit did run,
+  // the abort finds the reservation gone.
+  void Abort(std::shared_ptr<Connection> conn, uint64_t reservation_id,
+             std::chrono::milliseconds deadline) {
+    v1::AbortWriteRequest req;
+    req.set_session_id(conn->session_id);
+    req.set_reservation_id(reservation_id);
+    Send<v1::AbortWriteResponse>(std::move(conn), std::move(req), deadline,
+                                 [](auto* async, auto... args) { async->AbortWrite(args...); });
+  }
+
+  // `drop_pending`: cancel the calls in flight (their session is about to
+  // end, which ends their leases and reservations) instead of waiting.
   void Stop(bool drop_pending = false) {
-    std::vector<std::shared_ptr<Call>> cancel;
+    std::vector<std::shared_ptr<CallBase>> cancel;
     {
       std::lock_guard lock(mu_);
       stopped_ = true;
@@ -264,18 +263,47 @@ class Releaser {
   }
 
  private:
-  struct Call {
+  struct CallBase {
+    virtual ~CallBase() = default;
     std::shared_ptr<Connection> conn;
     grpc::ClientContext ctx;
-    v1::ReleaseReadRequest req;
-    v1::ReleaseReadResponse resp;
   };
+  template <typename Request, typename Response>
+  struct Call : CallBase {
+    Request req;
+    Response resp;
+  };
+
+  // Starts `req` with `start(async_stub, ctx, req, resp, on_done)`; nobody waits for it.
+  template <typename Response, typename Request, typename Start>
+  void Send(std::shared_ptr<Connection> conn, Request req, std::chrono::milliseconds deadline,
+            Start start) {
+    auto owned = std::make_shared<Call<Request, Response>>();
+    auto* call = owned.get();
+    call->conn = std::move(conn);
+    call->req = std::move(req);
+    call->ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+    {
+      std::lock_guard lock(mu_);
+      if (stopped_) return;  // the session's end ends it
+      if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+      in_flight_.emplace(call, std::move(owned));
+    }
+    start(call->conn->stub->async(), &call->ctx, &call->req, &call->resp,
+          std::function<void(grpc::Status)>([this, call](grpc::Status) {
+            std::lock_guard lock(mu_);
+            auto it = in_flight_.find(call);
+            finished_.push_back(std::move(it->second));
+            in_flight_.erase(it);
+            cv_.notify_one();
+          }));
+  }
 
   void Loop() {
     std::unique_lock lock(mu_);
     for (;;) {
       cv_.wait(lock, [&] { return !finished_.empty() || (stopped_ && in_flight_.empty()); });
-      std::vector<std::shared_ptr<Call>> done;
+      std::vector<std::shared_ptr<CallBase>> done;
       done.swap(finished_);
       const bool last = stopped_ && in_flight_.empty();
       lock.unlock();
@@ -287,9 +315,9 @@ class Releaser {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::unordered_map<Call*, std::shared_ptr<Call>> in_flight_;  // GUARDED_BY(mu_)
-  std::vector<std::shared_ptr<Call>> finished_;                  // GUARDED_BY(mu_)
-  bool stopped_ = false;                                         // GUARDED_BY(mu_)
+  std::unordered_map<CallBase*, std::shared_ptr<CallBase>> in_flight_;  // GUARDED_BY(mu_)
+  std::vector<std::shared_ptr<CallBase>> finished_;                      // GUARDED_BY(mu_)
+  bool stopped_ = false;                                                 // GUARDED_BY(mu_)
   std::thread thread_;
 };
 
@@ -499,8 +527,9 @@ class Client::Impl {
     return FromGrpcStatus(conn.stub->OpenNamespace(ctx.get(), req, &resp));
   }
 
-  // Pending lease releases are dropped (ending the session ends those leases
-  // in the daemon), so that a daemon that does not answer cannot hold it up.
+  // Pending lease releases and aborts are dropped (ending the session ends
+  // those leases and reservations in the daemon), so that a daemon that does
+  // not answer cannot hold it up.
   void Close() {
     releaser_.Stop(/*drop_pending=*/true);
     std::shared_ptr<Connection> last;
@@ -512,7 +541,12 @@ class Client::Impl {
   }
 
   void ReleaseLater(std::shared_ptr<Connection> conn, uint64_t lease_id) {
-    releaser_.Enqueue(std::move(conn), lease_id, options_.deadline);
+    releaser_.Release(std::move(conn), lease_id, options_.deadline);
+  }
+  // Within `ttl`: the reservation ends by then anyway.
+  void AbortLater(std::shared_ptr<Connection> conn, uint64_t reservation_id,
+                  std::chrono::milliseconds ttl) {
+    releaser_.Abort(std::move(conn), reservation_id, ttl);
   }
   bool connected() {
     std::lock_guard lock(mu_);

@@ -358,6 +358,7 @@ Result<StoreResult> LayerwiseStorer::Finish() {
   if (!st.ok() || !report.failed_chunks.empty()) {
     StoreResult result;
     result.already_stored_chunks = reservation_.already_stored_chunks;
+    result.being_written_chunks = reservation_.being_written_chunks;
     result.dropped_chunks = reservation_.dropped_chunks + static_cast<uint32_t>(reservation_.size());
     result.fail_open = st.ok() ? Status::Aborted(std::to_string(report.failed_chunks.size()) +
                                                  " chunks failed to copy; nothing was committed")

@@ -582,8 +582,8 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
         resp->add_outcomes(v1::ALREADY_STORED);
         continue;
       }
-      if (reserved_keys_.count(c.key) > 0) {  // another client is writing it now
-        resp->add_outcomes(v1::ALREADY_STORED);
+      if (reserved_keys_.count(c.key) > 0) {  // another reservation is writing it now
+        resp->add_outcomes(v1::BEING_WRITTEN);
         continue;
       }
       if (auto offset = dram_->AllocateSlot(ns->ns_index, std::min<size_t>(n - i, allowed))) {

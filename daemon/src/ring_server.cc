@@ -97,10 +97,12 @@ bool Answer(RingServer::Ring& ring, uint32_t slot, uint32_t seq, const Status& s
 // Parses ops 3-6's request from `call`, gives it the ring's session (and
 // epoch), runs it and answers. `undo` takes back what the call did when its
 // response would not fit the slot (then RESOURCE_EXHAUSTED) or its client
-// gave up on it.
-template <typename Request, typename Response, typename Run, typename Undo>
+// gave up on it meanwhile. A call its client gave up on before it ran is not
+// run: `given_up` does what that call still owes (a given-up CommitWrite
+// leaves its reservation to be aborted; a given-up AbortWrite is still due).
+template <typename Request, typename Response, typename Run, typename Undo, typename GivenUp>
 void RunMessage(RingServer::Ring& ring, uint32_t slot, const RingCall& call, uint64_t session_id,
-                uint64_t epoch, Run run, Undo undo) {
+                uint64_t epoch, Run run, Undo undo, GivenUp given_up) {
   Request req;
   if (!req.ParseFromString(call.message)) {
     (void)Answer(ring, slot, call.seq,
@@ -112,6 +114,12 @@ void RunMessage(RingServer::Ring& ring, uint32_t slot, const RingCall& call, uin
   }
   req.set_session_id(session_id);
   if constexpr (requires { req.set_epoch(epoch); }) req.set_epoch(epoch);
+  if (ring.mem.slot(slot).done.load() == kRingGivenUp) {
+    given_up(req);
+    (void)Answer(ring, slot, call.seq, Status(StatusCode::kCancelled, "given up by the client"),
+                 nullptr);
+    return;
+  }
   Response resp;
   Status st = run(req, &resp);
   if (st.ok() && resp.ByteSizeLong() > kRingSlotDataBytes) {
@@ -433,11 +441,6 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
   }
   RingSubmission entry;
   std::memcpy(&entry, &ring->mem.slot(slot).submission, sizeof(entry));
-  if (ring->mem.slot(slot).done.load() == kRingGivenUp) {  // given up before we took it
-    (void)Answer(*ring, slot, entry.seq, Status(StatusCode::kCancelled, "given up by the client"),
-                 nullptr);
-    return;
-  }
   auto call = DecodeSubmission(entry, ring->mem.data(slot));
   if (!call.ok()) {
     (void)Answer(*ring, slot, entry.seq, call.status(), nullptr);
@@ -446,10 +449,16 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
   core_.CountRingCall();
   const uint64_t session = ring->session_id;
   const uint64_t epoch = core_.epoch();
+  const bool given_up = ring->mem.slot(slot).done.load() == kRingGivenUp;
   switch (call->op) {
     case RingOp::kLookup:
+      if (given_up) {  // before we took it: not run
+        (void)Answer(*ring, slot, entry.seq,
+                     Status(StatusCode::kCancelled, "given up by the client"), nullptr);
+        return;
+      }
       break;
-    case RingOp::kReleaseRead: {
+    case RingOp::kReleaseRead: {  // still due when given up
       v1::ReleaseReadRequest release;
       release.set_session_id(session);
       release.set_lease_id(call->lease_id);
@@ -496,29 +505,38 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
 void RingServer::RunMessageOp(const std::shared_ptr<Ring>& ring, uint32_t slot, const RingCall& call,
                               uint64_t session, uint64_t epoch) {
   auto nothing = [](const auto&) {};
+  auto abort = [&](uint64_t reservation_id) {
+    v1::AbortWriteRequest req;
+    req.set_session_id(session);
+    req.set_reservation_id(reservation_id);
+    if (reservation_id != 0) (void)core_.AbortWrite(req);
+  };
   switch (call.op) {
     case RingOp::kReserveWrite:
       return RunMessage<v1::ReserveWriteRequest, v1::ReserveWriteResponse>(
           *ring, slot, call, session, epoch,
           [&](const auto& req, auto* resp) { return core_.ReserveWrite(req, resp); },
-          [&](const v1::ReserveWriteResponse& resp) {
-            v1::AbortWriteRequest abort;  // its client never sees the reservation
-            abort.set_session_id(session);
-            abort.set_reservation_id(resp.reservation_id());
-            if (resp.reservation_id() != 0) (void)core_.AbortWrite(abort);
-          });
+          // its client never sees the reservation
+          [&](const v1::ReserveWriteResponse& resp) { abort(resp.reservation_id()); }, nothing);
     case RingOp::kCommitWrite:
+      // A commit its client gave up on before it ran: the client reported the
+      // chunks dropped, so the reservation ends now rather than at its TTL
+      // (meanwhile its keys could be stored by no one). One that ran stays
+      // committed: its payloads were written in full before the call.
       return RunMessage<v1::CommitWriteRequest, v1::CommitWriteResponse>(
           *ring, slot, call, session, epoch,
-          [&](const auto& req, auto* resp) { return core_.CommitWrite(req, resp); }, nothing);
+          [&](const auto& req, auto* resp) { return core_.CommitWrite(req, resp); }, nothing,
+          [&](const v1::CommitWriteRequest& req) { abort(req.reservation_id()); });
     case RingOp::kAbortWrite:
       return RunMessage<v1::AbortWriteRequest, v1::AbortWriteResponse>(
           *ring, slot, call, session, epoch,
-          [&](const auto& req, auto*) { return core_.AbortWrite(req); }, nothing);
+          [&](const auto& req, auto*) { return core_.AbortWrite(req); }, nothing,
+          [&](const v1::AbortWriteRequest& req) { abort(req.reservation_id()); });
     case RingOp::kPrefetchStatus:
       return RunMessage<v1::PrefetchStatusRequest, v1::PrefetchStatusResponse>(
           *ring, slot, call, session, epoch,
-          [&](const auto& req, auto* resp) { return core_.PrefetchStatus(req, resp); }, nothing);
+          [&](const auto& req, auto* resp) { return core_.PrefetchStatus(req, resp); }, nothing,
+          nothing);
     case RingOp::kLookup:
     case RingOp::kReleaseRead:
       break;  // the poller's own

@@ -214,6 +214,61 @@ TEST_F(StoppedDaemonTest, EveryCallFailsOpenWithinItsDeadlineAndCloseWithinASeco
   EXPECT_LE(Clock::now() - start, 1s) << "Close waited on releases the session's end makes moot";
 }
 
+// A Store whose CommitWrite got no answer (kvtierd stopped between its
+// ReserveWrite and its CommitWrite) leaves no reservation behind once kvtierd
+// runs again, so the prompt can be stored and is then found. Over the control
+// ring and over gRPC. Before, the reservation held the prompt's keys until its
+// TTL (30 s): every later Store was told they were already stored, and every
+// Lookup missed.
+class StoppedMidStoreTest : public StoppedDaemonTest,
+                            public ::testing::WithParamInterface<bool> {};
+
+TEST_P(StoppedMidStoreTest, ACommitThatGotNoAnswerLeavesNoReservationBehind) {
+  ClientOptions o;
+  o.socket_path = daemon_.socket_path();
+  o.deadline = kDeadline;
+  o.connect_timeout = 5s;
+  o.control_ring = GetParam();
+  auto writer = Client::Connect(o);
+  ASSERT_TRUE(writer.ok());
+  auto ns = (*writer)->OpenNamespace(Spec());
+  ASSERT_TRUE(ns.ok());
+  const auto tokens = Tokens(1, 64);
+  auto first = (*writer)->Store(*ns, tokens, [&](size_t, std::span<std::byte> dst) {
+    std::fill(dst.begin(), dst.end(), std::byte{7});
+    if (!stopped_) Stop();  // reserved; the commit comes next
+    return Status::Ok();
+  });
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(stopped_);
+  EXPECT_FALSE(first->fail_open.ok()) << "the commit was answered by a stopped daemon";
+  ASSERT_EQ(kill(daemon_.pid(), SIGCONT), 0);
+  stopped_ = false;
+
+  int64_t open_reservations = -1;
+  for (auto until = Clock::now() + 5s; Clock::now() < until; std::this_thread::sleep_for(10ms)) {
+    const auto stats = nlohmann::json::parse(daemon_.Ctl({"--json", "stats"}).out, nullptr, false);
+    open_reservations = stats.is_discarded() ? -1 : stats.value("active_reservations", -1);
+    if (open_reservations == 0) break;
+  }
+  EXPECT_EQ(open_reservations, 0) << "the reservation outlived its commit by 5 s";
+
+  auto other = Client::Connect(o);
+  ASSERT_TRUE(other.ok());
+  auto other_ns = (*other)->OpenNamespace(Spec());
+  ASSERT_TRUE(other_ns.ok());
+  std::vector<std::byte> data(4 * ns->layout.payload_bytes, std::byte{9});
+  auto second = (*other)->Store(*other_ns, tokens, data);
+  ASSERT_TRUE(second.ok() && second->fail_open.ok());
+  auto found = (*other)->Lookup(*other_ns, tokens);
+  ASSERT_TRUE(found.ok() && found->fail_open.ok());
+  EXPECT_EQ(found->num_chunks, 4u) << "stored " << second->stored_chunks << ", already stored "
+                                   << second->already_stored_chunks;
+}
+
+INSTANTIATE_TEST_SUITE_P(RingAndGrpc, StoppedMidStoreTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Ring" : "Grpc"; });
+
 // Calls whose requests fill the socket's buffers (a 1M-token lookup: 4 MiB of
 // token ids) while the daemon does not read, mixed with small ones. gRPC's own
 // deadline ends these; the next test is the case where it did not.

@@ -219,6 +219,30 @@ TEST_F(ClientTest, ReserveAndAcquireHoldTheirSlotsAcrossCalls) {
   EXPECT_EQ(StatsAfterReleases()["active_leases"], 0);
 }
 
+// A Store of chunks another client has reserved and not yet committed writes
+// none of them and does not call them stored: they may never be (that client
+// can still fail). They used to count as already stored.
+TEST_F(ClientTest, ChunksAnotherClientIsWritingAreBeingWrittenNotAlreadyStored) {
+  auto writer = Connect();
+  auto other = Connect();
+  ASSERT_TRUE(writer && other);
+  const NamespaceHandle ns = Open(*writer, TinySpec());
+  const NamespaceHandle other_ns = Open(*other, TinySpec());
+  const auto tokens = Tokens(1, 3 * kChunkTokens);
+  const auto source = Payloads(ns, tokens);
+  auto held = writer->Reserve(ns, tokens);
+  ASSERT_TRUE(held.ok() && held->size() == 3u);
+  auto st = other->Store(other_ns, tokens, std::span<const std::byte>(source));
+  ASSERT_TRUE(st.ok() && st->fail_open.ok());
+  EXPECT_EQ(st->being_written_chunks, 3u);
+  EXPECT_EQ(st->already_stored_chunks, 0u);
+  EXPECT_EQ(st->stored_chunks, 0u);
+  held->Abort();
+  auto again = other->Store(other_ns, tokens, std::span<const std::byte>(source));
+  ASSERT_TRUE(again.ok() && again->fail_open.ok());
+  EXPECT_EQ(again->stored_chunks, 3u) << "the aborted reservation still holds the keys";
+}
+
 TEST_F(ClientTest, StoreThenLoadReturnsTheSameBytes) {
   auto client = Connect();
   ASSERT_NE(client, nullptr);

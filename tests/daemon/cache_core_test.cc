@@ -98,8 +98,8 @@ TEST_F(CacheCoreTest, ChunksBeingWrittenByAnotherClientAreNotReservedTwice) {
   const uint64_t other = core_->OpenSession("other", 2);
   const v1::ReserveWriteResponse second = Reserve(tokens, other);
   ASSERT_EQ(second.outcomes_size(), 2);
-  EXPECT_EQ(second.outcomes(0), v1::ALREADY_STORED);
-  EXPECT_EQ(second.outcomes(1), v1::ALREADY_STORED);
+  EXPECT_EQ(second.outcomes(0), v1::BEING_WRITTEN);
+  EXPECT_EQ(second.outcomes(1), v1::BEING_WRITTEN);
   EXPECT_EQ(second.reservation_id(), 0u);
   EXPECT_EQ(UsedBytes(), 2 * kSlotBytes);
 }

@@ -41,11 +41,12 @@ class RingServerTest : public CacheCoreNvmeTest {
     return std::move(ring).value();
   }
 
-  // Writes `e` (seq set here) into `slot` and appends it to the ring's queue.
-  static uint32_t Submit(RingMemory& ring, uint32_t slot, RingSubmission e) {
+  // Writes `e` (seq set here) into `slot` and appends it to the ring's queue;
+  // `given_up`: as a client whose deadline passed before kvtierd took it.
+  static uint32_t Submit(RingMemory& ring, uint32_t slot, RingSubmission e, bool given_up = false) {
     static uint32_t seq = 1;
     e.seq = ++seq;
-    ring.slot(slot).done.store(0);
+    ring.slot(slot).done.store(given_up ? kRingGivenUp : 0);
     std::memcpy(static_cast<void*>(&ring.slot(slot).submission), &e, sizeof(e));
     RingHeader& h = ring.header();
     const uint32_t tail = h.sq_tail.load();
@@ -123,6 +124,35 @@ TEST_F(RingServerTest, AReserveWaitingForTheNvmeWriterHoldsUpNoLookup) {
   EXPECT_EQ(resp.reservation_id(), 0u);
   ASSERT_EQ(resp.outcomes_size(), 2);
   EXPECT_EQ(resp.outcomes(0), v1::NVME_BEHIND);
+}
+
+// A CommitWrite its client gave up on before kvtierd took it is not run, and
+// its reservation ends then: the client counted the chunks dropped, and the
+// reservation would otherwise hold their keys until its TTL, every other
+// writer told they were already stored. (It was answered CANCELLED and the
+// reservation left open.)
+TEST_F(RingServerTest, ACommitGivenUpBeforeItRanAbortsItsReservation) {
+  StartWithNvme(/*dram_slots=*/8, /*good_writes=*/1000);
+  StartServer();
+  const auto prompt = Tokens(16);
+  const v1::ReserveWriteResponse reserved = Reserve(prompt);
+  ASSERT_NE(reserved.reservation_id(), 0u);
+  WritePayloads(prompt, reserved);
+  RingMemory ring = RingOf(session_);
+  v1::CommitWriteRequest commit;
+  commit.set_reservation_id(reserved.reservation_id());
+  const std::string message = commit.SerializeAsString();
+  std::memcpy(ring.data(0).data(), message.data(), message.size());
+  RingSubmission e;
+  e.op = static_cast<uint32_t>(RingOp::kCommitWrite);
+  e.message_bytes = static_cast<uint32_t>(message.size());
+  const uint32_t seq = Submit(ring, 0, e, /*given_up=*/true);
+  ASSERT_TRUE(Answered(ring, 0, seq, 2000ms));
+  EXPECT_EQ(Stats().active_reservations(), 0u);
+  EXPECT_EQ(Lookup(prompt, /*acquire=*/false).num_chunks(), 0u) << "a given-up commit ran";
+  const v1::ReserveWriteResponse again = Reserve(prompt);
+  ASSERT_EQ(again.outcomes_size(), 4);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(again.outcomes(i), v1::RESERVED) << "chunk " << i;
 }
 
 }  // namespace

@@ -88,7 +88,10 @@ struct LoadResult {
 
 struct StoreResult {
   uint32_t stored_chunks = 0;          // written and committed now
-  uint32_t already_stored_chunks = 0;  // cached before (or being written by another client)
+  uint32_t already_stored_chunks = 0;  // cached before
+  // Not written by this call: another client's reservation is writing them
+  // (stored when it commits, if it does). Not counted as stored.
+  uint32_t being_written_chunks = 0;
   uint32_t dropped_chunks = 0;         // not stored: no space, or parent evicted meanwhile
   uint64_t stored_bytes = 0;           // payload bytes written into the arena
   Status fail_open;                    // non-OK when the write was dropped by a failure
@@ -239,7 +242,8 @@ class ChunkReservation {
   // The arena mapping the slots lie in (to register it with a GPU runtime).
   std::shared_ptr<Arena> mapping() const;
 
-  uint32_t already_stored_chunks = 0;  // cached before, or being written by another client
+  uint32_t already_stored_chunks = 0;  // cached before
+  uint32_t being_written_chunks = 0;   // another client's reservation is writing them
   uint32_t dropped_chunks = 0;         // no space
   Status fail_open;                    // non-OK when nothing could be reserved
 

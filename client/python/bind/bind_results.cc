@@ -87,7 +87,10 @@ void BindResults(nb::module_& m) {
   nb::class_<StoreResult>(m, "StoreResult", "What Client.store (or a commit) stored.")
       .def_ro("stored_chunks", &StoreResult::stored_chunks, "Chunks written and committed now.")
       .def_ro("already_stored_chunks", &StoreResult::already_stored_chunks,
-              "Chunks cached before, or being written by another client.")
+              "Chunks cached before.")
+      .def_ro("being_written_chunks", &StoreResult::being_written_chunks,
+              "Chunks another client's reservation is writing: stored when it commits, if it "
+              "does; not counted as stored.")
       .def_ro("dropped_chunks", &StoreResult::dropped_chunks,
               "Chunks not stored: no space, or their parent was evicted meanwhile.")
       .def_ro("stored_bytes", &StoreResult::stored_bytes, "Payload bytes written.")
@@ -244,6 +247,8 @@ void BindResults(nb::module_& m) {
           nb::call_guard<nb::gil_scoped_release>(), "Drops the reservation. Idempotent.")
       .def_prop_ro("already_stored_chunks",
                    [](const PyReservation& p) { return p.r.already_stored_chunks; })
+      .def_prop_ro("being_written_chunks",
+                   [](const PyReservation& p) { return p.r.being_written_chunks; })
       .def_prop_ro("dropped_chunks", [](const PyReservation& p) { return p.r.dropped_chunks; })
       .def_prop_ro("fail_open", [](const PyReservation& p) { return FailOpenOf(p.r.fail_open); });
   DefContextManager(reservation, [](PyReservation& p) { p.r.Abort(); });

@@ -687,11 +687,12 @@ class KvtierConnector(KVConnectorBase_V1):
             if result.fail_open is not None:
                 self._stats.data["fail_open_calls"] += 1
             # Announced only when every chunk of the save is in kvtier's DRAM now: stored by
-            # this commit, or held already (the reservation pinned those through the commit;
-            # "already" also covers a chunk another client is committing at this moment).
+            # this commit, or held already (the reservation pinned those through the commit).
+            # A chunk another client is still writing may never be stored: its writer
+            # announces it when it commits.
             if (self._stored_events is not None and spec.stored_blocks is not None
                     and result.fail_open is None and result.dropped_chunks == 0
-                    and result.stored_chunks > 0):
+                    and result.being_written_chunks == 0 and result.stored_chunks > 0):
                 self._stored_events.append(self._block_stored(spec, spec.stored_blocks))
         self._storers = None
 

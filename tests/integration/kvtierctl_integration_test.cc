@@ -182,6 +182,11 @@ TEST_F(DaemonTest, KvtierctlHealthFailsWithoutADaemon) {
   DaemonProcess daemon(Opts());
   ASSERT_EQ(daemon.Start(), "");
   EXPECT_TRUE(daemon.Ctl({"health"}).ok());
+  // The global options may also follow the subcommand (they were refused there).
+  CommandResult after = RunCommand(
+      {BinPath("kvtierctl"), "health", "--socket", socket_, "--timeout-ms", "2000", "--json"}, 20s);
+  EXPECT_TRUE(after.ok()) << after.Describe();
+  EXPECT_EQ(ParseJson(after)["serving"], true) << after.Describe();
 }
 
 }  // namespace

@@ -153,6 +153,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 600000))
       ->capture_default_str();
   app.require_subcommand(1);
+  // Subcommands made after this pass the options they do not know (--socket,
+  // --json, --timeout-ms) to the app: they may come before or after one.
+  app.fallthrough();
   auto* stats = app.add_subcommand("stats", "tier capacities, hits, evictions, bytes moved");
   auto* health = app.add_subcommand("health", "exit 0 when the daemon is serving");
   auto* namespaces = app.add_subcommand("namespaces", "namespaces the daemon holds");
@@ -169,7 +172,6 @@ int main(int argc, char** argv) {
                          ->delimiter(',');
   evict->add_option("--tokens-file", tokens_file, "the same, as a JSON array in a file")
       ->excludes(tokens_opt);
-  for (auto* sub : {stats, health, namespaces, evict}) sub->add_flag("--json", as_json, "print JSON");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -124,8 +124,15 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
     const uint64_t num_chunks = file_bytes / layout.slot_bytes;
     // Writes: one durable batch (data, fdatasync, index) as the daemon's writer takes it
     // with its default 1 GiB arena: up to 256 chunks and 64 MiB (and one slot).
-    const size_t batch = std::min<uint64_t>(kvtier::CacheCore::kWriteThroughBatchChunks,
-                                            kvtier::CacheCore::kWriteThroughBatchBytes / layout.slot_bytes + 1);
+    // A batch never takes over half the tier: its chunks evict only earlier ones (a
+    // 64 MiB file held 248 slots of 256 KiB chunks, and a 249-chunk batch could not fit).
+    if (num_chunks < 2) {
+      Die("--file-bytes " + kvtier::FormatBytes(file_bytes) + " holds fewer than 2 slots of " +
+          kvtier::FormatBytes(layout.slot_bytes));
+    }
+    const size_t batch = std::min<uint64_t>(
+        {kvtier::CacheCore::kWriteThroughBatchChunks,
+         kvtier::CacheCore::kWriteThroughBatchBytes / layout.slot_bytes + 1, num_chunks / 2});
     // Reads: up to 256 MiB of images per ReadMany, so the 32-deep queue stays full.
     const size_t read_batch = std::max<size_t>(batch, std::min<uint64_t>(256, (256 << 20) / layout.slot_bytes));
     // All buffers in one region, registered with the tier as the DRAM arena would be.

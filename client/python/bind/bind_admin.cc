@@ -88,10 +88,12 @@ void BindAdmin(nb::module_& m) {
           },
           nb::sig("def stats(self) -> dict[str, typing.Any]"),
           "The daemon's counters as a dict: 'tiers' (a list of dicts with name, "
-          "capacity_bytes, used_bytes, chunks, hits, misses, evictions, read_bytes, "
+          "capacity_bytes, used_bytes, capacity_chunks, chunks, hits, misses, evictions, read_bytes, "
           "write_bytes, pending_writes, corrupt_reads, io_errors, degraded, skipped_writes, lost_writes, throttled_writes, "
           "pinned_chunks, uncommitted_bytes), "
-          "lookups, lookup_tokens, hit_tokens, sessions, active_leases, active_reservations, "
+          "lookups, ring_lookups (of lookups, those over a control ring), ring_calls (calls "
+          "of every kind over a control ring; both running totals), lookup_tokens, hit_tokens, "
+          "sessions, active_leases, active_reservations, "
           "uptime_s, active_prefetches, prefetched_chunks, session_limited.\n\n"
           "Raises Unavailable or DeadlineExceeded when the daemon does not answer.")
       .def(

@@ -3,6 +3,8 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t for streaming hashes
 #include <xxhash.h>
 
+#include "kvtier/utf8.h"
+
 namespace kvtier {
 namespace {
 
@@ -15,6 +17,10 @@ Status CheckText(const std::string& value, const char* field, bool required) {
   }
   if (value.find('|') != std::string::npos) {
     return Status::InvalidArgument(std::string(field) + " must not contain '|'");
+  }
+  if (const size_t bad = FirstNonUtf8Byte(value); bad != value.size()) {
+    return Status::InvalidArgument(std::string(field) + " is not UTF-8 (byte " +
+                                   std::to_string(bad) + ")");
   }
   return Status::Ok();
 }

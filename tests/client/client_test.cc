@@ -71,9 +71,11 @@ class ClientTest : public ::testing::Test {
 
   // A connected client; the generous deadline keeps a loaded machine from
   // turning a slow call into a fail-open.
-  std::unique_ptr<Client> Connect(std::chrono::milliseconds deadline = 2000ms) {
+  std::unique_ptr<Client> Connect(std::chrono::milliseconds deadline = 2000ms,
+                                  bool control_ring = true) {
     ClientOptions o;
     o.socket_path = socket_;
+    o.control_ring = control_ring;
     o.deadline = deadline;
     o.connect_timeout = 5000ms;
     auto c = Client::Connect(o);
@@ -241,6 +243,30 @@ TEST_F(ClientTest, ChunksAnotherClientIsWritingAreBeingWrittenNotAlreadyStored) 
   auto again = other->Store(other_ns, tokens, std::span<const std::byte>(source));
   ASSERT_TRUE(again.ok() && again->fail_open.ok());
   EXPECT_EQ(again->stored_chunks, 3u) << "the aborted reservation still holds the keys";
+}
+
+// A request id must be UTF-8 (a protobuf string): one that is not is refused
+// by the SDK, naming request_id, on both paths. It was accepted over the
+// control ring and, over gRPC, became an INTERNAL parse failure in kvtierd
+// that the client reported as a fail-open.
+TEST_F(ClientTest, ARequestIdThatIsNotUtf8IsRefusedOverTheRingAndGrpc) {
+  for (const bool ring : {true, false}) {
+    SCOPED_TRACE(ring ? "ring" : "gRPC");
+    auto client = Connect(2000ms, ring);
+    ASSERT_NE(client, nullptr);
+    const NamespaceHandle ns = Open(*client, TinySpec());
+    const auto tokens = Tokens(1, 2 * kChunkTokens);
+    for (const std::string& id : {std::string("cmpl-\xff"), std::string("cmpl-\xc3")}) {
+      auto l = client->Lookup(ns, tokens, id);
+      ASSERT_FALSE(l.ok()) << "accepted; fail_open: " << l->fail_open.ToString();
+      EXPECT_EQ(l.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(l.status().message().find("request_id"), std::string::npos)
+          << l.status().message();
+      EXPECT_FALSE(client->Prefetch(ns, tokens, PrefetchOptions{}, id).ok());
+    }
+    auto fine = client->Lookup(ns, tokens, "cmpl-\xc3\xa9");  // é
+    ASSERT_TRUE(fine.ok() && fine->fail_open.ok());
+  }
 }
 
 TEST_F(ClientTest, StoreThenLoadReturnsTheSameBytes) {

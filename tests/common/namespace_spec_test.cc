@@ -58,6 +58,9 @@ TEST(NamespaceSpec, ValidateRejectsEachBadFieldNamingIt) {
       {"lora_id", [](NamespaceSpec& s) { s.lora_id = "lora|x"; }},
       {"cache_salt", [](NamespaceSpec& s) { s.cache_salt = "salt|x"; }},
       {"cache_salt", [](NamespaceSpec& s) { s.cache_salt = std::string(600, 's'); }},
+      {"model_id", [](NamespaceSpec& s) { s.model_id = "qwen\xff"; }},  // not UTF-8
+      {"lora_id", [](NamespaceSpec& s) { s.lora_id = "\xc3"; }},
+      {"cache_salt", [](NamespaceSpec& s) { s.cache_salt = "\xed\xa0\x80"; }},  // a surrogate
       {"kv_dtype", [](NamespaceSpec& s) { s.kv_dtype = "fp64"; }},
       {"kv_dtype", [](NamespaceSpec& s) { s.kv_dtype = ""; }},
       {"layout", [](NamespaceSpec& s) { s.layout = "gqa"; }},

@@ -78,6 +78,24 @@ TEST_F(CacheCoreAccountingTest, ATooLongRequestIdIsRefusedAndCountsNothing) {
   EXPECT_EQ(Lookup(Tokens(12), false).num_chunks(), 3u);
 }
 
+// A raw control ring hands CacheCore whatever bytes its client wrote.
+TEST_F(CacheCoreAccountingTest, ARequestIdThatIsNotUtf8IsRefusedAndCountsNothing) {
+  ASSERT_EQ(Store(Tokens(12)), 3u);
+  const v1::StatsResponse before = Stats();
+  v1::LookupRequest req;
+  req.set_session_id(session_);
+  req.set_epoch(kEpoch);
+  req.set_namespace_id(ns_wire_);
+  req.set_tokens(PackTokens(Tokens(12)));
+  req.set_request_id("cmpl-\xc3\x28");
+  v1::LookupResponse resp;
+  const Status st = core_->Lookup(req, &resp);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("request_id is not UTF-8 (byte 5)"), std::string::npos)
+      << st.message();
+  EXPECT_EQ(Stats().DebugString(), before.DebugString());
+}
+
 // Found by fuzz_cache_core: the ledger counted a request's prompt at its
 // first call and credited whatever a later lease under the same id served, so
 // a client reusing one request_id for a longer prompt got more hit tokens

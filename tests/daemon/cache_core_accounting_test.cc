@@ -15,7 +15,21 @@
 namespace kvtier::testing {
 namespace {
 
-using CacheCoreAccountingTest = CacheCoreHarness;
+class CacheCoreAccountingTest : public CacheCoreHarness {
+ protected:
+  // A leased Lookup of `tokens` under `id`, as a raw client (a ring) may send it.
+  Status LookupNamed(const std::vector<int32_t>& tokens, const std::string& id) {
+    v1::LookupRequest req;
+    req.set_session_id(session_);
+    req.set_epoch(kEpoch);
+    req.set_namespace_id(ns_wire_);
+    req.set_tokens(PackTokens(tokens));
+    req.set_acquire(true);
+    req.set_request_id(id);
+    v1::LookupResponse resp;
+    return core_->Lookup(req, &resp);
+  }
+};
 
 TEST_F(CacheCoreAccountingTest, AConnectorShapedRequestIsCountedOnce) {
   ASSERT_EQ(Store(Tokens(12)), 3u);
@@ -59,15 +73,7 @@ TEST_F(CacheCoreAccountingTest, ALookupWithoutALeaseServesNothingAndCountsNoHit)
 TEST_F(CacheCoreAccountingTest, ATooLongRequestIdIsRefusedAndCountsNothing) {
   ASSERT_EQ(Store(Tokens(12)), 3u);
   const v1::StatsResponse before = Stats();
-  v1::LookupRequest req;
-  req.set_session_id(session_);
-  req.set_epoch(kEpoch);
-  req.set_namespace_id(ns_wire_);
-  req.set_tokens(PackTokens(Tokens(12)));
-  req.set_acquire(true);
-  req.set_request_id(std::string(kMaxRequestIdBytes + 1, 'r'));
-  v1::LookupResponse resp;
-  const Status st = core_->Lookup(req, &resp);
+  const Status st = LookupNamed(Tokens(12), std::string(kMaxRequestIdBytes + 1, 'r'));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("request_id is 257 bytes"), std::string::npos) << st.message();
   request_id = std::string(kMaxRequestIdBytes + 1, 'p');
@@ -82,14 +88,7 @@ TEST_F(CacheCoreAccountingTest, ATooLongRequestIdIsRefusedAndCountsNothing) {
 TEST_F(CacheCoreAccountingTest, ARequestIdThatIsNotUtf8IsRefusedAndCountsNothing) {
   ASSERT_EQ(Store(Tokens(12)), 3u);
   const v1::StatsResponse before = Stats();
-  v1::LookupRequest req;
-  req.set_session_id(session_);
-  req.set_epoch(kEpoch);
-  req.set_namespace_id(ns_wire_);
-  req.set_tokens(PackTokens(Tokens(12)));
-  req.set_request_id("cmpl-\xc3\x28");
-  v1::LookupResponse resp;
-  const Status st = core_->Lookup(req, &resp);
+  const Status st = LookupNamed(Tokens(12), "cmpl-\xc3\x28");
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("request_id is not UTF-8 (byte 5)"), std::string::npos)
       << st.message();

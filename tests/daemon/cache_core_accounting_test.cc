@@ -19,15 +19,11 @@ class CacheCoreAccountingTest : public CacheCoreHarness {
  protected:
   // A leased Lookup of `tokens` under `id`, as a raw client (a ring) may send it.
   Status LookupNamed(const std::vector<int32_t>& tokens, const std::string& id) {
-    v1::LookupRequest req;
-    req.set_session_id(session_);
-    req.set_epoch(kEpoch);
-    req.set_namespace_id(ns_wire_);
-    req.set_tokens(PackTokens(tokens));
-    req.set_acquire(true);
-    req.set_request_id(id);
-    v1::LookupResponse resp;
-    return core_->Lookup(req, &resp);
+    request_id = id;
+    Status st;
+    LookupWithTicket(tokens, /*ticket=*/0, &st);
+    request_id.clear();
+    return st;
   }
 };
 

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -415,6 +416,23 @@ TEST_F(FullDiskTest, DramKeepsServingTheTierDegradesAndARestartOnAFullDiskIsRefu
   CommandResult again = RunCommand(daemon_->Argv(), 60s);
   EXPECT_TRUE(again.exit.exited && again.exit.exit_code == 1) << again.Describe();
   EXPECT_NE((again.out + again.err).find("free space"), std::string::npos) << again.Describe();
+}
+
+// `kvtier-bench restart --dir D` works in a folder of its own inside D and
+// removes only that. It used to remove D itself, whatever else D held.
+TEST_F(NvmeDaemonTest, KvtierBenchRestartRemovesOnlyTheFolderItMade) {
+  const std::string dir = dir_.Sub("user-folder");
+  std::filesystem::create_directories(dir);
+  { std::ofstream(dir + "/keep.txt") << "not the benchmark's"; }
+  CommandResult r = RunCommand({BinPath("kvtier-bench"), "restart", "--kvtierd", BinPath("kvtierd"),
+                                "--dir", dir, "--chunks", "2000"},
+                               120s);
+  EXPECT_TRUE(r.ok()) << r.Describe();
+  EXPECT_NE(r.out.find("start to serving"), std::string::npos) << r.Describe();
+  ASSERT_TRUE(std::filesystem::exists(dir + "/keep.txt")) << "the benchmark removed --dir";
+  size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++entries;
+  EXPECT_EQ(entries, 1u) << "the benchmark left its folder behind";
 }
 
 }  // namespace

@@ -21,7 +21,9 @@
 //                        on an empty NVMe tier in the same run.
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -267,8 +269,16 @@ void StopDaemon(pid_t pid) {
   waitpid(pid, &status, 0);
 }
 
-int RunRestart(const std::string& kvtierd, const std::string& dir, uint64_t num_chunks) {
+// Works in a folder of its own made inside `parent` (created when missing),
+// and removes only that: `--dir` may be a folder that holds other files.
+int RunRestart(const std::string& kvtierd, const std::string& parent, uint64_t num_chunks) {
   namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) Die("--dir " + parent + ": " + ec.message());
+  std::string made = parent + "/kvtier-bench-restart.XXXXXX";
+  if (mkdtemp(made.data()) == nullptr) Die("--dir " + parent + ": " + std::strerror(errno));
+  const std::string dir = made;
   kvtier::NamespaceSpec spec;  // 16 tokens x 64 B: 1 KiB payload, 4 KiB slots
   spec.model_id = "bench-restart";
   spec.num_layers = 1;
@@ -278,7 +288,6 @@ int RunRestart(const std::string& kvtierd, const std::string& dir, uint64_t num_
   const kvtier::SlotLayout layout = kvtier::SlotLayout::For(spec);
   const kvtier::NamespaceId ns = spec.Digest();
   const uint64_t nvme_bytes = kvtier::AlignUp(num_chunks * layout.slot_bytes * 11 / 10, 4096);
-  fs::remove_all(dir);
   fs::create_directories(dir + "/nvme");
   fs::create_directories(dir + "/empty");
   const auto f0 = Clock::now();
@@ -363,7 +372,8 @@ int main(int argc, char** argv) {
   uint64_t restart_chunks = 1000000;
   auto* restart = app.add_subcommand("restart", "kvtierd start-to-serving with N NVMe chunks");
   restart->add_option("--kvtierd", restart_kvtierd, "path of the kvtierd binary")->required();
-  restart->add_option("--dir", restart_dir, "directory for the NVMe files (removed afterwards)")
+  restart->add_option("--dir", restart_dir,
+                      "where to make a folder for the NVMe files (that folder is removed afterwards)")
       ->capture_default_str();
   restart->add_option("--chunks", restart_chunks, "chunks on NVMe")
       ->check(CLI::Range(1, 1 << 30))

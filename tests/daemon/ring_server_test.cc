@@ -3,6 +3,7 @@
 // backpressure for as long as the test says.
 #include "ring_server.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 
 #include "daemon/cache_core_nvme_harness.h"
 #include "kvtier/control_ring.h"
+#include "kvtier/fd_passing.h"
 #include "peer_listener.h"
 
 namespace kvtier::testing {
@@ -124,6 +126,44 @@ TEST_F(RingServerTest, AReserveWaitingForTheNvmeWriterHoldsUpNoLookup) {
   EXPECT_EQ(resp.reservation_id(), 0u);
   ASSERT_EQ(resp.outcomes_size(), 2);
   EXPECT_EQ(resp.outcomes(0), v1::NVME_BEHIND);
+}
+
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// A client that has sent part of its RingHello costs the handshake loop no
+// CPU while the rest comes, and gets its ring once it does. (The loop peeked
+// at the bytes, so they stayed on the socket and poll woke it at once, again
+// and again: a spinning core for up to 200 ms per such client.)
+TEST_F(RingServerTest, APartialHelloCostsNoCpuUntilTheRestComes) {
+  StartWithNvme(/*dram_slots=*/8, /*good_writes=*/1000);
+  StartServer();
+  auto sock = ConnectUnixSocket(RingSocketPath(socket_), 1000);
+  ASSERT_TRUE(sock.ok()) << sock.status().ToString();
+  RingHello hello;
+  hello.session_id = session_;
+  const std::string token = core_->SessionToken(session_);
+  std::memcpy(hello.session_token, token.data(), std::min(token.size(), sizeof(hello.session_token)));
+  const auto* bytes = reinterpret_cast<const char*>(&hello);
+  ASSERT_EQ(send(*sock, bytes, 10, MSG_NOSIGNAL), 10);
+  std::this_thread::sleep_for(20ms);  // the loop has seen the first part
+  const double cpu_before = CpuSeconds();
+  std::this_thread::sleep_for(150ms);
+  const double cpu = CpuSeconds() - cpu_before;
+  EXPECT_LT(cpu, 0.05) << "the process used " << cpu << " s of CPU in 150 ms while a hello waited";
+  ASSERT_EQ(send(*sock, bytes + 10, sizeof(hello) - 10, MSG_NOSIGNAL),
+            static_cast<ssize_t>(sizeof(hello) - 10));
+  RingAnnouncement answer;
+  auto fd = ReceiveFd(*sock, 2000, &answer, sizeof(answer), "ring socket");
+  close(*sock);
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  EXPECT_EQ(answer.code, 0) << answer.message;
+  EXPECT_GE(*fd, 0);
+  if (*fd >= 0) close(*fd);
 }
 
 // A CommitWrite its client gave up on before kvtierd took it is not run, and

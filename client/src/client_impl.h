@@ -417,7 +417,13 @@ class Client::Impl {
     if (const char* ring = std::getenv("KVTIER_CONTROL_RING"); ring != nullptr) {
       std::string v(ring);  // any case: OFF, False
       for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      if (v == "0" || v == "false" || v == "off" || v == "no") options_.control_ring = false;
+      if (v == "0" || v == "false" || v == "off" || v == "no") {
+        options_.control_ring = false;
+      } else if (v != "1" && v != "true" && v != "on" && v != "yes") {
+        spdlog::warn("kvtier client: KVTIER_CONTROL_RING='{}' is neither off (0, false, off, no) "
+                     "nor on (1, true, on, yes); the control ring stays {}", ring,
+                     options_.control_ring ? "on" : "off");
+      }
     }
   }
 

@@ -3,12 +3,15 @@
 // as hostile: a client that scribbles over its own ring gets errors or
 // nothing, while other sessions keep being served.
 #include <grpcpp/grpcpp.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -191,6 +194,25 @@ TEST_F(ControlRingTest, TheEnvironmentTurnsTheRingOffInAnyCase) {
     ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*c, *ns, Tokens(60, 2 * kChunkTokens)));
     EXPECT_EQ(RingStat("ring_calls"), calls) << "KVTIER_CONTROL_RING=" << off << " left the ring on";
   }
+}
+
+// A value that is neither on nor off is warned about, naming it, and changes
+// nothing. It used to be taken silently (a typo left the ring on unnoticed).
+TEST_F(ControlRingTest, AnUnknownEnvironmentValueIsWarnedAboutAndLeavesTheRingOn) {
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  setenv("KVTIER_CONTROL_RING", "disabled", 1);
+  auto c = Connect(/*ring=*/true);
+  unsetenv("KVTIER_CONTROL_RING");
+  spdlog::default_logger()->sinks().pop_back();
+  ASSERT_TRUE(c);
+  EXPECT_NE(log.str().find("KVTIER_CONTROL_RING='disabled'"), std::string::npos) << log.str();
+  auto ns = c->OpenNamespace(TinySpec());
+  ASSERT_TRUE(ns.ok());
+  const uint64_t calls = RingStat("ring_calls");
+  ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*c, *ns, Tokens(70, 2 * kChunkTokens)));
+  EXPECT_GT(RingStat("ring_calls"), calls) << "an unknown value turned the ring off";
 }
 
 // kvtierd's threads (from /proc/<pid>/status).

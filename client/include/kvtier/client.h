@@ -60,7 +60,8 @@ struct ClientOptions {
   // the fallback (no ring, all 32 ring slots busy, a request over 2 MiB such
   // as a prompt over 512K tokens, a ring kvtierd stopped serving). Same
   // answers and errors either way. The environment variable
-  // KVTIER_CONTROL_RING=0 (or false, off, no, in any case) turns it off. Default: true.
+  // KVTIER_CONTROL_RING=0 (or false, off, no, in any case) turns it off; a
+  // value neither off nor on (1, true, on, yes) is warned about. Default: true.
   bool control_ring = true;
 };
 

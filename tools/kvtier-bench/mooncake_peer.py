@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import json
 import os
 import signal
@@ -36,6 +37,9 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+SETUP_SECONDS = 60
 
 
 def die_with_parent() -> None:
@@ -134,8 +138,13 @@ def main() -> int:
             store = MooncakeDistributedStore()
             # Room for one round of the largest size, twice over (removal is not instant).
             segment = 2 * max(values) * args.chunks + (64 << 20)
+            # setup blocks in native code, holding the GIL (a master that accepts and never
+            # answers would hold it forever): faulthandler's own thread then prints where
+            # this script stands and exits it.
+            faulthandler.dump_traceback_later(SETUP_SECONDS, exit=True)
             rc = store.setup("127.0.0.1", f"http://127.0.0.1:{http}/metadata", segment,
                              64 << 20, "tcp", "", f"127.0.0.1:{rpc}")
+            faulthandler.cancel_dump_traceback_later()
             if rc != 0:
                 raise RuntimeError(f"MooncakeDistributedStore.setup returned {rc}")
             for value in values:

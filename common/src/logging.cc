@@ -1,10 +1,17 @@
 #include "kvtier/logging.h"
 
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <string>
 
 namespace kvtier {
+
+void LogToStderr(const std::string& name) {
+  auto logger = spdlog::get(name);
+  if (!logger) logger = spdlog::stderr_color_mt(name);
+  spdlog::set_default_logger(std::move(logger));
+}
 
 Status SetLogLevel(std::string_view level) {
   const std::string name(level);

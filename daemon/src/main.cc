@@ -1,7 +1,6 @@
 // kvtierd: the kvtier daemon. See `kvtierd --help` and README.md.
 #include <malloc.h>
 #include <signal.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <unistd.h>
@@ -37,7 +36,7 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
 
-  spdlog::set_default_logger(spdlog::stderr_color_mt("kvtierd"));  // logs go to stderr
+  kvtier::LogToStderr("kvtierd");  // logs go to stderr
   int exit_code = -1;
   auto options = kvtier::ParseDaemonOptions(argc, argv, &exit_code);
   if (exit_code >= 0) return exit_code;

@@ -82,5 +82,25 @@ TEST_F(ReplayTest, AJsonPathThatCannotBeWrittenIsRefusedBeforeTheRun) {
   EXPECT_NE(r.err.find("is a folder"), std::string::npos) << r.err;
 }
 
+// `--json -` is JSON alone on stdout: the table goes to stderr, and so do the
+// SDK's log lines (spdlog's default logger wrote them to stdout, in front of a
+// tool's results). Before, `-` was a file of that name, and the warning below
+// came out on stdout.
+TEST_F(ReplayTest, JsonToStdoutIsJsonAloneWithTheLogsOnStderr) {
+  DaemonProcess daemon(Opts());
+  ASSERT_EQ(daemon.Start(), "");
+  const CommandResult r = RunCommand({"/usr/bin/env", "KVTIER_CONTROL_RING=disabled",
+                                      BinPath("kvtier-replay"), "--socket", socket_, "--generate",
+                                      "5", "--quiet", "--json", "-"},
+                                     60s);
+  EXPECT_TRUE(r.ok()) << r.Describe();
+  const json j = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << "stdout is not JSON alone:\n" << r.out;
+  EXPECT_EQ(j["requests"].get<uint64_t>(), 5u);
+  EXPECT_NE(r.err.find("KVTIER_CONTROL_RING='disabled'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("token hit rate"), std::string::npos) << "the table goes to stderr\n"
+                                                             << r.err;
+}
+
 }  // namespace
 }  // namespace kvtier::integration

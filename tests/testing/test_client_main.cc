@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "kvtier/logging.h"
 #include "kvtier/client.h"
 #include "kvtier/proto/convert.h"
 #include "kvtier/proto/transport_args.h"
@@ -282,6 +283,7 @@ int Hold(const Common& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvtier::LogToStderr("kvtier_test_client");  // results go to stdout; logs, the SDK's too, to stderr
   Common c;
   uint64_t seed = 1, requests = 20;
   CLI::App app{"kvtier_test_client: test engine stand-in", "kvtier_test_client"};

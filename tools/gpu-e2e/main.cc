@@ -18,6 +18,7 @@
 #include <random>
 #include <thread>
 
+#include "kvtier/logging.h"
 #include "kvtier/layerwise.h"
 
 namespace {
@@ -32,6 +33,7 @@ int Fail(const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvtier::LogToStderr("gpu-e2e");  // results go to stdout; logs, the SDK's too, to stderr
   std::string socket_path, backend = "cuda";
   int device = 0;
   int64_t layers = 32, heads = 8, head_dim = 128, block = 16, chunk_tokens = 256;

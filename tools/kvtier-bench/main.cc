@@ -42,6 +42,7 @@
 #include "nvme.h"
 #include "peers.h"
 #include "scale.h"
+#include "kvtier/logging.h"
 #include "kvtier/admin_client.h"
 #include "kvtier/client.h"
 #include "kvtier/tiers/nvme_tier.h"
@@ -338,6 +339,7 @@ int RunRestart(const std::string& kvtierd, const std::string& parent, uint64_t n
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvtier::LogToStderr("kvtier-bench");  // results go to stdout; logs, the SDK's too, to stderr
   // A peer (redis-server) that goes away mid-run: an error from the write, not SIGPIPE.
   signal(SIGPIPE, SIG_IGN);
   std::string socket;

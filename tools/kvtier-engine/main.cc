@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "daemon_kv_source.h"
+#include "kvtier/logging.h"
 #include "kvtier/client.h"
 #include "kvtier/gpu/engine/engine.h"
 #include "kvtier/gpu/engine/model_shape.h"
@@ -91,6 +92,7 @@ kvtier::NamespaceSpec ModelNamespace(const ModelShape& shape, uint32_t chunk_tok
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvtier::LogToStderr("kvtier-engine");  // results go to stdout; logs, the SDK's too, to stderr
   std::string socket_path, backend = "cuda", model = "llama3-8b", json_path;
   int64_t prompt_tokens = 8192, cached_tokens = 6144;
   uint32_t chunk_tokens = 256;

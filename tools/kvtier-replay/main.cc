@@ -23,6 +23,7 @@
 #include <utility>
 #include <nlohmann/json.hpp>
 
+#include "kvtier/logging.h"
 #include "kvtier/admin_client.h"
 #include "kvtier/client.h"
 #include "kvtier/socket_path.h"
@@ -51,6 +52,7 @@ double Us(Clock::duration d) { return std::chrono::duration<double, std::micro>(
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvtier::LogToStderr("kvtier-replay");  // results go to stdout; logs, the SDK's too, to stderr
   std::string socket_path, trace_path, model = "tiny", json_path;
   uint32_t chunk_tokens = 256;
   uint64_t limit = 0, generate = 0;
@@ -71,7 +73,7 @@ int main(int argc, char** argv) {
   app.add_option("--chunk-tokens", chunk_tokens, "tokens per chunk")->capture_default_str();
   app.add_option("--limit", limit, "replay the first N requests (0 = all)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--json", json_path, "write the summary as JSON here");
+  app.add_option("--json", json_path, "write the summary as JSON here ('-': JSON alone on stdout, the table on stderr)");
   app.add_option("--deadline-ms", deadline_ms, "client deadline per RPC")
       ->check(CLI::Range(int64_t{1}, int64_t{600000}))
       ->capture_default_str();
@@ -94,7 +96,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvtier-replay: give --trace FILE or --generate N\n");
     return 2;
   }
-  if (!json_path.empty()) {  // before the run, not after it
+  if (!json_path.empty() && json_path != "-") {  // before the run, not after it
     const std::filesystem::path dir = std::filesystem::path(json_path).parent_path();
     const std::string d = dir.empty() ? "." : dir.string();
     std::error_code ec;
@@ -306,39 +308,42 @@ int main(int argc, char** argv) {
       {"store_latency_us", {{"p50", Percentile(t.store_us, 50)}, {"p99", Percentile(t.store_us, 99)}}},
       {"wall_s", wall_s},
   };
-  std::printf("kvtier-replay summary (%s, model %s, chunk %u tokens)\n",
+  FILE* const table = json_path == "-" ? stderr : stdout;  // `--json -`: JSON alone on stdout
+  std::fprintf(table, "kvtier-replay summary (%s, model %s, chunk %u tokens)\n",
               j["trace"].get<std::string>().c_str(), model.c_str(), chunk_tokens);
-  std::printf("  %-22s %llu\n", "requests", static_cast<unsigned long long>(t.requests));
-  std::printf("  %-22s %llu\n", "prompt tokens", static_cast<unsigned long long>(t.prompt_tokens));
-  std::printf("  %-22s %llu\n", "hit tokens (dram)",
+  std::fprintf(table, "  %-22s %llu\n", "requests", static_cast<unsigned long long>(t.requests));
+  std::fprintf(table, "  %-22s %llu\n", "prompt tokens", static_cast<unsigned long long>(t.prompt_tokens));
+  std::fprintf(table, "  %-22s %llu\n", "hit tokens (dram)",
               static_cast<unsigned long long>(t.hit_tokens - t.nvme_hit_tokens));
-  std::printf("  %-22s %llu\n", "hit tokens (nvme)", static_cast<unsigned long long>(t.nvme_hit_tokens));
-  std::printf("  %-22s %.4f\n", "token hit rate", hit_rate);
+  std::fprintf(table, "  %-22s %llu\n", "hit tokens (nvme)", static_cast<unsigned long long>(t.nvme_hit_tokens));
+  std::fprintf(table, "  %-22s %.4f\n", "token hit rate", hit_rate);
   if (prefetch != "off") {
-    std::printf("  %-22s %llu of %llu NVMe chunks (%s, schedule delay %lld ms)\n",
+    std::fprintf(table, "  %-22s %llu of %llu NVMe chunks (%s, schedule delay %lld ms)\n",
                 "prefetched in time", static_cast<unsigned long long>(t.prefetch_ready_chunks),
                 static_cast<unsigned long long>(t.prefetch_nvme_chunks), prefetch.c_str(),
                 static_cast<long long>(schedule_delay_ms));
   }
   if (nvme_read.is_null()) {
-    std::printf("  %-22s unknown (the daemon's Stats failed or it restarted)\n", "nvme bytes");
+    std::fprintf(table, "  %-22s unknown (the daemon's Stats failed or it restarted)\n", "nvme bytes");
   } else {
-    std::printf("  %-22s %.1f MiB read, %.1f MiB written\n", "nvme bytes",
+    std::fprintf(table, "  %-22s %.1f MiB read, %.1f MiB written\n", "nvme bytes",
                 nvme_read.get<uint64_t>() / 1048576.0, nvme_written.get<uint64_t>() / 1048576.0);
   }
-  std::printf("  %-22s %.1f MiB\n", "bytes loaded", t.bytes_loaded / 1048576.0);
-  std::printf("  %-22s %.1f MiB\n", "bytes stored", t.bytes_stored / 1048576.0);
-  std::printf("  %-22s %llu\n", "chunks dropped", static_cast<unsigned long long>(t.chunks_dropped));
-  std::printf("  %-22s %llu\n", "verify errors", static_cast<unsigned long long>(t.verify_errors));
-  std::printf("  %-22s %llu\n", "fail-open calls", static_cast<unsigned long long>(t.fail_open));
-  std::printf("  %-22s p50 %.0f us, p99 %.0f us\n", "lookup latency", Percentile(t.lookup_us, 50),
+  std::fprintf(table, "  %-22s %.1f MiB\n", "bytes loaded", t.bytes_loaded / 1048576.0);
+  std::fprintf(table, "  %-22s %.1f MiB\n", "bytes stored", t.bytes_stored / 1048576.0);
+  std::fprintf(table, "  %-22s %llu\n", "chunks dropped", static_cast<unsigned long long>(t.chunks_dropped));
+  std::fprintf(table, "  %-22s %llu\n", "verify errors", static_cast<unsigned long long>(t.verify_errors));
+  std::fprintf(table, "  %-22s %llu\n", "fail-open calls", static_cast<unsigned long long>(t.fail_open));
+  std::fprintf(table, "  %-22s p50 %.0f us, p99 %.0f us\n", "lookup latency", Percentile(t.lookup_us, 50),
               Percentile(t.lookup_us, 99));
-  std::printf("  %-22s p50 %.0f us, p99 %.0f us\n", "load latency", Percentile(t.load_us, 50),
+  std::fprintf(table, "  %-22s p50 %.0f us, p99 %.0f us\n", "load latency", Percentile(t.load_us, 50),
               Percentile(t.load_us, 99));
-  std::printf("  %-22s p50 %.0f us, p99 %.0f us\n", "store latency", Percentile(t.store_us, 50),
+  std::fprintf(table, "  %-22s p50 %.0f us, p99 %.0f us\n", "store latency", Percentile(t.store_us, 50),
               Percentile(t.store_us, 99));
-  std::printf("  %-22s %.1f s\n", "wall", wall_s);
-  if (!json_path.empty()) {
+  std::fprintf(table, "  %-22s %.1f s\n", "wall", wall_s);
+  if (json_path == "-") {
+    std::printf("%s\n", j.dump(2).c_str());
+  } else if (!json_path.empty()) {
     std::ofstream out(json_path);
     out << j.dump(2) << "\n";
     if (!out) {

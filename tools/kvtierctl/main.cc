@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "kvtier/logging.h"
 #include "kvtier/admin_client.h"
 #include "kvtier/socket_path.h"
 #include "kvtier/units.h"
@@ -143,6 +144,7 @@ kvtier::Result<kvtier::EvictScope> ParseEvictScope(bool all, const std::string& 
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvtier::LogToStderr("kvtierctl");  // results go to stdout; logs, the SDK's too, to stderr
   std::string socket_path = kvtier::DefaultSocketPath();
   bool as_json = false;
   int timeout_ms = 2000;

@@ -12,6 +12,12 @@
 
 namespace kvtier {
 
+// Makes spdlog's default logger one named `name` that writes to stderr (spdlog's
+// own default writes to stdout, where a tool's results go). Every kvtier binary
+// and the Python module call it first; a C++ engine embedding the SDK may set
+// its own default logger instead. Idempotent.
+void LogToStderr(const std::string& name);
+
 // Sets the default logger's level from "trace", "debug", "info", "warn",
 // "error", "critical" or "off". Errors: INVALID_ARGUMENT naming the level.
 Status SetLogLevel(std::string_view level);

@@ -405,7 +405,7 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
   const uint32_t ct = ns.spec.chunk_tokens;
   const uint64_t num_hits = t.acquire ? hits.size() : t.dram_hits + t.nvme_hits;
   const size_t hbm_hits = CountInHbm(hits);
-  CountRequest(t, ns, hits);
+  LeaseCredit credit = CountRequest(t, ns, hits);
 
   resp->set_num_chunks(static_cast<uint32_t>(num_hits));
   resp->set_nvme_chunks(static_cast<uint32_t>(t.nvme_hits));
@@ -417,6 +417,7 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
   if (!t.acquire || num_hits == 0) return;
   const uint64_t lease_id = next_id_++;
   Lease lease;
+  lease.credit = std::move(credit);
   lease.session_id = t.session_id;
   lease.expiry = clock_.Now() + options_.lease_ttl;
   lease.handles = hits;  // pinned by the caller
@@ -432,13 +433,15 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
       hbm_->Pin(hh);
       lease.hbm_handles.push_back(hh);
       loc->set_hbm_payload_offset(hbm_->Get(hh).slot_offset + ns.layout.header_bytes);
-      counters_.hbm_read_bytes += ns.layout.payload_bytes;
+      lease.credit.hbm_read_bytes += ns.layout.payload_bytes;
     }
   }
   for (auto it = lease.hbm_handles.rbegin(); it != lease.hbm_handles.rend(); ++it) {
     hbm_->Touch(*it);
   }
-  counters_.read_bytes += (num_hits - lease.hbm_handles.size()) * ns.layout.payload_bytes;
+  lease.credit.read_bytes = (num_hits - lease.hbm_handles.size()) * ns.layout.payload_bytes;
+  counters_.hbm_read_bytes += lease.credit.hbm_read_bytes;
+  counters_.read_bytes += lease.credit.read_bytes;
   leases_.emplace(lease_id, std::move(lease));
   resp->set_lease_id(lease_id);
 }
@@ -455,6 +458,23 @@ Status CacheCore::ReleaseRead(const v1::ReleaseReadRequest& req) {
   KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
   auto it = FindOwned(leases_, req.lease_id(), req.session_id(), "lease_id", kLeaseGone);
   if (!it.ok()) return it.status();
+  EndLease(*it);
+  return Status::Ok();
+}
+
+Status CacheCore::ReleaseUnserved(uint64_t session_id, uint64_t lease_id) {
+  std::lock_guard lock(mu_);
+  KVTIER_RETURN_IF_ERROR(CheckSession(session_id));
+  auto it = FindOwned(leases_, lease_id, session_id, "lease_id", kLeaseGone);
+  if (!it.ok()) return it.status();
+  const LeaseCredit& c = (*it)->second.credit;
+  ledger_.Uncredit(c.request, {c.from, c.to});
+  counters_.hit_tokens -= c.hit_tokens;
+  counters_.hits -= c.hits;
+  counters_.nvme_hits -= c.nvme_hits;
+  counters_.hbm_hits -= c.hbm_hits;
+  counters_.read_bytes -= c.read_bytes;
+  counters_.hbm_read_bytes -= c.hbm_read_bytes;
   EndLease(*it);
   return Status::Ok();
 }

@@ -22,24 +22,33 @@ void FillSlotTierStats(const char* name, const SlotTier& tier, uint64_t smallest
 
 }  // namespace
 
-void CacheCore::CountRequest(const LookupTally& t, const NamespaceState& ns,
-                             const std::vector<uint32_t>& hits) {
+CacheCore::LeaseCredit CacheCore::CountRequest(const LookupTally& t, const NamespaceState& ns,
+                                               const std::vector<uint32_t>& hits) {
   ++counters_.lookups;
   CountPrompt(t.request, t.prompt_tokens, t.num_keys);
   // Only leased chunks are served; each chunk of a request counts once, for
   // the tier it was in when looked up (HBM copies are in DRAM too).
-  if (!t.acquire || hits.empty()) return;
+  LeaseCredit c;
+  if (!t.acquire || hits.empty()) return c;
   const RequestLedger::Range fresh = ledger_.Credit(t.request, hits.size());
+  c.request = t.request;
+  c.from = fresh.from;
+  c.to = fresh.to;
   for (size_t i = fresh.from; i < fresh.to; ++i) {
-    counters_.hit_tokens += ns.spec.chunk_tokens;
+    c.hit_tokens += ns.spec.chunk_tokens;
     if (i >= t.dram_hits || (i < t.prefetched_at.size() && t.prefetched_at[i])) {
-      ++counters_.nvme_hits;
+      ++c.nvme_hits;
     } else if (hbm_ && hbm_->Find(dram_->Get(hits[i]).key) != ChunkIndex::kNone) {
-      ++counters_.hbm_hits;
+      ++c.hbm_hits;
     } else {
-      ++counters_.hits;
+      ++c.hits;
     }
   }
+  counters_.hit_tokens += c.hit_tokens;
+  counters_.hits += c.hits;
+  counters_.nvme_hits += c.nvme_hits;
+  counters_.hbm_hits += c.hbm_hits;
+  return c;
 }
 
 void CacheCore::CountPrompt(const std::string& request, size_t tokens, size_t full_chunks) {

@@ -99,10 +99,7 @@ grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ct
   auto* reactor = ctx->DefaultReactor();
   core_.Lookup(*req, resp, [this, ctx, reactor, req, resp](Status st) {
     if (st.ok() && resp->lease_id() != 0 && ctx->IsCancelled()) {
-      v1::ReleaseReadRequest release;
-      release.set_session_id(req->session_id());
-      release.set_lease_id(resp->lease_id());
-      (void)core_.ReleaseRead(release);
+      (void)core_.ReleaseUnserved(req->session_id(), resp->lease_id());
     }
     reactor->Finish(ToGrpcStatus(st));
   });

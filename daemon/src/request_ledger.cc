@@ -29,4 +29,12 @@ RequestLedger::Range RequestLedger::Credit(const std::string& key, uint64_t serv
   return {from, entry->credited};
 }
 
+void RequestLedger::Uncredit(const std::string& key, Range credited) {
+  if (key.empty()) return;
+  auto it = credited_.find(key);
+  if (it != credited_.end() && it->second.credited == credited.to) {
+    it->second.credited = credited.from;
+  }
+}
+
 }  // namespace kvtier

@@ -494,10 +494,8 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
   core_.Lookup(req, &job->resp, [ring, slot, seq = call->seq, job, core = &core_](Status st) {
     if (st.ok()) core->CountRingLookup();
     if (!Answer(*ring, slot, seq, st, &job->resp) && st.ok() && job->resp.lease_id() != 0) {
-      v1::ReleaseReadRequest release;  // its client gave up waiting, as a cancelled RPC
-      release.set_session_id(ring->session_id);
-      release.set_lease_id(job->resp.lease_id());
-      (void)core->ReleaseRead(release);
+      // its client gave up waiting, as a cancelled RPC
+      (void)core->ReleaseUnserved(ring->session_id, job->resp.lease_id());
     }
   });
 }

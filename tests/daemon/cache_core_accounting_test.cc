@@ -80,6 +80,33 @@ TEST_F(CacheCoreAccountingTest, ATooLongRequestIdIsRefusedAndCountsNothing) {
   EXPECT_EQ(Lookup(Tokens(12), false).num_chunks(), 3u);
 }
 
+// A lease whose client never got the Lookup's answer (it gave up: the ring
+// or gRPC path then ends the lease with ReleaseUnserved) serves nothing: its
+// hits and bytes are taken back, and the request's retry counts them once.
+// Before, they stayed counted: with NVMe on and short deadlines kvtierd's token
+// hit rate read 0.057 where the replay, counting verified bytes, read 0.036.
+TEST_F(CacheCoreAccountingTest, ALeaseItsClientNeverGotCountsNoHits) {
+  ASSERT_EQ(Store(Tokens(12)), 3u);
+  const v1::StatsResponse before = Stats();
+  request_id = "cmpl-given-up";
+  const v1::LookupResponse unserved = Lookup(Tokens(12), /*acquire=*/true);
+  ASSERT_EQ(unserved.num_chunks(), 3u);
+  EXPECT_EQ(Stats().hit_tokens(), 12u);
+  ASSERT_TRUE(core_->ReleaseUnserved(session_, unserved.lease_id()).ok());
+  v1::StatsResponse after = Stats();
+  EXPECT_EQ(after.hit_tokens(), before.hit_tokens());
+  EXPECT_EQ(after.tiers(0).hits(), before.tiers(0).hits());
+  EXPECT_EQ(after.tiers(0).read_bytes(), before.tiers(0).read_bytes());
+  EXPECT_EQ(after.active_leases(), 0u);
+  EXPECT_EQ(after.lookup_tokens(), 12u) << "the prompt was looked up: it stays counted";
+  const v1::LookupResponse retry = Lookup(Tokens(12), /*acquire=*/true);  // the same request
+  ASSERT_EQ(retry.num_chunks(), 3u);
+  after = Stats();
+  EXPECT_EQ(after.hit_tokens(), 12u) << "the retry's hits count, once";
+  EXPECT_EQ(after.lookup_tokens(), 12u);
+  EXPECT_EQ(core_->ReleaseUnserved(session_, unserved.lease_id()).code(), StatusCode::kNotFound);
+}
+
 // A raw control ring hands CacheCore whatever bytes its client wrote.
 TEST_F(CacheCoreAccountingTest, ARequestIdThatIsNotUtf8IsRefusedAndCountsNothing) {
   ASSERT_EQ(Store(Tokens(12)), 3u);

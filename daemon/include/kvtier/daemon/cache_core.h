@@ -192,6 +192,11 @@ class CacheCore {
   Status Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse* resp);
   Status PrefetchStatus(const v1::PrefetchStatusRequest& req, v1::PrefetchStatusResponse* resp);
   Status ReleaseRead(const v1::ReleaseReadRequest& req);
+  // Ends a lease whose Lookup answer its client never got (it gave up first:
+  // a cancelled RPC, a ring call given up), as ReleaseRead does, and takes
+  // back the hits and bytes that Lookup counted: figures count only what was
+  // served, and a retry of the request may count them again.
+  Status ReleaseUnserved(uint64_t session_id, uint64_t lease_id);
   Status ReserveWrite(const v1::ReserveWriteRequest& req, v1::ReserveWriteResponse* resp);
   Status CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWriteResponse* resp);
   Status AbortWrite(const v1::AbortWriteRequest& req);
@@ -223,7 +228,16 @@ class CacheCore {
     uint32_t ns_index = 0;  // DramTier's namespace number
     uint32_t active_reservations = 0;  // reservations holding a pointer to this state
   };
+  // What a leasing Lookup added to the counters (CountRequest, GrantLookup):
+  // taken back when its client never got the answer (ReleaseUnserved).
+  struct LeaseCredit {
+    std::string request;  // its RequestLedger key
+    uint64_t from = 0, to = 0;  // the chunks of the request it credited
+    uint64_t hit_tokens = 0, hits = 0, nvme_hits = 0, hbm_hits = 0;
+    uint64_t read_bytes = 0, hbm_read_bytes = 0;
+  };
   struct Lease {
+    LeaseCredit credit;
     uint64_t session_id = 0;
     uint64_t held_bytes = 0;  // counted against its session's session_max_bytes
     Clock::TimePoint expiry;
@@ -345,8 +359,8 @@ class CacheCore {
   };
   // REQUIRES: mu_ held. Counts a Lookup in the token hit rate: the prompt at
   // the request's first sight, and the leased `hits` not yet credited to it.
-  void CountRequest(const LookupTally& tally, const NamespaceState& ns,
-                    const std::vector<uint32_t>& hits);
+  LeaseCredit CountRequest(const LookupTally& tally, const NamespaceState& ns,
+                           const std::vector<uint32_t>& hits);
   // REQUIRES: mu_ held. Counts the prompt of `request` if it is new.
   void CountPrompt(const std::string& request, size_t tokens, size_t full_chunks);
   RequestLedger ledger_;  // GUARDED_BY(mu_)

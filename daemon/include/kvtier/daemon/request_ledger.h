@@ -52,6 +52,9 @@ class RequestLedger {
   // chunk of a request counts as a hit once and hits never exceed the prompt.
   // For "" (an unnamed call): [0, served).
   Range Credit(const std::string& key, uint64_t served);
+  // Takes back `credited`, what Credit(key, ...) returned, when its lease was
+  // never served (its client gave up) and nothing was credited after it.
+  void Uncredit(const std::string& key, Range credited);
 
   size_t size() const { return credited_.size(); }
 

@@ -113,7 +113,10 @@ TEST_F(DaemonTest, KvtierctlEvictDropsANamespaceAndLeavesAnAuditLine) {
         {"evict", "--all", "--tokens", "1,2"}, {"evict", "--namespace", id, "--tokens-file", empty},
         {"evict", "--namespace", id, "--tokens-file", wide},
         {"evict", "--namespace", id, "--tokens-file", fractions},
-        {"evict", "--namespace", id, "--tokens-file", dir_.path()}}) {
+        {"evict", "--namespace", id, "--tokens-file", dir_.path()},
+        // CLI11's own list made ids up for these (they reached kvtierd)
+        {"evict", "--namespace", id, "--tokens", ""},
+        {"evict", "--namespace", id, "--tokens", "1,,2"}}) {
     CommandResult r = daemon.Ctl(bad);
     EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 2) << r.Describe();
     EXPECT_FALSE(r.err.empty()) << r.Describe();
@@ -182,6 +185,12 @@ TEST_F(DaemonTest, KvtierctlHealthFailsWithoutADaemon) {
   DaemonProcess daemon(Opts());
   ASSERT_EQ(daemon.Start(), "");
   EXPECT_TRUE(daemon.Ctl({"health"}).ok());
+  // A path that is no socket is "unreachable" too: exit 1 and, with --json,
+  // JSON (it was exit 2 and plain text).
+  CommandResult folder = RunCommand(
+      {BinPath("kvtierctl"), "--socket", dir_.path(), "--json", "health"}, 20s);
+  EXPECT_TRUE(folder.exit.exited && folder.exit.exit_code == 1) << folder.Describe();
+  EXPECT_EQ(ParseJson(folder)["serving"], false) << folder.Describe();
   // The global options may also follow the subcommand (they were refused there).
   CommandResult after = RunCommand(
       {BinPath("kvtierctl"), "health", "--socket", socket_, "--timeout-ms", "2000", "--json"}, 20s);

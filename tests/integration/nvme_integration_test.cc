@@ -430,9 +430,18 @@ TEST_F(NvmeDaemonTest, KvtierBenchRestartRemovesOnlyTheFolderItMade) {
   EXPECT_TRUE(r.ok()) << r.Describe();
   EXPECT_NE(r.out.find("start to serving"), std::string::npos) << r.Describe();
   ASSERT_TRUE(std::filesystem::exists(dir + "/keep.txt")) << "the benchmark removed --dir";
-  size_t entries = 0;
-  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++entries;
-  EXPECT_EQ(entries, 1u) << "the benchmark left its folder behind";
+  const auto entries = [&] {
+    size_t n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++n;
+    return n;
+  };
+  EXPECT_EQ(entries(), 1u) << "the benchmark left its folder behind";
+  // A run that fails (a "kvtierd" that exits at once) removes its folder too.
+  r = RunCommand({BinPath("kvtier-bench"), "restart", "--kvtierd", "/bin/true", "--dir", dir,
+                  "--chunks", "200"},
+                 60s);
+  EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 1) << r.Describe();
+  EXPECT_EQ(entries(), 1u) << "a failed run left its folder behind";
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -270,16 +271,32 @@ void StopDaemon(pid_t pid) {
   waitpid(pid, &status, 0);
 }
 
+// The folder RunRestart made, removed at exit however the run ends (Die, a
+// failed start, SIGINT or SIGTERM: they end the fill at its next batch).
+std::string restart_folder;
+volatile std::sig_atomic_t restart_interrupted = 0;
+
 // Works in a folder of its own made inside `parent` (created when missing),
 // and removes only that: `--dir` may be a folder that holds other files.
 int RunRestart(const std::string& kvtierd, const std::string& parent, uint64_t num_chunks) {
   namespace fs = std::filesystem;
+  if (access(kvtierd.c_str(), X_OK) != 0) {
+    Die("--kvtierd " + kvtierd + ": " + std::strerror(errno) + " (the kvtierd binary to start)");
+  }
   std::error_code ec;
   fs::create_directories(parent, ec);
   if (ec) Die("--dir " + parent + ": " + ec.message());
   std::string made = parent + "/kvtier-bench-restart.XXXXXX";
   if (mkdtemp(made.data()) == nullptr) Die("--dir " + parent + ": " + std::strerror(errno));
   const std::string dir = made;
+  restart_folder = made;
+  std::atexit([] {
+    std::error_code ignored;
+    if (!restart_folder.empty()) std::filesystem::remove_all(restart_folder, ignored);
+  });
+  for (int sig : {SIGINT, SIGTERM}) {
+    std::signal(sig, [](int) { restart_interrupted = 1; });
+  }
   kvtier::NamespaceSpec spec;  // 16 tokens x 64 B: 1 KiB payload, 4 KiB slots
   spec.model_id = "bench-restart";
   spec.num_layers = 1;
@@ -302,6 +319,7 @@ int RunRestart(const std::string& kvtierd, const std::string& parent, uint64_t n
         static_cast<std::byte*>(std::aligned_alloc(4096, kBatch * layout.slot_bytes)), &std::free);
     std::memset(images.get(), 0x5A, kBatch * layout.slot_bytes);
     for (uint64_t first = 0; first < num_chunks; first += kBatch) {
+      if (restart_interrupted) Die("interrupted; removing " + dir);
       const size_t n = std::min<uint64_t>(kBatch, num_chunks - first);
       std::vector<kvtier::NvmeImage> batch;
       for (size_t i = 0; i < n; ++i) {

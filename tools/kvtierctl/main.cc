@@ -3,6 +3,7 @@
 //   kvtierctl evict (--all | --namespace ID [--tokens 1,2,3 | --tokens-file F.json])
 // Human tables by default, --json for scripts. Exit codes: 0 OK (health:
 // serving), 1 daemon unreachable or not serving, 2 usage error.
+#include <charconv>
 #include <CLI/CLI.hpp>
 #include <climits>
 #include <cstdio>
@@ -95,7 +96,7 @@ void PrintStats(const kvtier::DaemonStats& s) {
 // The scope of `kvtierctl evict`; a usage error names the bad option.
 // `tokens_given`: --tokens was on the command line (possibly empty).
 kvtier::Result<kvtier::EvictScope> ParseEvictScope(bool all, const std::string& ns_hex,
-                                                   bool tokens_given, std::vector<int32_t> tokens,
+                                                   bool tokens_given, const std::string& tokens_text,
                                                    const std::string& tokens_file) {
   using kvtier::Status;
   if (all == !ns_hex.empty()) return Status::InvalidArgument("give exactly one of --all and --namespace");
@@ -108,6 +109,25 @@ kvtier::Result<kvtier::EvictScope> ParseEvictScope(bool all, const std::string& 
     return Status::InvalidArgument("--namespace '" + ns_hex +
                                    "' is not a namespace id (32 hex digits, as "
                                    "`kvtierctl namespaces` prints)");
+  }
+  // --tokens: comma-separated int32 ids, each in full (CLI11's own list took
+  // "" and "1,,2" for ids it made up).
+  std::vector<int32_t> tokens;
+  if (tokens_given && !tokens_text.empty()) {
+    size_t at = 0;
+    for (size_t i = 0;; ++i) {
+      const size_t comma = std::min(tokens_text.find(',', at), tokens_text.size());
+      const std::string_view item(tokens_text.data() + at, comma - at);
+      int32_t id = 0;
+      const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), id);
+      if (item.empty() || ec != std::errc() || end != item.data() + item.size()) {
+        return Status::InvalidArgument("--tokens: item " + std::to_string(i) + " ('" +
+                                       std::string(item) + "') is not an int32 token id");
+      }
+      tokens.push_back(id);
+      if (comma == tokens_text.size()) break;
+      at = comma + 1;
+    }
   }
   if (!tokens_file.empty()) {
     std::error_code ec;
@@ -165,13 +185,12 @@ int main(int argc, char** argv) {
       "evict", "drop cached chunks from every tier now (chunks under lease are kept and counted)");
   bool evict_all = false;
   std::string evict_ns, tokens_file;
-  std::vector<int32_t> evict_tokens;
+  std::string evict_tokens;
   evict->add_flag("--all", evict_all, "every chunk of every namespace");
   evict->add_option("--namespace", evict_ns, "every chunk of this namespace (its id)");
   auto* tokens_opt = evict->add_option("--tokens", evict_tokens,
                                        "with --namespace: evict the prompts beginning with these "
-                                       "token ids (comma-separated)")
-                         ->delimiter(',');
+                                       "token ids (comma-separated)");
   evict->add_option("--tokens-file", tokens_file, "the same, as a JSON array in a file")
       ->excludes(tokens_opt);
   try {
@@ -192,9 +211,15 @@ int main(int argc, char** argv) {
   }
 
   auto admin_or = kvtier::AdminClient::Connect(socket_path, std::chrono::milliseconds(timeout_ms));
-  if (!admin_or.ok()) {
-    std::fprintf(stderr, "kvtierctl: %s\n", admin_or.status().message().c_str());
-    return 2;
+  if (!admin_or.ok()) {  // unreachable (a path that is no socket, say): exit 1, as for no daemon
+    if (as_json) {
+      std::printf("%s\n",
+                  json{{"serving", false}, {"error", admin_or.status().message()}}.dump().c_str());
+    } else {
+      std::fprintf(stderr, "kvtierctl: kvtierd at %s: %s\n", socket_path.c_str(),
+                   admin_or.status().message().c_str());
+    }
+    return 1;
   }
   auto& admin = *admin_or;
   auto fail = [&](const kvtier::Status& st) {

@@ -77,7 +77,7 @@ Result<std::vector<NamespaceInfo>> AdminClient::Namespaces() {
   KVTIER_RETURN_IF_ERROR((impl_->Call<v1::NamespacesRequest>(&v1::Admin::Stub::Namespaces, &r)));
   std::vector<NamespaceInfo> out;
   for (const auto& n : r.namespaces()) {
-    auto id = KeyFromWire(n.namespace_id());
+    auto id = ChunkKey::FromWire(n.namespace_id());
     if (!id) return Status::DataLoss("daemon returned a namespace_id that is not 16 bytes");
     out.push_back({*id, FromProto(n.spec()), n.chunks(), n.slot_bytes()});
   }

@@ -103,6 +103,11 @@ std::string ChunkKey::ToHex() const {
   return s;
 }
 
+std::optional<ChunkKey> ChunkKey::FromWire(std::string_view bytes) {
+  if (bytes.size() != kBytes) return std::nullopt;
+  return FromBytes(reinterpret_cast<const std::byte*>(bytes.data()));
+}
+
 std::optional<ChunkKey> ChunkKey::FromHex(std::string_view hex) {
   if (hex.size() != 32) return std::nullopt;
   ChunkKey k;

@@ -10,18 +10,16 @@
 #include <random>
 
 #include "kvtier/logging.h"
-#include "kvtier/proto/convert.h"
 #include "kvtier/request_id.h"
 #include "request_checks.h"
 
 namespace kvtier {
 namespace {
 
-using request_checks::FindOwned;
 using request_checks::PromptTokens;
 
 // Token ids of a packed little-endian int32 byte string.
-std::vector<int32_t> UnpackTokens(const std::string& bytes) {
+std::vector<int32_t> UnpackTokens(std::string_view bytes) {
   std::vector<int32_t> tokens(bytes.size() / 4);
   std::memcpy(tokens.data(), bytes.data(), tokens.size() * 4);
   return tokens;
@@ -31,8 +29,6 @@ std::string Field(const char* name, size_t i, const char* sub) {
   return std::string(name) + "[" + std::to_string(i) + "]." + sub;
 }
 
-constexpr const char* kLeaseGone = "released, expired or never granted";
-constexpr const char* kReservationGone = "committed, aborted, expired or never granted";
 
 }  // namespace
 
@@ -131,8 +127,8 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
 
 CacheCore::~CacheCore() { StopWorkers(); }
 
-Result<const CacheCore::NamespaceState*> CacheCore::FindNamespace(const std::string& id) const {
-  auto key = KeyFromWire(id);
+Result<const CacheCore::NamespaceState*> CacheCore::FindNamespace(std::string_view id) const {
+  auto key = ChunkKey::FromWire(id);
   if (!key) {
     return Status::InvalidArgument("namespace_id is " + std::to_string(id.size()) +
                                    " bytes, not 16");
@@ -144,15 +140,15 @@ Result<const CacheCore::NamespaceState*> CacheCore::FindNamespace(const std::str
   return static_cast<const NamespaceState*>(it->second);
 }
 
-Status CacheCore::OpenNamespace(const v1::OpenNamespaceRequest& req,
-                                v1::OpenNamespaceResponse* resp) {
-  if (!req.has_spec()) return Status::InvalidArgument("spec is missing");
-  NamespaceSpec spec = FromProto(req.spec());
+Status CacheCore::OpenNamespace(const core::OpenNamespaceRequest& req,
+                                core::OpenNamespaceResponse* resp) {
+  if (!req.spec) return Status::InvalidArgument("spec is missing");
+  const NamespaceSpec& spec = *req.spec;
   KVTIER_RETURN_IF_ERROR(spec.Validate());
   const SlotLayout layout = SlotLayout::For(spec);
   const NamespaceId id = spec.Digest();
   std::lock_guard lock(mu_);
-  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
+  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id));
   auto it = ns_by_id_.find(id);
   if (it == ns_by_id_.end()) {
     if (layout.slot_bytes > dram_->capacity_bytes()) {
@@ -203,15 +199,15 @@ Status CacheCore::OpenNamespace(const v1::OpenNamespaceRequest& req,
                    id.ToHex(), layout.slot_bytes);
     }
   }
-  resp->set_namespace_id(id.ToBytes());
-  resp->set_payload_bytes(layout.payload_bytes);
-  resp->set_header_bytes(layout.header_bytes);
-  resp->set_slot_bytes(layout.slot_bytes);
+  resp->namespace_id = id;
+  resp->payload_bytes = layout.payload_bytes;
+  resp->header_bytes = layout.header_bytes;
+  resp->slot_bytes = layout.slot_bytes;
   return Status::Ok();
 }
 
 Result<CacheCore::NamespaceState> CacheCore::ResolveRequest(uint64_t session_id, uint64_t epoch,
-                                                          const std::string& namespace_id) const {
+                                                          std::string_view namespace_id) const {
   std::lock_guard lock(mu_);
   KVTIER_RETURN_IF_ERROR(CheckSession(session_id));
   KVTIER_RETURN_IF_ERROR(CheckEpoch(epoch));
@@ -274,35 +270,35 @@ size_t CacheCore::ContinuationRun(const std::vector<ChunkKey>& keys, size_t from
   return n;
 }
 
-void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, Done done) {
-  auto prompt = PromptTokens(req.tokens(), options_.max_prompt_tokens);
+void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* resp, Done done) {
+  auto prompt = PromptTokens(req.tokens, options_.max_prompt_tokens);
   if (!prompt.ok()) return done(prompt.status());
-  if (Status st = CheckRequestId(req.request_id()); !st.ok()) return done(st);
-  if (req.prefetch_ticket() != 0 && !req.acquire()) {
+  if (Status st = CheckRequestId(req.request_id); !st.ok()) return done(st);
+  if (req.prefetch_ticket != 0 && !req.acquire) {
     return done(Status::InvalidArgument("prefetch_ticket is set without acquire (a ticket's "
                                         "chunks are taken over by a Lookup that leases them)"));
   }
-  auto resolved = ResolveRequest(req.session_id(), req.epoch(), req.namespace_id());
+  auto resolved = ResolveRequest(req.session_id, req.epoch, req.namespace_id);
   if (!resolved.ok()) return done(resolved.status());
   const NamespaceState ns = *resolved;
   const std::span<const int32_t> all = *prompt;
   // Hash outside the lock: it is the bulk of a long prompt's lookup.
   const std::vector<ChunkKey> keys = ns.spec.ChunkKeys(ns.id, all);
   LookupTally tally;
-  tally.session_id = req.session_id();
-  tally.acquire = req.acquire();
-  tally.hbm = req.hbm() && hbm_ != nullptr;
+  tally.session_id = req.session_id;
+  tally.acquire = req.acquire;
+  tally.hbm = req.hbm && hbm_ != nullptr;
   tally.prompt_tokens = all.size();
   tally.num_keys = keys.size();
-  tally.max_hits = req.max_chunks() == 0 ? keys.size()
-                                         : std::min<size_t>(keys.size(), req.max_chunks());
-  tally.request = RequestLedger::Named(req.request_id());
+  tally.max_hits = req.max_chunks == 0 ? keys.size()
+                                         : std::min<size_t>(keys.size(), req.max_chunks);
+  tally.request = RequestLedger::Named(req.request_id);
 
   std::unique_lock lock(mu_);
-  Status st = CheckSession(req.session_id());  // it may have ended meanwhile
+  Status st = CheckSession(req.session_id);  // it may have ended meanwhile
   std::optional<std::unordered_map<uint64_t, Promotion>::iterator> ticket;
-  if (st.ok() && req.prefetch_ticket() != 0) {
-    auto found = FindTicket(req.prefetch_ticket(), req.session_id());
+  if (st.ok() && req.prefetch_ticket != 0) {
+    auto found = FindTicket(req.prefetch_ticket, req.session_id);
     if (found.ok()) {
       ticket = *found;
     } else if (found.status().code() != StatusCode::kNotFound) {  // expired: no error
@@ -313,8 +309,8 @@ void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, D
     lock.unlock();
     return done(st);
   }
-  if (req.acquire()) {  // a lease takes over the ticket's hold
-    const size_t allowed = SessionAllowance(req.session_id(), ns.layout.slot_bytes,
+  if (req.acquire) {  // a lease takes over the ticket's hold
+    const size_t allowed = SessionAllowance(req.session_id, ns.layout.slot_bytes,
                                             ticket ? (*ticket)->second.held_bytes : 0);
     if (allowed < tally.max_hits) {
       tally.max_hits = allowed;
@@ -349,13 +345,13 @@ void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, D
     return done(Status::Ok());
   }
   // With a ticket (even one that expired) NVMe is not read: the prefetch was the time for it.
-  const size_t run = req.prefetch_ticket() != 0
+  const size_t run = req.prefetch_ticket != 0
                          ? 0
                          : ContinuationRun(keys, hits.size(), tally.max_hits);
-  if (!req.acquire() || run == 0) {
+  if (!req.acquire || run == 0) {
     // Without a lease nothing is read: NVMe chunks are checked when read.
-    if (!req.acquire()) tally.nvme_hits = run;
-    if (req.acquire()) {
+    if (!req.acquire) tally.nvme_hits = run;
+    if (req.acquire) {
       for (uint32_t h : hits) dram_->Pin(h);
     }
     GrantLookup(tally, ns, hits, resp);
@@ -364,7 +360,7 @@ void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, D
   }
   // Promote the NVMe continuation on an I/O worker; the lookup completes there.
   Promotion p;
-  p.session_id = req.session_id();
+  p.session_id = req.session_id;
   p.expiry = clock_.Now() + options_.lease_ttl;
   p.ns = ns;
   p.held_bytes = (hits.size() + run) * ns.layout.slot_bytes;
@@ -391,7 +387,7 @@ void CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, D
   StartPromotion(std::move(p));
 }
 
-Status CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp) {
+Status CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* resp) {
   std::promise<Status> finished;
   std::future<Status> result = finished.get_future();
   Lookup(req, resp, [&finished](Status st) { finished.set_value(std::move(st)); });
@@ -399,7 +395,7 @@ Status CacheCore::Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp)
 }
 
 void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
-                            const std::vector<uint32_t>& hits, v1::LookupResponse* resp) {
+                            const std::vector<uint32_t>& hits, core::LookupResponse* resp) {
   // Children first, so a prefix's inner chunks stay more recent than its leaves.
   for (auto it = hits.rbegin(); it != hits.rend(); ++it) dram_->Touch(*it);
   const uint32_t ct = ns.spec.chunk_tokens;
@@ -407,13 +403,13 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
   const size_t hbm_hits = CountInHbm(hits);
   LeaseCredit credit = CountRequest(t, ns, hits);
 
-  resp->set_num_chunks(static_cast<uint32_t>(num_hits));
-  resp->set_nvme_chunks(static_cast<uint32_t>(t.nvme_hits));
-  resp->set_prefetched_chunks(static_cast<uint32_t>(t.prefetched));
-  resp->set_hbm_chunks(static_cast<uint32_t>(hbm_hits));
+  resp->num_chunks = static_cast<uint32_t>(num_hits);
+  resp->nvme_chunks = static_cast<uint32_t>(t.nvme_hits);
+  resp->prefetched_chunks = static_cast<uint32_t>(t.prefetched);
+  resp->hbm_chunks = static_cast<uint32_t>(hbm_hits);
   if (t.hbm) QueueHbmCopies(hits);
-  resp->set_cached_tokens(num_hits * ct);
-  resp->set_lease_ttl_ms(static_cast<uint64_t>(options_.lease_ttl.count()));
+  resp->cached_tokens = num_hits * ct;
+  resp->lease_ttl_ms = static_cast<uint64_t>(options_.lease_ttl.count());
   if (!t.acquire || num_hits == 0) return;
   const uint64_t lease_id = next_id_++;
   Lease lease;
@@ -423,16 +419,17 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
   lease.handles = hits;  // pinned by the caller
   lease.held_bytes = hits.size() * ns.layout.slot_bytes;
   Hold(t.session_id, lease.held_bytes);
+  resp->chunks.reserve(hits.size());
   for (uint32_t h : hits) {
-    auto* loc = resp->add_chunks();
-    loc->set_payload_offset(dram_->Get(h).slot_offset + ns.layout.header_bytes);
-    loc->set_payload_bytes(ns.layout.payload_bytes);
-    loc->set_sequence(SlotSequence(dram_->SlotAddress(dram_->Get(h).slot_offset)));
+    core::ChunkLocation& loc = resp->chunks.emplace_back();
+    loc.payload_offset = dram_->Get(h).slot_offset + ns.layout.header_bytes;
+    loc.payload_bytes = ns.layout.payload_bytes;
+    loc.sequence = SlotSequence(dram_->SlotAddress(dram_->Get(h).slot_offset));
     if (!t.hbm) continue;
     if (const uint32_t hh = hbm_->Find(dram_->Get(h).key); hh != ChunkIndex::kNone) {
       hbm_->Pin(hh);
       lease.hbm_handles.push_back(hh);
-      loc->set_hbm_payload_offset(hbm_->Get(hh).slot_offset + ns.layout.header_bytes);
+      loc.hbm_payload_offset = hbm_->Get(hh).slot_offset + ns.layout.header_bytes;
       lease.credit.hbm_read_bytes += ns.layout.payload_bytes;
     }
   }
@@ -442,32 +439,31 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
   lease.credit.read_bytes = (num_hits - lease.hbm_handles.size()) * ns.layout.payload_bytes;
   counters_.hbm_read_bytes += lease.credit.hbm_read_bytes;
   counters_.read_bytes += lease.credit.read_bytes;
-  leases_.emplace(lease_id, std::move(lease));
-  resp->set_lease_id(lease_id);
+  leases_.Add(lease_id, std::move(lease));
+  resp->lease_id = lease_id;
 }
 
-void CacheCore::EndLease(std::unordered_map<uint64_t, Lease>::iterator it) {
-  for (uint32_t h : it->second.handles) dram_->Unpin(h);
-  for (uint32_t h : it->second.hbm_handles) hbm_->Unpin(h);
-  Drop(it->second.session_id, it->second.held_bytes);
-  leases_.erase(it);
+void CacheCore::EndLease(const Lease& lease) {
+  for (uint32_t h : lease.handles) dram_->Unpin(h);
+  for (uint32_t h : lease.hbm_handles) hbm_->Unpin(h);
+  Drop(lease.session_id, lease.held_bytes);
 }
 
-Status CacheCore::ReleaseRead(const v1::ReleaseReadRequest& req) {
+Status CacheCore::ReleaseRead(uint64_t session_id, uint64_t lease_id) {
   std::lock_guard lock(mu_);
-  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
-  auto it = FindOwned(leases_, req.lease_id(), req.session_id(), "lease_id", kLeaseGone);
-  if (!it.ok()) return it.status();
-  EndLease(*it);
+  KVTIER_RETURN_IF_ERROR(CheckSession(session_id));
+  auto lease = leases_.Take(lease_id, session_id);
+  if (!lease.ok()) return lease.status();
+  EndLease(*lease);
   return Status::Ok();
 }
 
 Status CacheCore::ReleaseUnserved(uint64_t session_id, uint64_t lease_id) {
   std::lock_guard lock(mu_);
   KVTIER_RETURN_IF_ERROR(CheckSession(session_id));
-  auto it = FindOwned(leases_, lease_id, session_id, "lease_id", kLeaseGone);
-  if (!it.ok()) return it.status();
-  const LeaseCredit& c = (*it)->second.credit;
+  auto lease = leases_.Take(lease_id, session_id);
+  if (!lease.ok()) return lease.status();
+  const LeaseCredit& c = lease->credit;
   ledger_.Uncredit(c.request, {c.from, c.to});
   counters_.hit_tokens -= c.hit_tokens;
   counters_.hits -= c.hits;
@@ -475,15 +471,16 @@ Status CacheCore::ReleaseUnserved(uint64_t session_id, uint64_t lease_id) {
   counters_.hbm_hits -= c.hbm_hits;
   counters_.read_bytes -= c.read_bytes;
   counters_.hbm_read_bytes -= c.hbm_read_bytes;
-  EndLease(*it);
+  EndLease(*lease);
   return Status::Ok();
 }
 
-Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
-                               v1::ReserveWriteResponse* resp) {
-  const int n = req.chunks_size();
+Status CacheCore::ReserveWrite(const core::ReserveWriteRequest& req,
+                               core::ReserveWriteResponse* resp) {
+  using core::ReserveOutcome;
+  const size_t n = req.chunks.size();
   if (n == 0) return Status::InvalidArgument("chunks is empty");
-  if (static_cast<uint32_t>(n) > options_.max_chunks_per_request) {
+  if (n > options_.max_chunks_per_request) {
     return Status::InvalidArgument("chunks holds " + std::to_string(n) +
                                    " entries, more than the limit of " +
                                    std::to_string(options_.max_chunks_per_request));
@@ -492,9 +489,9 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
   NamespaceId ns_id;
   {
     std::lock_guard lock(mu_);
-    KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
-    KVTIER_RETURN_IF_ERROR(CheckEpoch(req.epoch()));
-    auto found = FindNamespace(req.namespace_id());
+    KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id));
+    KVTIER_RETURN_IF_ERROR(CheckEpoch(req.epoch));
+    auto found = FindNamespace(req.namespace_id);
     if (!found.ok()) return found.status();
     spec = (*found)->spec;
     ns_id = (*found)->id;
@@ -502,17 +499,17 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
   const uint32_t chunk_tokens = spec.chunk_tokens;
   // Validate every chunk before touching any state.
   std::vector<ReservedChunk> chunks(n);
-  for (int i = 0; i < n; ++i) {
-    const v1::ChunkToWrite& c = req.chunks(i);
-    auto key = KeyFromWire(c.key());
+  for (size_t i = 0; i < n; ++i) {
+    const core::ChunkToWrite& c = req.chunks[i];
+    auto key = ChunkKey::FromWire(c.key);
     if (!key) return Status::InvalidArgument(Field("chunks", i, "key") + " is not 16 bytes");
-    auto parent = KeyFromWire(c.parent_key());
+    auto parent = ChunkKey::FromWire(c.parent_key);
     if (!parent) {
       return Status::InvalidArgument(Field("chunks", i, "parent_key") + " is not 16 bytes");
     }
-    if (c.tokens().size() != uint64_t{chunk_tokens} * 4) {
+    if (c.tokens.size() != uint64_t{chunk_tokens} * 4) {
       return Status::InvalidArgument(Field("chunks", i, "tokens") + " is " +
-                                     std::to_string(c.tokens().size()) + " bytes, not " +
+                                     std::to_string(c.tokens.size()) + " bytes, not " +
                                      std::to_string(chunk_tokens) + " int32 token ids (" +
                                      std::to_string(chunk_tokens * 4) + " bytes)");
     }
@@ -525,7 +522,7 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
       return Status::InvalidArgument(Field("chunks", i, "parent_key") +
                                      " is not the key of chunks[" + std::to_string(i - 1) + "]");
     }
-    chunks[i].tokens = UnpackTokens(c.tokens());
+    chunks[i].tokens = UnpackTokens(c.tokens);
     if (spec.ChunkKeyOf(*parent, chunks[i].tokens) != *key) {
       return Status::InvalidArgument(Field("chunks", i, "key") +
                                      " is not XXH3-128(parent_key || tokens)");
@@ -535,22 +532,22 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
   }
 
   std::unique_lock lock(mu_);
-  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
+  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id));
   if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kWriteThrough &&
       !WaitForWriteThrough(lock, static_cast<uint64_t>(n) * SlotLayout::For(spec).slot_bytes)) {
     // Admitting them would evict chunks still waiting for their NVMe write.
-    for (int i = 0; i < n; ++i) resp->add_outcomes(v1::NVME_BEHIND);
-    counters_.nvme_throttled_writes += static_cast<uint64_t>(n);
+    resp->outcomes.assign(n, ReserveOutcome::kNvmeBehind);
+    counters_.nvme_throttled_writes += n;
     return Status::Ok();
   }
-  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));  // it may have ended while waiting
+  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id));  // it may have ended while waiting
   // Found again under this lock: an idle namespace's state may have been given
   // to another namespace while the keys were checked (then this is NOT_FOUND).
-  auto found = FindNamespace(req.namespace_id());
+  auto found = FindNamespace(req.namespace_id);
   if (!found.ok()) return found.status();
   NamespaceState* ns = const_cast<NamespaceState*>(*found);
   Reservation r;
-  r.session_id = req.session_id();
+  r.session_id = req.session_id;
   r.expiry = clock_.Now() + options_.reservation_ttl;
   r.ns = ns;
   // Each pin and each slot counts against the session's session_max_bytes.
@@ -561,26 +558,27 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
     r.pinned.push_back(h);
     --allowed;
   };
-  resp->set_reservation_ttl_ms(static_cast<uint64_t>(options_.reservation_ttl.count()));
+  resp->reservation_ttl_ms = static_cast<uint64_t>(options_.reservation_ttl.count());
   // A commit keeps only chunks whose parent is there: check before evicting
   // anything for slots that could never be committed.
   const uint32_t parent = dram_->Find(chunks[0].parent);
   if (parent != ChunkIndex::kNone && allowed == 0) {
-    for (int i = 0; i < n; ++i) resp->add_outcomes(v1::SESSION_LIMIT);
+    resp->outcomes.assign(n, ReserveOutcome::kSessionLimit);
     ++counters_.session_limited;
     return Status::Ok();
   }
   if (parent != ChunkIndex::kNone) {
     pin(parent);
   } else if (chunks[0].parent != ns->id && reserved_keys_.count(chunks[0].parent) == 0) {
-    for (int i = 0; i < n; ++i) resp->add_outcomes(v1::NO_PARENT);
+    resp->outcomes.assign(n, ReserveOutcome::kNoParent);
     return Status::Ok();
   }
   bool out_of_space = false, key_taken = false, limited = false;
-  for (int i = 0; i < n; ++i) {
+  resp->outcomes.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
     ReservedChunk& c = chunks[i];
     if (key_taken) {
-      resp->add_outcomes(v1::KEY_TAKEN);  // its parent is not this prompt's chunk
+      resp->outcomes.push_back(ReserveOutcome::kKeyTaken);  // its parent is not this prompt's chunk
       continue;
     }
     if (!out_of_space && !limited && allowed == 0) {
@@ -588,22 +586,22 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
       ++counters_.session_limited;
     }
     if (limited) {
-      resp->add_outcomes(v1::SESSION_LIMIT);
+      resp->outcomes.push_back(ReserveOutcome::kSessionLimit);
       continue;
     }
     if (!out_of_space) {
       if (uint32_t h = dram_->Find(c.key); h != ChunkIndex::kNone) {
         if (!ResidentIs(*ns, h, c)) {
-          resp->add_outcomes(v1::KEY_TAKEN);
+          resp->outcomes.push_back(ReserveOutcome::kKeyTaken);
           key_taken = true;
           continue;
         }
         pin(h);
-        resp->add_outcomes(v1::ALREADY_STORED);
+        resp->outcomes.push_back(ReserveOutcome::kAlreadyStored);
         continue;
       }
       if (reserved_keys_.count(c.key) > 0) {  // another reservation is writing it now
-        resp->add_outcomes(v1::BEING_WRITTEN);
+        resp->outcomes.push_back(ReserveOutcome::kBeingWritten);
         continue;
       }
       if (auto offset = dram_->AllocateSlot(ns->ns_index, std::min<size_t>(n - i, allowed))) {
@@ -611,10 +609,10 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
         // A reader whose lease lapsed may still be copying the slot's old
         // chunk: clear the header first so that reader sees the change.
         InvalidateSlot(dram_->SlotAddress(c.slot_offset));
-        auto* loc = resp->add_chunks();
-        loc->set_payload_offset(c.slot_offset + ns->layout.header_bytes);
-        loc->set_payload_bytes(ns->layout.payload_bytes);
-        resp->add_outcomes(v1::RESERVED);
+        core::ChunkLocation& loc = resp->chunks.emplace_back();
+        loc.payload_offset = c.slot_offset + ns->layout.header_bytes;
+        loc.payload_bytes = ns->layout.payload_bytes;
+        resp->outcomes.push_back(ReserveOutcome::kReserved);
         reserved_keys_.insert(c.key);
         r.chunks.push_back(std::move(c));
         --allowed;
@@ -622,7 +620,7 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
       }
       out_of_space = true;  // later chunks would be orphans without this one
     }
-    resp->add_outcomes(v1::NO_SPACE);
+    resp->outcomes.push_back(ReserveOutcome::kNoSpace);
   }
   if (r.chunks.empty()) {
     for (uint32_t h : r.pinned) dram_->Unpin(h);
@@ -632,8 +630,8 @@ Status CacheCore::ReserveWrite(const v1::ReserveWriteRequest& req,
   r.held_bytes = (r.chunks.size() + r.pinned.size()) * ns->layout.slot_bytes;
   Hold(r.session_id, r.held_bytes);
   const uint64_t id = next_id_++;
-  reservations_.emplace(id, std::move(r));
-  resp->set_reservation_id(id);
+  reservations_.Add(id, std::move(r));
+  resp->reservation_id = id;
   return Status::Ok();
 }
 
@@ -657,17 +655,16 @@ void CacheCore::FreeReservation(Reservation& r) {
   FreeReservationSlots(r);
 }
 
-Status CacheCore::CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWriteResponse* resp) {
+Status CacheCore::CommitWrite(uint64_t session_id, uint64_t reservation_id,
+                              core::CommitWriteResponse* resp) {
   Reservation r;
   uint64_t first_sequence;
   {
     std::lock_guard lock(mu_);
-    KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
-    auto it = FindOwned(reservations_, req.reservation_id(), req.session_id(), "reservation_id",
-                        kReservationGone);
-    if (!it.ok()) return it.status();
-    r = std::move((*it)->second);
-    reservations_.erase(*it);
+    KVTIER_RETURN_IF_ERROR(CheckSession(session_id));
+    auto taken = reservations_.Take(reservation_id, session_id);
+    if (!taken.ok()) return taken.status();
+    r = std::move(*taken);
     Drop(r.session_id, r.held_bytes);
     first_sequence = next_sequence_;
     next_sequence_ += r.chunks.size();
@@ -703,34 +700,26 @@ Status CacheCore::CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWrite
       QueueNvmeWrite(h);
     }
   }
-  resp->set_committed_chunks(committed);
-  resp->set_dropped_chunks(dropped);
+  resp->committed_chunks = committed;
+  resp->dropped_chunks = dropped;
   return Status::Ok();
 }
 
-Status CacheCore::AbortWrite(const v1::AbortWriteRequest& req) {
+Status CacheCore::AbortWrite(uint64_t session_id, uint64_t reservation_id) {
   std::lock_guard lock(mu_);
-  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
-  auto it = FindOwned(reservations_, req.reservation_id(), req.session_id(), "reservation_id",
-                      kReservationGone);
-  if (!it.ok()) return it.status();
-  FreeReservation((*it)->second);
-  reservations_.erase(*it);
+  KVTIER_RETURN_IF_ERROR(CheckSession(session_id));
+  auto r = reservations_.Take(reservation_id, session_id);
+  if (!r.ok()) return r.status();
+  FreeReservation(*r);
   return Status::Ok();
 }
 
 void CacheCore::ExpireNow() {
   const Clock::TimePoint now = clock_.Now();
   std::lock_guard lock(mu_);
-  size_t leases = 0, reservations = 0, tickets = 0;
-  for (auto it = leases_.begin(); it != leases_.end();) {
-    auto next = std::next(it);
-    if (it->second.expiry <= now) {
-      EndLease(it);
-      ++leases;
-    }
-    it = next;
-  }
+  size_t tickets = 0;
+  const std::vector<Lease> leases = leases_.TakeExpired(now);
+  for (const Lease& lease : leases) EndLease(lease);
   for (auto it = promotions_.begin(); it != promotions_.end();) {
     auto next = std::next(it);
     if (it->second.expiry <= now && !it->second.on_done) {  // a ticket past its deadline
@@ -739,20 +728,15 @@ void CacheCore::ExpireNow() {
     }
     it = next;
   }
-  for (auto it = reservations_.begin(); it != reservations_.end();) {
-    if (it->second.expiry <= now) {
-      ReleaseReservationHolds(it->second);
-      quarantined_[it->second.session_id].push_back(std::move(it->second));
-      it = reservations_.erase(it);
-      ++reservations;
-    } else {
-      ++it;
-    }
+  std::vector<Reservation> reservations = reservations_.TakeExpired(now);
+  for (Reservation& r : reservations) {
+    ReleaseReservationHolds(r);
+    quarantined_[r.session_id].push_back(std::move(r));
   }
-  if (leases + reservations + tickets > 0) {
+  if (leases.size() + reservations.size() + tickets > 0) {
     spdlog::info("expired {} leases, {} prefetch tickets and {} reservations past their TTL or "
                  "deadline (the reservations' slots return when their sessions end)",
-                 leases, tickets, reservations);
+                 leases.size(), tickets, reservations.size());
   }
 }
 

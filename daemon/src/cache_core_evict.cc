@@ -4,29 +4,28 @@
 #include <unordered_set>
 
 #include "kvtier/daemon/cache_core.h"
-#include "kvtier/proto/convert.h"
 #include "request_checks.h"
 
 namespace kvtier {
 
-Status CacheCore::Evict(const v1::EvictRequest& req, v1::EvictResponse* resp) {
-  const bool has_ns = !req.namespace_id().empty();
-  if (req.all() == has_ns) {
+Status CacheCore::Evict(const core::EvictRequest& req, core::EvictResponse* resp) {
+  const bool has_ns = !req.namespace_id.empty();
+  if (req.all == has_ns) {
     return Status::InvalidArgument(
         "give exactly one scope: all, or namespace_id (with tokens for a prompt prefix)");
   }
-  if (req.all() && !req.tokens().empty()) {
+  if (req.all && !req.tokens.empty()) {
     return Status::InvalidArgument("tokens name a prompt prefix of namespace_id; all takes none");
   }
   std::optional<NamespaceId> ns_id;
   if (has_ns) {
-    ns_id = KeyFromWire(req.namespace_id());
+    ns_id = ChunkKey::FromWire(req.namespace_id);
     if (!ns_id) {
-      return Status::InvalidArgument("namespace_id is " + std::to_string(req.namespace_id().size()) +
+      return Status::InvalidArgument("namespace_id is " + std::to_string(req.namespace_id.size()) +
                                      " bytes, not 16");
     }
   }
-  auto tokens = request_checks::PromptTokens(req.tokens(), options_.max_prompt_tokens);
+  auto tokens = request_checks::PromptTokens(req.tokens, options_.max_prompt_tokens);
   if (!tokens.ok()) return tokens.status();
 
   std::unique_lock lock(mu_);
@@ -61,10 +60,7 @@ Status CacheCore::Evict(const v1::EvictRequest& req, v1::EvictResponse* resp) {
     return !ns_id || ns == *ns_id;
   };
   auto add = [&](const char* tier, SubtreeRemoval r) {
-    v1::TierEviction* t = resp->add_tiers();
-    t->set_tier(tier);
-    t->set_removed(r.removed);
-    t->set_kept(r.kept);
+    resp->tiers.push_back({.tier = tier, .removed = r.removed, .kept = r.kept});
   };
   // NVMe first: when its index refuses, nothing has changed yet.
   std::optional<SubtreeRemoval> nvme_removal;

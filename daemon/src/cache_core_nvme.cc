@@ -196,50 +196,50 @@ void CacheCore::PromoteStep(uint64_t id) {
   work_cv_.notify_one();
 }
 
-Status CacheCore::Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse* resp) {
-  auto prompt = request_checks::PromptTokens(req.tokens(), options_.max_prompt_tokens);
+Status CacheCore::Prefetch(const core::PrefetchRequest& req, core::PrefetchResponse* resp) {
+  auto prompt = request_checks::PromptTokens(req.tokens, options_.max_prompt_tokens);
   if (!prompt.ok()) return prompt.status();
-  KVTIER_RETURN_IF_ERROR(CheckRequestId(req.request_id()));
-  if (req.deadline_ms() > kMaxPrefetchDeadlineMs) {
-    return Status::InvalidArgument("deadline_ms " + std::to_string(req.deadline_ms()) +
+  KVTIER_RETURN_IF_ERROR(CheckRequestId(req.request_id));
+  if (req.deadline_ms > kMaxPrefetchDeadlineMs) {
+    return Status::InvalidArgument("deadline_ms " + std::to_string(req.deadline_ms) +
                                    " is more than 600000 (10 min)");
   }
-  const uint64_t deadline_ms = req.deadline_ms() == 0 ? kDefaultPrefetchDeadlineMs : req.deadline_ms();
-  auto resolved = ResolveRequest(req.session_id(), req.epoch(), req.namespace_id());
+  const uint64_t deadline_ms = req.deadline_ms == 0 ? kDefaultPrefetchDeadlineMs : req.deadline_ms;
+  auto resolved = ResolveRequest(req.session_id, req.epoch, req.namespace_id);
   if (!resolved.ok()) return resolved.status();
   const NamespaceState& ns = *resolved;
   const std::span<const int32_t> all = *prompt;
   const std::vector<ChunkKey> keys = ns.spec.ChunkKeys(ns.id, all);
   const size_t limit =
-      req.max_chunks() == 0 ? keys.size() : std::min<size_t>(keys.size(), req.max_chunks());
+      req.max_chunks == 0 ? keys.size() : std::min<size_t>(keys.size(), req.max_chunks);
 
-  if (req.to_hbm() && !hbm_) {
+  if (req.to_hbm && !hbm_) {
     return Status::FailedPrecondition("to_hbm: the HBM tier is off (start kvtierd with "
                                       "--hbm-bytes)");
   }
   std::unique_lock lock(mu_);
-  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
+  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id));
   // A ticket holds at most what is left of the prefetch budget.
   const uint64_t budget = dram_->capacity_bytes() / 2 - prefetch_held_bytes_;
   size_t affordable = std::min<uint64_t>(limit, budget / ns.layout.slot_bytes);
-  if (const size_t allowed = SessionAllowance(req.session_id(), ns.layout.slot_bytes);
+  if (const size_t allowed = SessionAllowance(req.session_id, ns.layout.slot_bytes);
       allowed < affordable) {
     affordable = allowed;
     ++counters_.session_limited;
   }
   std::vector<uint32_t> hits = DramPrefix(ns, keys, all, affordable);
   const size_t run = ContinuationRun(keys, hits.size(), affordable);
-  resp->set_deadline_ms(deadline_ms);
-  resp->set_ready_chunks(static_cast<uint32_t>(hits.size()));
-  resp->set_total_chunks(static_cast<uint32_t>(hits.size() + run));
-  resp->set_nvme_chunks(static_cast<uint32_t>(run));
-  std::string request = RequestLedger::Named(req.request_id());
+  resp->deadline_ms = deadline_ms;
+  resp->ready_chunks = static_cast<uint32_t>(hits.size());
+  resp->total_chunks = static_cast<uint32_t>(hits.size() + run);
+  resp->nvme_chunks = static_cast<uint32_t>(run);
+  std::string request = RequestLedger::Named(req.request_id);
   if (hits.size() + run == 0) {
     CountPrompt(request, all.size(), keys.size());
     return Status::Ok();
   }
   Promotion p;
-  p.session_id = req.session_id();
+  p.session_id = req.session_id;
   p.expiry = clock_.Now() + std::chrono::milliseconds(deadline_ms);
   p.ns = ns;
   p.held_bytes = (hits.size() + run) * ns.layout.slot_bytes;
@@ -253,38 +253,38 @@ Status CacheCore::Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse*
   p.ready = std::move(hits);
   p.dram_at_start = static_cast<uint32_t>(p.ready.size());
   p.done = run == 0;
-  p.to_hbm = req.to_hbm();
+  p.to_hbm = req.to_hbm;
   if (p.to_hbm) QueueHbmCopies(p.ready);
   prefetch_held_bytes_ += p.keys.size() * ns.layout.slot_bytes;
   const uint64_t ticket = StartPromotion(std::move(p));
   if (request.empty()) request = RequestLedger::Ticket(ticket);
   CountPrompt(request, all.size(), keys.size());
   promotions_.at(ticket).request = std::move(request);
-  resp->set_ticket(ticket);
+  resp->ticket = ticket;
   return Status::Ok();
 }
 
-Status CacheCore::PrefetchStatus(const v1::PrefetchStatusRequest& req,
-                                 v1::PrefetchStatusResponse* resp) {
+Status CacheCore::PrefetchStatus(uint64_t session_id, uint64_t ticket,
+                                 core::PrefetchStatusResponse* resp) {
   std::lock_guard lock(mu_);
-  KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id()));
-  auto it = FindTicket(req.ticket(), req.session_id());
+  KVTIER_RETURN_IF_ERROR(CheckSession(session_id));
+  auto it = FindTicket(ticket, session_id);
   if (!it.ok()) return it.status();
   const Promotion& p = (*it)->second;
-  resp->set_ready_chunks(static_cast<uint32_t>(p.ready.size()));
-  resp->set_total_chunks(static_cast<uint32_t>(p.keys.size()));
-  resp->set_done(p.done);
+  resp->ready_chunks = static_cast<uint32_t>(p.ready.size());
+  resp->total_chunks = static_cast<uint32_t>(p.keys.size());
+  resp->done = p.done;
   size_t in_hbm = 0;
   while (hbm_ && in_hbm < p.ready.size() &&
          hbm_->Find(dram_->Get(p.ready[in_hbm]).key) != ChunkIndex::kNone) {
     ++in_hbm;
   }
-  resp->set_hbm_chunks(static_cast<uint32_t>(in_hbm));
+  resp->hbm_chunks = static_cast<uint32_t>(in_hbm);
   bool hbm_pending = false;
   for (size_t i = in_hbm; hbm_ && p.to_hbm && !hbm_pending && i < p.ready.size(); ++i) {
     hbm_pending = hbm_queued_.count(dram_->Get(p.ready[i]).key) > 0;
   }
-  resp->set_hbm_done(p.to_hbm && p.done && !hbm_pending);
+  resp->hbm_done = p.to_hbm && p.done && !hbm_pending;
   return Status::Ok();
 }
 

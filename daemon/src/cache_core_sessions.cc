@@ -77,24 +77,11 @@ Status CacheCore::CheckSessionToken(uint64_t session_id, std::string_view token)
 void CacheCore::EndSession(uint64_t session_id) {
   std::lock_guard lock(mu_);
   if (sessions_.erase(session_id) == 0) return;
-  size_t leases = 0, reservations = 0;
-  for (auto it = leases_.begin(); it != leases_.end();) {
-    auto next = std::next(it);
-    if (it->second.session_id == session_id) {
-      EndLease(it);
-      ++leases;
-    }
-    it = next;
-  }
-  for (auto it = reservations_.begin(); it != reservations_.end();) {
-    if (it->second.session_id == session_id) {
-      FreeReservation(it->second);
-      it = reservations_.erase(it);
-      ++reservations;
-    } else {
-      ++it;
-    }
-  }
+  const std::vector<Lease> leases = leases_.TakeSession(session_id);
+  for (const Lease& lease : leases) EndLease(lease);
+  std::vector<Reservation> open = reservations_.TakeSession(session_id);
+  for (Reservation& r : open) FreeReservation(r);
+  size_t reservations = open.size();
   for (auto it = promotions_.begin(); it != promotions_.end();) {
     auto next = std::next(it);
     // A Lookup's own promotion finishes on its worker, which then sees the session gone.
@@ -106,8 +93,8 @@ void CacheCore::EndSession(uint64_t session_id) {
     reservations += q->second.size();
     quarantined_.erase(q);
   }
-  spdlog::debug("session {} ended: freed {} leases and {} reservations", session_id, leases,
-                reservations);
+  spdlog::debug("session {} ended: freed {} leases and {} reservations", session_id,
+                leases.size(), reservations);
 }
 
 Status CacheCore::CheckSession(uint64_t session_id) const {

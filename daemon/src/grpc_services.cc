@@ -3,7 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
-#include "kvtier/proto/convert.h"
+#include "kvtier/daemon/core_wire.h"
 #include "kvtier/proto/status_mapping.h"
 #include "kvtier/proto/transport_args.h"
 
@@ -86,7 +86,7 @@ grpc::ServerUnaryReactor* KvCacheService::OpenNamespace(grpc::CallbackServerCont
                                                         const v1::OpenNamespaceRequest* req,
                                                         v1::OpenNamespaceResponse* resp) {
   if (Status st = Authorize(ctx, req->session_id()); !st.ok()) return Done(ctx, st);
-  return Done(ctx, core_.OpenNamespace(*req, resp));
+  return Done(ctx, wire::Run(core_, *req, resp));
 }
 
 // A client that gave up (deadline passed, call cancelled) never learns of a
@@ -97,7 +97,7 @@ grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ct
                                                  v1::LookupResponse* resp) {
   if (Status st = Authorize(ctx, req->session_id()); !st.ok()) return Done(ctx, st);
   auto* reactor = ctx->DefaultReactor();
-  core_.Lookup(*req, resp, [this, ctx, reactor, req, resp](Status st) {
+  wire::Lookup(core_, *req, resp, [this, ctx, reactor, req, resp](Status st) {
     if (st.ok() && resp->lease_id() != 0 && ctx->IsCancelled()) {
       (void)core_.ReleaseUnserved(req->session_id(), resp->lease_id());
     }
@@ -110,26 +110,23 @@ grpc::ServerUnaryReactor* KvCacheService::Prefetch(grpc::CallbackServerContext* 
                                                    const v1::PrefetchRequest* req,
                                                    v1::PrefetchResponse* resp) {
   if (Status st = Authorize(ctx, req->session_id()); !st.ok()) return Done(ctx, st);
-  return Done(ctx, core_.Prefetch(*req, resp));
+  return Done(ctx, wire::Run(core_, *req, resp));
 }
 
 grpc::ServerUnaryReactor* KvCacheService::PrefetchStatus(grpc::CallbackServerContext* ctx,
                                                          const v1::PrefetchStatusRequest* req,
                                                          v1::PrefetchStatusResponse* resp) {
   if (Status st = Authorize(ctx, req->session_id()); !st.ok()) return Done(ctx, st);
-  return Done(ctx, core_.PrefetchStatus(*req, resp));
+  return Done(ctx, wire::Run(core_, *req, resp));
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ReserveWrite(grpc::CallbackServerContext* ctx,
                                                        const v1::ReserveWriteRequest* req,
                                                        v1::ReserveWriteResponse* resp) {
   if (Status st = Authorize(ctx, req->session_id()); !st.ok()) return Done(ctx, st);
-  Status st = core_.ReserveWrite(*req, resp);
+  Status st = wire::Run(core_, *req, resp);
   if (st.ok() && resp->reservation_id() != 0 && ctx->IsCancelled()) {
-    v1::AbortWriteRequest abort;
-    abort.set_session_id(req->session_id());
-    abort.set_reservation_id(resp->reservation_id());
-    (void)core_.AbortWrite(abort);
+    (void)core_.AbortWrite(req->session_id(), resp->reservation_id());
   }
   return Done(ctx, st);
 }
@@ -138,27 +135,27 @@ grpc::ServerUnaryReactor* KvCacheService::CommitWrite(grpc::CallbackServerContex
                                                       const v1::CommitWriteRequest* req,
                                                       v1::CommitWriteResponse* resp) {
   if (Status st = Authorize(ctx, req->session_id()); !st.ok()) return Done(ctx, st);
-  return Done(ctx, core_.CommitWrite(*req, resp));
+  return Done(ctx, wire::Run(core_, *req, resp));
 }
 
 grpc::ServerUnaryReactor* KvCacheService::AbortWrite(grpc::CallbackServerContext* ctx,
                                                      const v1::AbortWriteRequest* req,
                                                      v1::AbortWriteResponse* /*resp*/) {
   if (Status st = Authorize(ctx, req->session_id()); !st.ok()) return Done(ctx, st);
-  return Done(ctx, core_.AbortWrite(*req));
+  return Done(ctx, wire::Run(core_, *req));
 }
 
 grpc::ServerUnaryReactor* KvCacheService::ReleaseRead(grpc::CallbackServerContext* ctx,
                                                       const v1::ReleaseReadRequest* req,
                                                       v1::ReleaseReadResponse* /*resp*/) {
   if (Status st = Authorize(ctx, req->session_id()); !st.ok()) return Done(ctx, st);
-  return Done(ctx, core_.ReleaseRead(*req));
+  return Done(ctx, wire::Run(core_, *req));
 }
 
 grpc::ServerUnaryReactor* AdminService::Stats(grpc::CallbackServerContext* ctx,
                                               const v1::StatsRequest* /*req*/,
                                               v1::StatsResponse* resp) {
-  core_.Stats(resp);
+  wire::Run(core_, resp);
   return Done(ctx, Status::Ok());
 }
 
@@ -176,7 +173,7 @@ grpc::ServerUnaryReactor* AdminService::Health(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* AdminService::Namespaces(grpc::CallbackServerContext* ctx,
                                                    const v1::NamespacesRequest* /*req*/,
                                                    v1::NamespacesResponse* resp) {
-  core_.Namespaces(resp);
+  wire::Run(core_, resp);
   return Done(ctx, Status::Ok());
 }
 
@@ -185,13 +182,13 @@ grpc::ServerUnaryReactor* AdminService::Evict(grpc::CallbackServerContext* ctx,
                                               v1::EvictResponse* resp) {
   std::string scope = "everything";
   if (!req->all()) {
-    auto id = KeyFromWire(req->namespace_id());
+    auto id = ChunkKey::FromWire(req->namespace_id());
     scope = "namespace " + (id ? id->ToHex() : "(malformed)");
     if (!req->tokens().empty()) {
       scope += " prefix of " + std::to_string(req->tokens().size() / 4) + " tokens";
     }
   }
-  const Status st = core_.Evict(*req, resp);
+  const Status st = wire::Run(core_, *req, resp);
   std::string outcome;
   for (const v1::TierEviction& t : resp->tiers()) {
     outcome += fmt::format("{}{}: {} removed, {} kept under lease", outcome.empty() ? "" : "; ",

@@ -3,6 +3,7 @@
 
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "kvtier/status.h"
 
@@ -10,7 +11,7 @@ namespace kvtier::request_checks {
 
 // The prompt of a Lookup or Prefetch, viewed in place (std::string storage is
 // aligned for int32). Errors: INVALID_ARGUMENT naming `tokens`.
-inline Result<std::span<const int32_t>> PromptTokens(const std::string& raw, uint64_t max_tokens) {
+inline Result<std::span<const int32_t>> PromptTokens(std::string_view raw, uint64_t max_tokens) {
   if (raw.size() % 4 != 0) {
     return Status::InvalidArgument("tokens is " + std::to_string(raw.size()) +
                                    " bytes, not a multiple of 4 (packed int32)");

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <system_error>
 
+#include "kvtier/daemon/core_wire.h"
 #include "kvtier/fd_passing.h"
 #include "kvtier/logging.h"
 
@@ -58,7 +59,8 @@ namespace {
 // data area. Returns false when the client had given up on the call first:
 // the caller then undoes it.
 bool Answer(RingServer::Ring& ring, uint32_t slot, uint32_t seq, const Status& st,
-            const v1::LookupResponse* resp, const google::protobuf::MessageLite* message = nullptr) {
+            const core::LookupResponse* resp,
+            const google::protobuf::MessageLite* message = nullptr) {
   RingSlot& s = ring.mem.slot(slot);
   const std::span<uint8_t> data = ring.mem.data(slot);
   RingCompletion c;
@@ -73,19 +75,19 @@ bool Answer(RingServer::Ring& ring, uint32_t slot, uint32_t seq, const Status& s
     c.message_bytes = static_cast<uint32_t>(message->ByteSizeLong());
     message->SerializeToArray(data.data(), static_cast<int>(c.message_bytes));
   } else if (resp != nullptr) {
-    c.num_chunks = resp->num_chunks();
-    c.cached_tokens = resp->cached_tokens();
-    c.lease_id = resp->lease_id();
-    c.lease_ttl_ms = resp->lease_ttl_ms();
-    c.nvme_chunks = resp->nvme_chunks();
-    c.prefetched_chunks = resp->prefetched_chunks();
-    c.hbm_chunks = resp->hbm_chunks();
+    c.num_chunks = resp->num_chunks;
+    c.cached_tokens = resp->cached_tokens;
+    c.lease_id = resp->lease_id;
+    c.lease_ttl_ms = resp->lease_ttl_ms;
+    c.nvme_chunks = resp->nvme_chunks;
+    c.prefetched_chunks = resp->prefetched_chunks;
+    c.hbm_chunks = resp->hbm_chunks;
     // max_chunks was bounded by kRingMaxLocations (DecodeLookup)
-    c.location_count = static_cast<uint32_t>(std::min<int>(resp->chunks_size(), kRingMaxLocations));
+    c.location_count =
+        static_cast<uint32_t>(std::min<size_t>(resp->chunks.size(), kRingMaxLocations));
     for (uint32_t i = 0; i < c.location_count; ++i) {
-      const v1::ChunkLocation& l = resp->chunks(static_cast<int>(i));
-      const RingLocation loc{l.payload_offset(), l.payload_bytes(), l.sequence(),
-                             l.hbm_payload_offset()};
+      const core::ChunkLocation& l = resp->chunks[i];
+      const RingLocation loc{l.payload_offset, l.payload_bytes, l.sequence, l.hbm_payload_offset};
       std::memcpy(data.data() + i * sizeof(RingLocation), &loc, sizeof(loc));
     }
   }
@@ -458,13 +460,9 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
         return;
       }
       break;
-    case RingOp::kReleaseRead: {  // still due when given up
-      v1::ReleaseReadRequest release;
-      release.set_session_id(session);
-      release.set_lease_id(call->lease_id);
-      (void)Answer(*ring, slot, call->seq, core_.ReleaseRead(release), nullptr);
+    case RingOp::kReleaseRead:  // still due when given up
+      (void)Answer(*ring, slot, call->seq, core_.ReleaseRead(session, call->lease_id), nullptr);
       return;
-    }
     case RingOp::kReserveWrite:
     case RingOp::kCommitWrite:
     case RingOp::kAbortWrite:
@@ -475,27 +473,22 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
         RunMessageOp(ring, slot, call, session, epoch);
       });
   }
-  struct Job {
-    v1::LookupRequest req;
-    v1::LookupResponse resp;
-  };
-  auto job = std::make_shared<Job>();
-  v1::LookupRequest& req = job->req;
-  req.set_session_id(ring->session_id);  // the ring's own: a client cannot name another session
-  req.set_epoch(core_.epoch());
-  req.set_namespace_id(std::move(call->namespace_id));
-  req.set_tokens(std::move(call->tokens));
-  req.set_acquire(call->acquire);
-  req.set_hbm(call->hbm);
-  req.set_max_chunks(call->max_chunks);
-  req.set_prefetch_ticket(call->prefetch_ticket);
-  req.set_request_id(std::move(call->request_id));
+  auto resp = std::make_shared<core::LookupResponse>();
   // The core outlives its I/O workers, which may run this after Stop().
-  core_.Lookup(req, &job->resp, [ring, slot, seq = call->seq, job, core = &core_](Status st) {
+  core_.Lookup({.session_id = session,  // the ring's own: a client cannot name another session
+                .epoch = epoch,
+                .namespace_id = call->namespace_id,
+                .tokens = call->tokens,
+                .acquire = call->acquire,
+                .max_chunks = call->max_chunks,
+                .prefetch_ticket = call->prefetch_ticket,
+                .hbm = call->hbm,
+                .request_id = call->request_id},
+               resp.get(), [ring, slot, seq = call->seq, resp, core = &core_](Status st) {
     if (st.ok()) core->CountRingLookup();
-    if (!Answer(*ring, slot, seq, st, &job->resp) && st.ok() && job->resp.lease_id() != 0) {
+    if (!Answer(*ring, slot, seq, st, resp.get()) && st.ok() && resp->lease_id != 0) {
       // its client gave up waiting, as a cancelled RPC
-      (void)core->ReleaseUnserved(ring->session_id, job->resp.lease_id());
+      (void)core->ReleaseUnserved(ring->session_id, resp->lease_id);
     }
   });
 }
@@ -504,16 +497,13 @@ void RingServer::RunMessageOp(const std::shared_ptr<Ring>& ring, uint32_t slot, 
                               uint64_t session, uint64_t epoch) {
   auto nothing = [](const auto&) {};
   auto abort = [&](uint64_t reservation_id) {
-    v1::AbortWriteRequest req;
-    req.set_session_id(session);
-    req.set_reservation_id(reservation_id);
-    if (reservation_id != 0) (void)core_.AbortWrite(req);
+    if (reservation_id != 0) (void)core_.AbortWrite(session, reservation_id);
   };
   switch (call.op) {
     case RingOp::kReserveWrite:
       return RunMessage<v1::ReserveWriteRequest, v1::ReserveWriteResponse>(
           *ring, slot, call, session, epoch,
-          [&](const auto& req, auto* resp) { return core_.ReserveWrite(req, resp); },
+          [&](const auto& req, auto* resp) { return wire::Run(core_, req, resp); },
           // its client never sees the reservation
           [&](const v1::ReserveWriteResponse& resp) { abort(resp.reservation_id()); }, nothing);
     case RingOp::kCommitWrite:
@@ -523,17 +513,17 @@ void RingServer::RunMessageOp(const std::shared_ptr<Ring>& ring, uint32_t slot, 
       // committed: its payloads were written in full before the call.
       return RunMessage<v1::CommitWriteRequest, v1::CommitWriteResponse>(
           *ring, slot, call, session, epoch,
-          [&](const auto& req, auto* resp) { return core_.CommitWrite(req, resp); }, nothing,
+          [&](const auto& req, auto* resp) { return wire::Run(core_, req, resp); }, nothing,
           [&](const v1::CommitWriteRequest& req) { abort(req.reservation_id()); });
     case RingOp::kAbortWrite:
       return RunMessage<v1::AbortWriteRequest, v1::AbortWriteResponse>(
           *ring, slot, call, session, epoch,
-          [&](const auto& req, auto*) { return core_.AbortWrite(req); }, nothing,
+          [&](const auto& req, auto*) { return wire::Run(core_, req); }, nothing,
           [&](const v1::AbortWriteRequest& req) { abort(req.reservation_id()); });
     case RingOp::kPrefetchStatus:
       return RunMessage<v1::PrefetchStatusRequest, v1::PrefetchStatusResponse>(
           *ring, slot, call, session, epoch,
-          [&](const auto& req, auto* resp) { return core_.PrefetchStatus(req, resp); }, nothing,
+          [&](const auto& req, auto* resp) { return wire::Run(core_, req, resp); }, nothing,
           nothing);
     case RingOp::kLookup:
     case RingOp::kReleaseRead:

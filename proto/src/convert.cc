@@ -38,9 +38,4 @@ NamespaceSpec FromProto(const v1::NamespaceSpec& p) {
   return s;
 }
 
-std::optional<ChunkKey> KeyFromWire(const std::string& bytes) {
-  if (bytes.size() != ChunkKey::kBytes) return std::nullopt;
-  return ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(bytes.data()));
-}
-
 }  // namespace kvtier

@@ -30,7 +30,7 @@ class CacheCoreEvictTest : public CacheCoreNvmeTest {
   // Runs the eviction; returns tier -> {removed, kept}.
   std::map<std::string, std::pair<uint64_t, uint64_t>> Evict(const v1::EvictRequest& req) {
     v1::EvictResponse resp;
-    const Status st = core_->Evict(req, &resp);
+    const Status st = wire::Run(*core_, req, &resp);
     EXPECT_TRUE(st.ok()) << st.ToString();
     std::map<std::string, std::pair<uint64_t, uint64_t>> out;
     for (const auto& t : resp.tiers()) out[t.tier()] = {t.removed(), t.kept()};
@@ -55,7 +55,7 @@ class CacheCoreEvictTest : public CacheCoreNvmeTest {
     *req.mutable_spec() = TinyProtoSpec();
     req.mutable_spec()->set_model_id("other-model");
     v1::OpenNamespaceResponse resp;
-    ASSERT_TRUE(core_->OpenNamespace(req, &resp).ok());
+    ASSERT_TRUE(wire::Run(*core_, req, &resp).ok());
     NamespaceSpec spec = TinySpec();
     spec.model_id = "other-model";
     ns_wire_ = resp.namespace_id();
@@ -197,7 +197,7 @@ TEST_F(CacheCoreEvictTest, BadScopesAreRefusedAndChangeNothing) {
   };
   for (const Case& c : cases) {
     v1::EvictResponse resp;
-    const Status st = core_->Evict(c.req, &resp);
+    const Status st = wire::Run(*core_, c.req, &resp);
     EXPECT_EQ(st.code(), c.code) << c.what << ": " << st.ToString();
     EXPECT_FALSE(st.message().empty()) << c.what;
   }

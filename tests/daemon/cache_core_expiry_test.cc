@@ -6,6 +6,7 @@
 
 #include "daemon/cache_core_harness.h"
 #include "kvtier/daemon/cache_core.h"
+#include "kvtier/daemon/core_wire.h"
 
 namespace kvtier::testing {
 namespace {
@@ -176,7 +177,7 @@ TEST_F(CacheCoreExpiryTest, EndedSessionCannotStartNewWork) {
   const uint64_t other = core_->OpenSession("other", 2);
   core_->EndSession(other);
   v1::ReserveWriteResponse resp;
-  EXPECT_EQ(core_->ReserveWrite(ReserveRequest(Tokens(4), other), &resp).code(),
+  EXPECT_EQ(wire::Run(*core_, ReserveRequest(Tokens(4), other), &resp).code(),
             StatusCode::kFailedPrecondition);
   EXPECT_EQ(UsedBytes(), 0u);
 }
@@ -202,7 +203,7 @@ TEST_F(CacheCoreExpiryTest, EndSessionDuringALookupLeavesNoLease) {
       req.set_tokens(PackTokens(prompt));
       req.set_acquire(true);
       v1::LookupResponse resp;
-      (void)core_->Lookup(req, &resp);
+      (void)wire::Run(*core_, req, &resp);
     });
     std::this_thread::sleep_for(one_lookup / divisor);
     core_->EndSession(other);

@@ -66,7 +66,7 @@ TEST_F(CacheCoreFairnessTest, LeasesStopAtTheSessionLimit) {
   ASSERT_EQ(Store(std::vector<int32_t>(x.begin(), x.begin() + 32)), 8u);
   const v1::ReserveWriteResponse rest = [&] {
     v1::ReserveWriteResponse r;
-    EXPECT_TRUE(core_->ReserveWrite(ReserveRequest(x, session_, /*first_chunk=*/8), &r).ok());
+    EXPECT_TRUE(wire::Run(*core_, ReserveRequest(x, session_, /*first_chunk=*/8), &r).ok());
     return r;
   }();
   ASSERT_EQ(Count(rest, v1::RESERVED), 4u);

@@ -22,6 +22,7 @@
 #include "kvtier/arena.h"
 #include "kvtier/chunk_key.h"
 #include "kvtier/daemon/cache_core.h"
+#include "kvtier/daemon/core_wire.h"
 #include "kvtier/namespace_spec.h"
 #include "kvtier/slot_image.h"
 #include "testing/manual_clock.h"
@@ -113,7 +114,7 @@ class CacheCoreDriver {
       spec_.head_dim = 32;
     }
     v1::OpenNamespaceResponse resp;
-    const Status st = core_->OpenNamespace(req, &resp);
+    const Status st = wire::Run(*core_, req, &resp);
     ASSERT_TRUE(st.ok()) << st.ToString();
     ns_wire_ = resp.namespace_id();
     ns_ = spec_.Digest();
@@ -153,7 +154,7 @@ class CacheCoreDriver {
 
   v1::ReserveWriteResponse Reserve(const std::vector<int32_t>& tokens, uint64_t session = 0) {
     v1::ReserveWriteResponse resp;
-    const Status st = core_->ReserveWrite(ReserveRequest(tokens, session ? session : session_),
+    const Status st = wire::Run(*core_, ReserveRequest(tokens, session ? session : session_),
                                           &resp);
     EXPECT_TRUE(st.ok()) << st.ToString();
     return resp;
@@ -179,7 +180,7 @@ class CacheCoreDriver {
     req.set_session_id(session ? session : session_);
     req.set_reservation_id(reservation_id);
     v1::CommitWriteResponse local;
-    return core_->CommitWrite(req, resp ? resp : &local);
+    return wire::Run(*core_, req, resp ? resp : &local);
   }
 
   // Reserve, write, commit. Returns the number of committed chunks.
@@ -205,7 +206,7 @@ class CacheCoreDriver {
     req.set_hbm(hbm);
     req.set_request_id(request_id);
     v1::LookupResponse resp;
-    const Status st = core_->Lookup(req, &resp);
+    const Status st = wire::Run(*core_, req, &resp);
     EXPECT_TRUE(st.ok()) << st.ToString();
     return resp;
   }
@@ -222,14 +223,14 @@ class CacheCoreDriver {
     req.set_max_chunks(max_chunks);
     req.set_to_hbm(to_hbm);
     req.set_request_id(request_id);
-    return core_->Prefetch(req, resp);
+    return wire::Run(*core_, req, resp);
   }
 
   Status PrefetchStatus(uint64_t ticket, v1::PrefetchStatusResponse* resp, uint64_t session = 0) {
     v1::PrefetchStatusRequest req;
     req.set_session_id(session ? session : session_);
     req.set_ticket(ticket);
-    return core_->PrefetchStatus(req, resp);
+    return wire::Run(*core_, req, resp);
   }
 
   // Polls until the prefetch is done (the I/O workers run in real time), for
@@ -258,7 +259,7 @@ class CacheCoreDriver {
     req.set_prefetch_ticket(ticket);
     req.set_request_id(request_id);
     v1::LookupResponse resp;
-    const Status st = core_->Lookup(req, &resp);
+    const Status st = wire::Run(*core_, req, &resp);
     if (status != nullptr) {
       *status = st;
     } else {
@@ -271,12 +272,12 @@ class CacheCoreDriver {
     v1::ReleaseReadRequest req;
     req.set_session_id(session ? session : session_);
     req.set_lease_id(lease_id);
-    return core_->ReleaseRead(req);
+    return wire::Run(*core_, req);
   }
 
   v1::StatsResponse Stats() const {
     v1::StatsResponse s;
-    core_->Stats(&s);
+    wire::Run(*core_, &s);
     s.clear_uptime_s();
     return s;
   }

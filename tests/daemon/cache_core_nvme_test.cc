@@ -10,6 +10,7 @@
 
 #include "daemon/cache_core_nvme_harness.h"
 #include "kvtier/daemon/cache_core.h"
+#include "kvtier/daemon/core_wire.h"
 
 namespace kvtier::testing {
 namespace {
@@ -358,12 +359,12 @@ TEST_F(CacheCorePrefetchTest, BadPrefetchRequestsAreRefusedAndChangeNothing) {
   odd.set_epoch(kEpoch);
   odd.set_namespace_id(ns_wire_);
   odd.set_tokens("abc");
-  st = core_->Prefetch(odd, &p);
+  st = wire::Run(*core_, odd, &p);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("tokens"), std::string::npos) << st.message();
   odd.set_tokens(PackTokens(a_));
   odd.set_epoch(kEpoch + 1);
-  EXPECT_EQ(core_->Prefetch(odd, &p).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(wire::Run(*core_, odd, &p).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(Stats().DebugString(), before.DebugString());
 
   // Another session's ticket: neither its status nor its chunks.
@@ -382,7 +383,7 @@ TEST_F(CacheCorePrefetchTest, BadPrefetchRequestsAreRefusedAndChangeNothing) {
   req.set_tokens(PackTokens(a_));
   req.set_prefetch_ticket(p.ticket());
   v1::LookupResponse l;
-  st = core_->Lookup(req, &l);
+  st = wire::Run(*core_, req, &l);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("prefetch_ticket"), std::string::npos) << st.message();
   EXPECT_EQ(Stats().active_prefetches(), 1u) << "the other session's ticket is untouched";
@@ -406,7 +407,7 @@ TEST_F(CacheCoreNvmeTest, LookupPromotionCompletesThroughItsCallbackOnAWorker) {
   req.set_acquire(true);
   v1::LookupResponse resp;
   std::promise<Status> finished;
-  core_->Lookup(req, &resp, [&](Status st) { finished.set_value(st); });
+  wire::Lookup(*core_, req, &resp, [&](Status st) { finished.set_value(st); });
   auto result = finished.get_future();
   ASSERT_EQ(result.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   ASSERT_TRUE(result.get().ok());

@@ -24,7 +24,7 @@ TEST_F(CacheCoreReserveTest, NothingIsEvictedForAnOrphanReservation) {
   ASSERT_EQ(Store(a), 3u);
   v1::ReserveWriteResponse orphan;
   ASSERT_TRUE(
-      core_->ReserveWrite(ReserveRequest(Tokens(12, 100), session_, /*first_chunk=*/1), &orphan)
+      wire::Run(*core_, ReserveRequest(Tokens(12, 100), session_, /*first_chunk=*/1), &orphan)
           .ok());
   EXPECT_EQ(orphan.reservation_id(), 0u);
   EXPECT_EQ(Lookup(a, false).num_chunks(), 3u) << "an orphan reservation evicted cached chunks";
@@ -41,7 +41,7 @@ TEST_F(CacheCoreReserveTest, AParentBeingWrittenIsEnough) {
   ASSERT_NE(first.reservation_id(), 0u);
   WritePayloads(Tokens(4, 100), first);
   v1::ReserveWriteResponse rest;
-  ASSERT_TRUE(core_->ReserveWrite(ReserveRequest(b, session_, /*first_chunk=*/1), &rest).ok());
+  ASSERT_TRUE(wire::Run(*core_, ReserveRequest(b, session_, /*first_chunk=*/1), &rest).ok());
   ASSERT_EQ(rest.outcomes_size(), 2);
   EXPECT_EQ(rest.outcomes(0), v1::RESERVED);
   EXPECT_EQ(rest.outcomes(1), v1::RESERVED);

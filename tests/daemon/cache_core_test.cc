@@ -1,6 +1,7 @@
 // CacheCore: the store / load path, the token check, ownership of leases and
 // reservations, and eviction under leases. TTLs and sessions: cache_core_expiry_test.cc.
 #include "kvtier/daemon/cache_core.h"
+#include "kvtier/daemon/core_wire.h"
 
 #include <gtest/gtest.h>
 
@@ -16,13 +17,13 @@ TEST_F(CacheCoreTest, OpenNamespaceReportsTheTinyLayoutAndIsIdempotent) {
   req.set_session_id(session_);
   *req.mutable_spec() = TinyProtoSpec();
   v1::OpenNamespaceResponse resp;
-  ASSERT_TRUE(core_->OpenNamespace(req, &resp).ok());
+  ASSERT_TRUE(wire::Run(*core_, req, &resp).ok());
   EXPECT_EQ(resp.namespace_id(), ns_.ToBytes());
   EXPECT_EQ(resp.payload_bytes(), kPayloadBytes);
   EXPECT_EQ(resp.header_bytes(), kHeaderBytes);
   EXPECT_EQ(resp.slot_bytes(), kSlotBytes);
   v1::NamespacesResponse all;
-  core_->Namespaces(&all);
+  wire::Run(*core_, &all);
   ASSERT_EQ(all.namespaces_size(), 1);
   EXPECT_EQ(all.namespaces(0).spec().model_id(), "test-model");
 }
@@ -111,7 +112,7 @@ TEST_F(CacheCoreTest, AbortWriteFreesTheSlots) {
   v1::AbortWriteRequest abort;
   abort.set_session_id(session_);
   abort.set_reservation_id(r.reservation_id());
-  ASSERT_TRUE(core_->AbortWrite(abort).ok());
+  ASSERT_TRUE(wire::Run(*core_, abort).ok());
   EXPECT_EQ(UsedBytes(), 0u);
   EXPECT_EQ(Stats().active_reservations(), 0u);
   EXPECT_EQ(Commit(r.reservation_id()).code(), StatusCode::kNotFound);
@@ -219,7 +220,7 @@ TEST_F(CacheCoreTest, ForeignLeaseAndReservationArePermissionDenied) {
   v1::AbortWriteRequest abort;
   abort.set_session_id(other);
   abort.set_reservation_id(r.reservation_id());
-  EXPECT_EQ(core_->AbortWrite(abort).code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(wire::Run(*core_, abort).code(), StatusCode::kPermissionDenied);
   // The owner still holds both.
   EXPECT_TRUE(Release(l.lease_id()).ok());
   EXPECT_TRUE(Commit(r.reservation_id()).ok());
@@ -238,7 +239,7 @@ TEST_F(CacheCoreTest, ChunkGraftedFromAnotherNamespaceDoesNotBlockThisOne) {
   *open.mutable_spec() = TinyProtoSpec();
   open.mutable_spec()->set_cache_salt("tenant-b");
   v1::OpenNamespaceResponse b;
-  ASSERT_TRUE(core_->OpenNamespace(open, &b).ok());
+  ASSERT_TRUE(wire::Run(*core_, open, &b).ok());
   v1::ReserveWriteRequest graft;
   graft.set_session_id(session_);
   graft.set_epoch(kEpoch);
@@ -248,7 +249,7 @@ TEST_F(CacheCoreTest, ChunkGraftedFromAnotherNamespaceDoesNotBlockThisOne) {
   c->set_parent_key(keys[1].ToBytes());
   c->set_tokens(PackTokens(std::span(prompt).subspan(8, 4)));
   v1::ReserveWriteResponse r;
-  if (core_->ReserveWrite(graft, &r).ok() && r.reservation_id() != 0) {
+  if (wire::Run(*core_, graft, &r).ok() && r.reservation_id() != 0) {
     ASSERT_TRUE(Commit(r.reservation_id()).ok());
   }
   Store(prompt);  // this namespace stores its own third chunk
@@ -323,11 +324,11 @@ TEST_F(CacheCoreHarness, IdleNamespaceMakesRoomAtTheLimitBusyOnesDoNot) {
     *req.mutable_spec() = TinyProtoSpec();
     req.mutable_spec()->set_cache_salt(salt);
     v1::OpenNamespaceResponse resp;
-    return core_->OpenNamespace(req, &resp);
+    return wire::Run(*core_, req, &resp);
   };
   const auto count = [&] {
     v1::NamespacesResponse r;
-    core_->Namespaces(&r);
+    wire::Run(*core_, &r);
     return r.namespaces_size();
   };
   ASSERT_EQ(Store(Tokens(8)), 2u);        // #1 holds chunks
@@ -349,7 +350,7 @@ TEST_F(CacheCoreHarness, IdleNamespaceMakesRoomAtTheLimitBusyOnesDoNot) {
   chunk->set_parent_key(c_id.ToBytes());
   chunk->set_tokens(PackTokens(tokens));
   v1::ReserveWriteResponse resp;
-  ASSERT_TRUE(core_->ReserveWrite(req, &resp).ok());
+  ASSERT_TRUE(wire::Run(*core_, req, &resp).ok());
   ASSERT_NE(resp.reservation_id(), 0u);
   const Status refused = open("tenant-d");
   EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.ToString();
@@ -359,7 +360,7 @@ TEST_F(CacheCoreHarness, IdleNamespaceMakesRoomAtTheLimitBusyOnesDoNot) {
   v1::AbortWriteRequest abort;
   abort.set_session_id(session_);
   abort.set_reservation_id(resp.reservation_id());
-  ASSERT_TRUE(core_->AbortWrite(abort).ok());
+  ASSERT_TRUE(wire::Run(*core_, abort).ok());
   EXPECT_TRUE(open("tenant-d").ok()) << "tenant-c is idle again";
   // The replaced namespace is unknown now: a clear NOT_FOUND, not another's KV.
   v1::LookupRequest lookup;
@@ -368,7 +369,7 @@ TEST_F(CacheCoreHarness, IdleNamespaceMakesRoomAtTheLimitBusyOnesDoNot) {
   lookup.set_namespace_id(c_id.ToBytes());
   lookup.set_tokens(PackTokens(tokens));
   v1::LookupResponse lr;
-  EXPECT_EQ(core_->Lookup(lookup, &lr).code(), StatusCode::kNotFound);
+  EXPECT_EQ(wire::Run(*core_, lookup, &lr).code(), StatusCode::kNotFound);
 }
 
 }  // namespace

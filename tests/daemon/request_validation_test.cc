@@ -7,6 +7,7 @@
 
 #include "daemon/cache_core_harness.h"
 #include "kvtier/daemon/cache_core.h"
+#include "kvtier/daemon/core_wire.h"
 
 namespace kvtier::testing {
 namespace {
@@ -31,7 +32,7 @@ class RequestValidationWorld : public CacheCoreDriver {
   }
   std::string Snapshot() const {
     v1::NamespacesResponse ns;
-    core_->Namespaces(&ns);
+    wire::Run(*core_, &ns);
     return Stats().DebugString() + ns.DebugString();
   }
 
@@ -46,13 +47,13 @@ class RequestValidationWorld : public CacheCoreDriver {
   }
   Status Do(const v1::LookupRequest& r) {
     v1::LookupResponse resp;
-    return core_->Lookup(r, &resp);
+    return wire::Run(*core_, r, &resp);
   }
   // A valid 3-chunk ReserveWrite of a new prompt.
   v1::ReserveWriteRequest ReserveReq() const { return ReserveRequest(Tokens(12, 900), session_); }
   Status Do(const v1::ReserveWriteRequest& r) {
     v1::ReserveWriteResponse resp;
-    return core_->ReserveWrite(r, &resp);
+    return wire::Run(*core_, r, &resp);
   }
   Status Open(const std::function<void(v1::NamespaceSpec&)>& mutate, uint64_t session = 0) {
     v1::OpenNamespaceRequest r;
@@ -61,7 +62,7 @@ class RequestValidationWorld : public CacheCoreDriver {
     r.mutable_spec()->set_model_id("another-model");
     mutate(*r.mutable_spec());
     v1::OpenNamespaceResponse resp;
-    return core_->OpenNamespace(r, &resp);
+    return wire::Run(*core_, r, &resp);
   }
   Status Commit(uint64_t session, uint64_t reservation) {
     return CacheCoreDriver::Commit(reservation, nullptr, session);
@@ -70,7 +71,7 @@ class RequestValidationWorld : public CacheCoreDriver {
     v1::AbortWriteRequest r;
     r.set_session_id(session);
     r.set_reservation_id(reservation);
-    return core_->AbortWrite(r);
+    return wire::Run(*core_, r);
   }
 
   std::vector<int32_t> stored_;
@@ -173,7 +174,7 @@ const Row kRows[] = {
     {"OpenMissingSpec", kInvalid, "spec",
      [](W& w) {
        v1::OpenNamespaceRequest r; r.set_session_id(w.session_);
-       v1::OpenNamespaceResponse resp; return w.core_->OpenNamespace(r, &resp); }},
+       v1::OpenNamespaceResponse resp; return wire::Run(*w.core_, r, &resp); }},
     {"OpenEmptyModel", kInvalid, "model_id",
      [](W& w) { return w.Open([](auto& s) { s.set_model_id(""); }); }},
     {"OpenBadDtype", kInvalid, "kv_dtype",

@@ -85,7 +85,7 @@ TEST_F(RingServerTest, AReserveWaitingForTheNvmeWriterHoldsUpNoLookup) {
     req.set_session_id(other);
     *req.mutable_spec() = TinyProtoSpec();
     v1::OpenNamespaceResponse resp;
-    ASSERT_TRUE(core_->OpenNamespace(req, &resp).ok());
+    ASSERT_TRUE(wire::Run(*core_, req, &resp).ok());
   }
   RingMemory mine = RingOf(session_);
   RingMemory theirs = RingOf(other);

@@ -12,6 +12,7 @@
 
 #include "fuzz_check.h"
 #include "kvtier/chunk_key.h"
+#include "kvtier/daemon/core_wire.h"
 #include "kvtier/proto/convert.h"
 #include "kvtier/slot_image.h"
 
@@ -218,10 +219,10 @@ uint64_t CoreFuzzDriver::PickId(const std::vector<Held>& from, bool keep_raw, ui
 
 std::string CoreFuzzDriver::Snapshot() {
   v1::StatsResponse s;
-  core_->Stats(&s);
+  wire::Run(*core_, &s);
   s.clear_uptime_s();
   v1::NamespacesResponse n;
-  core_->Namespaces(&n);
+  wire::Run(*core_, &n);
   return s.SerializeAsString() + "|" + n.SerializeAsString();
 }
 
@@ -268,7 +269,7 @@ void CoreFuzzDriver::OpenNamespace() {
   if ((mask & 2) == 0) *req.mutable_spec() = Preset(in_.ConsumeIntegralInRange(0, 4));
   const std::string before = Snapshot();
   v1::OpenNamespaceResponse resp;
-  const Status st = core_->OpenNamespace(req, &resp);
+  const Status st = wire::Run(*core_, req, &resp);
   CheckRejected(st, before, "a rejected OpenNamespace changed the core");
   if (!st.ok()) return;
   Ns ns;
@@ -355,7 +356,7 @@ void CoreFuzzDriver::Lookup() {
   }
   const std::string before = Snapshot();
   v1::LookupResponse resp;
-  const Status st = core_->Lookup(req, &resp);
+  const Status st = wire::Run(*core_, req, &resp);
   CheckRejected(st, before, "a rejected Lookup changed the core");
   if (!st.ok()) return;
   if (req.prefetch_ticket() != 0) Take(tickets_, req.prefetch_ticket(), req.session_id());
@@ -386,7 +387,7 @@ void CoreFuzzDriver::Prefetch() {
   }
   const std::string before = Snapshot();
   v1::PrefetchResponse resp;
-  const Status st = core_->Prefetch(req, &resp);
+  const Status st = wire::Run(*core_, req, &resp);
   CheckRejected(st, before, "a rejected Prefetch changed the core");
   if (!st.ok()) return;
   FUZZ_CHECK(resp.ready_chunks() <= resp.total_chunks() &&
@@ -405,7 +406,7 @@ void CoreFuzzDriver::Prefetch() {
   sreq.set_ticket(resp.ticket());
   for (;;) {
     v1::PrefetchStatusResponse s;
-    FUZZ_CHECK(core_->PrefetchStatus(sreq, &s).ok(), "a fresh ticket has no status");
+    FUZZ_CHECK(wire::Run(*core_, sreq, &s).ok(), "a fresh ticket has no status");
     FUZZ_CHECK(s.total_chunks() == resp.total_chunks() && s.ready_chunks() <= s.total_chunks(),
                "a ticket's status is inconsistent");
     if (s.done()) break;
@@ -422,7 +423,7 @@ void CoreFuzzDriver::PrefetchStatus() {
   req.set_ticket(PickId(tickets_, mask & 2, req.ticket()));
   const std::string before = Snapshot();
   v1::PrefetchStatusResponse resp;
-  const Status st = core_->PrefetchStatus(req, &resp);
+  const Status st = wire::Run(*core_, req, &resp);
   FUZZ_CHECK(Snapshot() == before, "PrefetchStatus changed the core");
   const bool owned = std::any_of(tickets_.begin(), tickets_.end(), [&](const Held& h) {
     return h.id == req.ticket() && h.session == req.session_id();
@@ -437,7 +438,7 @@ void CoreFuzzDriver::Release() {
   req.set_session_id(PickSession(mask & 1, req.session_id()));
   req.set_lease_id(PickId(leases_, mask & 2, req.lease_id()));
   const std::string before = Snapshot();
-  const Status st = core_->ReleaseRead(req);
+  const Status st = wire::Run(*core_, req);
   CheckRejected(st, before, "a rejected ReleaseRead changed the core");
   FUZZ_CHECK(st.ok() == Take(leases_, req.lease_id(), req.session_id()),
              "ReleaseRead disagrees with the leases handed out");
@@ -480,7 +481,7 @@ void CoreFuzzDriver::Reserve() {
   }
   const std::string before = Snapshot();
   v1::ReserveWriteResponse resp;
-  const Status st = core_->ReserveWrite(req, &resp);
+  const Status st = wire::Run(*core_, req, &resp);
   CheckRejected(st, before, "a rejected ReserveWrite changed the core");
   if (!st.ok()) return;
   FUZZ_CHECK(resp.outcomes_size() == req.chunks_size(), "not one outcome per chunk");
@@ -493,7 +494,7 @@ void CoreFuzzDriver::Reserve() {
   for (int i = 0; i < resp.outcomes_size(); ++i) {
     if (resp.outcomes(i) != v1::RESERVED) continue;
     const v1::ChunkLocation& where = resp.chunks(loc++);
-    const ChunkKey key = *KeyFromWire(req.chunks(i).key());
+    const ChunkKey key = *ChunkKey::FromWire(req.chunks(i).key());
     const SlotLayout layout =
         ns != nullptr && ns->wire == req.namespace_id() ? ns->layout : SlotLayout{};
     FUZZ_CHECK(client_arena_->Contains(where.payload_offset(), where.payload_bytes()),
@@ -522,12 +523,12 @@ void CoreFuzzDriver::EndReservation(bool commit) {
   Status st;
   if (commit) {
     v1::CommitWriteResponse resp;
-    st = core_->CommitWrite(req, &resp);
+    st = wire::Run(*core_, req, &resp);
   } else {
     v1::AbortWriteRequest abort;
     abort.set_session_id(req.session_id());
     abort.set_reservation_id(req.reservation_id());
-    st = core_->AbortWrite(abort);
+    st = wire::Run(*core_, abort);
   }
   CheckRejected(st, before, "a rejected CommitWrite or AbortWrite changed the core");
   FUZZ_CHECK(st.ok() == Take(reservations_, req.reservation_id(), req.session_id()),
@@ -549,7 +550,7 @@ void CoreFuzzDriver::Evict() {
   }
   const std::string before = Snapshot();
   v1::EvictResponse resp;
-  const Status st = core_->Evict(req, &resp);
+  const Status st = wire::Run(*core_, req, &resp);
   CheckRejected(st, before, "a rejected Evict changed the core");
 }
 
@@ -600,7 +601,7 @@ void CoreFuzzDriver::Scribble() {
 
 void CoreFuzzDriver::CheckStats() {
   v1::StatsResponse s;
-  core_->Stats(&s);
+  wire::Run(*core_, &s);
   FUZZ_CHECK(s.sessions() == sessions_.size(), "Stats count other sessions");
   FUZZ_CHECK(s.active_leases() == leases_.size(), "Stats count other leases");
   FUZZ_CHECK(s.active_reservations() == reservations_.size(), "Stats count other reservations");
@@ -620,9 +621,9 @@ void CoreFuzzDriver::Finish() {
   sessions_.clear();
   CheckStats();
   v1::StatsResponse s;
-  core_->Stats(&s);
+  wire::Run(*core_, &s);
   v1::NamespacesResponse n;
-  core_->Namespaces(&n);
+  wire::Run(*core_, &n);
   uint64_t slots = 0, chunks = 0;
   for (const v1::NamespaceInfo& info : n.namespaces()) {
     slots += info.chunks() * info.slot_bytes();

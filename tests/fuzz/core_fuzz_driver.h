@@ -34,6 +34,7 @@
 
 #include "kvtier/arena.h"
 #include "kvtier/daemon/cache_core.h"
+#include "kvtier/v1/kvtier.pb.h"
 #include "memory_nvme.h"
 #include "testing/manual_clock.h"
 

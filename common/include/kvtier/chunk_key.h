@@ -32,6 +32,8 @@ struct ChunkKey {
   std::string ToBytes() const;
   // Reads the 16-byte wire form. REQUIRES: `in` holds 16 bytes.
   static ChunkKey FromBytes(const std::byte* in);
+  // The wire form in `bytes`; nullopt unless it is exactly 16 bytes long.
+  static std::optional<ChunkKey> FromWire(std::string_view bytes);
   // 32 lower-case hex digits, high64 first (the usual way to print a 128-bit hash).
   std::string ToHex() const;
   // The inverse of ToHex (either case); nullopt unless `hex` is 32 hex digits.

@@ -3,8 +3,8 @@
 // It validates every request (each rejected request gets INVALID_ARGUMENT or
 // the fitting code with a message naming the field, and changes nothing), and
 // owns sessions, namespaces, leases (read pins) and reservations (two-phase
-// writes) over the DRAM tier. The gRPC services are thin adapters over it, and
-// tests drive it with proto messages and a clock they advance.
+// writes) over the DRAM tier. The gRPC services and the control ring are thin
+// adapters over it, and tests drive it with a clock they advance.
 //
 // NVMe reads (promotion on Lookup, Prefetch) and copies into HBM run on the
 // core's own I/O worker threads, never on the caller's: a Lookup that must
@@ -35,6 +35,8 @@
 #include <vector>
 
 #include "kvtier/clock.h"
+#include "kvtier/daemon/core_calls.h"
+#include "kvtier/daemon/owned_table.h"
 #include "kvtier/daemon/request_ledger.h"
 #include "kvtier/logging.h"
 #include "kvtier/namespace_spec.h"
@@ -44,7 +46,6 @@
 #include "kvtier/tiers/hbm_tier.h"
 #include "kvtier/tiers/nvme_tier.h"
 #include "kvtier/tiers/staging_buffer.h"
-#include "kvtier/v1/kvtier.pb.h"
 
 namespace kvtier {
 
@@ -180,35 +181,38 @@ class CacheCore {
   void CountRingCall() { ring_calls_.fetch_add(1, std::memory_order_relaxed); }
   void CountRingLookup() { ring_lookups_.fetch_add(1, std::memory_order_relaxed); }
 
-  // RPC bodies. Each returns the status the client sees; on error, `response`
-  // is unspecified and no state changed.
-  Status OpenNamespace(const v1::OpenNamespaceRequest& req, v1::OpenNamespaceResponse* resp);
+  // The calls (kvtier/daemon/core_calls.h holds their requests and answers;
+  // kvtier/daemon/core_wire.h runs them with the wire's messages). Each
+  // returns the status the client sees; on error, the response is unspecified
+  // and no state changed.
+  Status OpenNamespace(const core::OpenNamespaceRequest& req, core::OpenNamespaceResponse* resp);
   // Lookup completes through `done` (with `resp` filled), at once or, when it
   // promotes from NVMe, later on an I/O worker thread. `resp` must live until
-  // then. The second form waits for it.
+  // then; `req`'s views only until Lookup returns. The second form waits for it.
   using Done = std::function<void(Status)>;
-  void Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp, Done done);
-  Status Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp);
-  Status Prefetch(const v1::PrefetchRequest& req, v1::PrefetchResponse* resp);
-  Status PrefetchStatus(const v1::PrefetchStatusRequest& req, v1::PrefetchStatusResponse* resp);
-  Status ReleaseRead(const v1::ReleaseReadRequest& req);
+  void Lookup(const core::LookupRequest& req, core::LookupResponse* resp, Done done);
+  Status Lookup(const core::LookupRequest& req, core::LookupResponse* resp);
+  Status Prefetch(const core::PrefetchRequest& req, core::PrefetchResponse* resp);
+  Status PrefetchStatus(uint64_t session_id, uint64_t ticket, core::PrefetchStatusResponse* resp);
+  Status ReleaseRead(uint64_t session_id, uint64_t lease_id);
   // Ends a lease whose Lookup answer its client never got (it gave up first:
   // a cancelled RPC, a ring call given up), as ReleaseRead does, and takes
   // back the hits and bytes that Lookup counted: figures count only what was
   // served, and a retry of the request may count them again.
   Status ReleaseUnserved(uint64_t session_id, uint64_t lease_id);
-  Status ReserveWrite(const v1::ReserveWriteRequest& req, v1::ReserveWriteResponse* resp);
-  Status CommitWrite(const v1::CommitWriteRequest& req, v1::CommitWriteResponse* resp);
-  Status AbortWrite(const v1::AbortWriteRequest& req);
+  Status ReserveWrite(const core::ReserveWriteRequest& req, core::ReserveWriteResponse* resp);
+  Status CommitWrite(uint64_t session_id, uint64_t reservation_id,
+                     core::CommitWriteResponse* resp);
+  Status AbortWrite(uint64_t session_id, uint64_t reservation_id);
 
-  // Admin eviction (v1::EvictRequest says the scopes). Waits for NVMe writes
-  // in flight; holds mu_ meanwhile only while it scans. Errors:
+  // Admin eviction (the wire's EvictRequest says the scopes). Waits for NVMe
+  // writes in flight; holds mu_ meanwhile only while it scans. Errors:
   // INVALID_ARGUMENT for a bad scope, NOT_FOUND for a prefix of a namespace
   // not open here, IO_ERROR when the NVMe index refuses (nothing removed).
-  Status Evict(const v1::EvictRequest& req, v1::EvictResponse* resp);
+  Status Evict(const core::EvictRequest& req, core::EvictResponse* resp);
 
-  void Stats(v1::StatsResponse* resp);
-  void Namespaces(v1::NamespacesResponse* resp);
+  core::StatsResponse Stats();
+  std::vector<core::NamespaceInfo> Namespaces();
 
   // Ends every lease, reservation and prefetch whose TTL or deadline has passed on the clock. An
   // expired reservation can no longer be committed; its slots stay out of use
@@ -321,12 +325,13 @@ class CacheCore {
   // REQUIRES: mu_ held.
   Status CheckSession(uint64_t session_id) const;
   Status CheckEpoch(uint64_t epoch) const;
-  Result<const NamespaceState*> FindNamespace(const std::string& namespace_id) const;
-  void EndLease(std::unordered_map<uint64_t, Lease>::iterator it);
+  Result<const NamespaceState*> FindNamespace(std::string_view namespace_id) const;
+  // Unpins a lease taken out of leases_ and gives its bytes back to its session.
+  void EndLease(const Lease& lease);
   // Validates the session, epoch and namespace of a Lookup or Prefetch and
   // returns a copy of the namespace. REQUIRES: mu_ not held.
   Result<NamespaceState> ResolveRequest(uint64_t session_id, uint64_t epoch,
-                                        const std::string& namespace_id) const;
+                                        std::string_view namespace_id) const;
   // Whether DRAM chunk `h`, found under keys[i], holds chunk i of `tokens` in
   // its slot header (the token check every leased chunk passes); a failure is
   // counted and logged.
@@ -371,7 +376,7 @@ class CacheCore {
   // Answers a Lookup over `hits`; with acquire each is already pinned once,
   // and those pins become the lease's.
   void GrantLookup(const LookupTally& tally, const NamespaceState& ns,
-                   const std::vector<uint32_t>& hits, v1::LookupResponse* resp);
+                   const std::vector<uint32_t>& hits, core::LookupResponse* resp);
   // Starts a promotion (its `ready` already pinned); returns its id.
   uint64_t StartPromotion(Promotion p);
   void EndPromotion(std::unordered_map<uint64_t, Promotion>::iterator it);
@@ -486,8 +491,9 @@ class CacheCore {
   void Hold(uint64_t session_id, uint64_t bytes);
   void Drop(uint64_t session_id, uint64_t bytes);
   std::unordered_map<uint64_t, SessionInfo> sessions_;                // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, Lease> leases_;                        // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, Reservation> reservations_;            // GUARDED_BY(mu_)
+  OwnedTable<Lease> leases_{"lease_id", "released, expired or never granted"};  // GUARDED_BY(mu_)
+  OwnedTable<Reservation> reservations_{"reservation_id",
+                                        "committed, aborted, expired or never granted"};  // GUARDED_BY(mu_)
   // Reservations that expired while their session was alive: the writer may
   // still be copying into those slots, so they are reused only when the
   // session ends (session id -> reservations).

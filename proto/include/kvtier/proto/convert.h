@@ -13,7 +13,4 @@ namespace kvtier {
 v1::NamespaceSpec ToProto(const NamespaceSpec& spec);
 NamespaceSpec FromProto(const v1::NamespaceSpec& spec);
 
-// A 16-byte wire id, or nullopt when `bytes` is not exactly 16 bytes long.
-std::optional<ChunkKey> KeyFromWire(const std::string& bytes);
-
 }  // namespace kvtier

@@ -22,6 +22,14 @@ Status CheckText(const std::string& value, const char* field, bool required) {
     return Status::InvalidArgument(std::string(field) + " is not UTF-8 (byte " +
                                    std::to_string(bad) + ")");
   }
+  // A NUL would cut the name short in C strings, a newline would forge log lines.
+  for (size_t i = 0; i < value.size(); ++i) {
+    const auto c = static_cast<unsigned char>(value[i]);
+    if (c < 0x20 || c == 0x7f) {
+      return Status::InvalidArgument(std::string(field) + " holds control character " +
+                                     std::to_string(c) + " (byte " + std::to_string(i) + ")");
+    }
+  }
   return Status::Ok();
 }
 

@@ -61,6 +61,10 @@ TEST(NamespaceSpec, ValidateRejectsEachBadFieldNamingIt) {
       {"model_id", [](NamespaceSpec& s) { s.model_id = "qwen\xff"; }},  // not UTF-8
       {"lora_id", [](NamespaceSpec& s) { s.lora_id = "\xc3"; }},
       {"cache_salt", [](NamespaceSpec& s) { s.cache_salt = "\xed\xa0\x80"; }},  // a surrogate
+      // control characters (a NUL was accepted; a newline forged a log line)
+      {"model_id", [](NamespaceSpec& s) { s.model_id = std::string("qwen\0x", 6); }},
+      {"lora_id", [](NamespaceSpec& s) { s.lora_id = "a\nnamespace x opened"; }},
+      {"cache_salt", [](NamespaceSpec& s) { s.cache_salt = "\x7f"; }},
       {"kv_dtype", [](NamespaceSpec& s) { s.kv_dtype = "fp64"; }},
       {"kv_dtype", [](NamespaceSpec& s) { s.kv_dtype = ""; }},
       {"layout", [](NamespaceSpec& s) { s.layout = "gqa"; }},

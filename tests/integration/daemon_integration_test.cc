@@ -343,7 +343,8 @@ TEST_F(DaemonTest, AnArenaFullOfOneSizesChainsStillTakesABiggerSize) {
   DaemonProcess daemon(o);
   ASSERT_EQ(daemon.Start(), "");
   const CommandResult dram = RunCommand(
-      {BinPath("kvtier-bench"), "--socket", socket_, "dram", "--iterations", "2", "--chunks", "4"},
+      // --socket after the subcommand, as kvtierctl takes it (once refused: exit 2)
+      {BinPath("kvtier-bench"), "dram", "--socket", socket_, "--iterations", "2", "--chunks", "4"},
       120s);
   EXPECT_TRUE(dram.ok()) << dram.Describe();
   EXPECT_NE(dram.out.find("4.0 MiB"), std::string::npos) << dram.Describe();

@@ -121,6 +121,10 @@ TEST_F(DaemonTest, KvtierctlEvictDropsANamespaceAndLeavesAnAuditLine) {
     EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 2) << r.Describe();
     EXPECT_FALSE(r.err.empty()) << r.Describe();
   }
+  // A word that is no command is named (it was "A subcommand is required").
+  CommandResult bogus = daemon.Ctl({"bogus"});
+  EXPECT_TRUE(bogus.exit.exited && bogus.exit.exit_code == 2) << bogus.Describe();
+  EXPECT_NE(bogus.err.find("'bogus' is not a command"), std::string::npos) << bogus.Describe();
   CommandResult short_prefix = daemon.Ctl({"evict", "--namespace", id, "--tokens", "1,2,3"});
   EXPECT_TRUE(short_prefix.exit.exited && short_prefix.exit.exit_code == 1)
       << short_prefix.Describe();

@@ -364,8 +364,9 @@ int main(int argc, char** argv) {
   int iterations = 15, num_chunks = 64, lookup_iterations = 300;
   uint64_t prompt_tokens = 131072, memory_chunks = 1000000;
   CLI::App app{"kvtier-bench: kvtier benchmarks with same-run baselines", "kvtier-bench"};
-  app.add_option("--socket", socket, "kvtierd socket (all but nvme)");
+  app.add_option("--socket", socket, "kvtierd socket (dram, lookup, memory, peers, scale)");
   app.require_subcommand(1);
+  app.fallthrough();  // --socket may follow the subcommand too
   auto* dram = app.add_subcommand("dram", "Store + Load through the SDK vs memcpy in + out");
   dram->add_option("--iterations", iterations, "measured requests per payload size")
       ->check(CLI::Range(1, 1 << 30))

@@ -196,6 +196,14 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // A word that is no command: CLI11 would only say that a command is required.
+    if (app.get_subcommands().empty() && !app.remaining().empty()) {
+      std::fprintf(stderr,
+                   "kvtierctl: '%s' is not a command (stats, health, namespaces, evict); run "
+                   "with --help for more information\n",
+                   app.remaining().front().c_str());
+      return 2;
+    }
     return app.exit(e) == 0 ? 0 : 2;  // --help exits 0; usage errors exit 2
   }
 

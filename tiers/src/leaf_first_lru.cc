@@ -13,6 +13,7 @@ constexpr uint32_t kNil = UINT32_MAX;
 // neither ("aside") until OnUnblocked or OnAccess.
 class LeafFirstLru final : public EvictionPolicy {
  public:
+  void Reserve(size_t max_handles) override { nodes_.reserve(max_handles); }
   void OnInsert(uint32_t h, uint64_t size_class) override {
     if (h >= nodes_.size()) nodes_.resize(h + 1);
     nodes_[h].cls = ClassOf(size_class);

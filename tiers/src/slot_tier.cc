@@ -2,11 +2,19 @@
 
 #include <algorithm>
 
+#include "kvtier/slot_image.h"
+
 namespace kvtier {
 
 SlotTier::SlotTier(uint64_t capacity_bytes, std::unique_ptr<EvictionPolicy> policy)
     : allocator_(capacity_bytes),
-      policy_(policy ? std::move(policy) : NewLeafFirstLruPolicy()) {}
+      policy_(policy ? std::move(policy) : NewLeafFirstLruPolicy()) {
+  // The most chunks the tier can hold: one per smallest slot. About 1/64 of
+  // the tier's bytes in address space, resident only as chunks arrive.
+  const size_t max_chunks = capacity_bytes / kSlotAlignment;
+  index_.ReserveEntries(max_chunks);
+  policy_->Reserve(max_chunks);
+}
 
 uint32_t SlotTier::AddNamespace(uint64_t slot_bytes) {
   ns_slot_bytes_.push_back(slot_bytes);

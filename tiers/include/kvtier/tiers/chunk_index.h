@@ -68,6 +68,13 @@ class ChunkIndex {
     }
   }
   void Reserve(size_t num_chunks);
+  // Room for `max_chunks` entries without regrowing the entry array: address
+  // space only, touched as entries are added. Each regrowth would copy the
+  // array and leave the old one to the allocator, which keeps it resident.
+  void ReserveEntries(size_t max_chunks) {
+    entries_.reserve(max_chunks);
+    free_handles_.reserve(max_chunks);
+  }
 
   // The chunks `pick(handle)` selects and every descendant of theirs here,
   // deepest first: each child comes before its parent, the order a leaf-first

@@ -31,6 +31,9 @@ class EvictionPolicy {
   static constexpr uint64_t kAnyClass = 0;
 
   virtual ~EvictionPolicy() = default;
+  // Room for handles below `max_handles` without regrowing (address space
+  // only: nothing is touched until used). Optional.
+  virtual void Reserve(size_t /*max_handles*/) {}
   // REQUIRES: size_class != kAnyClass; `handle` is not in the policy.
   virtual void OnInsert(uint32_t handle, uint64_t size_class) = 0;
   virtual void OnAccess(uint32_t handle) = 0;

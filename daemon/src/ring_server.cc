@@ -443,6 +443,13 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
   }
   RingSubmission entry;
   std::memcpy(&entry, &ring->mem.slot(slot).submission, sizeof(entry));
+  const bool given_up = ring->mem.slot(slot).done.load() == kRingGivenUp;
+  if (given_up && entry.op == static_cast<uint32_t>(RingOp::kLookup)) {
+    // Given up before we took it: not run, and its prompt not even copied out.
+    (void)Answer(*ring, slot, entry.seq, Status(StatusCode::kCancelled, "given up by the client"),
+                 nullptr);
+    return;
+  }
   auto call = DecodeSubmission(entry, ring->mem.data(slot));
   if (!call.ok()) {
     (void)Answer(*ring, slot, entry.seq, call.status(), nullptr);
@@ -451,14 +458,8 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
   core_.CountRingCall();
   const uint64_t session = ring->session_id;
   const uint64_t epoch = core_.epoch();
-  const bool given_up = ring->mem.slot(slot).done.load() == kRingGivenUp;
   switch (call->op) {
     case RingOp::kLookup:
-      if (given_up) {  // before we took it: not run
-        (void)Answer(*ring, slot, entry.seq,
-                     Status(StatusCode::kCancelled, "given up by the client"), nullptr);
-        return;
-      }
       break;
     case RingOp::kReleaseRead:  // still due when given up
       (void)Answer(*ring, slot, call->seq, core_.ReleaseRead(session, call->lease_id), nullptr);

@@ -195,5 +195,37 @@ TEST_F(RingServerTest, ACommitGivenUpBeforeItRanAbortsItsReservation) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(again.outcomes(i), v1::RESERVED) << "chunk " << i;
 }
 
+// A Lookup its client gave up on before kvtierd took it is answered CANCELLED
+// and not run: no lease, no lookup counted.
+TEST_F(RingServerTest, ALookupGivenUpBeforeItRanLeasesNothing) {
+  StartWithNvme(/*dram_slots=*/8, /*good_writes=*/1000);
+  StartServer();
+  const auto prompt = Tokens(16);
+  ASSERT_EQ(Store(prompt), 4u);
+  const uint64_t lookups = Stats().lookups();
+  RingMemory ring = RingOf(session_);
+  std::memcpy(ring.data(0).data(), prompt.data(), prompt.size() * sizeof(int32_t));
+  RingSubmission e;
+  e.op = static_cast<uint32_t>(RingOp::kLookup);
+  e.flags = kRingAcquire;
+  e.token_count = prompt.size();
+  ns_.ToBytes(reinterpret_cast<std::byte*>(e.namespace_id));
+  const uint32_t seq = Submit(ring, 0, e, /*given_up=*/true);
+  ASSERT_TRUE(Answered(ring, 0, seq, 2000ms));
+  RingCompletion c;
+  std::memcpy(&c, &ring.slot(0).completion, sizeof(c));
+  EXPECT_EQ(c.code, static_cast<int32_t>(StatusCode::kCancelled));
+  EXPECT_EQ(Stats().active_leases(), 0u);
+  EXPECT_EQ(Stats().lookups(), lookups);
+  // The same entry not given up is run: the prompt is cached. (The answer's
+  // message took the data area: the prompt is written again.)
+  std::memcpy(ring.data(0).data(), prompt.data(), prompt.size() * sizeof(int32_t));
+  const uint32_t again = Submit(ring, 0, e);
+  ASSERT_TRUE(Answered(ring, 0, again, 2000ms));
+  std::memcpy(&c, &ring.slot(0).completion, sizeof(c));
+  EXPECT_EQ(c.code, 0);
+  EXPECT_EQ(c.num_chunks, 4u);
+}
+
 }  // namespace
 }  // namespace kvtier::testing

@@ -218,27 +218,19 @@ int main(int argc, char** argv) {
     evict_scope = std::move(*scope);
   }
 
-  auto admin_or = kvtier::AdminClient::Connect(socket_path, std::chrono::milliseconds(timeout_ms));
-  if (!admin_or.ok()) {  // unreachable (a path that is no socket, say): exit 1, as for no daemon
-    if (as_json) {
-      std::printf("%s\n",
-                  json{{"serving", false}, {"error", admin_or.status().message()}}.dump().c_str());
-    } else {
-      std::fprintf(stderr, "kvtierctl: kvtierd at %s: %s\n", socket_path.c_str(),
-                   admin_or.status().message().c_str());
-    }
-    return 1;
-  }
-  auto& admin = *admin_or;
+  // A daemon that cannot be reached or refuses the call: exit 1 (JSON under --json).
   auto fail = [&](const kvtier::Status& st) {
     if (as_json) {
-      std::printf("%s\n", json{{"serving", false}, {"error", st.message()}}.dump().c_str());
+      std::printf("%s\n", json{{"serving", false}, {"error", st.message()}}.dump(2).c_str());
     } else {
       std::fprintf(stderr, "kvtierctl: kvtierd at %s: %s\n", socket_path.c_str(),
                    st.message().c_str());
     }
     return 1;
   };
+  auto admin_or = kvtier::AdminClient::Connect(socket_path, std::chrono::milliseconds(timeout_ms));
+  if (!admin_or.ok()) return fail(admin_or.status());  // a path that is no socket, say
+  auto& admin = *admin_or;
 
   if (stats->parsed()) {
     auto s = admin->Stats();

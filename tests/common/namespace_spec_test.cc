@@ -65,6 +65,7 @@ TEST(NamespaceSpec, ValidateRejectsEachBadFieldNamingIt) {
       {"model_id", [](NamespaceSpec& s) { s.model_id = std::string("qwen\0x", 6); }},
       {"lora_id", [](NamespaceSpec& s) { s.lora_id = "a\nnamespace x opened"; }},
       {"cache_salt", [](NamespaceSpec& s) { s.cache_salt = "\x7f"; }},
+      {"model_id", [](NamespaceSpec& s) { s.model_id = "a\xc2\x85" "b"; }},  // U+0085, C1
       {"kv_dtype", [](NamespaceSpec& s) { s.kv_dtype = "fp64"; }},
       {"kv_dtype", [](NamespaceSpec& s) { s.kv_dtype = ""; }},
       {"layout", [](NamespaceSpec& s) { s.layout = "gqa"; }},

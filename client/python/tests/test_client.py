@@ -136,6 +136,26 @@ def test_namespaces_do_not_share_kv(kvtierd: KvtierdProcess) -> None:
         assert c.lookup(b, tokens).num_chunks == 0
 
 
+def test_engine_names_kvtier_cannot_hold_are_hashed_into_their_own_namespaces(
+        kvtierd: KvtierdProcess) -> None:
+    """The integrations' namespace_text: a salt or LoRA name with '|', a control character
+    (C0, DEL, C1), a lone surrogate or over 512 bytes opens a namespace of its own, where
+    kvtier itself refuses the raw value (a tenant with such a salt once ran uncached)."""
+    from kvtier.integrations._names import namespace_text
+    odd = ["tenant|a", "tenant\na", "tenant\x00a", "tenant\x7fa", "tenant\x85a",
+           "tenant\udcffa", "t" * 513]
+    with connect(kvtierd) as c:
+        with pytest.raises(kvtier.InvalidArgument, match="cache_salt"):
+            open_ns(c, cache_salt="tenant\na")
+        ids = set()
+        for salt in odd + ["tenant-a"]:
+            text = namespace_text(salt)
+            ns = open_ns(c, cache_salt=text)
+            ids.add(ns.id)
+            assert (text == salt) == (salt == "tenant-a"), salt
+        assert len(ids) == len(odd) + 1
+
+
 def test_bad_arguments_raise_and_change_nothing(kvtierd: KvtierdProcess) -> None:
     with connect(kvtierd) as c:
         ns = open_ns(c)

@@ -348,6 +348,10 @@ TEST_F(DaemonTest, AnArenaFullOfOneSizesChainsStillTakesABiggerSize) {
       120s);
   EXPECT_TRUE(dram.ok()) << dram.Describe();
   EXPECT_NE(dram.out.find("4.0 MiB"), std::string::npos) << dram.Describe();
+  // A mistyped benchmark is named (it was only "A subcommand is required").
+  CommandResult bogus = RunCommand({BinPath("kvtier-bench"), "--socket", socket_, "bogus"}, 30s);
+  EXPECT_TRUE(bogus.exit.exited && bogus.exit.exit_code == 2) << bogus.Describe();
+  EXPECT_NE(bogus.err.find("'bogus' is not a command"), std::string::npos) << bogus.Describe();
   // Redis and Mooncake Store are started by the benchmark (make deps installs redis-server,
   // and Mooncake in the `peers` venv). Each verifies every byte it gets back.
   const CommandResult peers = RunCommand(

@@ -275,6 +275,13 @@ TEST_F(NvmeDaemonTest, PrefetchOnArrivalMakesNvmeChunksReadyBeforeTheLoad) {
   EXPECT_GE(stats["prefetched_chunks"].get<uint64_t>(), ready);
   EXPECT_EQ(stats["active_prefetches"], 0) << "every ticket was taken over by its load";
   EXPECT_EQ(stats["active_leases"], 0);
+  // A chunk a prefetch promoted is an NVMe hit, in the replay's figures as in
+  // kvtierd's (the replay counted it as DRAM).
+  const uint64_t ct = second["chunk_tokens"].get<uint64_t>();
+  EXPECT_EQ(second["tiers"]["nvme"]["hit_tokens"].get<uint64_t>(),
+            Tier(daemon, "nvme")["hits"].get<uint64_t>() * ct);
+  EXPECT_EQ(second["tiers"]["dram"]["hit_tokens"].get<uint64_t>(),
+            Tier(daemon, "dram")["hits"].get<uint64_t>() * ct);
 }
 
 TEST_F(NvmeDaemonTest, KillNineAfterWriteThroughLosesNothingAndServesNoWrongBytes) {

@@ -47,6 +47,7 @@
 #include "kvtier/admin_client.h"
 #include "kvtier/client.h"
 #include "kvtier/tiers/nvme_tier.h"
+#include "kvtier/tools/cli_words.h"
 #include "kvtier/tools/percentiles.h"
 #include "kvtier/tools/synthetic_kv.h"
 #include "kvtier/units.h"
@@ -205,11 +206,22 @@ int RunMemory(const std::string& socket, uint64_t num_chunks) {
   auto ns = Must(client->OpenNamespace(spec), "open namespace");
   const kvtier::DaemonHealth health = Must(admin->Health(), "Health RPC");
   const kvtier::DaemonStats stats = Must(admin->Stats(), "Stats RPC");
-  const uint64_t capacity = stats.tiers.at(0).capacity_bytes / ns.layout.slot_bytes;
+  const kvtier::TierStats* dram = nullptr;
+  for (const kvtier::TierStats& t : stats.tiers) {
+    if (t.name == "dram") dram = &t;
+  }
+  if (dram == nullptr) Die("kvtierd's stats have no dram tier");
+  if (dram->write_bytes > 0 || dram->chunks > 0) {
+    // The index keeps what it grew to: on a used daemon the figure means nothing.
+    Die("kvtierd has stored chunks already (" + std::to_string(dram->chunks) +
+        " in DRAM now); memory needs a fresh kvtierd");
+  }
+  const uint64_t capacity = dram->capacity_bytes / ns.layout.slot_bytes;
   if (capacity < num_chunks) {
+    const uint64_t mib = (num_chunks * ns.layout.slot_bytes + kvtier::kMiB - 1) / kvtier::kMiB;
     Die("the arena holds " + std::to_string(capacity) + " chunks of this namespace, fewer than " +
-        std::to_string(num_chunks) + "; raise --dram-bytes to at least " +
-        kvtier::FormatBytes(num_chunks * ns.layout.slot_bytes));
+        std::to_string(num_chunks) + "; start kvtierd with --dram-bytes " + std::to_string(mib) +
+        "MiB or more");
   }
   const uint64_t before = RssAnonBytes(health.pid);
   const uint64_t per_request = 1024;  // chunks per Store call
@@ -224,7 +236,11 @@ int RunMemory(const std::string& socket, uint64_t num_chunks) {
                                    return kvtier::Status::Ok();
                                  }),
                    "store");
-    if (st.stored_chunks != n) Die("stored " + std::to_string(st.stored_chunks) + " of " + std::to_string(n));
+    if (st.stored_chunks != n) {
+      Die("stored " + std::to_string(st.stored_chunks) + " of " + std::to_string(n) +
+          " chunks (" + std::to_string(st.dropped_chunks) + " dropped, fail-open: " +
+          (st.fail_open.ok() ? "no" : st.fail_open.ToString()) + ")");
+    }
     stored += n;
   }
   const double secs = Seconds(Clock::now() - t0);
@@ -446,6 +462,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (kvtier::tools::ReportUnplacedWord(app, "kvtier-bench")) return 2;
     return app.exit(e) == 0 ? 0 : 2;  // --help exits 0; usage errors exit 2
   }
   if (evict->parsed()) return kvtier::bench::RunEvict(evict_chunks, evict_chain);

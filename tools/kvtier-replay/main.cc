@@ -222,13 +222,15 @@ int main(int argc, char** argv) {
     t.load_us.push_back(Us(l1 - l0 - verify_time));
     t.lookup_us.push_back(static_cast<double>(load->lookup_time.count()));
     // Only the verified leading run counts: the engine would use nothing past
-    // a wrong chunk. Promoted NVMe chunks are the trailing ones of the load.
+    // a wrong chunk. Chunks from NVMe, promoted by the load or by its prefetch
+    // ticket (kvtierd counts both as NVMe hits; a load has one or the other),
+    // are the trailing ones of the load.
     uint32_t verified = 0;
     while (verified < load->num_chunks && chunk_errors[verified] == 0) ++verified;
     for (uint32_t i = 0; i < load->num_chunks; ++i) {
       if (chunk_errors[i] != 0) ++t.verify_errors;
     }
-    const uint32_t dram_chunks = load->num_chunks - load->nvme_chunks;
+    const uint32_t dram_chunks = load->num_chunks - load->nvme_chunks - load->prefetched_chunks;
     const uint32_t nvme_verified = verified > dram_chunks ? verified - dram_chunks : 0;
     t.hit_tokens += uint64_t{verified} * chunk_tokens;
     t.nvme_hit_tokens += uint64_t{nvme_verified} * chunk_tokens;

@@ -14,6 +14,7 @@
 #include "kvtier/logging.h"
 #include "kvtier/admin_client.h"
 #include "kvtier/socket_path.h"
+#include "kvtier/tools/cli_words.h"
 #include "kvtier/units.h"
 
 namespace {
@@ -196,14 +197,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // A word that is no command: CLI11 would only say that a command is required.
-    if (app.get_subcommands().empty() && !app.remaining().empty()) {
-      std::fprintf(stderr,
-                   "kvtierctl: '%s' is not a command (stats, health, namespaces, evict); run "
-                   "with --help for more information\n",
-                   app.remaining().front().c_str());
-      return 2;
-    }
+    if (kvtier::tools::ReportUnplacedWord(app, "kvtierctl")) return 2;
     return app.exit(e) == 0 ? 0 : 2;  // --help exits 0; usage errors exit 2
   }
 

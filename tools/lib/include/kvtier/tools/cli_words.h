@@ -1,0 +1,28 @@
+// A usage error that names the word CLI11 could not place: a tool with
+// subcommands otherwise says only "A subcommand is required" for a mistyped one.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+
+namespace kvtier::tools {
+
+// After `app.parse` threw: when no subcommand was given and a word was left
+// over, prints "<tool>: 'word' is not a command (a, b, ...)" (or "is not an
+// option" for one starting with '-') to stderr and returns true.
+inline bool ReportUnplacedWord(const CLI::App& app, const char* tool) {
+  if (!app.get_subcommands().empty() || app.remaining().empty()) return false;
+  const std::string word = app.remaining().front();
+  std::string commands;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    commands += (commands.empty() ? "" : ", ") + sub->get_name();
+  }
+  std::fprintf(stderr, "%s: '%s' is not %s (commands: %s); run with --help for more information\n",
+               tool, word.c_str(), word.starts_with("-") ? "an option" : "a command",
+               commands.c_str());
+  return true;
+}
+
+}  // namespace kvtier::tools

@@ -116,6 +116,34 @@ TEST_F(NvmeDaemonTest, AStartRefusedAtOneNvmePathLeavesNoSlotFileInTheOthers) {
   EXPECT_TRUE(std::filesystem::exists(first)) << "a directory the user made stays";
 }
 
+// Found by a fresh-user trial: a restart with a smaller --nvme-bytes dropped
+// every index record past the new size (7,890 of 7,943 chunks), for good: a
+// restart at the old size indexed 53. It is refused now, naming both sizes.
+TEST_F(NvmeDaemonTest, ARestartWithASmallerNvmeSizeIsRefusedAndLosesNothing) {
+  uint64_t chunks = 0;
+  {
+    DaemonProcess daemon(Opts());
+    ASSERT_EQ(daemon.Start(), "");
+    ASSERT_FALSE(Replay("first").is_discarded());
+    ASSERT_TRUE(WaitForWriteThrough(daemon));
+    chunks = Tier(daemon, "nvme")["chunks"].get<uint64_t>();
+    ASSERT_GT(chunks, 0u);
+    EXPECT_EQ(daemon.Stop().exit_code, 0);
+  }
+  {
+    DaemonProcess::Options o = Opts();
+    o.extra_args.back() = "8MiB";  // was 256MiB
+    o.start_timeout = 10s;
+    DaemonProcess smaller(o);
+    const std::string error = smaller.Start();
+    EXPECT_NE(error.find("larger than the 8388608 asked for (--nvme-bytes)"), std::string::npos)
+        << error;
+  }
+  DaemonProcess daemon(Opts());
+  ASSERT_EQ(daemon.Start(), "");
+  EXPECT_EQ(Tier(daemon, "nvme")["chunks"].get<uint64_t>(), chunks);
+}
+
 TEST_F(NvmeDaemonTest, ChunksComeBackFromNvmeWithTheRightBytesAfterARestart) {
   json first;
   {

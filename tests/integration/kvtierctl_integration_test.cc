@@ -130,6 +130,12 @@ TEST_F(DaemonTest, KvtierctlEvictDropsANamespaceAndLeavesAnAuditLine) {
       << short_prefix.Describe();
   EXPECT_NE(short_prefix.err.find("less than one chunk"), std::string::npos)
       << short_prefix.Describe();
+  // An eviction whose deadline passes may still finish in kvtierd: the error says so.
+  ASSERT_EQ(kill(daemon.pid(), SIGSTOP), 0);
+  CommandResult late = daemon.Ctl({"evict", "--all", "--timeout-ms", "300"});
+  ASSERT_EQ(kill(daemon.pid(), SIGCONT), 0);
+  EXPECT_TRUE(late.exit.exited && late.exit.exit_code == 1) << late.Describe();
+  EXPECT_NE(late.err.find("may still finish the eviction"), std::string::npos) << late.Describe();
   CommandResult all = daemon.Ctl({"evict", "--all"});
   EXPECT_TRUE(all.ok()) << all.Describe();
   EXPECT_NE(all.out.find("removed"), std::string::npos) << all.Describe();

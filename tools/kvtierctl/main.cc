@@ -168,13 +168,13 @@ int main(int argc, char** argv) {
   kvtier::LogToStderr("kvtierctl");  // results go to stdout; logs, the SDK's too, to stderr
   std::string socket_path = kvtier::DefaultSocketPath();
   bool as_json = false;
-  int timeout_ms = 2000;
+  int timeout_ms = 2000;  // evict: 30000 unless given (an eviction of millions of chunks takes seconds)
   CLI::App app{"kvtierctl: admin CLI of kvtierd", "kvtierctl"};
   app.add_option("--socket", socket_path, "kvtierd socket")->capture_default_str();
   app.add_flag("--json", as_json, "print JSON instead of a table");
-  app.add_option("--timeout-ms", timeout_ms, "deadline of the RPC")
-      ->check(CLI::Range(1, 600000))
-      ->capture_default_str();
+  auto* timeout_opt = app.add_option("--timeout-ms", timeout_ms,
+                                     "deadline of the RPC (default 2000; 30000 for evict)")
+                          ->check(CLI::Range(1, 600000));
   app.require_subcommand(1);
   // Subcommands made after this pass the options they do not know (--socket,
   // --json, --timeout-ms) to the app: they may come before or after one.
@@ -203,6 +203,7 @@ int main(int argc, char** argv) {
 
   kvtier::EvictScope evict_scope;
   if (evict->parsed()) {
+    if (timeout_opt->count() == 0) timeout_ms = 30000;
     auto scope = ParseEvictScope(evict_all, evict_ns, tokens_opt->count() > 0, evict_tokens,
                                  tokens_file);
     if (!scope.ok()) {
@@ -256,6 +257,13 @@ int main(int argc, char** argv) {
     return h->serving ? 0 : 1;
   } else if (evict->parsed()) {
     auto tiers = admin->Evict(evict_scope);
+    if (!tiers.ok() && tiers.status().code() == kvtier::StatusCode::kDeadlineExceeded) {
+      // kvtierd goes on with an eviction whose caller stopped waiting.
+      return fail(kvtier::Status(kvtier::StatusCode::kDeadlineExceeded,
+                                 tiers.status().message() +
+                                     "; kvtierd may still finish the eviction (its log says "
+                                     "what it removed): give a longer --timeout-ms to wait for it"));
+    }
     if (!tiers.ok()) return fail(tiers.status());
     if (as_json) {
       json arr = json::array();
@@ -272,8 +280,9 @@ int main(int argc, char** argv) {
       uint64_t removed = 0;
       for (const auto& t : *tiers) removed += t.removed;
       if (removed == 0 && kept == 0) {
-        std::printf("nothing matched: no chunk of that scope is cached (check the namespace id "
-                    "with `kvtierctl namespaces`)\n");
+        std::printf(evict_all ? "nothing matched: no chunk is cached\n"
+                              : "nothing matched: no chunk of that scope is cached (check the "
+                                "namespace id with `kvtierctl namespaces`)\n");
       }
       if (kept > 0) {
         std::printf("%llu chunks were kept: a lease, a read or a copy holds them (or a chunk after "

@@ -13,15 +13,19 @@ void LogToStderr(const std::string& name) {
   spdlog::set_default_logger(std::move(logger));
 }
 
-Status SetLogLevel(std::string_view level) {
+Status CheckLogLevel(std::string_view level) {
   const std::string name(level);
-  auto parsed = spdlog::level::from_str(name);
   // from_str returns off for unknown names; only "off" itself may map to off.
-  if (parsed == spdlog::level::off && name != "off") {
+  if (spdlog::level::from_str(name) == spdlog::level::off && name != "off") {
     return Status::InvalidArgument("log level '" + name +
                                    "' is unknown (trace, debug, info, warn, error, critical, off)");
   }
-  spdlog::set_level(parsed);
+  return Status::Ok();
+}
+
+Status SetLogLevel(std::string_view level) {
+  KVTIER_RETURN_IF_ERROR(CheckLogLevel(level));
+  spdlog::set_level(spdlog::level::from_str(std::string(level)));
   return Status::Ok();
 }
 

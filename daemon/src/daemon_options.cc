@@ -398,6 +398,9 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   opts.rebuild_index = rebuild_index;
   opts.core.reservation_ttl = std::chrono::milliseconds(raw.reservation_ttl_ms);
   if (Status st = opts.Validate(); !st.ok()) return raw.Named(st);
+  if (Status st = CheckLogLevel(raw.log_level); !st.ok()) {
+    return Status(st.code(), raw.Where("log_level") + ": " + st.message());
+  }
   return opts;
 }
 

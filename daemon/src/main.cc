@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (auto st = kvtier::SetLogLevel(options->log_level); !st.ok()) {
-    std::fprintf(stderr, "kvtierd: log_level (--log-level): %s\n", st.message().c_str());
+    std::fprintf(stderr, "kvtierd: --log-level: %s\n", st.message().c_str());  // checked above
     return 2;
   }
   auto daemon = kvtier::Daemon::Start(*options);

@@ -366,7 +366,8 @@ TEST_F(DaemonOptionsTest, EveryCheckedValueNamesItsFlagOrItsConfigFileAndKey) {
                        Case{"selective_min_hits", "0"}, Case{"nvme_write_policy", "never"},
                        Case{"hbm_bytes", "5000"}, Case{"gpu", "-3"},
                        Case{"gpu_backend", "tpu"}, Case{"dram_bytes", "5000"},
-                       Case{"lease_ttl_ms", "99"}, Case{"reservation_ttl_ms", "99"}}) {
+                       Case{"lease_ttl_ms", "99"}, Case{"reservation_ttl_ms", "99"},
+                       Case{"log_level", "loud"}}) {
     std::string flag = std::string("--") + c.key;
     std::replace(flag.begin(), flag.end(), '_', '-');
     const std::string by_flag = ErrorOf({flag, c.bad});

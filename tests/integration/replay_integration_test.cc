@@ -82,6 +82,19 @@ TEST_F(ReplayTest, AJsonPathThatCannotBeWrittenIsRefusedBeforeTheRun) {
   EXPECT_NE(r.err.find("is a folder"), std::string::npos) << r.err;
 }
 
+// No daemon, or a path that is no socket: exit 1 ("not reachable at the start"),
+// naming the path, as kvtierctl does (a regular file was exit 2, a usage error).
+TEST_F(ReplayTest, ASocketPathWithNoDaemonExitsOneNamingThePath) {
+  const std::string file = dir_.Sub("regular-file");
+  ASSERT_TRUE(testing::WriteFile(file, "x"));
+  for (const std::string& path : {file, dir_.Sub("nobody.sock")}) {
+    const CommandResult r = RunCommand(
+        {BinPath("kvtier-replay"), "--socket", path, "--generate", "3", "--quiet"}, 30s);
+    EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 1) << r.Describe();
+    EXPECT_NE(r.err.find(path), std::string::npos) << r.Describe();
+  }
+}
+
 // `--json -` is JSON alone on stdout: the table goes to stderr, and so do the
 // SDK's log lines (spdlog's default logger wrote them to stdout, in front of a
 // tool's results). Before, `-` was a file of that name, and the warning below

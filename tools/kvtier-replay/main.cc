@@ -137,14 +137,14 @@ int main(int argc, char** argv) {
   copts.deadline = std::chrono::milliseconds(deadline_ms);
   copts.client_name = "kvtier-replay";
   auto client_or = kvtier::Client::Connect(copts);
-  if (!client_or.ok()) {
+  const std::string where = socket_path.empty() ? kvtier::DefaultSocketPath() : socket_path;
+  if (!client_or.ok()) {  // a path that is no socket, say: unreachable, as for kvtierctl
     std::fprintf(stderr, "kvtier-replay: %s\n", client_or.status().message().c_str());
-    return 2;
+    return 1;
   }
   auto client = std::move(client_or).value();
   if (!client->connected()) {
-    std::fprintf(stderr, "kvtier-replay: kvtierd is not reachable%s%s\n",
-                 socket_path.empty() ? "" : " at ", socket_path.c_str());
+    std::fprintf(stderr, "kvtier-replay: kvtierd is not reachable at %s\n", where.c_str());
     return 1;
   }
   auto ns_or = client->OpenNamespace(*spec);
@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
   // NVMe bytes moved during the replay, from the daemon's counters: unknown
   // (nullopt) when either Stats call fails, e.g. a daemon that stopped meanwhile.
   auto admin = kvtier::AdminClient::Connect(
-      socket_path.empty() ? kvtier::DefaultSocketPath() : socket_path,
+      where,
       std::max<std::chrono::milliseconds>(copts.deadline, std::chrono::seconds(1)));
   using Counters = std::optional<std::pair<uint64_t, uint64_t>>;
   const auto nvme_counters = [&]() -> Counters {

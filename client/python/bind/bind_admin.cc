@@ -144,6 +144,16 @@ void BindAdmin(nb::module_& m) {
       .def(
           "evict",
           [](AdminClient& a, bool all, std::optional<std::string> ns, nb::handle tokens) {
+            // The scope rules in this API's names (kvtierd's messages name the wire's fields).
+            if (all == ns.has_value()) {
+              ThrowIfError(Status::InvalidArgument(
+                  "give exactly one scope: all=True, or namespace (with tokens for a prompt "
+                  "prefix)"));
+            }
+            if (all && !tokens.is_none()) {
+              ThrowIfError(Status::InvalidArgument(
+                  "tokens name a prompt prefix of namespace; all=True takes none"));
+            }
             EvictScope scope;
             scope.all = all;
             if (ns) {

@@ -178,9 +178,12 @@ Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32
                                        " lapsed during the copy and its slot was reused");
   }
   result.num_chunks = valid;
+  // Chunks from NVMe (promoted by the lookup or by its prefetch ticket) are
+  // the trailing ones: a lapse cuts them first.
   const uint32_t dram_chunks = n - lease.nvme_chunks;
   result.nvme_chunks = valid > dram_chunks ? valid - dram_chunks : 0;
-  result.prefetched_chunks = std::min(valid, lease.prefetched_chunks);
+  const uint32_t not_prefetched = n - lease.prefetched_chunks;
+  result.prefetched_chunks = valid > not_prefetched ? valid - not_prefetched : 0;
   result.loaded_tokens = uint64_t{valid} * ns.spec.chunk_tokens;
   return result;
 }

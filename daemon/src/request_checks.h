@@ -9,8 +9,9 @@
 
 namespace kvtier::request_checks {
 
-// The prompt of a Lookup or Prefetch, viewed in place (std::string storage is
-// aligned for int32). Errors: INVALID_ARGUMENT naming `tokens`.
+// The prompt of a Lookup or Prefetch, viewed in place. REQUIRES: `raw` is
+// aligned for int32 (core_calls.h; protobuf and ring strings are).
+// Errors: INVALID_ARGUMENT naming `tokens`.
 inline Result<std::span<const int32_t>> PromptTokens(std::string_view raw, uint64_t max_tokens) {
   if (raw.size() % 4 != 0) {
     return Status::InvalidArgument("tokens is " + std::to_string(raw.size()) +

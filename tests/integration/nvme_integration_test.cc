@@ -138,6 +138,10 @@ TEST_F(NvmeDaemonTest, ARestartWithASmallerNvmeSizeIsRefusedAndLosesNothing) {
     const std::string error = smaller.Start();
     EXPECT_NE(error.find("larger than the 8388608 asked for (--nvme-bytes)"), std::string::npos)
         << error;
+    // Nor does --rebuild-index at that size remove the index before it is refused.
+    o.extra_args.push_back("--rebuild-index");
+    DaemonProcess rebuild(o);
+    EXPECT_NE(rebuild.Start().find("larger than"), std::string::npos);
   }
   DaemonProcess daemon(Opts());
   ASSERT_EQ(daemon.Start(), "");

@@ -144,15 +144,6 @@ Result<std::unique_ptr<IoUringFileDevice>> IoUringFileDevice::Open(const IoUring
   struct stat st {};
   const bool existed = stat(o.path.c_str(), &st) == 0;
   const uint64_t have = existed ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
-  if (existed && static_cast<uint64_t>(st.st_size) > o.bytes) {
-    // Its index may hold chunks past o.bytes: opening it smaller would drop them for good.
-    return Status::InvalidArgument(
-        "NVMe slot file " + o.path + " is " + std::to_string(st.st_size) +
-        " bytes, larger than the " + std::to_string(o.bytes) +
-        " asked for (--nvme-bytes); the chunks past that would be lost: give --nvme-bytes " +
-        std::to_string(st.st_size) + " or more, or remove the path's kvtier-slots.dat and index "
-        "to start a smaller tier");
-  }
   struct statvfs vfs {};
   if (statvfs(dir.c_str(), &vfs) != 0) return Status::FromErrno(errno, "statvfs " + dir.string());
   const uint64_t free_bytes = uint64_t{vfs.f_bavail} * vfs.f_frsize;
@@ -189,6 +180,16 @@ Result<std::unique_ptr<IoUringFileDevice>> IoUringFileDevice::Open(const IoUring
                                      " is in use (by another kvtierd, or its path is given twice)");
     }
     return Status::FromErrno(err, "flock " + o.path);
+  }
+  if (existed && static_cast<uint64_t>(st.st_size) > o.bytes) {
+    // Its index may hold chunks past o.bytes: opening it smaller would drop them for good.
+    close(fd);
+    return Status::InvalidArgument(
+        "NVMe slot file " + o.path + " is " + std::to_string(st.st_size) +
+        " bytes, larger than the " + std::to_string(o.bytes) +
+        " asked for (--nvme-bytes); the chunks past that would be lost: give --nvme-bytes " +
+        std::to_string(st.st_size) + " or more, or remove the path's kvtier-slots.dat and index "
+        "to start a smaller tier");
   }
   const int ret = posix_fallocate(fd, 0, static_cast<off_t>(o.bytes));
   if (ret != 0) {

@@ -180,9 +180,8 @@ Result<size_t> NvmeTier::RebuildIndex(const NvmeTierOptions& options) {
   if (options.paths.empty()) return Status::InvalidArgument("no NVMe path given");
   const std::string index_dir =
       options.index_dir.empty() ? options.paths[0] + "/index" : options.index_dir;
-  std::error_code ec;
-  std::filesystem::remove_all(index_dir, ec);
-  if (ec) return Status::IOError("remove NVMe index " + index_dir + ": " + ec.message());
+  // Every slot file opened (and locked) first: a start refused there (another
+  // kvtierd holds it, a smaller size) must not have removed the index.
   std::vector<std::unique_ptr<IoUringFileDevice>> devices;
   std::vector<BlockDevice*> raw;
   for (const std::string& path : options.paths) {
@@ -191,6 +190,9 @@ Result<size_t> NvmeTier::RebuildIndex(const NvmeTierOptions& options) {
     raw.push_back(d->get());
     devices.push_back(std::move(d).value());
   }
+  std::error_code ec;
+  std::filesystem::remove_all(index_dir, ec);
+  if (ec) return Status::IOError("remove NVMe index " + index_dir + ": " + ec.message());
   auto index = NvmeIndex::Open(index_dir);
   if (!index.ok()) return index.status();
   return RebuildIndexFromSlots(raw, **index);

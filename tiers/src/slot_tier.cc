@@ -1,6 +1,8 @@
 #include "kvtier/tiers/slot_tier.h"
 
 #include <algorithm>
+#include <new>
+#include <stdexcept>
 
 #include "kvtier/slot_image.h"
 
@@ -9,11 +11,17 @@ namespace kvtier {
 SlotTier::SlotTier(uint64_t capacity_bytes, std::unique_ptr<EvictionPolicy> policy)
     : allocator_(capacity_bytes),
       policy_(policy ? std::move(policy) : NewLeafFirstLruPolicy()) {
-  // The most chunks the tier can hold: one per smallest slot. About 1/64 of
-  // the tier's bytes in address space, resident only as chunks arrive.
+  // The most chunks the tier can hold: one per smallest slot. About 84 bytes
+  // of address space per 4 KiB of tier (1/49), resident only as chunks
+  // arrive. Only an optimisation: where the address space is refused (a huge
+  // tier, strict overcommit) the arrays grow as they used to.
   const size_t max_chunks = capacity_bytes / kSlotAlignment;
-  index_.ReserveEntries(max_chunks);
-  policy_->Reserve(max_chunks);
+  try {
+    index_.ReserveEntries(max_chunks);
+    policy_->Reserve(max_chunks);
+  } catch (const std::bad_alloc&) {
+  } catch (const std::length_error&) {
+  }
 }
 
 uint32_t SlotTier::AddNamespace(uint64_t slot_bytes) {

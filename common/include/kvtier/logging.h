@@ -18,10 +18,10 @@ namespace kvtier {
 // its own default logger instead. Idempotent.
 void LogToStderr(const std::string& name);
 
-// Sets the default logger's level from "trace", "debug", "info", "warn",
-// "error", "critical" or "off". Errors: INVALID_ARGUMENT naming the level.
 // INVALID_ARGUMENT unless `level` is one of spdlog's names (trace .. off).
 Status CheckLogLevel(std::string_view level);
+// Sets the default logger's level from "trace", "debug", "info", "warn",
+// "error", "critical" or "off". Errors: INVALID_ARGUMENT naming the level.
 Status SetLogLevel(std::string_view level);
 
 // Rate limit for a warning that a client or a bad disk can repeat at will:

@@ -5,7 +5,8 @@
 // the control ring translate (kvtier/daemon/core_wire.h). Byte fields of a
 // request are views: the caller keeps them alive until the call returns (an
 // asynchronous Lookup copies what it keeps before it returns). Token ids are
-// packed little-endian int32, as on the wire; the core checks their length.
+// packed little-endian int32, as on the wire, in storage aligned for int32 (a
+// std::string's is); the core checks their length.
 #pragma once
 
 #include <cstdint>

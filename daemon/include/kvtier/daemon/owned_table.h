@@ -36,8 +36,9 @@ class OwnedTable {
   }
 
   // Grant `id`, when it belongs to `session_id`; nullptr with `*error` set
-  // (NOT_FOUND or PERMISSION_DENIED) otherwise.
-  T* Find(uint64_t id, uint64_t session_id, Status* error) {
+  // (NOT_FOUND or PERMISSION_DENIED) otherwise. Const: a grant's session_id
+  // keys by_session_.
+  const T* Find(uint64_t id, uint64_t session_id, Status* error) const {
     auto it = grants_.find(id);
     if (it == grants_.end()) {
       *error = Status::NotFound(std::string(field_) + " " + std::to_string(id) + " is unknown (" +

@@ -91,7 +91,7 @@ void CacheCore::FinishPromotion(std::unique_lock<std::mutex>& lock,
 
 Result<std::unordered_map<uint64_t, CacheCore::Promotion>::iterator> CacheCore::FindTicket(
     uint64_t ticket, uint64_t session_id) {
-  auto it = request_checks::FindOwned(promotions_, ticket, session_id, "prefetch ticket",
+  auto it = FindOwned(promotions_, ticket, session_id, "prefetch ticket",
                                       kTicketGone);
   if (it.ok() && (*it)->second.on_done) {  // a Lookup's own promotion, not a ticket
     return Status::NotFound("prefetch ticket " + std::to_string(ticket) + " is unknown (" +

@@ -24,22 +24,4 @@ inline Result<std::span<const int32_t>> PromptTokens(std::string_view raw, uint6
   return std::span<const int32_t>(reinterpret_cast<const int32_t*>(raw.data()), raw.size() / 4);
 }
 
-// The entry `id` of `map` (leases or reservations) when it belongs to
-// `session_id`. Errors: NOT_FOUND (`gone` says how it may have ended),
-// PERMISSION_DENIED for another session's id.
-template <typename Map>
-inline Result<typename Map::iterator> FindOwned(Map& map, uint64_t id, uint64_t session_id,
-                                         const char* field, const char* gone) {
-  auto it = map.find(id);
-  if (it == map.end()) {
-    return Status::NotFound(std::string(field) + " " + std::to_string(id) + " is unknown (" +
-                            gone + ")");
-  }
-  if (it->second.session_id != session_id) {
-    return Status::PermissionDenied(std::string(field) + " " + std::to_string(id) +
-                                    " belongs to another session");
-  }
-  return it;
-}
-
 }  // namespace kvtier::request_checks

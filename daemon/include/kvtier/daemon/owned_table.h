@@ -21,6 +21,24 @@
 
 namespace kvtier {
 
+// The entry `id` of `map` (of grants with a `session_id`) when it belongs to
+// `session_id`. Errors: NOT_FOUND (`gone` says how it may have ended),
+// PERMISSION_DENIED for another session's id.
+template <typename Map>
+Result<typename Map::iterator> FindOwned(Map& map, uint64_t id, uint64_t session_id,
+                                         const char* field, const char* gone) {
+  auto it = map.find(id);
+  if (it == map.end()) {
+    return Status::NotFound(std::string(field) + " " + std::to_string(id) + " is unknown (" +
+                            gone + ")");
+  }
+  if (it->second.session_id != session_id) {
+    return Status::PermissionDenied(std::string(field) + " " + std::to_string(id) +
+                                    " belongs to another session");
+  }
+  return it;
+}
+
 // T has `uint64_t session_id` and `Clock::TimePoint expiry`.
 template <typename T>
 class OwnedTable {
@@ -35,29 +53,11 @@ class OwnedTable {
     grants_.emplace(id, std::move(grant));
   }
 
-  // Grant `id`, when it belongs to `session_id`; nullptr with `*error` set
-  // (NOT_FOUND or PERMISSION_DENIED) otherwise. Const: a grant's session_id
-  // keys by_session_.
-  const T* Find(uint64_t id, uint64_t session_id, Status* error) const {
-    auto it = grants_.find(id);
-    if (it == grants_.end()) {
-      *error = Status::NotFound(std::string(field_) + " " + std::to_string(id) + " is unknown (" +
-                                gone_ + ")");
-      return nullptr;
-    }
-    if (it->second.session_id != session_id) {
-      *error = Status::PermissionDenied(std::string(field_) + " " + std::to_string(id) +
-                                        " belongs to another session");
-      return nullptr;
-    }
-    return &it->second;
-  }
-
-  // Takes grant `id` out of the table. Errors as Find (the table is then unchanged).
+  // Takes grant `id` out of the table. Errors as FindOwned (the table is then unchanged).
   Result<T> Take(uint64_t id, uint64_t session_id) {
-    Status error;
-    if (Find(id, session_id, &error) == nullptr) return error;
-    return Remove(grants_.find(id));
+    auto it = FindOwned(grants_, id, session_id, field_, gone_);
+    if (!it.ok()) return it.status();
+    return Remove(*it);
   }
 
   // Takes every grant of `session_id` out of the table.

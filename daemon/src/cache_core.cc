@@ -32,14 +32,6 @@ std::string Field(const char* name, size_t i, const char* sub) {
 
 }  // namespace
 
-Result<NvmeWritePolicy> ParseNvmeWritePolicy(const std::string& name) {
-  if (name == "write_through") return NvmeWritePolicy::kWriteThrough;
-  if (name == "selective") return NvmeWritePolicy::kSelective;
-  if (name == "write_back") return NvmeWritePolicy::kWriteBack;
-  return Status::InvalidArgument("nvme_write_policy '" + name +
-                                 "' is unknown (write_through, write_back, selective)");
-}
-
 Status CacheCoreOptions::Validate() const {
   if (nvme_workers < 1 || nvme_workers > 64) {
     return Status::InvalidArgument("nvme_workers " + std::to_string(nvme_workers) +
@@ -96,6 +88,8 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
     auto hbm = HbmTier::Create(options.hbm, &core->dram_->arena());
     if (!hbm.ok()) return hbm.status();
     core->hbm_ = std::move(hbm).value();
+    core->hbm_copier_ = std::make_unique<HbmCopier>(core->mu_, *core->dram_, *core->hbm_,
+                                                    core->namespaces_, core->work_cv_);
     if (options.hbm.bytes > options.dram_bytes) {
       spdlog::warn("hbm_bytes {} is more than dram_bytes {}: HBM holds a subset of DRAM, so at "
                    "most {} bytes of the pool can be used", options.hbm.bytes, options.dram_bytes,
@@ -109,13 +103,34 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
     // Above every image NVMe holds: a lapsed reader's sequence can never match
     // an image promoted into its slot (each run's arena starts empty).
     core->next_sequence_ = core->nvme_->max_sequence() + 1;
+    core->nvme_health_ = std::make_unique<NvmeHealth>(*core->nvme_);
+    core->nvme_writer_ = std::make_unique<NvmeWriter>(
+        NvmeWriter::Options{.policy = options.nvme_write_policy,
+                            .write_back_buffer_bytes = options.write_back_buffer_bytes,
+                            .write_through_wait = options.write_through_wait},
+        core->mu_, *core->dram_, *core->nvme_, *core->nvme_health_, core->namespaces_);
     spdlog::info("NVMe tier: {} chunks indexed at start over {} path(s) of {} bytes",
                  core->nvme_->counters().chunks, options.nvme.paths.size(),
                  options.nvme.bytes_per_path);
   }
+  CacheCore* self = core.get();
+  core->promoter_ = std::make_unique<Promoter>(
+      core->mu_, *core->dram_, core->nvme_.get(), core->nvme_health_.get(),
+      core->hbm_copier_.get(), core->work_cv_,
+      Promoter::Hooks{
+          .live_namespace = [self](const NamespaceId& id) -> CoreNamespace* {
+            auto it = self->ns_by_id_.find(id);
+            return it == self->ns_by_id_.end() ? nullptr : it->second;
+          },
+          .token_check = [self](const CoreNamespace& ns, const std::vector<ChunkKey>& keys,
+                                std::span<const int32_t> tokens, size_t i, uint32_t h) {
+            return self->TokenCheck(ns, keys, tokens, i, h);
+          },
+          .hold = [self](uint64_t session_id, uint64_t bytes) { self->Hold(session_id, bytes); },
+          .drop = [self](uint64_t session_id, uint64_t bytes) { self->Drop(session_id, bytes); },
+      });
   if (core->nvme_ || core->hbm_) {
     core->StartWorkers();
-    CacheCore* self = core.get();
     core->dram_->SetEvictionListener([self](uint32_t h) { self->OnDramEviction(h); });
   }
   // Session, lease and reservation ids start at a random point, so that an id
@@ -126,6 +141,13 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
 }
 
 CacheCore::~CacheCore() { StopWorkers(); }
+
+void CacheCore::OnDramEviction(uint32_t handle) {
+  if (nvme_writer_ && options_.nvme_write_policy == NvmeWritePolicy::kWriteBack) {
+    nvme_writer_->Demote(handle, /*count_skips=*/true);
+  }
+  if (hbm_copier_) hbm_copier_->OnDramEviction(handle);
+}
 
 Result<const CacheCore::NamespaceState*> CacheCore::FindNamespace(std::string_view id) const {
   auto key = ChunkKey::FromWire(id);
@@ -296,9 +318,9 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
 
   std::unique_lock lock(mu_);
   Status st = CheckSession(req.session_id);  // it may have ended meanwhile
-  std::optional<std::unordered_map<uint64_t, Promotion>::iterator> ticket;
+  std::optional<Promoter::Table::iterator> ticket;
   if (st.ok() && req.prefetch_ticket != 0) {
-    auto found = FindTicket(req.prefetch_ticket, req.session_id);
+    auto found = promoter_->FindTicket(req.prefetch_ticket, req.session_id);
     if (found.ok()) {
       ticket = *found;
     } else if (found.status().code() != StatusCode::kNotFound) {  // expired: no error
@@ -322,7 +344,7 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
   if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kSelective) {
     for (uint32_t h : hits) {  // parents are hit at least as often: they go first
       if (dram_->AddHit(h) == options_.selective_min_hits && !nvme_->Contains(dram_->Get(h).key)) {
-        QueueNvmeWrite(h);
+        nvme_writer_->Queue(h);
       }
     }
   }
@@ -339,7 +361,7 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
       }
     }
     for (uint32_t h : hits) dram_->Pin(h);
-    EndPromotion(*ticket);
+    promoter_->End(*ticket);
     GrantLookup(tally, ns, hits, resp);
     lock.unlock();
     return done(Status::Ok());
@@ -384,7 +406,7 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
     }
     done(result);
   };
-  StartPromotion(std::move(p));
+  promoter_->Start(next_id_++, std::move(p));
 }
 
 Status CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* resp) {
@@ -400,14 +422,14 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
   for (auto it = hits.rbegin(); it != hits.rend(); ++it) dram_->Touch(*it);
   const uint32_t ct = ns.spec.chunk_tokens;
   const uint64_t num_hits = t.acquire ? hits.size() : t.dram_hits + t.nvme_hits;
-  const size_t hbm_hits = CountInHbm(hits);
+  const size_t hbm_hits = hbm_copier_ ? hbm_copier_->CountIn(hits) : 0;
   LeaseCredit credit = CountRequest(t, ns, hits);
 
   resp->num_chunks = static_cast<uint32_t>(num_hits);
   resp->nvme_chunks = static_cast<uint32_t>(t.nvme_hits);
   resp->prefetched_chunks = static_cast<uint32_t>(t.prefetched);
   resp->hbm_chunks = static_cast<uint32_t>(hbm_hits);
-  if (t.hbm) QueueHbmCopies(hits);
+  if (t.hbm) hbm_copier_->Queue(hits);
   resp->cached_tokens = num_hits * ct;
   resp->lease_ttl_ms = static_cast<uint64_t>(options_.lease_ttl.count());
   if (!t.acquire || num_hits == 0) return;
@@ -534,7 +556,7 @@ Status CacheCore::ReserveWrite(const core::ReserveWriteRequest& req,
   std::unique_lock lock(mu_);
   KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id));
   if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kWriteThrough &&
-      !WaitForWriteThrough(lock, static_cast<uint64_t>(n) * SlotLayout::For(spec).slot_bytes)) {
+      !nvme_writer_->WaitForRoom(lock, static_cast<uint64_t>(n) * SlotLayout::For(spec).slot_bytes)) {
     // Admitting them would evict chunks still waiting for their NVMe write.
     resp->outcomes.assign(n, ReserveOutcome::kNvmeBehind);
     counters_.nvme_throttled_writes += n;
@@ -697,7 +719,7 @@ Status CacheCore::CommitWrite(uint64_t session_id, uint64_t reservation_id,
     for (const ReservedChunk& c : r.chunks) {
       const uint32_t h = dram_->Find(c.key);
       if (h == ChunkIndex::kNone || dram_->Get(h).slot_offset != c.slot_offset) continue;
-      QueueNvmeWrite(h);
+      nvme_writer_->Queue(h);
     }
   }
   resp->committed_chunks = committed;
@@ -717,17 +739,9 @@ Status CacheCore::AbortWrite(uint64_t session_id, uint64_t reservation_id) {
 void CacheCore::ExpireNow() {
   const Clock::TimePoint now = clock_.Now();
   std::lock_guard lock(mu_);
-  size_t tickets = 0;
   const std::vector<Lease> leases = leases_.TakeExpired(now);
   for (const Lease& lease : leases) EndLease(lease);
-  for (auto it = promotions_.begin(); it != promotions_.end();) {
-    auto next = std::next(it);
-    if (it->second.expiry <= now && !it->second.on_done) {  // a ticket past its deadline
-      EndPromotion(it);
-      ++tickets;
-    }
-    it = next;
-  }
+  const size_t tickets = promoter_->ExpireTickets(now);
   std::vector<Reservation> reservations = reservations_.TakeExpired(now);
   for (Reservation& r : reservations) {
     ReleaseReservationHolds(r);

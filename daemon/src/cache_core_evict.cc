@@ -50,10 +50,8 @@ Status CacheCore::Evict(const core::EvictRequest& req, core::EvictResponse* resp
   }
 
   // No NVMe write may land what this removes: take none new, wait for those in flight.
-  ++admin_evictions_running_;
-  nvme_idle_cv_.wait(lock, [&] { return nvme_in_flight_ == 0; });
-  --admin_evictions_running_;
-  ++evict_generation_;  // promotions reading meanwhile drop what they read
+  if (nvme_writer_) nvme_writer_->DrainForEviction(lock);
+  promoter_->NoteEviction();  // promotions reading meanwhile drop what they read
 
   auto pick_key = [&](const ChunkKey& key, const NamespaceId& ns) {
     if (root) return key == *root;
@@ -89,19 +87,7 @@ Status CacheCore::Evict(const core::EvictRequest& req, core::EvictResponse* resp
   if (nvme_removal) add("nvme", *nvme_removal);
 
   // Queued writes of removed chunks go too (they would count as skipped).
-  std::erase_if(nvme_queue_, [&](const PendingWrite& w) {
-    if (removed.count(w.key) == 0) return false;
-    nvme_queue_bytes_ -= w.slot_bytes;
-    return true;
-  });
-  // Images copied out at eviction (write-back) carry no subtree: drop the
-  // scope's namespace (all of a prefix's namespace; losing them costs misses only).
-  std::erase_if(demotions_, [&](const Demotion& d) {
-    if (ns_id && d.ns != *ns_id) return false;
-    demoting_.erase(d.key);
-    demotion_bytes_ -= d.layout.slot_bytes;
-    return true;
-  });
+  if (nvme_writer_) nvme_writer_->DropQueued(removed, ns_id);
   return Status::Ok();
 }
 

@@ -82,12 +82,7 @@ void CacheCore::EndSession(uint64_t session_id) {
   std::vector<Reservation> open = reservations_.TakeSession(session_id);
   for (Reservation& r : open) FreeReservation(r);
   size_t reservations = open.size();
-  for (auto it = promotions_.begin(); it != promotions_.end();) {
-    auto next = std::next(it);
-    // A Lookup's own promotion finishes on its worker, which then sees the session gone.
-    if (it->second.session_id == session_id && !it->second.on_done) EndPromotion(it);
-    it = next;
-  }
+  promoter_->EndSession(session_id);
   if (auto q = quarantined_.find(session_id); q != quarantined_.end()) {
     for (const Reservation& r : q->second) FreeReservationSlots(r);
     reservations += q->second.size();

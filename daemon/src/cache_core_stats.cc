@@ -70,9 +70,9 @@ core::StatsResponse CacheCore::Stats() {
     core::TierStats& ht = resp.tiers.emplace_back(SlotTierStats("hbm", *hbm_, smallest_slot));
     ht.hits = counters_.hbm_hits;
     ht.read_bytes = counters_.hbm_read_bytes;
-    ht.write_bytes = counters_.hbm_write_bytes;
-    ht.pending_writes = hbm_queue_.size();
-    ht.io_errors = counters_.hbm_copy_errors;
+    ht.write_bytes = hbm_copier_->counters().write_bytes;
+    ht.pending_writes = hbm_copier_->Pending();
+    ht.io_errors = hbm_copier_->counters().copy_errors;
   }
   core::TierStats& t = resp.tiers.emplace_back(SlotTierStats("dram", *dram_, smallest_slot));
   t.hits = counters_.hits;
@@ -90,14 +90,15 @@ core::StatsResponse CacheCore::Stats() {
     nt.chunks = n.chunks;
     nt.hits = counters_.nvme_hits;
     nt.evictions = n.evictions;
-    nt.read_bytes = counters_.nvme_read_bytes;
-    nt.write_bytes = counters_.nvme_write_bytes;
-    nt.pending_writes = nvme_queue_.size() + demotions_.size() + nvme_in_flight_;
+    nt.read_bytes = promoter_->counters().read_bytes;
+    const NvmeWriter::Counters& w = nvme_writer_->counters();
+    nt.write_bytes = w.write_bytes;
+    nt.pending_writes = nvme_writer_->Pending();
     nt.corrupt_reads = n.corrupt_reads;
-    nt.io_errors = counters_.nvme_io_errors;
+    nt.io_errors = nvme_health_->io_errors();
     nt.degraded = NvmeDegraded();
-    nt.skipped_writes = counters_.nvme_skipped_writes;
-    nt.lost_writes = counters_.nvme_lost_writes;
+    nt.skipped_writes = w.skipped_writes;
+    nt.lost_writes = w.lost_writes;
     nt.throttled_writes = counters_.nvme_throttled_writes;
   }
   resp.lookups = counters_.lookups;
@@ -108,10 +109,8 @@ core::StatsResponse CacheCore::Stats() {
   resp.sessions = sessions_.size();
   resp.active_leases = leases_.size();
   resp.active_reservations = reservations_.size();
-  resp.active_prefetches = static_cast<uint64_t>(
-      std::count_if(promotions_.begin(), promotions_.end(),
-                    [](const auto& entry) { return !entry.second.on_done; }));
-  resp.prefetched_chunks = counters_.prefetched_chunks;
+  resp.active_prefetches = promoter_->ActiveTickets();
+  resp.prefetched_chunks = promoter_->counters().prefetched_chunks;
   resp.session_limited = counters_.session_limited;
   resp.uptime_s = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_)

@@ -6,18 +6,22 @@
 // writes) over the DRAM tier. The gRPC services and the control ring are thin
 // adapters over it, and tests drive it with a clock they advance.
 //
-// NVMe reads (promotion on Lookup, Prefetch) and copies into HBM run on the
-// core's own I/O worker threads, never on the caller's: a Lookup that must
-// promote completes through its callback once the worker is done.
+// Its parts, each with its own state:
+// - leases and reservations: OwnedTable (owned_table.h), by id and by session;
+// - the Promoter (promoter.h): NVMe reads into DRAM, for a Lookup with
+//   acquire and for Prefetch tickets, on the core's I/O worker threads; a
+//   Lookup that must promote completes through its callback once it is done;
+// - the NvmeWriter (nvme_writer.h): write-through, selective and write-back to
+//   NVMe, with NvmeHealth (nvme_health.h) its degraded state;
+// - the HbmCopier (hbm_copier.h): copies into HBM (opt-in), a subset of DRAM.
+//   A Lookup with `hbm` hands out the HBM copy of each chunk that has one
+//   besides its DRAM location, leasing both, and queues its other hit chunks
+//   for a copy; DRAM evicting a chunk drops its HBM copy.
 //
-// HBM (opt-in) is a subset of DRAM: a Lookup with `hbm` hands out the HBM copy
-// of each chunk that has one besides its DRAM location, leasing both, and
-// queues its other hit chunks for a copy into HBM; DRAM evicting a chunk drops
-// its HBM copy.
-//
-// Thread-safety: thread-safe. One mutex (mu_) guards all state; payload
-// checksums at commit and NVMe I/O run outside it (the reservation or the
-// promotion owns its slots).
+// Thread-safety: thread-safe. One mutex (mu_) guards the DRAM tier and every
+// part's bookkeeping; payload checksums at commit, NVMe I/O, staging copies
+// and HBM copies run outside it (the reservation or the promotion owns its
+// slots, a pin holds the source).
 #pragma once
 
 #include <chrono>
@@ -36,6 +40,11 @@
 
 #include "kvtier/clock.h"
 #include "kvtier/daemon/core_calls.h"
+#include "kvtier/daemon/core_namespace.h"
+#include "kvtier/daemon/hbm_copier.h"
+#include "kvtier/daemon/nvme_health.h"
+#include "kvtier/daemon/nvme_writer.h"
+#include "kvtier/daemon/promoter.h"
 #include "kvtier/daemon/owned_table.h"
 #include "kvtier/daemon/request_ledger.h"
 #include "kvtier/logging.h"
@@ -45,19 +54,8 @@
 #include "kvtier/tiers/dram_tier.h"
 #include "kvtier/tiers/hbm_tier.h"
 #include "kvtier/tiers/nvme_tier.h"
-#include "kvtier/tiers/staging_buffer.h"
 
 namespace kvtier {
-
-// When a committed DRAM chunk goes to NVMe.
-enum class NvmeWritePolicy {
-  kWriteThrough,  // every committed chunk, in the background
-  kSelective,     // once it has been hit selective_min_hits times
-  kWriteBack,     // when DRAM evicts it (with its ancestors not yet on NVMe)
-};
-
-// "write_through", "write_back" or "selective"; INVALID_ARGUMENT otherwise.
-Result<NvmeWritePolicy> ParseNvmeWritePolicy(const std::string& name);
 
 struct CacheCoreOptions {
   // DRAM arena size in bytes, a multiple of 4 KiB. Default: 1 GiB.
@@ -136,17 +134,15 @@ class CacheCore {
   // succeeds again), or whose index takes no more writes (a full disk, until
   // kvtierd restarts): "nvme". DRAM keeps serving; NVMe misses are misses.
   std::vector<std::string> DegradedTiers() const;
-  static constexpr uint32_t kNvmeDegradedAfter = 3;
+  static constexpr uint32_t kNvmeDegradedAfter = NvmeHealth::kDegradedAfter;
 
-  // Write-through to NVMe (when on): writes up to one batch of committed
-  // chunks queued by CommitWrite and returns how many it took from the queue.
-  // The daemon's NVMe worker calls it in a loop; tests call it directly.
-  // Under write-back it writes the images copied out at eviction instead.
+  // NVMe writes (when on): NvmeWriter::WriteOnce, up to one batch of chunks
+  // queued by CommitWrite (or, under write-back, of images copied out at
+  // eviction); returns how many it took. The daemon's NVMe worker calls it in
+  // a loop; tests call it directly. 0 without NVMe.
   size_t WriteThroughOnce();
-  // A write-through batch: up to kWriteThroughBatchChunks chunks, and while under
-  // kWriteThroughBatchBytes and 1/16 of the arena (so one slot more at most).
-  static constexpr size_t kWriteThroughBatchChunks = 256;
-  static constexpr uint64_t kWriteThroughBatchBytes = uint64_t{64} << 20;
+  static constexpr size_t kWriteThroughBatchChunks = NvmeWriter::kBatchChunks;
+  static constexpr uint64_t kWriteThroughBatchBytes = NvmeWriter::kBatchBytes;
   // Write-back at a clean shutdown: writes every DRAM chunk not yet on NVMe
   // (stops early when the tier is degraded or `keep_going` says no, checked
   // between batches). Returns how many it queued.
@@ -225,13 +221,7 @@ class CacheCore {
   const CacheCoreOptions& options() const { return options_; }
 
  private:
-  struct NamespaceState {
-    NamespaceSpec spec;
-    NamespaceId id;
-    SlotLayout layout;
-    uint32_t ns_index = 0;  // DramTier's namespace number
-    uint32_t active_reservations = 0;  // reservations holding a pointer to this state
-  };
+  using NamespaceState = CoreNamespace;
   // What a leasing Lookup added to the counters (CountRequest, GrantLookup):
   // taken back when its client never got the answer (ReleaseUnserved).
   struct LeaseCredit {
@@ -265,25 +255,7 @@ class CacheCore {
     // so that making room for the new chunks cannot evict them.
     std::vector<uint32_t> pinned;
   };
-  // A prefix being promoted from NVMe into DRAM: a client's Prefetch ticket,
-  // or the promotion of a Lookup with acquire (`on_done` set; not visible to
-  // clients, never expired or ended early: the worker always finishes it).
-  struct Promotion {
-    uint64_t session_id = 0;
-    uint64_t held_bytes = 0;  // as Lease's: keys.size() slots
-    Clock::TimePoint expiry;
-    NamespaceState ns;                // a copy, as at the start
-    std::vector<ChunkKey> keys;       // the cached prefix to make ready
-    std::vector<int32_t> tokens;      // its tokens, keys.size() * chunk_tokens
-    std::vector<uint32_t> ready;      // pinned DRAM handles of keys[0, ready.size())
-    uint32_t dram_at_start = 0;       // of ready, how many were in DRAM at the start
-    bool done = false;                // no more will become ready
-    bool to_hbm = false;              // a ticket that also copies its ready chunks into HBM
-    std::string request;              // a ticket's RequestLedger key
-    // A Lookup's continuation, run without mu_ once the promotion is done and
-    // out of promotions_; `ready` is still pinned then.
-    std::function<void(Promotion&)> on_done;
-  };
+  using Promotion = Promoter::Promotion;
   struct Counters {
     uint64_t lookups = 0;
     // Once per engine request (RequestLedger): its prompt, and the chunks
@@ -296,28 +268,17 @@ class CacheCore {
     uint64_t write_bytes = 0;
     uint64_t token_check_failures = 0;
     uint64_t nvme_hits = 0;
-    uint64_t nvme_read_bytes = 0;
-    uint64_t nvme_write_bytes = 0;
-    uint64_t nvme_io_errors = 0;
-    uint64_t prefetched_chunks = 0;
-    uint64_t nvme_skipped_writes = 0;
-    uint64_t nvme_lost_writes = 0;
     uint64_t nvme_throttled_writes = 0;
     uint64_t hbm_hits = 0;
     uint64_t hbm_read_bytes = 0;
-    uint64_t hbm_write_bytes = 0;
-    uint64_t hbm_copy_errors = 0;
     uint64_t session_limited = 0;  // calls cut short by session_max_bytes
-    uint32_t nvme_failure_streak = 0;  // consecutive failed NVMe batches
   };
-  // REQUIRES: mu_ held.
-  void NoteNvmeIo(bool ok);
-  // REQUIRES: mu_ held. NoteNvmeIo for a write batch of `chunks`, logging when
-  // writes start failing (once) and when they succeed again.
-  void NoteNvmeWrite(const Status& status, const char* what, size_t chunks);
+  // REQUIRES: mu_ held. NvmeHealth::NoteIo (nothing without NVMe).
+  void NoteNvmeIo(bool ok) {
+    if (nvme_health_) nvme_health_->NoteIo(ok);
+  }
   // REQUIRES: mu_ held. See DegradedTiers.
-  bool NvmeDegraded() const;
-  bool nvme_writes_failing_ = false;  // GUARDED_BY(mu_)
+  bool NvmeDegraded() const { return nvme_health_ && nvme_health_->Degraded(); }
 
   CacheCore(const CacheCoreOptions& options, std::unique_ptr<DramTier> dram, const Clock& clock)
       : options_(options), clock_(clock), dram_(std::move(dram)) {}
@@ -371,36 +332,15 @@ class CacheCore {
   RequestLedger ledger_;  // GUARDED_BY(mu_)
   // Warnings a client or a bad disk can repeat at will, one per 10 s each.
   LogLimiter collision_log_;     // token checks and keys held by another chunk
-  LogLimiter hbm_copy_log_;
   LogLimiter access_times_log_;
   // Answers a Lookup over `hits`; with acquire each is already pinned once,
   // and those pins become the lease's.
   void GrantLookup(const LookupTally& tally, const NamespaceState& ns,
                    const std::vector<uint32_t>& hits, core::LookupResponse* resp);
-  // Starts a promotion (its `ready` already pinned); returns its id.
-  uint64_t StartPromotion(Promotion p);
-  void EndPromotion(std::unordered_map<uint64_t, Promotion>::iterator it);
-  // A client's prefetch ticket. Errors as FindOwned.
-  Result<std::unordered_map<uint64_t, Promotion>::iterator> FindTicket(uint64_t ticket,
-                                                                       uint64_t session_id);
-  // REQUIRES: mu_ not held. One step of promotion `id` (up to one batch of
-  // reads), then queues it again or finishes it.
-  void PromoteStep(uint64_t id);
-  // Marks it done; a Lookup's promotion leaves the map and its continuation
-  // runs (with `lock` dropped).
-  void FinishPromotion(std::unique_lock<std::mutex>& lock,
-                       std::unordered_map<uint64_t, Promotion>::iterator it);
   void WorkerLoop();
-  // HBM (cache_core_hbm.cc). REQUIRES: mu_ held. Queues DRAM chunks for a copy
-  // into HBM (parents before children), skipping those in HBM or queued.
-  void QueueHbmCopies(const std::vector<uint32_t>& dram_handles);
-  // REQUIRES: mu_ not held. Copies up to one batch of queued chunks into HBM.
-  void HbmStep();
   // REQUIRES: mu_ held. DRAM is about to evict `handle`: demote it under
   // write-back, and drop its HBM copy.
   void OnDramEviction(uint32_t handle);
-  // REQUIRES: mu_ held. How many of `hits` (DRAM handles) have an HBM copy.
-  size_t CountInHbm(const std::vector<uint32_t>& hits) const;
   void StartWorkers();
   // Lets the workers finish every queued promotion (so every Lookup waiting
   // on one completes), then joins them.
@@ -418,60 +358,13 @@ class CacheCore {
   std::unique_ptr<DramTier> dram_;                                    // GUARDED_BY(mu_)
   // After dram_: it unpins the arena when destroyed. Bookkeeping GUARDED_BY(mu_).
   std::unique_ptr<HbmTier> hbm_;
-  std::deque<ChunkKey> hbm_queue_;                                    // GUARDED_BY(mu_)
-  std::unordered_set<ChunkKey, ChunkKeyHash> hbm_queued_;             // GUARDED_BY(mu_)
+  std::unique_ptr<HbmCopier> hbm_copier_;  // with hbm_, after it
   std::unique_ptr<NvmeTier> nvme_;  // thread-safe itself; lock order: mu_, then its own
-  // Committed chunks waiting for the NVMe writer, held in DRAM (evicted only
-  // when nothing else can be; then the write is skipped and counted).
-  struct PendingWrite {
-    ChunkKey key;
-    uint64_t sequence = 0;  // the slot's sequence when queued: the same chunk, not a re-store
-    uint64_t slot_bytes = 0;
-  };
-  // Write-through backpressure (CacheCoreOptions::write_through_wait). Waits,
-  // with mu_ dropped, while the queued writes and `incoming` (the slot bytes
-  // a store may add) fill over half the arena (a store bigger than that: while
-  // anything is queued); false when they still do at the end (the caller then
-  // drops its chunks). REQUIRES: mu_ held by `lock`.
-  bool WaitForWriteThrough(std::unique_lock<std::mutex>& lock, uint64_t incoming);
-  uint64_t nvme_queue_bytes_ = 0;  // slot bytes of nvme_queue_    GUARDED_BY(mu_)
-  std::condition_variable nvme_progress_cv_;  // the writer took a batch
-  // REQUIRES: mu_ held. Queues resident chunk `handle` for the NVMe writer.
-  void QueueNvmeWrite(uint32_t handle);
-  std::deque<PendingWrite> nvme_queue_;                               // GUARDED_BY(mu_)
-  // Write-back: images copied out of DRAM at eviction, waiting for the writer.
-  struct Demotion {
-    ChunkKey key, parent;
-    NamespaceId ns;
-    SlotLayout layout;
-    std::unique_ptr<std::byte, void (*)(void*)> image{nullptr, nullptr};
-  };
-  // REQUIRES: mu_ held. The eviction listener under write-back: copies the
-  // victim's image, and those of its ancestors not on NVMe, parents first.
-  // Past write_back_buffer_bytes it stops; `count_skips`: count the victim
-  // as a skipped write (an eviction loses it).
-  void Demote(uint32_t handle, bool count_skips);
-  std::deque<Demotion> demotions_;                                    // GUARDED_BY(mu_)
-  std::unordered_set<ChunkKey, ChunkKeyHash> demoting_;               // GUARDED_BY(mu_)
-  uint64_t demotion_bytes_ = 0;                                       // GUARDED_BY(mu_)
-  uint64_t nvme_in_flight_ = 0;                                       // GUARDED_BY(mu_)
-  // Write-through's copies of a batch, kept from one batch to the next (up to 64 MiB or
-  // 1/16 of the arena, whichever is less, and one slot). Taken before mu_, never inside it.
-  std::mutex staging_mu_;
-  StagingBuffer staging_;                                             // GUARDED_BY(staging_mu_)
-  // Admin evictions: while one runs the NVMe writer takes nothing new, and it
-  // waits on nvme_idle_cv_ for nvme_in_flight_ to reach 0. A promotion whose
-  // reads overlapped an eviction (the generation moved) keeps none of them.
-  uint32_t admin_evictions_running_ = 0;                              // GUARDED_BY(mu_)
-  uint64_t evict_generation_ = 0;                                     // GUARDED_BY(mu_)
-  std::condition_variable nvme_idle_cv_;
-  // REQUIRES: mu_ held. Ends `n` NVMe writes in flight.
-  void EndNvmeWrites(size_t n);
-  std::unordered_map<uint64_t, Promotion> promotions_;                // GUARDED_BY(mu_)
-  // Slot bytes the prefetch tickets hold (keys.size() * slot_bytes each); at
-  // most half the arena, so that tickets never starve stores and lookups of room.
-  uint64_t prefetch_held_bytes_ = 0;                                  // GUARDED_BY(mu_)
-  std::deque<uint64_t> promotion_queue_;                              // GUARDED_BY(mu_)
+  // With nvme_ (both after it: they hold references to it). GUARDED_BY(mu_),
+  // but for the writer's own locking (see NvmeWriter).
+  std::unique_ptr<NvmeHealth> nvme_health_;
+  std::unique_ptr<NvmeWriter> nvme_writer_;
+  std::unique_ptr<Promoter> promoter_;  // after the tiers and hbm_copier_ it uses
   std::condition_variable work_cv_;
   bool stopping_ = false;                                             // GUARDED_BY(mu_)
   std::vector<std::thread> workers_;

@@ -1,0 +1,146 @@
+// NvmeWriter: CacheCore's way from DRAM to the NVMe tier.
+//
+// Write-through and selective queue resident DRAM chunks (Queue); each keeps a
+// write hold in DRAM (evicted before its write only when nothing else can be)
+// until WriteOnce copies a batch of them into a staging buffer, seals their
+// checksums and writes them. Write-back copies each DRAM victim's image out at
+// eviction (Demote), with its ancestors not yet on NVMe, and WriteOnce writes
+// those images instead. The daemon's NVMe worker calls WriteOnce in a loop.
+//
+// Thread-safety: it shares the DRAM tier's mutex with CacheCore (`mu`).
+// Methods marked "REQUIRES: mu held" are CacheCore's to call under it; the
+// others take it themselves and never hold it across a copy or a write.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_set>
+
+#include "kvtier/daemon/core_namespace.h"
+#include "kvtier/daemon/nvme_health.h"
+#include "kvtier/status.h"
+#include "kvtier/tiers/dram_tier.h"
+#include "kvtier/tiers/nvme_tier.h"
+#include "kvtier/tiers/staging_buffer.h"
+
+namespace kvtier {
+
+// When a committed DRAM chunk goes to NVMe.
+enum class NvmeWritePolicy {
+  kWriteThrough,  // every committed chunk, in the background
+  kSelective,     // once it has been hit selective_min_hits times
+  kWriteBack,     // when DRAM evicts it (with its ancestors not yet on NVMe)
+};
+
+// "write_through", "write_back" or "selective"; INVALID_ARGUMENT otherwise.
+Result<NvmeWritePolicy> ParseNvmeWritePolicy(const std::string& name);
+
+class NvmeWriter {
+ public:
+  struct Options {
+    NvmeWritePolicy policy = NvmeWritePolicy::kWriteThrough;
+    // Write-back: most bytes of evicted images held until written; past it an
+    // eviction is a skipped write.
+    uint64_t write_back_buffer_bytes = 0;
+    // Write-through: how long a store waits for room (WaitForRoom).
+    std::chrono::milliseconds write_through_wait{0};
+  };
+  // What the writer did, for the nvme tier's stats.
+  struct Counters {
+    uint64_t write_bytes = 0;     // payload bytes now on NVMe
+    uint64_t skipped_writes = 0;  // chunks DRAM evicted before their write
+    uint64_t lost_writes = 0;     // chunks a write took but NVMe does not hold
+  };
+  // A batch: up to kBatchChunks chunks, and while under kBatchBytes and 1/16
+  // of the DRAM arena (so one slot more at most).
+  static constexpr size_t kBatchChunks = 256;
+  static constexpr uint64_t kBatchBytes = uint64_t{64} << 20;
+
+  // Everything given must outlive the writer; `namespaces` is read under `mu`.
+  NvmeWriter(const Options& options, std::mutex& mu, DramTier& dram, NvmeTier& nvme,
+             NvmeHealth& health, const CoreNamespaces& namespaces);
+
+  // REQUIRES: mu held. Queues resident chunk `handle` (write-through, selective).
+  void Queue(uint32_t handle);
+  // REQUIRES: mu held by `lock`. Write-through backpressure: waits, with mu
+  // dropped, up to write_through_wait while the queued writes and `incoming`
+  // (the slot bytes a store may add) fill over half the arena (a store bigger
+  // than that: while anything is queued); false when they still do at the end.
+  bool WaitForRoom(std::unique_lock<std::mutex>& lock, uint64_t incoming);
+  // REQUIRES: mu held. Write-back's eviction listener: copies the victim's
+  // image, and those of its ancestors not on NVMe, parents first. Past
+  // write_back_buffer_bytes it stops; `count_skips`: count the victim as a
+  // skipped write (an eviction loses it).
+  void Demote(uint32_t handle, bool count_skips);
+  // Writes up to one batch and returns how many chunks it took from the queue.
+  size_t WriteOnce();
+  // Write-back at a clean shutdown: demotes and writes every DRAM chunk not on
+  // NVMe (stops early when the tier is degraded or `keep_going` says no,
+  // checked between batches). Returns how many it queued.
+  size_t FlushWriteBack(const std::function<bool()>& keep_going);
+  // REQUIRES: mu held. Writes queued or in flight.
+  size_t Pending() const { return queue_.size() + demotions_.size() + in_flight_; }
+  // Under write-back: DRAM chunks neither on NVMe nor queued for it; 0 under
+  // the other policies. Takes mu.
+  size_t DramOnly() const;
+  // REQUIRES: mu held. Counters so far.
+  const Counters& counters() const { return counters_; }
+  // REQUIRES: mu held by `lock`. Takes no new batch, and waits for those in
+  // flight, so that an admin eviction is not undone by a write landing.
+  void DrainForEviction(std::unique_lock<std::mutex>& lock);
+  // REQUIRES: mu held. Drops queued writes of `removed` chunks and images of
+  // namespace `ns` (every namespace when nullopt) after an admin eviction.
+  void DropQueued(const std::unordered_set<ChunkKey, ChunkKeyHash>& removed,
+                  const std::optional<NamespaceId>& ns);
+  // REQUIRES: mu held. Ends WaitForRoom's waits: the core is stopping.
+  void Stop();
+
+ private:
+  struct PendingWrite {
+    ChunkKey key;
+    uint64_t sequence = 0;  // the slot's sequence when queued: the same chunk, not a re-store
+    uint64_t slot_bytes = 0;
+  };
+  struct Demotion {
+    ChunkKey key, parent;
+    NamespaceId ns;
+    SlotLayout layout;
+    std::unique_ptr<std::byte, void (*)(void*)> image{nullptr, nullptr};
+  };
+  size_t WriteDemotions();
+  // REQUIRES: mu held. Ends `n` writes in flight.
+  void EndWrites(size_t n);
+
+  const Options options_;
+  std::mutex& mu_;
+  DramTier& dram_;
+  NvmeTier& nvme_;  // thread-safe itself; lock order: mu_, then its own
+  NvmeHealth& health_;
+  const CoreNamespaces& namespaces_;
+
+  std::deque<PendingWrite> queue_;                        // GUARDED_BY(mu_)
+  uint64_t queue_bytes_ = 0;  // slot bytes of queue_       GUARDED_BY(mu_)
+  std::deque<Demotion> demotions_;                        // GUARDED_BY(mu_)
+  std::unordered_set<ChunkKey, ChunkKeyHash> demoting_;   // GUARDED_BY(mu_)
+  uint64_t demotion_bytes_ = 0;                           // GUARDED_BY(mu_)
+  uint64_t in_flight_ = 0;                                // GUARDED_BY(mu_)
+  uint32_t evictions_waiting_ = 0;                        // GUARDED_BY(mu_)
+  bool stopping_ = false;                                 // GUARDED_BY(mu_)
+  Counters counters_;                                     // GUARDED_BY(mu_)
+  std::condition_variable progress_cv_;  // a batch was taken (WaitForRoom)
+  std::condition_variable idle_cv_;      // in_flight_ reached 0 (DrainForEviction)
+  // Write-through's copies of a batch, kept from one batch to the next (up to
+  // 64 MiB or 1/16 of the arena, and one slot). Taken before mu_, never inside it.
+  std::mutex staging_mu_;
+  StagingBuffer staging_;  // GUARDED_BY(staging_mu_)
+};
+
+}  // namespace kvtier

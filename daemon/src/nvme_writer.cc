@@ -1,0 +1,257 @@
+#include "kvtier/daemon/nvme_writer.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace kvtier {
+
+Result<NvmeWritePolicy> ParseNvmeWritePolicy(const std::string& name) {
+  if (name == "write_through") return NvmeWritePolicy::kWriteThrough;
+  if (name == "selective") return NvmeWritePolicy::kSelective;
+  if (name == "write_back") return NvmeWritePolicy::kWriteBack;
+  return Status::InvalidArgument("nvme_write_policy '" + name +
+                                 "' is unknown (write_through, write_back, selective)");
+}
+
+NvmeWriter::NvmeWriter(const Options& options, std::mutex& mu, DramTier& dram, NvmeTier& nvme,
+                       NvmeHealth& health, const CoreNamespaces& namespaces)
+    : options_(options), mu_(mu), dram_(dram), nvme_(nvme), health_(health),
+      namespaces_(namespaces) {}
+
+void NvmeWriter::Queue(uint32_t handle) {
+  const ChunkEntry& e = dram_.Get(handle);
+  dram_.HoldForWrite(handle);  // evicted before its write only when nothing else can be
+  const uint64_t slot_bytes = namespaces_[e.ns_index]->layout.slot_bytes;
+  queue_.push_back({e.key, SlotSequence(dram_.SlotAddress(e.slot_offset)), slot_bytes});
+  queue_bytes_ += slot_bytes;
+}
+
+bool NvmeWriter::WaitForRoom(std::unique_lock<std::mutex>& lock, uint64_t incoming) {
+  // The queue and this store together stay within half the arena; a store
+  // larger than that alone waits for an empty queue.
+  const uint64_t bound = dram_.capacity_bytes() / 2;
+  const auto room = [&] { return queue_bytes_ == 0 || queue_bytes_ + incoming <= bound; };
+  if (room()) return true;
+  // Real time, not the core's clock: the writer runs in real time whatever a test clock says.
+  progress_cv_.wait_for(lock, options_.write_through_wait, [&] { return room() || stopping_; });
+  return room();
+}
+
+void NvmeWriter::Stop() {
+  stopping_ = true;
+  progress_cv_.notify_all();
+}
+
+void NvmeWriter::Demote(uint32_t handle, bool count_skips) {
+  // The victim and its ancestors not on NVMe yet: leaf-first eviction takes
+  // children first, and NVMe refuses a chunk whose parent it does not hold.
+  std::vector<uint32_t> chain;
+  for (uint32_t h = handle; h != ChunkIndex::kNone;) {
+    const ChunkEntry& e = dram_.Get(h);
+    if (nvme_.Contains(e.key) || demoting_.count(e.key) > 0) break;
+    chain.push_back(h);
+    h = dram_.Find(e.parent);  // kNone past the first chunk (its parent is the namespace)
+  }
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {  // parents first
+    const ChunkEntry& e = dram_.Get(*it);
+    const CoreNamespace& ns = *namespaces_[e.ns_index];
+    if (demotion_bytes_ + ns.layout.slot_bytes > options_.write_back_buffer_bytes) {
+      // The victim is lost to NVMe; its ancestors stay in DRAM for a later try.
+      if (count_skips) ++counters_.skipped_writes;
+      return;
+    }
+    Demotion d{e.key, e.parent, ns.id, ns.layout,
+               {static_cast<std::byte*>(std::aligned_alloc(kBlockBytes, ns.layout.slot_bytes)),
+                &std::free}};
+    std::memcpy(d.image.get(), dram_.SlotAddress(e.slot_offset), ns.layout.slot_bytes);
+    demotion_bytes_ += ns.layout.slot_bytes;
+    demoting_.insert(e.key);
+    demotions_.push_back(std::move(d));
+  }
+}
+
+size_t NvmeWriter::DramOnly() const {
+  if (options_.policy != NvmeWritePolicy::kWriteBack) return 0;
+  std::lock_guard lock(mu_);
+  size_t n = 0;  // those queued for the writer are Pending's, not counted twice
+  dram_.ForEachChunk([&](uint32_t h) {
+    const ChunkKey& key = dram_.Get(h).key;
+    n += !nvme_.Contains(key) && demoting_.count(key) == 0;
+  });
+  return n;
+}
+
+size_t NvmeWriter::FlushWriteBack(const std::function<bool()>& keep_going) {
+  if (options_.policy != NvmeWritePolicy::kWriteBack) return 0;
+  std::vector<ChunkKey> keys;
+  {
+    std::lock_guard lock(mu_);
+    dram_.ForEachChunk([&](uint32_t h) {
+      if (!nvme_.Contains(dram_.Get(h).key)) keys.push_back(dram_.Get(h).key);
+    });
+  }
+  const auto degraded = [&] {
+    std::lock_guard lock(mu_);
+    return health_.Degraded();
+  };
+  size_t next = 0, queued = 0;
+  while (next < keys.size() && !degraded() && keep_going()) {
+    {
+      std::lock_guard lock(mu_);
+      while (next < keys.size() && demotion_bytes_ < options_.write_back_buffer_bytes &&
+             (next % 64 != 0 || keep_going())) {  // copying 256 MiB takes a while: check often
+        const uint32_t h = dram_.Find(keys[next++]);
+        if (h == ChunkIndex::kNone) continue;
+        Demote(h, /*count_skips=*/false);
+        if (demoting_.count(dram_.Get(h).key) == 0 && !nvme_.Contains(dram_.Get(h).key)) {
+          if (demotion_bytes_ == 0) continue;  // larger than the whole buffer: left out
+          --next;  // the buffer filled on its ancestors: again after the writes
+          break;
+        }
+        ++queued;
+      }
+    }
+    while (keep_going() && WriteOnce() > 0) {
+    }
+  }
+  return queued;
+}
+
+size_t NvmeWriter::WriteDemotions() {
+  std::vector<Demotion> demoted;
+  {
+    std::lock_guard lock(mu_);
+    if (evictions_waiting_ > 0) return 0;  // an admin eviction waits for the writes in flight
+    while (!demotions_.empty() && demoted.size() < kBatchChunks) {
+      demoted.push_back(std::move(demotions_.front()));
+      demotions_.pop_front();
+    }
+    in_flight_ += demoted.size();
+  }
+  if (demoted.empty()) return 0;
+  std::vector<NvmeImage> images;
+  for (Demotion& d : demoted) {
+    SealPayloadChecksum(d.image.get(), d.layout);
+    images.push_back({d.key, d.parent, d.ns, {d.image.get(), d.layout.slot_bytes}});
+  }
+  Result<size_t> stored = nvme_.Write(images);
+  std::lock_guard lock(mu_);
+  health_.NoteWrite(stored.status(), "write-back", images.size());
+  EndWrites(demoted.size());
+  for (const Demotion& d : demoted) {
+    demoting_.erase(d.key);
+    demotion_bytes_ -= d.layout.slot_bytes;
+    // Counted by where each chunk is now, not by how many Write stored: it
+    // skips some (parent gone, no room) and a failed batch stores none.
+    if (nvme_.Contains(d.key)) {
+      counters_.write_bytes += d.layout.payload_bytes;
+    } else {
+      ++counters_.lost_writes;
+    }
+  }
+  return demoted.size();
+}
+
+size_t NvmeWriter::WriteOnce() {
+  // Write-back: the images were copied out at eviction.
+  if (const size_t demoted = WriteDemotions(); demoted > 0) return demoted;
+  const uint64_t max_batch_bytes = std::min<uint64_t>(kBatchBytes, dram_.capacity_bytes() / 16);
+  struct Item {
+    uint32_t handle;
+    ChunkKey key, parent;
+    NamespaceId ns;
+    SlotLayout layout;
+    const std::byte* slot;
+  };
+  std::vector<Item> items;
+  size_t taken = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (evictions_waiting_ > 0) return 0;
+    uint64_t batch_bytes = 0;  // the copies below: max_batch_bytes and one slot at most
+    while (!queue_.empty() && taken < kBatchChunks && batch_bytes < max_batch_bytes) {
+      const PendingWrite w = queue_.front();
+      queue_.pop_front();
+      queue_bytes_ -= w.slot_bytes;
+      ++taken;
+      const uint32_t h = dram_.Find(w.key);
+      if (h == ChunkIndex::kNone ||
+          SlotSequence(dram_.SlotAddress(dram_.Get(h).slot_offset)) != w.sequence) {
+        ++counters_.skipped_writes;  // evicted before its turn: NVMe lagged
+        continue;
+      }
+      dram_.ReleaseWriteHold(h);
+      dram_.Pin(h);  // while it is copied
+      if (nvme_.Contains(w.key)) {
+        dram_.Unpin(h);
+        continue;
+      }
+      const ChunkEntry& e = dram_.Get(h);
+      const CoreNamespace& ns = *namespaces_[e.ns_index];
+      items.push_back({h, w.key, e.parent, ns.id, ns.layout, dram_.SlotAddress(e.slot_offset)});
+      batch_bytes += ns.layout.slot_bytes;
+    }
+    in_flight_ += items.size();
+  }
+  if (taken == 0) return 0;
+  std::lock_guard staging_lock(staging_mu_);  // before mu_, never inside it
+  uint64_t staging_bytes = 0;
+  for (const Item& it : items) staging_bytes += it.layout.slot_bytes;
+  std::byte* copy = staging_.Reserve(staging_bytes);
+  std::vector<NvmeImage> images;
+  for (const Item& it : items) {
+    std::memcpy(copy, it.slot, it.layout.slot_bytes);
+    SealPayloadChecksum(copy, it.layout);
+    images.push_back({it.key, it.parent, it.ns, {copy, it.layout.slot_bytes}});
+    copy += it.layout.slot_bytes;  // slot sizes are multiples of 4096: each copy stays aligned
+  }
+  {  // Copied: DRAM may evict them now; the copies go to NVMe.
+    std::lock_guard lock(mu_);
+    for (const Item& it : items) dram_.Unpin(it.handle);
+  }
+  progress_cv_.notify_all();  // stores waiting for room under the bound
+  Result<size_t> stored = images.empty() ? Result<size_t>(size_t{0}) : nvme_.Write(images);
+  std::lock_guard lock(mu_);
+  if (!images.empty()) health_.NoteWrite(stored.status(), "write-through", images.size());
+  EndWrites(items.size());
+  for (const Item& it : items) {  // as for write-back: by where each chunk is now
+    if (nvme_.Contains(it.key)) {
+      counters_.write_bytes += it.layout.payload_bytes;
+    } else {
+      ++counters_.lost_writes;
+    }
+  }
+  return taken;
+}
+
+void NvmeWriter::EndWrites(size_t n) {
+  in_flight_ -= n;
+  if (in_flight_ == 0) idle_cv_.notify_all();
+}
+
+void NvmeWriter::DrainForEviction(std::unique_lock<std::mutex>& lock) {
+  ++evictions_waiting_;
+  idle_cv_.wait(lock, [&] { return in_flight_ == 0; });
+  --evictions_waiting_;
+}
+
+void NvmeWriter::DropQueued(const std::unordered_set<ChunkKey, ChunkKeyHash>& removed,
+                            const std::optional<NamespaceId>& ns) {
+  std::erase_if(queue_, [&](const PendingWrite& w) {
+    if (removed.count(w.key) == 0) return false;
+    queue_bytes_ -= w.slot_bytes;
+    return true;
+  });
+  // Images copied out at eviction (write-back) carry no subtree: drop the
+  // scope's namespace (all of a prefix's namespace; losing them costs misses only).
+  std::erase_if(demotions_, [&](const Demotion& d) {
+    if (ns && d.ns != *ns) return false;
+    demoting_.erase(d.key);
+    demotion_bytes_ -= d.layout.slot_bytes;
+    return true;
+  });
+}
+
+}  // namespace kvtier

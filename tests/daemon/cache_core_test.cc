@@ -197,6 +197,38 @@ TEST_F(CacheCoreTest, CollisionInALaterChunkCutsThePrefixThere) {
   EXPECT_TRUE(LeasedBytesMatch(tokens, cut));
 }
 
+// The token check runs with the core's lock dropped, over chunks it pins
+// meanwhile: a Lookup leaves only its lease's pins behind, whether the check
+// passes or cuts the prefix.
+TEST_F(CacheCoreTest, ALookupsTokenCheckLeavesOnlyItsLeasesPins) {
+  const auto tokens = Tokens(12);
+  ASSERT_EQ(Store(tokens), 3u);
+  const auto keys = ComputeChunkKeys(ns_, tokens, kChunkTokens);
+  auto dram_pinned = [&] {
+    const v1::StatsResponse stats = Stats();
+    for (const v1::TierStats& t : stats.tiers()) {
+      if (t.name() == "dram") return t.pinned_chunks();
+    }
+    ADD_FAILURE() << "no dram tier in the stats";
+    return uint64_t{0};
+  };
+  EXPECT_EQ(Lookup(tokens, false).num_chunks(), 3u);
+  EXPECT_EQ(dram_pinned(), 0u);
+  v1::LookupResponse l = Lookup(tokens, true);
+  ASSERT_EQ(l.chunks_size(), 3);
+  EXPECT_EQ(dram_pinned(), 3u);
+  ASSERT_TRUE(Release(l.lease_id()).ok());
+  EXPECT_EQ(dram_pinned(), 0u);
+  ForgeCollision(l.chunks(1).payload_offset(), keys[1], keys[0], {4, 5, 6, 8});
+  EXPECT_EQ(Lookup(tokens, false).num_chunks(), 1u);
+  EXPECT_EQ(dram_pinned(), 0u);
+  const v1::LookupResponse cut = Lookup(tokens, true);
+  EXPECT_EQ(cut.chunks_size(), 1);
+  EXPECT_EQ(dram_pinned(), 1u);
+  ASSERT_TRUE(Release(cut.lease_id()).ok());
+  EXPECT_EQ(dram_pinned(), 0u);
+}
+
 TEST_F(CacheCoreTest, CorruptedHeaderTokenIdIsAMiss) {
   const auto tokens = Tokens(4);
   ASSERT_EQ(Store(tokens), 1u);

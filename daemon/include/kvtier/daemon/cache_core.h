@@ -298,13 +298,32 @@ class CacheCore {
   // counted and logged.
   bool TokenCheck(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
                   std::span<const int32_t> tokens, size_t i, uint32_t h);
+  // The check itself, on the header at `slot`, logging a failure (not
+  // counting it). REQUIRES: nothing; the slot must not change meanwhile.
+  bool CheckTokens(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
+                   std::span<const int32_t> tokens, size_t i, const std::byte* slot);
   // Whether DRAM chunk `h`, found under c.key, is chunk `c` of namespace `ns`
   // (namespace, parent and tokens in its header); a mismatch is counted and logged.
   bool ResidentIs(const NamespaceState& ns, uint32_t h, const ReservedChunk& c);
   // The DRAM-resident leading chunks of `keys` (at most `limit`), each checked
-  // against its tokens in the slot header.
+  // against its tokens in the slot header. REQUIRES: mu_ held.
   std::vector<uint32_t> DramPrefix(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
                                    std::span<const int32_t> tokens, size_t limit);
+  // A Lookup's DRAM prefix, token-checked without mu_ (the check reads every
+  // slot header: 512 KiB for a 128K-token prompt): CheckDramPrefix pins the
+  // index's leading chunks (at most `limit`) under mu_, drops it and checks
+  // their headers (a pinned slot's image does not change); SettleDramPrefix,
+  // with mu_ held again, unpins them, counts a failed check and returns the
+  // handles that passed, at most `limit`, valid while mu_ stays held.
+  struct CheckedPrefix {
+    std::vector<uint32_t> handles;  // pinned once each until settled
+    size_t passed = 0;              // handles[0, passed) passed the check
+  };
+  // REQUIRES: mu_ not held.
+  CheckedPrefix CheckDramPrefix(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
+                                std::span<const int32_t> tokens, size_t limit);
+  // REQUIRES: mu_ held.
+  std::vector<uint32_t> SettleDramPrefix(CheckedPrefix checked, size_t limit);
   // How many chunks from keys[from] on (below `limit`) are on NVMe or in
   // DRAM, in a row: what a promotion can make ready (it token-checks those in
   // DRAM). 0 without NVMe, or when keys[from] is in DRAM (it failed the check).

@@ -24,19 +24,8 @@ Status CheckText(const std::string& value, const char* field, bool required) {
     return Status::InvalidArgument(std::string(field) + " is not UTF-8 (byte " +
                                    std::to_string(bad) + ")");
   }
-  // Control characters (Unicode's Cc: C0, DEL, C1): a NUL would cut the name
-  // short in C strings, a newline would forge log lines.
-  for (size_t i = 0; i < value.size(); ++i) {
-    const auto c = static_cast<unsigned char>(value[i]);
-    const bool c1 = c == 0xc2 && i + 1 < value.size() &&
-                    static_cast<unsigned char>(value[i + 1]) <= 0x9f;  // U+0080..U+009F
-    if (c < 0x20 || c == 0x7f || c1) {
-      char code[8];
-      std::snprintf(code, sizeof(code), "U+%04X",
-                    c1 ? static_cast<unsigned char>(value[i + 1]) : unsigned{c});
-      return Status::InvalidArgument(std::string(field) + " holds control character " + code +
-                                     " (byte " + std::to_string(i) + ")");
-    }
+  if (std::string control = ControlCharacterIn(value); !control.empty()) {
+    return Status::InvalidArgument(std::string(field) + control);
   }
   return Status::Ok();
 }

@@ -1,5 +1,7 @@
 #include "kvtier/utf8.h"
 
+#include <cstdio>
+
 namespace kvtier {
 
 size_t FirstNonUtf8Byte(std::string_view s) {
@@ -36,6 +38,22 @@ size_t FirstNonUtf8Byte(std::string_view s) {
     i += n;
   }
   return s.size();
+}
+
+std::string ControlCharacterIn(std::string_view s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const bool c1 = c == 0xc2 && i + 1 < s.size() &&
+                    static_cast<unsigned char>(s[i + 1]) <= 0x9f;  // U+0080..U+009F
+    if (c < 0x20 || c == 0x7f || c1) {
+      char code[8];
+      std::snprintf(code, sizeof(code), "U+%04X",
+                    c1 ? static_cast<unsigned char>(s[i + 1]) : unsigned{c});
+      return std::string(" holds control character ") + code + " (byte " + std::to_string(i) +
+             ")";
+    }
+  }
+  return "";
 }
 
 }  // namespace kvtier

@@ -118,6 +118,20 @@ TEST_F(CacheCoreAccountingTest, ARequestIdThatIsNotUtf8IsRefusedAndCountsNothing
   EXPECT_EQ(Stats().DebugString(), before.DebugString());
 }
 
+// A newline in a request id would forge a line wherever the id is logged.
+TEST_F(CacheCoreAccountingTest, ARequestIdWithAControlCharacterIsRefusedAndCountsNothing) {
+  ASSERT_EQ(Store(Tokens(12)), 3u);
+  const v1::StatsResponse before = Stats();
+  for (const std::string& id : {std::string("cmpl-1\nforged"), std::string("cmpl-\x7f"),
+                                std::string("cmpl-\xc2\x85")}) {  // LF, DEL, C1 NEL
+    const Status st = LookupNamed(Tokens(12), id);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << id;
+    EXPECT_NE(st.message().find("request_id holds control character U+"), std::string::npos)
+        << st.message();
+  }
+  EXPECT_EQ(Stats().DebugString(), before.DebugString());
+}
+
 // Found by fuzz_cache_core: the ledger counted a request's prompt at its
 // first call and credited whatever a later lease under the same id served, so
 // a client reusing one request_id for a longer prompt got more hit tokens

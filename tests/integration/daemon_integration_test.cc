@@ -577,7 +577,13 @@ TEST_F(DaemonTest, ReplayOnMalformedTraceNamesTheLine) {
         {BinPath("kvtier-replay"), "--socket", socket_, "--trace", trace, "--limit", bad}, 30s);
     EXPECT_TRUE(l.exit.exited && l.exit.exit_code == 2) << l.Describe();
     EXPECT_NE(l.err.find("--limit"), std::string::npos) << l.Describe();
+    EXPECT_NE(l.err.find(std::string(bad) + " is negative"), std::string::npos) << l.Describe();
+    EXPECT_LT(l.err.size(), 200u) << "the message once printed DBL_MAX in full: " << l.Describe();
   }
+  CommandResult g =
+      RunCommand({BinPath("kvtier-replay"), "--socket", socket_, "--generate", "-3"}, 30s);
+  EXPECT_TRUE(g.exit.exited && g.exit.exit_code == 2) << g.Describe();
+  EXPECT_NE(g.err.find("--generate: -3 is negative"), std::string::npos) << g.Describe();
   CommandResult r =
       RunCommand({BinPath("kvtier-replay"), "--socket", socket_, "--trace", trace}, 30s);
   EXPECT_TRUE(r.exit.exited) << r.Describe();

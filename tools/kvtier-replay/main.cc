@@ -31,6 +31,7 @@
 #include "kvtier/tools/percentiles.h"
 #include "kvtier/tools/synthetic_kv.h"
 #include "kvtier/tools/trace.h"
+#include "kvtier/tools/cli_words.h"
 
 namespace {
 
@@ -67,12 +68,12 @@ int main(int argc, char** argv) {
                         ->check(CLI::ExistingFile);
   app.add_option("--generate", generate,
                  "instead of --trace: N requests of the built-in multi-turn generator")
-      ->check(CLI::NonNegativeNumber)  // a uint64_t takes "-5" as 2^64 - 5
+      ->check(kvtier::tools::kCount)
       ->excludes(trace_opt);
   app.add_option("--model", model, "tiny | qwen2.5-0.5b | llama3-8b")->capture_default_str();
   app.add_option("--chunk-tokens", chunk_tokens, "tokens per chunk")->capture_default_str();
   app.add_option("--limit", limit, "replay the first N requests (0 = all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kvtier::tools::kCount);
   app.add_option("--json", json_path, "write the summary as JSON here ('-': JSON alone on stdout, the table on stderr)");
   app.add_option("--deadline-ms", deadline_ms, "client deadline per RPC")
       ->check(CLI::Range(int64_t{1}, int64_t{600000}))

@@ -38,10 +38,10 @@ std::unique_ptr<Client> Connect(const std::string& socket, int64_t deadline_ms,
   return ValueOrThrow(Client::Connect(options));
 }
 
-NamespaceHandle OpenNamespace(Client& c, const std::string& model_id, uint32_t num_layers,
+NamespaceHandle OpenNamespace(Client& c, const std::string& model_id, int64_t num_layers,
                               nb::handle kv_dtype, const std::string& layout,
-                              uint32_t num_kv_heads, uint32_t head_dim, uint32_t latent_dim,
-                              uint32_t chunk_tokens, uint32_t tp_rank, uint32_t tp_size,
+                              int64_t num_kv_heads, int64_t head_dim, int64_t latent_dim,
+                              int64_t chunk_tokens, int64_t tp_rank, int64_t tp_size,
                               const std::string& lora_id, const std::string& cache_salt,
                               bool engine_keyed) {
   NamespaceSpec spec;
@@ -49,13 +49,13 @@ NamespaceHandle OpenNamespace(Client& c, const std::string& model_id, uint32_t n
   spec.lora_id = lora_id;
   spec.kv_dtype = KvDtypeFrom(kv_dtype);
   spec.layout = layout;
-  spec.num_layers = num_layers;
-  spec.num_kv_heads = num_kv_heads;
-  spec.head_dim = head_dim;
-  spec.latent_dim = latent_dim;
-  spec.chunk_tokens = chunk_tokens;
-  spec.tp_rank = tp_rank;
-  spec.tp_size = tp_size;
+  spec.num_layers = U32From(num_layers, "num_layers");
+  spec.num_kv_heads = U32From(num_kv_heads, "num_kv_heads");
+  spec.head_dim = U32From(head_dim, "head_dim");
+  spec.latent_dim = U32From(latent_dim, "latent_dim");
+  spec.chunk_tokens = U32From(chunk_tokens, "chunk_tokens");
+  spec.tp_rank = U32From(tp_rank, "tp_rank");
+  spec.tp_size = U32From(tp_size, "tp_size");
   spec.cache_salt = cache_salt;
   spec.engine_keyed = engine_keyed;
   nb::gil_scoped_release release;

@@ -180,6 +180,14 @@ size_t IndexFrom(int64_t value, const char* what) {
   return static_cast<size_t>(value);
 }
 
+uint32_t U32From(int64_t value, const char* what) {
+  if (value > int64_t{UINT32_MAX}) {
+    throw StatusError(Status::InvalidArgument(std::string(what) + ": " + std::to_string(value) +
+                                              " is more than 4294967295"));
+  }
+  return static_cast<uint32_t>(IndexFrom(value, what));
+}
+
 PrefetchPolicy PrefetchPolicyFrom(const std::string& name) {
   if (name == "best_effort") return PrefetchPolicy::kBestEffort;
   if (name == "wait_complete") return PrefetchPolicy::kWaitComplete;

@@ -165,6 +165,11 @@ def test_bad_arguments_raise_and_change_nothing(kvtierd: KvtierdProcess) -> None
 
         with pytest.raises(kvtier.InvalidArgument, match="num_layers"):
             open_ns(c, num_layers=0)
+        # A negative or too large int raised nanobind's bare TypeError.
+        with pytest.raises(kvtier.InvalidArgument, match="num_layers: -1 is negative"):
+            open_ns(c, num_layers=-1)
+        with pytest.raises(kvtier.InvalidArgument, match="head_dim: 4294967296 is more than"):
+            open_ns(c, head_dim=2**32)
         with pytest.raises(kvtier.InvalidArgument, match="kv_dtype"):
             open_ns(c, kv_dtype="float64")
         with pytest.raises(kvtier.InvalidArgument, match="source holds"):

@@ -25,4 +25,14 @@ inline bool ReportUnplacedWord(const CLI::App& app, const char* tool) {
   return true;
 }
 
+// For an unsigned count option: refuses a negative value (an unsigned type
+// would take "-5" as 2^64 - 5) with "-5 is negative: give a count of 0 or
+// more", where CLI::NonNegativeNumber prints the range 0 to DBL_MAX in full.
+inline const CLI::Validator kCount(
+    [](std::string& value) -> std::string {
+      if (value.starts_with("-")) return value + " is negative: give a count of 0 or more";
+      return "";
+    },
+    "COUNT");
+
 }  // namespace kvtier::tools

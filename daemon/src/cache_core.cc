@@ -253,20 +253,13 @@ bool CacheCore::ResidentIs(const NamespaceState& ns, uint32_t h, const ReservedC
 
 bool CacheCore::TokenCheck(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
                            std::span<const int32_t> tokens, size_t i, uint32_t h) {
-  if (CheckTokens(ns, keys, tokens, i, dram_->SlotAddress(dram_->Get(h).slot_offset))) {
-    return true;
-  }
-  ++counters_.token_check_failures;
-  return false;
-}
-
-bool CacheCore::CheckTokens(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
-                            std::span<const int32_t> tokens, size_t i, const std::byte* slot) {
   const uint32_t ct = ns.spec.chunk_tokens;
   const SlotIdentity id{ns.id, keys[i], ns.spec.ChunkParent(ns.id, keys, i),
                         tokens.subspan(i * ct, ct)};
-  const Status st = VerifySlotHeader(slot, ns.layout, id, /*check_header_checksum=*/false);
+  const Status st = VerifySlotHeader(dram_->SlotAddress(dram_->Get(h).slot_offset), ns.layout, id,
+                                     /*check_header_checksum=*/false);
   if (st.ok()) return true;
+  ++counters_.token_check_failures;
   if (auto held_back = collision_log_.Admit()) {
     spdlog::warn("token check failed for chunk {} of namespace {}: {}{}", keys[i].ToHex(),
                  ns.id.ToHex(), st.message(), HeldBack(*held_back));
@@ -285,38 +278,6 @@ std::vector<uint32_t> CacheCore::DramPrefix(const NamespaceState& ns,
     hits.push_back(h);
   }
   return hits;
-}
-
-CacheCore::CheckedPrefix CacheCore::CheckDramPrefix(const NamespaceState& ns,
-                                                     const std::vector<ChunkKey>& keys,
-                                                     std::span<const int32_t> tokens,
-                                                     size_t limit) {
-  CheckedPrefix checked;
-  std::vector<const std::byte*> slots;
-  {
-    std::lock_guard lock(mu_);
-    for (size_t i = 0; i < keys.size() && checked.handles.size() < limit; ++i) {
-      const uint32_t h = dram_->Find(keys[i]);
-      if (h == ChunkIndex::kNone) break;
-      dram_->Pin(h);
-      checked.handles.push_back(h);
-      slots.push_back(dram_->SlotAddress(dram_->Get(h).slot_offset));
-    }
-  }
-  while (checked.passed < slots.size() &&
-         CheckTokens(ns, keys, tokens, checked.passed, slots[checked.passed])) {
-    ++checked.passed;
-  }
-  return checked;
-}
-
-std::vector<uint32_t> CacheCore::SettleDramPrefix(CheckedPrefix checked, size_t limit) {
-  for (uint32_t h : checked.handles) dram_->Unpin(h);
-  if (checked.passed < checked.handles.size() && checked.passed < limit) {
-    ++counters_.token_check_failures;
-  }
-  checked.handles.resize(std::min(checked.passed, limit));
-  return std::move(checked.handles);
 }
 
 size_t CacheCore::ContinuationRun(const std::vector<ChunkKey>& keys, size_t from,
@@ -354,10 +315,8 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
   tally.max_hits = req.max_chunks == 0 ? keys.size()
                                          : std::min<size_t>(keys.size(), req.max_chunks);
   tally.request = RequestLedger::Named(req.request_id);
-  CheckedPrefix checked = CheckDramPrefix(ns, keys, all, tally.max_hits);
 
   std::unique_lock lock(mu_);
-  std::vector<uint32_t> hits = SettleDramPrefix(std::move(checked), tally.max_hits);
   Status st = CheckSession(req.session_id);  // it may have ended meanwhile
   std::optional<Promoter::Table::iterator> ticket;
   if (st.ok() && req.prefetch_ticket != 0) {
@@ -380,7 +339,7 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
       ++counters_.session_limited;
     }
   }
-  if (hits.size() > tally.max_hits) hits.resize(tally.max_hits);  // the session's allowance
+  std::vector<uint32_t> hits = DramPrefix(ns, keys, all, tally.max_hits);
   tally.dram_hits = hits.size();
   if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kSelective) {
     for (uint32_t h : hits) {  // parents are hit at least as often: they go first
@@ -597,7 +556,8 @@ Status CacheCore::ReserveWrite(const core::ReserveWriteRequest& req,
   std::unique_lock lock(mu_);
   KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id));
   if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kWriteThrough &&
-      !nvme_writer_->WaitForRoom(lock, static_cast<uint64_t>(n) * SlotLayout::For(spec).slot_bytes)) {
+      !nvme_writer_->WaitForRoom(lock,
+                                 static_cast<uint64_t>(n) * SlotLayout::For(spec).slot_bytes)) {
     // Admitting them would evict chunks still waiting for their NVMe write.
     resp->outcomes.assign(n, ReserveOutcome::kNvmeBehind);
     counters_.nvme_throttled_writes += n;

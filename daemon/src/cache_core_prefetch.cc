@@ -3,8 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "kvtier/daemon/cache_core.h"
 #include "kvtier/request_id.h"

@@ -33,7 +33,9 @@ void NvmeHealth::NoteWrite(const Status& status, const char* what, size_t chunks
   if (writes_failing_) {  // once per run of failures: io_errors counts each batch
     spdlog::warn("NVMe {} of {} chunks failed: {}; later failures are counted in io_errors{}",
                  what, chunks, status.ToString(),
-                 nvme_.write_failure().empty() ? "" : "; the tier is degraded until kvtierd restarts");
+                 nvme_.write_failure().empty()
+                     ? ""
+                     : "; the tier is degraded until kvtierd restarts");
   } else {
     spdlog::info("NVMe writes succeed again");
   }

@@ -56,8 +56,9 @@ size_t Promoter::ExpireTickets(Clock::TimePoint now) {
 }
 
 size_t Promoter::ActiveTickets() const {
-  return static_cast<size_t>(std::count_if(promotions_.begin(), promotions_.end(),
-                                           [](const auto& entry) { return entry.second.is_ticket(); }));
+  return static_cast<size_t>(std::count_if(
+      promotions_.begin(), promotions_.end(),
+      [](const auto& entry) { return entry.second.is_ticket(); }));
 }
 
 void Promoter::End(Table::iterator it) {
@@ -115,7 +116,8 @@ void Promoter::Step(uint64_t id) {
     for (size_t i = p.ready.size(); i < p.keys.size() && plan.size() < kBatch; ++i) {
       if (dram_.Find(p.keys[i]) != ChunkIndex::kNone || !nvme_->Contains(p.keys[i])) break;
       // The ready chunks are pinned; room for the rest of this batch at once.
-      auto offset = dram_.AllocateSlot(ns->ns_index, std::min(p.keys.size(), i + kBatch - plan.size()) - i);
+      const size_t room = std::min(p.keys.size(), i + kBatch - plan.size()) - i;
+      auto offset = dram_.AllocateSlot(ns->ns_index, room);
       if (!offset) break;
       InvalidateSlot(dram_.SlotAddress(*offset));
       plan.push_back({i, *offset});

@@ -197,9 +197,8 @@ TEST_F(CacheCoreTest, CollisionInALaterChunkCutsThePrefixThere) {
   EXPECT_TRUE(LeasedBytesMatch(tokens, cut));
 }
 
-// The token check runs with the core's lock dropped, over chunks it pins
-// meanwhile: a Lookup leaves only its lease's pins behind, whether the check
-// passes or cuts the prefix.
+// A Lookup leaves only its lease's pins behind, whether the token check passes
+// or cuts the prefix (a guard for any change that pins chunks while checking).
 TEST_F(CacheCoreTest, ALookupsTokenCheckLeavesOnlyItsLeasesPins) {
   const auto tokens = Tokens(12);
   ASSERT_EQ(Store(tokens), 3u);

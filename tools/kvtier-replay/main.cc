@@ -27,11 +27,11 @@
 #include "kvtier/admin_client.h"
 #include "kvtier/client.h"
 #include "kvtier/socket_path.h"
+#include "kvtier/tools/cli_words.h"
 #include "kvtier/tools/model_presets.h"
 #include "kvtier/tools/percentiles.h"
 #include "kvtier/tools/synthetic_kv.h"
 #include "kvtier/tools/trace.h"
-#include "kvtier/tools/cli_words.h"
 
 namespace {
 

@@ -70,7 +70,8 @@ std::string KvDtypeFrom(nb::handle obj);
 // A non-negative Python int as an index or count. Errors: INVALID_ARGUMENT naming `what`.
 size_t IndexFrom(int64_t value, const char* what);
 // A Python int for a uint32 field: InvalidArgument naming `what` when it is
-// negative or past 4,294,967,295 (nanobind would raise a bare TypeError).
+// negative or past 4,294,967,295 (nanobind raised a bare TypeError; it still
+// does for an int outside int64, before this runs).
 uint32_t U32From(int64_t value, const char* what);
 
 // "best_effort", "wait_complete", "timeout" and back. Errors: INVALID_ARGUMENT.

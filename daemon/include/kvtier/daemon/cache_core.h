@@ -19,9 +19,10 @@
 //   for a copy; DRAM evicting a chunk drops its HBM copy.
 //
 // Thread-safety: thread-safe. One mutex (mu_) guards the DRAM tier and every
-// part's bookkeeping; payload checksums at commit, NVMe I/O, staging copies
-// and HBM copies run outside it (the reservation or the promotion owns its
-// slots, a pin holds the source).
+// part's bookkeeping; payload checksums at commit, NVMe I/O, write-through's
+// staging copies and HBM copies run outside it (the reservation or the
+// promotion owns its slots, a pin holds the source). Write-back copies each
+// evicted image under it (DRAM's eviction listener runs there).
 #pragma once
 
 #include <chrono>
@@ -298,32 +299,13 @@ class CacheCore {
   // counted and logged.
   bool TokenCheck(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
                   std::span<const int32_t> tokens, size_t i, uint32_t h);
-  // The check itself, on the header at `slot`, logging a failure (not
-  // counting it). REQUIRES: nothing; the slot must not change meanwhile.
-  bool CheckTokens(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
-                   std::span<const int32_t> tokens, size_t i, const std::byte* slot);
   // Whether DRAM chunk `h`, found under c.key, is chunk `c` of namespace `ns`
   // (namespace, parent and tokens in its header); a mismatch is counted and logged.
   bool ResidentIs(const NamespaceState& ns, uint32_t h, const ReservedChunk& c);
   // The DRAM-resident leading chunks of `keys` (at most `limit`), each checked
-  // against its tokens in the slot header. REQUIRES: mu_ held.
+  // against its tokens in the slot header.
   std::vector<uint32_t> DramPrefix(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
                                    std::span<const int32_t> tokens, size_t limit);
-  // A Lookup's DRAM prefix, token-checked without mu_ (the check reads every
-  // slot header: 512 KiB for a 128K-token prompt): CheckDramPrefix pins the
-  // index's leading chunks (at most `limit`) under mu_, drops it and checks
-  // their headers (a pinned slot's image does not change); SettleDramPrefix,
-  // with mu_ held again, unpins them, counts a failed check and returns the
-  // handles that passed, at most `limit`, valid while mu_ stays held.
-  struct CheckedPrefix {
-    std::vector<uint32_t> handles;  // pinned once each until settled
-    size_t passed = 0;              // handles[0, passed) passed the check
-  };
-  // REQUIRES: mu_ not held.
-  CheckedPrefix CheckDramPrefix(const NamespaceState& ns, const std::vector<ChunkKey>& keys,
-                                std::span<const int32_t> tokens, size_t limit);
-  // REQUIRES: mu_ held.
-  std::vector<uint32_t> SettleDramPrefix(CheckedPrefix checked, size_t limit);
   // How many chunks from keys[from] on (below `limit`) are on NVMe or in
   // DRAM, in a row: what a promotion can make ready (it token-checks those in
   // DRAM). 0 without NVMe, or when keys[from] is in DRAM (it failed the check).
@@ -374,6 +356,11 @@ class CacheCore {
   const Clock& clock_;
 
   mutable std::mutex mu_;
+  // Before the parts below, which hold references to them (and so are
+  // destroyed first).
+  std::condition_variable work_cv_;  // wakes the I/O workers
+  std::vector<std::unique_ptr<NamespaceState>> namespaces_;           // GUARDED_BY(mu_)
+  std::unordered_map<NamespaceId, NamespaceState*, ChunkKeyHash> ns_by_id_;  // GUARDED_BY(mu_)
   std::unique_ptr<DramTier> dram_;                                    // GUARDED_BY(mu_)
   // After dram_: it unpins the arena when destroyed. Bookkeeping GUARDED_BY(mu_).
   std::unique_ptr<HbmTier> hbm_;
@@ -384,11 +371,8 @@ class CacheCore {
   std::unique_ptr<NvmeHealth> nvme_health_;
   std::unique_ptr<NvmeWriter> nvme_writer_;
   std::unique_ptr<Promoter> promoter_;  // after the tiers and hbm_copier_ it uses
-  std::condition_variable work_cv_;
   bool stopping_ = false;                                             // GUARDED_BY(mu_)
-  std::vector<std::thread> workers_;
-  std::vector<std::unique_ptr<NamespaceState>> namespaces_;           // GUARDED_BY(mu_)
-  std::unordered_map<NamespaceId, NamespaceState*, ChunkKeyHash> ns_by_id_;  // GUARDED_BY(mu_)
+  std::vector<std::thread> workers_;  // joined by ~CacheCore, before any member goes
   struct SessionInfo {
     std::string name;   // client name (pid N), for the logs
     std::string token;  // 32 hex digits

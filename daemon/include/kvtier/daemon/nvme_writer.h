@@ -9,7 +9,9 @@
 //
 // Thread-safety: it shares the DRAM tier's mutex with CacheCore (`mu`).
 // Methods marked "REQUIRES: mu held" are CacheCore's to call under it; the
-// others take it themselves and never hold it across a copy or a write.
+// others take it themselves and never hold it across a write. Write-back's
+// image copies (Demote, and FlushWriteBack's) run under it; write-through's
+// batch copy does not.
 #pragma once
 
 #include <chrono>

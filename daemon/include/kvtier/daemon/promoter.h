@@ -74,8 +74,10 @@ class Promoter {
     std::function<void(uint64_t session_id, uint64_t bytes)> hold, drop;
   };
 
-  // Everything given must outlive the promoter. `nvme`, `health` and `hbm`
-  // may be null (no such tier). `work_cv` wakes the core's I/O workers.
+  // Everything given must outlive the promoter. `nvme` and `health` are both
+  // null (no NVMe tier: nothing is ever queued for Step) or both set; `hbm` is
+  // null without an HBM tier (then no promotion has to_hbm). `work_cv` wakes
+  // the core's I/O workers.
   Promoter(std::mutex& mu, DramTier& dram, NvmeTier* nvme, NvmeHealth* health, HbmCopier* hbm,
            std::condition_variable& work_cv, Hooks hooks);
 

@@ -584,6 +584,19 @@ TEST_F(DaemonTest, ReplayOnMalformedTraceNamesTheLine) {
       RunCommand({BinPath("kvtier-replay"), "--socket", socket_, "--generate", "-3"}, 30s);
   EXPECT_TRUE(g.exit.exited && g.exit.exit_code == 2) << g.Describe();
   EXPECT_NE(g.err.find("--generate: -3 is negative"), std::string::npos) << g.Describe();
+  // --limit was silently ignored beside --generate; a count past 1,000,000 (or
+  // past uint64) grew memory without bound before anything was printed.
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"--generate", "50", "--limit", "10"},
+        std::vector<std::string>{"--generate", "100000000"},
+        std::vector<std::string>{"--generate", "99999999999999999999"},
+        std::vector<std::string>{"--generate", "0"}}) {
+    std::vector<std::string> cmd = {BinPath("kvtier-replay"), "--socket", socket_};
+    cmd.insert(cmd.end(), bad.begin(), bad.end());
+    CommandResult b = RunCommand(cmd, 30s);
+    EXPECT_TRUE(b.exit.exited && b.exit.exit_code == 2) << b.Describe();
+    EXPECT_NE(b.err.find("--generate"), std::string::npos) << b.Describe();
+  }
   CommandResult r =
       RunCommand({BinPath("kvtier-replay"), "--socket", socket_, "--trace", trace}, 30s);
   EXPECT_TRUE(r.exit.exited) << r.Describe();

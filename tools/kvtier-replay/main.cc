@@ -66,14 +66,18 @@ int main(int argc, char** argv) {
   app.add_option("--socket", socket_path, "kvtierd socket (default: the daemon's default)");
   auto* trace_opt = app.add_option("--trace", trace_path, "Mooncake JSONL trace")
                         ->check(CLI::ExistingFile);
-  app.add_option("--generate", generate,
-                 "instead of --trace: N requests of the built-in multi-turn generator")
-      ->check(kvtier::tools::kCount)
-      ->excludes(trace_opt);
+  auto* generate_opt =
+      app.add_option("--generate", generate,
+                     "instead of --trace: N requests (1 to 1,000,000) of the built-in multi-turn "
+                     "generator")
+          ->check(kvtier::tools::kCount)
+          ->check(CLI::Range(uint64_t{1}, uint64_t{1'000'000}))  // all are generated up front
+          ->excludes(trace_opt);
   app.add_option("--model", model, "tiny | qwen2.5-0.5b | llama3-8b")->capture_default_str();
   app.add_option("--chunk-tokens", chunk_tokens, "tokens per chunk")->capture_default_str();
-  app.add_option("--limit", limit, "replay the first N requests (0 = all)")
-      ->check(kvtier::tools::kCount);
+  app.add_option("--limit", limit, "with --trace: replay the first N requests (0 = all)")
+      ->check(kvtier::tools::kCount)
+      ->excludes(generate_opt);  // --generate N already says how many
   app.add_option("--json", json_path, "write the summary as JSON here ('-': JSON alone on stdout, the table on stderr)");
   app.add_option("--deadline-ms", deadline_ms, "client deadline per RPC")
       ->check(CLI::Range(int64_t{1}, int64_t{600000}))

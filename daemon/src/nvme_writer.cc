@@ -143,13 +143,7 @@ size_t NvmeWriter::WriteDemotions() {
   for (const Demotion& d : demoted) {
     demoting_.erase(d.key);
     demotion_bytes_ -= d.layout.slot_bytes;
-    // Counted by where each chunk is now, not by how many Write stored: it
-    // skips some (parent gone, no room) and a failed batch stores none.
-    if (nvme_.Contains(d.key)) {
-      counters_.write_bytes += d.layout.payload_bytes;
-    } else {
-      ++counters_.lost_writes;
-    }
+    CountWritten(d.key, d.layout);
   }
   return demoted.size();
 }
@@ -216,14 +210,18 @@ size_t NvmeWriter::WriteOnce() {
   std::lock_guard lock(mu_);
   if (!images.empty()) health_.NoteWrite(stored.status(), "write-through", images.size());
   EndWrites(items.size());
-  for (const Item& it : items) {  // as for write-back: by where each chunk is now
-    if (nvme_.Contains(it.key)) {
-      counters_.write_bytes += it.layout.payload_bytes;
-    } else {
-      ++counters_.lost_writes;
-    }
-  }
+  for (const Item& it : items) CountWritten(it.key, it.layout);
   return taken;
+}
+
+void NvmeWriter::CountWritten(const ChunkKey& key, const SlotLayout& layout) {
+  // By where the chunk is now, not by how many Write stored: it skips some
+  // (parent gone, no room) and a failed batch stores none.
+  if (nvme_.Contains(key)) {
+    counters_.write_bytes += layout.payload_bytes;
+  } else {
+    ++counters_.lost_writes;
+  }
 }
 
 void NvmeWriter::EndWrites(size_t n) {

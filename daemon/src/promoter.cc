@@ -34,25 +34,26 @@ std::optional<uint64_t> Promoter::NextWork() {
   return id;
 }
 
-void Promoter::EndSession(uint64_t session_id) {
+template <typename Pred>
+size_t Promoter::EndTicketsIf(Pred pred) {
+  size_t ended = 0;
   for (auto it = promotions_.begin(); it != promotions_.end();) {
     auto next = std::next(it);
-    if (it->second.session_id == session_id && it->second.is_ticket()) End(it);
-    it = next;
-  }
-}
-
-size_t Promoter::ExpireTickets(Clock::TimePoint now) {
-  size_t tickets = 0;
-  for (auto it = promotions_.begin(); it != promotions_.end();) {
-    auto next = std::next(it);
-    if (it->second.expiry <= now && it->second.is_ticket()) {  // a ticket past its deadline
+    if (it->second.is_ticket() && pred(it->second)) {
       End(it);
-      ++tickets;
+      ++ended;
     }
     it = next;
   }
-  return tickets;
+  return ended;
+}
+
+void Promoter::EndSession(uint64_t session_id) {
+  EndTicketsIf([&](const Promotion& p) { return p.session_id == session_id; });
+}
+
+size_t Promoter::ExpireTickets(Clock::TimePoint now) {
+  return EndTicketsIf([&](const Promotion& p) { return p.expiry <= now; });
 }
 
 size_t Promoter::ActiveTickets() const {

@@ -118,6 +118,8 @@ class NvmeWriter {
     std::unique_ptr<std::byte, void (*)(void*)> image{nullptr, nullptr};
   };
   size_t WriteDemotions();
+  // REQUIRES: mu held. Counts a chunk a write batch took: written or lost.
+  void CountWritten(const ChunkKey& key, const SlotLayout& layout);
   // REQUIRES: mu held. Ends `n` writes in flight.
   void EndWrites(size_t n);
 

@@ -112,6 +112,9 @@ class Promoter {
   const Counters& counters() const { return counters_; }
 
  private:
+  // Ends the tickets `pred` picks; returns how many.
+  template <typename Pred>
+  size_t EndTicketsIf(Pred pred);
   // Marks it done; a Lookup's promotion leaves the table and its continuation
   // runs (with `lock` dropped).
   void Finish(std::unique_lock<std::mutex>& lock, Table::iterator it);

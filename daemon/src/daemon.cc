@@ -71,6 +71,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
     spdlog::warn("nvme_bytes {} is less than 1 MiB: the NVMe tier holds almost nothing (0 "
                  "turns it off)", options.core.nvme.bytes_per_path);
   }
+  for (const std::string& ignored : options.ignored) spdlog::warn("{}", ignored);
   if (options.core.session_max_bytes > options.core.dram_bytes) {
     spdlog::warn("session_max_bytes {} is more than dram_bytes {}: one session may hold the whole "
                  "DRAM arena (0 means half of it)", options.core.session_max_bytes,

@@ -160,7 +160,14 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
       continue;
     }
     if (!kv.second.IsScalar()) {
-      return Status::InvalidArgument("config " + path + ": key '" + key + "' needs a value");
+      const std::string line = std::to_string(kv.first.Mark().line + 1);
+      if (kv.second.IsNull()) {
+        return Status::InvalidArgument("config " + path + ": key '" + key + "' needs a value (line " +
+                                       line + ")");
+      }
+      return Status::InvalidArgument("config " + path + ": key '" + key + "' takes one value, not " +
+                                     (kv.second.IsSequence() ? "a list" : "a map") + " (line " +
+                                     line + ")");
     }
     try {
       if (key == "socket") {
@@ -366,6 +373,13 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
     }
     if (rebuild_index) {
       return Status::InvalidArgument("--rebuild-index needs the NVMe tier (nvme_bytes is 0)");
+    }
+    for (const std::string key : {"nvme_write_policy", "selective_min_hits", "nvme_queue_depth"}) {
+      const CLI::Option* flag = app.get_option_no_throw(RawOptions::FlagOf(key));
+      if ((flag != nullptr && flag->count() > 0) || raw.from_config.count(key) > 0) {
+        opts.ignored.push_back(raw.Where(key) + " has no effect: " + raw.Where("nvme_bytes") +
+                               " 0 turns the NVMe tier off");
+      }
     }
   } else {
     opts.nvme_default_path = raw.nvme_paths.empty();

@@ -266,6 +266,12 @@ TEST_F(DaemonOptionsTest, ConfigTopLevelMustBeAMap) {
 TEST_F(DaemonOptionsTest, ConfigValueOfTheWrongTypeNamesTheKey) {
   EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("lease_ttl_ms: soon\n")}), "lease_ttl_ms"));
   EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("dram_bytes: [1, 2]\n")}), "dram_bytes"));
+  // A list or a map is not a missing value: the error says which it got, and where.
+  EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("dram_bytes: [1, 2]\n")}),
+                    "takes one value, not a list (line 1)"));
+  EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("log_level: info\nsocket: {a: 1}\n")}),
+                    "'socket' takes one value, not a map (line 2)"));
+  EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("dram_bytes:\n")}), "needs a value (line 1)"));
 }
 
 TEST_F(DaemonOptionsTest, BadDramBytesInConfigIsRejected) {
@@ -318,6 +324,27 @@ TEST_F(DaemonOptionsTest, NvmeFlagsAreCheckedAndNamed) {
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-bytes", "5000"}), "--nvme-bytes 5000"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--selective-min-hits", "0"}),
                     "--selective-min-hits"));
+}
+
+// An NVMe setting given while nvme_bytes 0 turns the tier off changes nothing: kvtierd says
+// so at start (it used to take it silently).
+TEST_F(DaemonOptionsTest, NvmeSettingsGivenWithTheTierOffAreNamedAsIgnored) {
+  auto r = Parse({"--nvme-bytes", "0", "--nvme-write-policy", "write_back"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->ignored.size(), 1u);
+  EXPECT_TRUE(Names(r->ignored[0], "--nvme-write-policy has no effect: --nvme-bytes 0"));
+  const std::string cfg = WriteConfig("nvme_bytes: 0\nselective_min_hits: 3\nnvme_queue_depth: 8\n");
+  auto c = Parse({"--config", cfg});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->ignored.size(), 2u);
+  EXPECT_TRUE(Names(c->ignored[0], "config " + cfg + ": selective_min_hits has no effect"));
+  EXPECT_TRUE(Names(c->ignored[1], "nvme_queue_depth"));
+  auto quiet = Parse({"--nvme-bytes", "0"});
+  ASSERT_TRUE(quiet.ok());
+  EXPECT_TRUE(quiet->ignored.empty());
+  auto on = Parse({"--nvme-write-policy", "write_back"});
+  ASSERT_TRUE(on.ok());
+  EXPECT_TRUE(on->ignored.empty()) << "the tier is on: the policy applies";
 }
 
 TEST_F(DaemonOptionsTest, HbmIsOffByDefaultAndTakesItsFlagsAndKeys) {

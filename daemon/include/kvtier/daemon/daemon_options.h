@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kvtier/daemon/cache_core.h"
 #include "kvtier/socket_path.h"
@@ -37,6 +38,9 @@ struct DaemonOptions {
   // Rebuild the NVMe tier's RocksDB index from the slot headers before
   // serving (when the index is missing or corrupt). Default: false.
   bool rebuild_index = false;
+  // Settings given that have no effect (an NVMe setting with the NVMe tier
+  // off), each naming its flag or config key: kvtierd logs them at start.
+  std::vector<std::string> ignored;
 
   Status Validate() const;
 };

@@ -316,8 +316,10 @@ void Daemon::SweepLoop() {
 
 void Daemon::NvmeLoop() {
   using namespace std::chrono_literals;
+  // Up to 4 batches a call (256 MiB at most), each written beside the next one's copy;
+  // stopping_ is looked at between calls.
   while (!stopping_.load()) {
-    if (core_->WriteThroughOnce() == 0) std::this_thread::sleep_for(5ms);
+    if (core_->WriteThroughBatches(4) == 0) std::this_thread::sleep_for(5ms);
   }
 }
 

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <vector>
+
+#include "kvtier/tiers/write_pipeline.h"
 
 namespace kvtier {
 
@@ -148,9 +151,7 @@ size_t NvmeWriter::WriteDemotions() {
   return demoted.size();
 }
 
-size_t NvmeWriter::WriteOnce() {
-  // Write-back: the images were copied out at eviction.
-  if (const size_t demoted = WriteDemotions(); demoted > 0) return demoted;
+std::optional<NvmeWriter::ThroughBatch> NvmeWriter::TakeAndCopy(StagingBuffer& staging) {
   const uint64_t max_batch_bytes = std::min<uint64_t>(kBatchBytes, dram_.capacity_bytes() / 16);
   struct Item {
     uint32_t handle;
@@ -160,16 +161,16 @@ size_t NvmeWriter::WriteOnce() {
     const std::byte* slot;
   };
   std::vector<Item> items;
-  size_t taken = 0;
+  ThroughBatch batch;
   {
     std::lock_guard lock(mu_);
-    if (evictions_waiting_ > 0) return 0;
+    if (evictions_waiting_ > 0) return std::nullopt;
     uint64_t batch_bytes = 0;  // the copies below: max_batch_bytes and one slot at most
-    while (!queue_.empty() && taken < kBatchChunks && batch_bytes < max_batch_bytes) {
+    while (!queue_.empty() && batch.taken < kBatchChunks && batch_bytes < max_batch_bytes) {
       const PendingWrite w = queue_.front();
       queue_.pop_front();
       queue_bytes_ -= w.slot_bytes;
-      ++taken;
+      ++batch.taken;
       const uint32_t h = dram_.Find(w.key);
       if (h == ChunkIndex::kNone ||
           SlotSequence(dram_.SlotAddress(dram_.Get(h).slot_offset)) != w.sequence) {
@@ -189,16 +190,15 @@ size_t NvmeWriter::WriteOnce() {
     }
     in_flight_ += items.size();
   }
-  if (taken == 0) return 0;
-  std::lock_guard staging_lock(staging_mu_);  // before mu_, never inside it
+  if (batch.taken == 0) return std::nullopt;
   uint64_t staging_bytes = 0;
   for (const Item& it : items) staging_bytes += it.layout.slot_bytes;
-  std::byte* copy = staging_.Reserve(staging_bytes);
-  std::vector<NvmeImage> images;
+  std::byte* copy = staging.Reserve(staging_bytes);
   for (const Item& it : items) {
     std::memcpy(copy, it.slot, it.layout.slot_bytes);
     SealPayloadChecksum(copy, it.layout);
-    images.push_back({it.key, it.parent, it.ns, {copy, it.layout.slot_bytes}});
+    batch.images.push_back({it.key, it.parent, it.ns, {copy, it.layout.slot_bytes}});
+    batch.layouts.push_back(it.layout);
     copy += it.layout.slot_bytes;  // slot sizes are multiples of 4096: each copy stays aligned
   }
   {  // Copied: DRAM may evict them now; the copies go to NVMe.
@@ -206,11 +206,35 @@ size_t NvmeWriter::WriteOnce() {
     for (const Item& it : items) dram_.Unpin(it.handle);
   }
   progress_cv_.notify_all();  // stores waiting for room under the bound
-  Result<size_t> stored = images.empty() ? Result<size_t>(size_t{0}) : nvme_.Write(images);
+  return batch;
+}
+
+void NvmeWriter::WriteBatch(const ThroughBatch& batch) {
+  Result<size_t> stored =
+      batch.images.empty() ? Result<size_t>(size_t{0}) : nvme_.Write(batch.images);
   std::lock_guard lock(mu_);
-  if (!images.empty()) health_.NoteWrite(stored.status(), "write-through", images.size());
-  EndWrites(items.size());
-  for (const Item& it : items) CountWritten(it.key, it.layout);
+  if (!batch.images.empty()) health_.NoteWrite(stored.status(), "write-through", batch.images.size());
+  EndWrites(batch.images.size());
+  for (size_t i = 0; i < batch.images.size(); ++i) {
+    CountWritten(batch.images[i].key, batch.layouts[i]);
+  }
+}
+
+size_t NvmeWriter::WriteOnce() { return WriteBatches(1); }
+
+size_t NvmeWriter::WriteBatches(size_t max_batches) {
+  // Write-back: the images were copied out at eviction.
+  if (const size_t demoted = WriteDemotions(); demoted > 0) return demoted;
+  std::lock_guard staging_lock(staging_mu_);  // before mu_, never inside it
+  size_t taken = 0;
+  WritePipelined<ThroughBatch>(
+      staging_, max_batches,
+      [&](StagingBuffer& staging) {
+        std::optional<ThroughBatch> b = TakeAndCopy(staging);
+        if (b) taken += b->taken;
+        return b;
+      },
+      [&](const ThroughBatch& b) { WriteBatch(b); });
   return taken;
 }
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,7 +13,9 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -22,6 +25,7 @@
 #include "kvtier/slot_image.h"
 #include "kvtier/tiers/nvme_tier.h"
 #include "kvtier/tiers/staging_buffer.h"
+#include "kvtier/tiers/write_pipeline.h"
 #include "kvtier/units.h"
 
 namespace kvtier::bench {
@@ -93,7 +97,8 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
               "  writes: the tier in its steady state (each chunk evicts the least recently "
               "written: slots reused in ascending order), timed with the writer's copy and "
               "checksum, in the writer's batches (up to 256 chunks and 64 MiB: data, fdatasync, "
-              "RocksDB); fio sequential, fdatasync after as many writes, plain buffers\n"
+              "RocksDB), each batch copied while the one before it is written, as kvtierd's "
+              "writer does; fio sequential, fdatasync after as many writes, plain buffers\n"
               "  reads: random stored chunks, verified; fio randread\n",
               kvtier::FormatBytes(file_bytes).c_str(), dir.c_str());
   std::printf("%-10s %10s %8s %10s %7s %13s %10s %10s %7s\n", "payload", "write GB/s", "prepare",
@@ -135,12 +140,15 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
          kvtier::CacheCore::kWriteThroughBatchBytes / layout.slot_bytes + 1, num_chunks / 2});
     // Reads: up to 256 MiB of images per ReadMany, so the 32-deep queue stays full.
     const size_t read_batch = std::max<size_t>(batch, std::min<uint64_t>(256, (256 << 20) / layout.slot_bytes));
-    // All buffers in one region, registered with the tier as the DRAM arena would be.
-    Arena arena(read_batch * layout.slot_bytes);
+    // The stand-in for the DRAM arena: room for a whole pass (about --file-bytes), so that
+    // the clients' commits of a pass are laid out before it and its timing holds only the
+    // writer's own work. Reads land in its first read_batch slots, which are registered
+    // with the tier as the arena would be.
+    Arena arena(std::max<uint64_t>(read_batch, num_chunks) * layout.slot_bytes);
     std::memset(arena.base, 0x5a, arena.bytes);
     const auto buf = [&](size_t i) { return arena.base + i * layout.slot_bytes; };
     if (!plain_buffers) {
-      const std::span<std::byte> region(arena.base, arena.bytes);
+      const std::span<std::byte> region(arena.base, read_batch * layout.slot_bytes);
       const kvtier::Status st = tier->RegisterBuffers(std::span(&region, 1));
       if (!st.ok()) {
         std::printf("(buffers not registered: %s)\n", st.ToString().c_str());
@@ -152,36 +160,61 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
     std::printf("%-10s (%zu chunks a write batch)\n", kvtier::FormatBytes(payload).c_str(), batch);
     std::vector<std::vector<int32_t>> tokens(2 * num_chunks);
     std::vector<kvtier::ChunkKey> keys(2 * num_chunks);
-    kvtier::StagingBuffer staging;
+    kvtier::StagingBuffer staging[2];
     double write_s = 0, prepare_s = 0;  // prepare: the copies and checksums
-    uint64_t timed_chunks = 0;
-    for (uint64_t first = 0; first < 2 * num_chunks; first += batch) {
-      const size_t n = std::min<uint64_t>(batch, 2 * num_chunks - first);
-      for (size_t i = 0; i < n; ++i) {  // what a client's commit leaves in the arena
+    for (uint64_t first = 0; first < 2 * num_chunks; first += num_chunks) {
+      for (uint64_t i = 0; i < num_chunks; ++i) {  // what the clients' commits leave in the arena
         const uint64_t c = first + i;
         tokens[c] = UniquePrompt(c + 1, spec.chunk_tokens);
         keys[c] = kvtier::ComputeChunkKey(ns, tokens[c]);
         kvtier::SealSlot(buf(i), layout, {ns, keys[c], ns, tokens[c]}, c + 1,
                          /*with_payload_checksum=*/false);
       }
+      // The daemon's writer (NvmeWriter::WriteBatches): each batch copied out of the arena
+      // into a staging buffer and checksummed while the batch before it is written.
+      struct Batch {
+        std::vector<kvtier::NvmeImage> images;
+      };
+      uint64_t next = 0;
+      double pass_prepare_s = 0;
+      std::string write_error;  // set by a write (the calling thread), read after the pipeline
+      std::atomic<bool> write_failed{false};  // read by the prepares beside the writes
       const auto t0 = Clock::now();
-      // The writer's work per batch (CacheCore::WriteThroughOnce): copy into its staging
-      // buffer, checksum, write.
-      std::byte* copy = staging.Reserve(n * layout.slot_bytes);
-      std::vector<kvtier::NvmeImage> images;
-      for (size_t i = 0; i < n; ++i, copy += layout.slot_bytes) {
-        std::memcpy(copy, buf(i), layout.slot_bytes);
-        kvtier::SealPayloadChecksum(copy, layout);
-        images.push_back({keys[first + i], ns, ns, {copy, layout.slot_bytes}});
-      }
-      if (first >= num_chunks) prepare_s += Seconds(Clock::now() - t0);
-      auto stored = Must(tier->Write(images), "NVMe write");
+      kvtier::WritePipelined<Batch>(
+          staging, SIZE_MAX,
+          [&](kvtier::StagingBuffer& s) -> std::optional<Batch> {
+            if (next >= num_chunks || write_failed.load()) return std::nullopt;
+            const auto tp = Clock::now();
+            const size_t n = std::min<uint64_t>(batch, num_chunks - next);
+            std::byte* copy = s.Reserve(n * layout.slot_bytes);
+            Batch b;
+            for (size_t i = 0; i < n; ++i, copy += layout.slot_bytes) {
+              std::memcpy(copy, buf(next + i), layout.slot_bytes);
+              kvtier::SealPayloadChecksum(copy, layout);
+              b.images.push_back({keys[first + next + i], ns, ns, {copy, layout.slot_bytes}});
+            }
+            next += n;
+            pass_prepare_s += Seconds(Clock::now() - tp);
+            return b;
+          },
+          [&](Batch& b) {
+            kvtier::Result<size_t> stored = tier->Write(b.images);
+            if (!stored.ok()) {
+              write_error = "NVMe write: " + stored.status().ToString();
+            } else if (*stored != b.images.size()) {
+              write_error = "the NVMe tier stored " + std::to_string(*stored) + " of " +
+                            std::to_string(b.images.size());
+            }
+            if (!write_error.empty()) write_failed.store(true);
+          });
+      const double pass_s = Seconds(Clock::now() - t0);
+      if (!write_error.empty()) Die(write_error);
       if (first >= num_chunks) {
-        write_s += Seconds(Clock::now() - t0);
-        timed_chunks += n;
+        write_s = pass_s;
+        prepare_s = pass_prepare_s;
       }
-      if (stored != n) Die("the NVMe tier stored " + std::to_string(stored) + " of " + std::to_string(n));
     }
+    const uint64_t timed_chunks = num_chunks;
     // Reads of random chunks of the timed pass (those resident): every chunk's worth at
     // least, and as long as fio runs.
     std::mt19937_64 rng(42);
@@ -217,7 +250,8 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
                 fio_read > 0 ? r / fio_read : 0.0);
   }
   remove_own();
-  std::printf("(prepare: the share of the write time spent copying and checksumming; "
+  std::printf("(prepare: the time spent copying and checksumming, as a share of the write "
+              "time it runs beside; "
               "GB/s = 1e9 bytes/s of whole slot images; reads verify header and XXH3 checksum; "
               "read buffers %s; fio -1 = fio failed; goal ratio >= 0.9)\n",
               plain_buffers     ? "plain (per-I/O pinning) on both sides"

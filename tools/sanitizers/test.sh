@@ -2,10 +2,11 @@
 # make test-asan / make test-tsan: builds kvtier with sanitizers into its own build folder and
 # runs the tests there, with the run-time options below (children such as kvtierd inherit them).
 #   tools/sanitizers/test.sh address [BUILD_DIR] [JOBS]   ASan + UBSan: every C++ test
-#   tools/sanitizers/test.sh thread  [BUILD_DIR] [JOBS]   TSan: CacheCore, client, integration
+#   tools/sanitizers/test.sh thread  [BUILD_DIR] [JOBS]   TSan: CacheCore, WritePipelined,
+#                                                          client, integration
 # With KVTIER_SAN_SCOPE=core (what make test runs) it builds and runs only the test programs of
 # common/, tiers/ and daemon/ (CacheCore and its tiers: with address, all of them; with
-# thread, CacheCore's), each program directly, which fits CI's budget.
+# thread, CacheCore's and the NVMe writer's pipeline), each program directly, which fits CI's budget.
 # The Python extension is not built (a sanitized extension needs the sanitizer runtime
 # preloaded into python), so the Python tests do not run here. GPU tests skip without a GPU.
 # A sanitizer report exits with 86, and fails the test whose process (test binary, kvtierd,
@@ -46,7 +47,7 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVTIER_SANITIZE="$kind" -DKVTIER_PYTHON=OFF
 fi
 if [ "${KVTIER_SAN_SCOPE:-all}" = core ]; then
-  if [ "$kind" = address ]; then pattern='^(common|tiers|daemon)_.*_test$'; else pattern='^daemon_cache_core.*_test$'; fi
+  if [ "$kind" = address ]; then pattern='^(common|tiers|daemon)_.*_test$'; else pattern='^(daemon_cache_core.*|tiers_write_pipeline)_test$'; fi
   programs=$(cmake --build "$build" --target help | sed -n 's/^\.\.\. //p' | grep -E "$pattern" | sort)
   cmake --build "$build" -j "$jobs" --target $programs kvtierd
   built=$(date +%s)
@@ -71,7 +72,7 @@ cd "$build"
 status=0
 ctest --output-on-failure --timeout 900 -j "$jobs" "${ctest_args[@]}" || status=$?
 if [ "$kind" = thread ]; then
-  ctest --output-on-failure --timeout 900 -j "$jobs" -R '^CacheCore' || status=$?
+  ctest --output-on-failure --timeout 900 -j "$jobs" -R '^(CacheCore|WritePipelinedTest)' || status=$?
 fi
 end=$(date +%s)
 echo "test.sh $kind: build $((built - start)) s, tests $((end - built)) s, total $((end - start)) s"

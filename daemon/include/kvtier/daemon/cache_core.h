@@ -139,9 +139,12 @@ class CacheCore {
 
   // NVMe writes (when on): NvmeWriter::WriteOnce, up to one batch of chunks
   // queued by CommitWrite (or, under write-back, of images copied out at
-  // eviction); returns how many it took. The daemon's NVMe worker calls it in
-  // a loop; tests call it directly. 0 without NVMe.
+  // eviction); returns how many it took. Tests call it directly. 0 without NVMe.
   size_t WriteThroughOnce();
+  // The same for up to `max_batches` batches, each batch's write beside the
+  // next one's copy (NvmeWriter::WriteBatches): what the daemon's NVMe worker
+  // calls in a loop.
+  size_t WriteThroughBatches(size_t max_batches);
   static constexpr size_t kWriteThroughBatchChunks = NvmeWriter::kBatchChunks;
   static constexpr uint64_t kWriteThroughBatchBytes = NvmeWriter::kBatchBytes;
   // Write-back at a clean shutdown: writes every DRAM chunk not yet on NVMe

@@ -3,9 +3,10 @@
 // Write-through and selective queue resident DRAM chunks (Queue); each keeps a
 // write hold in DRAM (evicted before its write only when nothing else can be)
 // until WriteOnce copies a batch of them into a staging buffer, seals their
-// checksums and writes them. Write-back copies each DRAM victim's image out at
+// checksums and writes them (WriteBatches: several, each batch's write beside
+// the next one's copy). Write-back copies each DRAM victim's image out at
 // eviction (Demote), with its ancestors not yet on NVMe, and WriteOnce writes
-// those images instead. The daemon's NVMe worker calls WriteOnce in a loop.
+// those images instead. The daemon's NVMe worker calls WriteBatches in a loop.
 //
 // Thread-safety: it shares the DRAM tier's mutex with CacheCore (`mu`).
 // Methods marked "REQUIRES: mu held" are CacheCore's to call under it; the
@@ -25,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 #include "kvtier/daemon/core_namespace.h"
 #include "kvtier/daemon/nvme_health.h"
@@ -84,6 +86,11 @@ class NvmeWriter {
   void Demote(uint32_t handle, bool count_skips);
   // Writes up to one batch and returns how many chunks it took from the queue.
   size_t WriteOnce();
+  // Writes up to `max_batches` batches, each write-through batch's write
+  // overlapping the next one's copy and checksums (WritePipelined); returns
+  // how many chunks it took. Write-back: one batch of images, as WriteOnce.
+  // Everything it took is written (or counted lost) when it returns.
+  size_t WriteBatches(size_t max_batches);
   // Write-back at a clean shutdown: demotes and writes every DRAM chunk not on
   // NVMe (stops early when the tier is degraded or `keep_going` says no,
   // checked between batches). Returns how many it queued.
@@ -117,7 +124,19 @@ class NvmeWriter {
     SlotLayout layout;
     std::unique_ptr<std::byte, void (*)(void*)> image{nullptr, nullptr};
   };
+  // A write-through batch copied out of DRAM into a staging buffer.
+  struct ThroughBatch {
+    size_t taken = 0;               // queue entries it took (skipped ones too)
+    std::vector<NvmeImage> images;  // into the staging buffer
+    std::vector<SlotLayout> layouts;  // of each image
+  };
   size_t WriteDemotions();
+  // Takes up to one batch from the queue and copies and seals it into
+  // `staging` (without mu held; mu is taken around it); nullopt when the queue
+  // is empty or an admin eviction waits.
+  std::optional<ThroughBatch> TakeAndCopy(StagingBuffer& staging);
+  // Writes a batch TakeAndCopy made and counts it (takes mu after the write).
+  void WriteBatch(const ThroughBatch& batch);
   // REQUIRES: mu held. Counts a chunk a write batch took: written or lost.
   void CountWritten(const ChunkKey& key, const SlotLayout& layout);
   // REQUIRES: mu held. Ends `n` writes in flight.
@@ -141,10 +160,11 @@ class NvmeWriter {
   Counters counters_;                                     // GUARDED_BY(mu_)
   std::condition_variable progress_cv_;  // a batch was taken (WaitForRoom)
   std::condition_variable idle_cv_;      // in_flight_ reached 0 (DrainForEviction)
-  // Write-through's copies of a batch, kept from one batch to the next (up to
-  // 64 MiB or 1/16 of the arena, and one slot). Taken before mu_, never inside it.
+  // Write-through's copies of two batches (one written while the next is
+  // copied), kept from one batch to the next (each up to 64 MiB or 1/16 of the
+  // arena, and one slot). Taken before mu_, never inside it.
   std::mutex staging_mu_;
-  StagingBuffer staging_;  // GUARDED_BY(staging_mu_)
+  StagingBuffer staging_[2];  // GUARDED_BY(staging_mu_)
 };
 
 }  // namespace kvtier

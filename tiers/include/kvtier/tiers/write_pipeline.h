@@ -23,7 +23,8 @@
 // At most `max_batches` batches (at least one is tried); returns how many were prepared,
 // all of them written when it returns. write runs on the calling thread, prepare on a
 // helper thread (the first batch's: on the calling thread), never two prepares at once.
-// If prepare throws, the write beside it ends first and then the exception passes on. A
+// If prepare throws, the write beside it ends first and then the exception passes on. When
+// no helper thread can be started, that batch's prepare runs after its write instead. A
 // helper thread costs some tens of microseconds a batch; a write's fdatasync, milliseconds.
 //
 // Thread-safety: the two buffers must be the caller's alone for the whole call.
@@ -32,6 +33,7 @@
 #include <cstddef>
 #include <exception>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -53,15 +55,26 @@ size_t WritePipelined(StagingBuffer (&staging)[2], size_t max_batches, Prepare&&
     }
     std::optional<Batch> next;
     std::exception_ptr failed;
-    std::thread copier([&] {  // touches only `next`, `failed` and the other buffer
+    const auto prepare_next = [&] {  // touches only `next`, `failed` and the other buffer
       try {
         next = prepare(staging[next_buffer]);
       } catch (...) {
         failed = std::current_exception();
       }
-    });
+    };
+    std::thread copier;
+    try {
+      copier = std::thread(prepare_next);
+    } catch (const std::system_error&) {
+      // No thread to be had (a process at its thread or memory limit): this batch is written
+      // and the next prepared after it, on this thread, rather than the batch left unwritten.
+    }
     write(*current);
-    copier.join();
+    if (copier.joinable()) {
+      copier.join();
+    } else {
+      prepare_next();
+    }
     if (failed) std::rethrow_exception(failed);
     current = std::move(next);
     next_buffer ^= 1;

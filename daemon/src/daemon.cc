@@ -9,7 +9,6 @@
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/sysinfo.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -49,16 +48,7 @@ std::string ToOctal(unsigned mode) {
 
 Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   KVTIER_RETURN_IF_ERROR(options.Validate());
-  // The arena is not preallocated: an arena larger than RAM would start, then
-  // meet the OOM killer as it fills.
-  if (struct sysinfo si {}; sysinfo(&si) == 0) {
-    const uint64_t ram = uint64_t{si.totalram} * si.mem_unit;
-    if (options.core.dram_bytes > ram) {
-      return Status::InvalidArgument("dram_bytes " + std::to_string(options.core.dram_bytes) +
-                                     " exceeds this machine's memory (" + std::to_string(ram) +
-                                     " bytes)");
-    }
-  }
+  KVTIER_RETURN_IF_ERROR(CheckDramFitsMemory(options.core.dram_bytes, "dram_bytes"));
   // A tier this small holds a few tiny test slots at most: no real model's
   // chunk (llama3-8b fp16 with 256-token chunks: a 32 MiB slot) fits.
   constexpr uint64_t kSmallTierBytes = uint64_t{1} << 20;

@@ -1,5 +1,6 @@
 #include "kvtier/daemon/daemon_options.h"
 
+#include <sys/sysinfo.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
@@ -23,6 +24,18 @@ Status DaemonOptions::Validate() const {
                                    "' is too long for a Unix socket (at most 101 bytes)");
   }
   return core.Validate();
+}
+
+Status CheckDramFitsMemory(uint64_t dram_bytes, const std::string& where) {
+  if (struct sysinfo si {}; sysinfo(&si) == 0) {
+    const uint64_t ram = uint64_t{si.totalram} * si.mem_unit;
+    if (dram_bytes > ram) {
+      return Status::InvalidArgument(where + " " + std::to_string(dram_bytes) +
+                                     " exceeds this machine's memory (" + std::to_string(ram) +
+                                     " bytes)");
+    }
+  }
+  return Status::Ok();
 }
 
 namespace {
@@ -320,6 +333,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   opts.socket_path = raw.socket;
   opts.socket_group = raw.socket_group;
   opts.log_level = raw.log_level;
+  KVTIER_RETURN_IF_ERROR(CheckDramFitsMemory(*dram, raw.Where("dram_bytes")));
   opts.core.dram_bytes = *dram;
   auto session_max = ParseBytes(raw.session_max_bytes);
   if (!session_max.ok()) {

@@ -278,6 +278,18 @@ TEST_F(DaemonOptionsTest, BadDramBytesInConfigIsRejected) {
   EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("dram_bytes: 12XB\n")}), "12XB"));
 }
 
+// An arena larger than RAM is refused where it was given: the config file and key, or the
+// flag (Daemon::Start's own check named neither).
+TEST_F(DaemonOptionsTest, ADramArenaLargerThanMemoryNamesWhereItWasGiven) {
+  const std::string cfg = WriteConfig("dram_bytes: 99999TiB\n");
+  const std::string from_file = ErrorOf({"--config", cfg});
+  EXPECT_TRUE(Names(from_file, "config " + cfg + ": dram_bytes 109950063265972224 exceeds this "
+                               "machine's memory"));
+  EXPECT_TRUE(Names(ErrorOf({"--dram-bytes", "99999TiB"}), "--dram-bytes 109950063265972224 "
+                                                             "exceeds this machine's memory"));
+  EXPECT_TRUE(Parse({"--dram-bytes", "64MiB"}).ok());
+}
+
 TEST_F(DaemonOptionsTest, MissingConfigFileIsAnError) {
   EXPECT_TRUE(Names(ErrorOf({"--config", dir_ + "/absent.yaml"}), "absent.yaml"));
 }

@@ -45,6 +45,12 @@ struct DaemonOptions {
   Status Validate() const;
 };
 
+// OK when a DRAM arena of `dram_bytes` fits this machine's memory (sysinfo's
+// total RAM); else INVALID_ARGUMENT that starts with `where` (a flag, or
+// "config <path>: dram_bytes"). The arena is not preallocated: one larger
+// than RAM would start, then meet the OOM killer as it fills.
+Status CheckDramFitsMemory(uint64_t dram_bytes, const std::string& where);
+
 // Parses argv (and the YAML file named by --config). Returns the options, or
 // INVALID_ARGUMENT naming the bad flag, key or value. `exit_code` is set (and
 // the options are meaningless) when the command line asked for --help or

@@ -169,8 +169,9 @@ size_t CacheCore::FlushWriteBack(const std::function<bool()>& keep_going) {
 
 size_t CacheCore::WriteThroughOnce() { return nvme_writer_ ? nvme_writer_->WriteOnce() : 0; }
 
-size_t CacheCore::WriteThroughBatches(size_t max_batches) {
-  return nvme_writer_ ? nvme_writer_->WriteBatches(max_batches) : 0;
+size_t CacheCore::WriteThroughBatches(size_t max_batches,
+                                      const std::function<bool()>& keep_going) {
+  return nvme_writer_ ? nvme_writer_->WriteBatches(max_batches, keep_going) : 0;
 }
 
 std::vector<std::string> CacheCore::DegradedTiers() const {

@@ -307,9 +307,17 @@ void Daemon::SweepLoop() {
 void Daemon::NvmeLoop() {
   using namespace std::chrono_literals;
   // Up to 4 batches a call (256 MiB at most), each written beside the next one's copy;
-  // stopping_ is looked at between calls.
+  // stopping_ is looked at before each batch is taken. An exception (none is expected: the
+  // writer counts a batch it has no memory for as lost) is logged, not the end of kvtierd.
+  const auto keep_going = [this] { return !stopping_.load(); };
   while (!stopping_.load()) {
-    if (core_->WriteThroughBatches(4) == 0) std::this_thread::sleep_for(5ms);
+    size_t taken = 0;
+    try {
+      taken = core_->WriteThroughBatches(4, keep_going);
+    } catch (const std::exception& e) {
+      spdlog::error("NVMe writer: {}", e.what());
+    }
+    if (taken == 0) std::this_thread::sleep_for(5ms);
   }
 }
 

@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <optional>
+#include <string>
 #include <vector>
+
+#include <spdlog/spdlog.h>
 
 #include "kvtier/tiers/write_pipeline.h"
 
@@ -161,6 +165,11 @@ std::optional<NvmeWriter::ThroughBatch> NvmeWriter::TakeAndCopy(StagingBuffer& s
     const std::byte* slot;
   };
   std::vector<Item> items;
+  try {
+    items.reserve(kBatchChunks);  // before any pin: nothing below throws while chunks are pinned
+  } catch (const std::bad_alloc&) {
+    return std::nullopt;  // nothing taken: the queue waits for memory
+  }
   ThroughBatch batch;
   {
     std::lock_guard lock(mu_);
@@ -179,7 +188,9 @@ std::optional<NvmeWriter::ThroughBatch> NvmeWriter::TakeAndCopy(StagingBuffer& s
       }
       dram_.ReleaseWriteHold(h);
       dram_.Pin(h);  // while it is copied
-      if (nvme_.Contains(w.key)) {
+      // On NVMe already, or in a batch taken before and not yet written (evicted and stored
+      // again meanwhile, or queued twice): that batch writes it.
+      if (nvme_.Contains(w.key) || !writing_.insert(w.key).second) {
         dram_.Unpin(h);
         continue;
       }
@@ -193,7 +204,28 @@ std::optional<NvmeWriter::ThroughBatch> NvmeWriter::TakeAndCopy(StagingBuffer& s
   if (batch.taken == 0) return std::nullopt;
   uint64_t staging_bytes = 0;
   for (const Item& it : items) staging_bytes += it.layout.slot_bytes;
-  std::byte* copy = staging.Reserve(staging_bytes);
+  std::byte* copy = nullptr;
+  try {
+    copy = staging.Reserve(staging_bytes);  // grows it the first time, or for larger slots
+    batch.images.reserve(items.size());
+    batch.layouts.reserve(items.size());
+  } catch (const std::bad_alloc&) {  // the chunks stay in DRAM, not written: lost writes
+    spdlog::warn("NVMe writer: no memory for a {}-byte staging buffer: {} chunks not written",
+                 staging_bytes, items.size());
+    {
+      std::lock_guard lock(mu_);
+      for (const Item& it : items) {
+        dram_.Unpin(it.handle);
+        writing_.erase(it.key);
+      }
+      counters_.lost_writes += items.size();
+      EndWrites(items.size());
+    }
+    progress_cv_.notify_all();
+    batch.images.clear();
+    batch.layouts.clear();
+    return batch;
+  }
   for (const Item& it : items) {
     std::memcpy(copy, it.slot, it.layout.slot_bytes);
     SealPayloadChecksum(copy, it.layout);
@@ -210,26 +242,32 @@ std::optional<NvmeWriter::ThroughBatch> NvmeWriter::TakeAndCopy(StagingBuffer& s
 }
 
 void NvmeWriter::WriteBatch(const ThroughBatch& batch) {
-  Result<size_t> stored =
-      batch.images.empty() ? Result<size_t>(size_t{0}) : nvme_.Write(batch.images);
+  Result<size_t> stored = size_t{0};
+  try {
+    if (!batch.images.empty()) stored = nvme_.Write(batch.images);
+  } catch (const std::exception& e) {  // std::bad_alloc from RocksDB: the batch is lost
+    stored = Status::IOError(std::string("NVMe write: ") + e.what());
+  }
   std::lock_guard lock(mu_);
   if (!batch.images.empty()) health_.NoteWrite(stored.status(), "write-through", batch.images.size());
   EndWrites(batch.images.size());
   for (size_t i = 0; i < batch.images.size(); ++i) {
     CountWritten(batch.images[i].key, batch.layouts[i]);
+    writing_.erase(batch.images[i].key);
   }
 }
 
 size_t NvmeWriter::WriteOnce() { return WriteBatches(1); }
 
-size_t NvmeWriter::WriteBatches(size_t max_batches) {
+size_t NvmeWriter::WriteBatches(size_t max_batches, const std::function<bool()>& keep_going) {
   // Write-back: the images were copied out at eviction.
   if (const size_t demoted = WriteDemotions(); demoted > 0) return demoted;
   std::lock_guard staging_lock(staging_mu_);  // before mu_, never inside it
   size_t taken = 0;
   WritePipelined<ThroughBatch>(
       staging_, max_batches,
-      [&](StagingBuffer& staging) {
+      [&](StagingBuffer& staging) -> std::optional<ThroughBatch> {
+        if (keep_going && !keep_going()) return std::nullopt;
         std::optional<ThroughBatch> b = TakeAndCopy(staging);
         if (b) taken += b->taken;
         return b;

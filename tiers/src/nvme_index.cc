@@ -153,7 +153,14 @@ Status NvmeIndex::Write(rocksdb::WriteBatch& batch, bool sync, const char* what)
   }
   rocksdb::WriteOptions wo;
   wo.sync = sync;
-  const Status st = ToStatus(db_->Write(wo, &batch), std::string(what) + " NVMe index " + dir_);
+  Status st;
+  try {
+    st = ToStatus(db_->Write(wo, &batch), std::string(what) + " NVMe index " + dir_);
+  } catch (const std::exception& e) {
+    // std::bad_alloc from the memtable. RocksDB's write queue is not left in a state that
+    // takes another write (the next one waits forever), so this index takes none.
+    st = Status::IOError(std::string(what) + " NVMe index " + dir_ + ": " + e.what());
+  }
   if (!st.ok()) {
     failed_ = st.message();
     spdlog::error("{}; the NVMe index takes no more writes until kvtierd restarts", st.message());

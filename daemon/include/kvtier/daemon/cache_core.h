@@ -142,9 +142,9 @@ class CacheCore {
   // eviction); returns how many it took. Tests call it directly. 0 without NVMe.
   size_t WriteThroughOnce();
   // The same for up to `max_batches` batches, each batch's write beside the
-  // next one's copy (NvmeWriter::WriteBatches): what the daemon's NVMe worker
-  // calls in a loop.
-  size_t WriteThroughBatches(size_t max_batches);
+  // next one's copy (NvmeWriter::WriteBatches), stopping early when
+  // `keep_going` says no: what the daemon's NVMe worker calls in a loop.
+  size_t WriteThroughBatches(size_t max_batches, const std::function<bool()>& keep_going = {});
   static constexpr size_t kWriteThroughBatchChunks = NvmeWriter::kBatchChunks;
   static constexpr uint64_t kWriteThroughBatchBytes = NvmeWriter::kBatchBytes;
   // Write-back at a clean shutdown: writes every DRAM chunk not yet on NVMe

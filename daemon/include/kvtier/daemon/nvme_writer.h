@@ -89,8 +89,10 @@ class NvmeWriter {
   // Writes up to `max_batches` batches, each write-through batch's write
   // overlapping the next one's copy and checksums (WritePipelined); returns
   // how many chunks it took. Write-back: one batch of images, as WriteOnce.
-  // Everything it took is written (or counted lost) when it returns.
-  size_t WriteBatches(size_t max_batches);
+  // Everything it took is written (or counted lost) when it returns. When
+  // `keep_going` (if given) says no before a batch is taken, it stops there:
+  // at most the batch being written and one more are written after it.
+  size_t WriteBatches(size_t max_batches, const std::function<bool()>& keep_going = {});
   // Write-back at a clean shutdown: demotes and writes every DRAM chunk not on
   // NVMe (stops early when the tier is degraded or `keep_going` says no,
   // checked between batches). Returns how many it queued.
@@ -155,6 +157,8 @@ class NvmeWriter {
   std::unordered_set<ChunkKey, ChunkKeyHash> demoting_;   // GUARDED_BY(mu_)
   uint64_t demotion_bytes_ = 0;                           // GUARDED_BY(mu_)
   uint64_t in_flight_ = 0;                                // GUARDED_BY(mu_)
+  // Keys of the write-through batches taken and not yet written (at most two).
+  std::unordered_set<ChunkKey, ChunkKeyHash> writing_;    // GUARDED_BY(mu_)
   uint32_t evictions_waiting_ = 0;                        // GUARDED_BY(mu_)
   bool stopping_ = false;                                 // GUARDED_BY(mu_)
   Counters counters_;                                     // GUARDED_BY(mu_)

@@ -33,7 +33,6 @@
 #include <cstddef>
 #include <exception>
 #include <optional>
-#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -65,9 +64,10 @@ size_t WritePipelined(StagingBuffer (&staging)[2], size_t max_batches, Prepare&&
     std::thread copier;
     try {
       copier = std::thread(prepare_next);
-    } catch (const std::system_error&) {
-      // No thread to be had (a process at its thread or memory limit): this batch is written
-      // and the next prepared after it, on this thread, rather than the batch left unwritten.
+    } catch (...) {
+      // No thread to be had (std::system_error at a thread or memory limit, std::bad_alloc
+      // for its state): this batch is written and the next prepared after it, on this thread,
+      // rather than the batch left unwritten.
     }
     write(*current);
     if (copier.joinable()) {

@@ -154,12 +154,21 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
     const char* expected = "a string";
     if (key == "nvme_paths") {  // a list of directories, or one
       if (flag_given) continue;
+      const std::string line = std::to_string(kv.first.Mark().line + 1);
+      if (kv.second.IsNull()) {  // as<std::string> reads it as the text "null"
+        return Status::InvalidArgument("config " + path + ": key 'nvme_paths' needs a value (line " +
+                                       line + ")");
+      }
       try {
         raw->nvme_paths.clear();
+        const auto add = [&](const YAML::Node& p) {
+          if (!p.IsScalar()) throw YAML::Exception(p.Mark(), "not a directory");
+          raw->nvme_paths.push_back(p.as<std::string>());
+        };
         if (kv.second.IsSequence()) {
-          for (const auto& p : kv.second) raw->nvme_paths.push_back(p.as<std::string>());
+          for (const auto& p : kv.second) add(p);
         } else {
-          raw->nvme_paths.push_back(kv.second.as<std::string>());
+          add(kv.second);
         }
         if (raw->nvme_paths.empty()) {
           return Status::InvalidArgument("config " + path + ": nvme_paths is empty (give "
@@ -168,7 +177,7 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
         raw->nvme_paths_from_config = true;
       } catch (const YAML::Exception& e) {
         return Status::InvalidArgument("config " + path + ": key 'nvme_paths' must be a directory "
-                                       "or a list of directories");
+                                       "or a list of directories (line " + line + ")");
       }
       continue;
     }
@@ -379,6 +388,21 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
       bytes_flag->count() > 0) {
     raw.nvme_paths.clear();  // the flag wins over the file
   }
+  for (const std::string& p : raw.nvme_paths) {  // "" would be the working directory
+    if (p.empty()) {
+      return Status::InvalidArgument(raw.Where("nvme_paths") +
+                                     " gives an empty path: name a directory");
+    }
+  }
+  // A setting given by flag or config that the tiers on leave unused: logged at start.
+  const auto ignore_if_given = [&](const std::string& key, const std::string& off_key,
+                                   const std::string& why) {
+    const CLI::Option* flag = app.get_option_no_throw(RawOptions::FlagOf(key));
+    if ((flag == nullptr || flag->count() == 0) && raw.from_config.count(key) == 0) return;
+    const bool same_file = raw.from_config.count(key) > 0 && raw.from_config.count(off_key) > 0;
+    opts.ignored.push_back(raw.Where(key) + " has no effect: " +
+                           (same_file ? off_key : raw.Where(off_key)) + why);
+  };
   if (*nvme_bytes == 0) {  // DRAM only
     if (!raw.nvme_paths.empty()) {
       return Status::InvalidArgument(raw.Where("nvme_bytes") + " 0 turns the NVMe tier off, but " +
@@ -389,11 +413,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
       return Status::InvalidArgument("--rebuild-index needs the NVMe tier (nvme_bytes is 0)");
     }
     for (const std::string key : {"nvme_write_policy", "selective_min_hits", "nvme_queue_depth"}) {
-      const CLI::Option* flag = app.get_option_no_throw(RawOptions::FlagOf(key));
-      if ((flag != nullptr && flag->count() > 0) || raw.from_config.count(key) > 0) {
-        opts.ignored.push_back(raw.Where(key) + " has no effect: " + raw.Where("nvme_bytes") +
-                               " 0 turns the NVMe tier off");
-      }
+      ignore_if_given(key, "nvme_bytes", " 0 turns the NVMe tier off");
     }
   } else {
     opts.nvme_default_path = raw.nvme_paths.empty();
@@ -423,6 +443,9 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   opts.core.hbm.device = static_cast<int>(raw.gpu);
   opts.core.hbm.backend = *backend;
   if (*hbm_bytes > 0) opts.core.nvme_workers = static_cast<uint32_t>(raw.nvme_workers);
+  if (*nvme_bytes == 0 && *hbm_bytes == 0) {  // the I/O workers serve NVMe and HBM copies
+    ignore_if_given("nvme_workers", "nvme_bytes", " 0 and hbm_bytes 0 leave the I/O workers idle");
+  }
   opts.rebuild_index = rebuild_index;
   opts.core.reservation_ttl = std::chrono::milliseconds(raw.reservation_ttl_ms);
   if (Status st = opts.Validate(); !st.ok()) return raw.Named(st);

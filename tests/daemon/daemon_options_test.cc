@@ -290,6 +290,20 @@ TEST_F(DaemonOptionsTest, ADramArenaLargerThanMemoryNamesWhereItWasGiven) {
   EXPECT_TRUE(Parse({"--dram-bytes", "64MiB"}).ok());
 }
 
+// An empty NVMe path would be kvtierd's working directory; a null one read as a directory
+// named "null".
+TEST_F(DaemonOptionsTest, AnEmptyOrNullNvmePathIsAnError) {
+  EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "", "--nvme-bytes", "1GiB"}),
+                    "--nvme-path gives an empty path"));
+  const std::string empty = WriteConfig("nvme_bytes: 1GiB\nnvme_paths: [\"\"]\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", empty}), "config " + empty + ": nvme_paths gives an "
+                                                  "empty path"));
+  EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("nvme_paths:\n")}),
+                    "key 'nvme_paths' needs a value (line 1)"));
+  EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("log_level: info\nnvme_paths: [~]\n")}),
+                    "must be a directory or a list of directories (line 2)"));
+}
+
 TEST_F(DaemonOptionsTest, MissingConfigFileIsAnError) {
   EXPECT_TRUE(Names(ErrorOf({"--config", dir_ + "/absent.yaml"}), "absent.yaml"));
 }
@@ -351,6 +365,16 @@ TEST_F(DaemonOptionsTest, NvmeSettingsGivenWithTheTierOffAreNamedAsIgnored) {
   ASSERT_EQ(c->ignored.size(), 2u);
   EXPECT_TRUE(Names(c->ignored[0], "config " + cfg + ": selective_min_hits has no effect"));
   EXPECT_TRUE(Names(c->ignored[1], "nvme_queue_depth"));
+  EXPECT_TRUE(Names(c->ignored[0], "has no effect: nvme_bytes 0 turns the NVMe tier off"))
+      << "the file is named once: " << c->ignored[0];
+  auto workers = Parse({"--nvme-bytes", "0", "--nvme-workers", "8"});
+  ASSERT_TRUE(workers.ok()) << workers.status().ToString();
+  ASSERT_EQ(workers->ignored.size(), 1u);
+  EXPECT_TRUE(Names(workers->ignored[0], "--nvme-workers has no effect: --nvme-bytes 0 and "
+                                         "hbm_bytes 0"));
+  auto hbm = Parse({"--nvme-bytes", "0", "--nvme-workers", "8", "--hbm-bytes", "1GiB"});
+  ASSERT_TRUE(hbm.ok()) << hbm.status().ToString();
+  EXPECT_TRUE(hbm->ignored.empty()) << "the workers copy into HBM";
   auto quiet = Parse({"--nvme-bytes", "0"});
   ASSERT_TRUE(quiet.ok());
   EXPECT_TRUE(quiet->ignored.empty());

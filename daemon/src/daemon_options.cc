@@ -54,11 +54,16 @@ struct RawOptions {
   int64_t gpu = 0;
   std::string config_path;            // --config, when given
   std::set<std::string> from_config;  // keys whose value came from it (no flag given)
+  std::map<std::string, int> line_of;  // the line of each key in it (from 1)
+  bool config_empty = false;           // it sets nothing (empty, or comments only)
 
-  // Where `key`'s value came from, for errors: "config FILE: key" or its flag.
+  // Where `key`'s value came from, for errors: "config FILE:LINE: key" or its flag.
   std::string Where(const std::string& key) const {
-    if (from_config.count(key) > 0) return "config " + config_path + ": " + key;
-    return FlagOf(key);
+    if (from_config.count(key) == 0) return FlagOf(key);
+    const auto line = line_of.find(key);
+    return "config " + config_path +
+           (line == line_of.end() ? std::string() : ":" + std::to_string(line->second)) + ": " +
+           key;
   }
   // `st`, whose message starts with the key it is about (as CacheCoreOptions::
   // Validate's do), naming where that key's value came from instead.
@@ -134,7 +139,10 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
   } catch (const YAML::Exception& e) {
     return Status::InvalidArgument("config " + path + ": " + e.what());
   }
-  if (root.IsNull()) return Status::Ok();
+  if (root.IsNull()) {
+    raw->config_empty = true;
+    return Status::Ok();
+  }
   if (!root.IsMap()) return Status::InvalidArgument("config " + path + ": top level is not a map");
   std::set<std::string> seen;
   for (const auto& kv : root) {
@@ -151,6 +159,7 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
     const CLI::Option* given = app.get_option_no_throw(RawOptions::FlagOf(key));
     const bool flag_given = given != nullptr && given->count() > 0;
     if (!flag_given) raw->from_config.insert(key);
+    raw->line_of[key] = kv.first.Mark().line + 1;
     const char* expected = "a string";
     if (key == "nvme_paths") {  // a list of directories, or one
       if (flag_given) continue;
@@ -445,6 +454,10 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   if (*hbm_bytes > 0) opts.core.nvme_workers = static_cast<uint32_t>(raw.nvme_workers);
   if (*nvme_bytes == 0 && *hbm_bytes == 0) {  // the I/O workers serve NVMe and HBM copies
     ignore_if_given("nvme_workers", "nvme_bytes", " 0 and hbm_bytes 0 leave the I/O workers idle");
+  }
+  if (raw.config_empty) {
+    opts.ignored.push_back("config " + raw.config_path +
+                           " sets nothing (it is empty or holds only comments)");
   }
   opts.rebuild_index = rebuild_index;
   opts.core.reservation_ttl = std::chrono::milliseconds(raw.reservation_ttl_ms);

@@ -283,7 +283,7 @@ TEST_F(DaemonOptionsTest, BadDramBytesInConfigIsRejected) {
 TEST_F(DaemonOptionsTest, ADramArenaLargerThanMemoryNamesWhereItWasGiven) {
   const std::string cfg = WriteConfig("dram_bytes: 99999TiB\n");
   const std::string from_file = ErrorOf({"--config", cfg});
-  EXPECT_TRUE(Names(from_file, "config " + cfg + ": dram_bytes 109950063265972224 exceeds this "
+  EXPECT_TRUE(Names(from_file, "config " + cfg + ":1: dram_bytes 109950063265972224 exceeds this "
                                "machine's memory"));
   EXPECT_TRUE(Names(ErrorOf({"--dram-bytes", "99999TiB"}), "--dram-bytes 109950063265972224 "
                                                              "exceeds this machine's memory"));
@@ -296,7 +296,7 @@ TEST_F(DaemonOptionsTest, AnEmptyOrNullNvmePathIsAnError) {
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "", "--nvme-bytes", "1GiB"}),
                     "--nvme-path gives an empty path"));
   const std::string empty = WriteConfig("nvme_bytes: 1GiB\nnvme_paths: [\"\"]\n");
-  EXPECT_TRUE(Names(ErrorOf({"--config", empty}), "config " + empty + ": nvme_paths gives an "
+  EXPECT_TRUE(Names(ErrorOf({"--config", empty}), "config " + empty + ":2: nvme_paths gives an "
                                                   "empty path"));
   EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("nvme_paths:\n")}),
                     "key 'nvme_paths' needs a value (line 1)"));
@@ -363,7 +363,7 @@ TEST_F(DaemonOptionsTest, NvmeSettingsGivenWithTheTierOffAreNamedAsIgnored) {
   auto c = Parse({"--config", cfg});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_EQ(c->ignored.size(), 2u);
-  EXPECT_TRUE(Names(c->ignored[0], "config " + cfg + ": selective_min_hits has no effect"));
+  EXPECT_TRUE(Names(c->ignored[0], "config " + cfg + ":2: selective_min_hits has no effect"));
   EXPECT_TRUE(Names(c->ignored[1], "nvme_queue_depth"));
   EXPECT_TRUE(Names(c->ignored[0], "has no effect: nvme_bytes 0 turns the NVMe tier off"))
       << "the file is named once: " << c->ignored[0];
@@ -437,8 +437,34 @@ TEST_F(DaemonOptionsTest, EveryCheckedValueNamesItsFlagOrItsConfigFileAndKey) {
     EXPECT_TRUE(Names(by_flag, flag)) << c.key;
     const std::string cfg = WriteConfig(std::string(c.key) + ": " + c.bad + "\n");
     const std::string by_config = ErrorOf({"--config", cfg});
-    EXPECT_TRUE(Names(by_config, "config " + cfg + ": " + c.key)) << c.key;
+    EXPECT_TRUE(Names(by_config, "config " + cfg + ":1: " + c.key)) << c.key;
   }
+}
+
+// A review found a bad value in a config file named by key only: in a long file the
+// line says where (FILE:LINE, as compilers write it).
+TEST_F(DaemonOptionsTest, ABadValueInAConfigFileNamesItsLine) {
+  const std::string cfg = WriteConfig("# kvtierd\nlog_level: info\n\nnvme_bytes: 1GiB\n"
+                                      "nvme_write_policy: bogus\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), "config " + cfg + ":5: nvme_write_policy"))
+      << ErrorOf({"--config", cfg});
+  const std::string flagged = ErrorOf({"--config", cfg, "--nvme-write-policy", "never"});
+  EXPECT_TRUE(Names(flagged, "--nvme-write-policy")) << flagged;
+}
+
+// A config file that sets nothing (empty, or comments only) is likely the wrong file:
+// kvtierd says so at start rather than run on its defaults silently.
+TEST_F(DaemonOptionsTest, AConfigFileThatSetsNothingIsNamedAtStart) {
+  for (const char* text : {"", "# nothing here\n"}) {
+    const std::string cfg = WriteConfig(text);
+    auto r = Parse({"--config", cfg});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->ignored.size(), 1u) << "'" << text << "'";
+    EXPECT_TRUE(Names(r->ignored[0], "config " + cfg + " sets nothing")) << r->ignored[0];
+  }
+  auto set = Parse({"--config", WriteConfig("log_level: info\n")});
+  ASSERT_TRUE(set.ok());
+  EXPECT_TRUE(set->ignored.empty());
 }
 
 TEST_F(DaemonOptionsTest, BadHbmValuesNameTheirSource) {
@@ -448,10 +474,10 @@ TEST_F(DaemonOptionsTest, BadHbmValuesNameTheirSource) {
   EXPECT_NE(ErrorOf({"--gpu", "4096"}).find("--gpu 4096 is outside 0..1023"), std::string::npos);
   EXPECT_NE(ErrorOf({"--gpu-backend", "tpu"}).find("'tpu'"), std::string::npos);
   const std::string cfg = WriteConfig("hbm_bytes: 1000\n");
-  EXPECT_NE(ErrorOf({"--config", cfg}).find("config " + cfg + ": hbm_bytes 1000"),
+  EXPECT_NE(ErrorOf({"--config", cfg}).find("config " + cfg + ":1: hbm_bytes 1000"),
             std::string::npos);
   const std::string cfg2 = WriteConfig("gpu: -3\n");
-  EXPECT_NE(ErrorOf({"--config", cfg2}).find("config " + cfg2 + ": gpu -3"), std::string::npos);
+  EXPECT_NE(ErrorOf({"--config", cfg2}).find("config " + cfg2 + ":1: gpu -3"), std::string::npos);
 }
 
 }  // namespace

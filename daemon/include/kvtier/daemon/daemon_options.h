@@ -39,7 +39,8 @@ struct DaemonOptions {
   // serving (when the index is missing or corrupt). Default: false.
   bool rebuild_index = false;
   // Settings given that have no effect (an NVMe setting with the NVMe tier
-  // off), each naming its flag or config key: kvtierd logs them at start.
+  // off, a config file that sets nothing), each naming its flag, or its
+  // config file and line: kvtierd logs them at start.
   std::vector<std::string> ignored;
 
   Status Validate() const;
@@ -47,7 +48,7 @@ struct DaemonOptions {
 
 // OK when a DRAM arena of `dram_bytes` fits this machine's memory (sysinfo's
 // total RAM); else INVALID_ARGUMENT that starts with `where` (a flag, or
-// "config <path>: dram_bytes"). The arena is not preallocated: one larger
+// "config <path>:<line>: dram_bytes"). The arena is not preallocated: one larger
 // than RAM would start, then meet the OOM killer as it fills.
 Status CheckDramFitsMemory(uint64_t dram_bytes, const std::string& where);
 

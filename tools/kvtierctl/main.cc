@@ -15,11 +15,13 @@
 #include "kvtier/admin_client.h"
 #include "kvtier/socket_path.h"
 #include "kvtier/tools/cli_words.h"
+#include "kvtier/tools/table_cell.h"
 #include "kvtier/units.h"
 
 namespace {
 
 using nlohmann::json;
+using kvtier::tools::Cell;
 
 json StatsJson(const kvtier::DaemonStats& s) {
   json tiers = json::array();
@@ -315,15 +317,18 @@ int main(int argc, char** argv) {
       }
       std::printf("%s\n", json{{"namespaces", arr}}.dump(2).c_str());
     } else {
-      std::printf("%-32s %-28s %-5s %-4s %6s %6s %6s %6s %5s %10s %10s\n", "namespace_id", "model",
-                  "dtype", "lay", "layers", "heads", "dim", "chunk", "tp", "chunks", "slot");
+      // Two namespaces of one model differ by LoRA adapter or salt (the salt itself is secret).
+      std::printf("%-32s %s %s %-4s %-5s %-4s %6s %6s %6s %6s %5s %10s %10s\n", "namespace_id",
+                  Cell("model", 28).c_str(), Cell("lora", 16).c_str(), "salt", "dtype", "lay",
+                  "layers", "heads", "dim", "chunk", "tp", "chunks", "slot");
       for (const auto& n : *list) {
         const auto& s = n.spec;
-        std::printf("%-32s %-28s %-5s %-4s %6u %6u %6u %6u %2u/%-2u %10llu %10s\n",
-                    n.id.ToHex().c_str(), s.model_id.substr(0, 28).c_str(), s.kv_dtype.c_str(),
-                    s.layout.c_str(), s.num_layers, s.num_kv_heads,
-                    s.layout == "mla" ? s.latent_dim : s.head_dim, s.chunk_tokens, s.tp_rank,
-                    s.tp_size, static_cast<unsigned long long>(n.chunks),
+        std::printf("%-32s %s %s %-4s %-5s %-4s %6u %6u %6u %6u %2u/%-2u %10llu %10s\n",
+                    n.id.ToHex().c_str(), Cell(s.model_id, 28).c_str(),
+                    Cell(s.lora_id.empty() ? "-" : s.lora_id, 16).c_str(),
+                    s.cache_salt.empty() ? "-" : "set", s.kv_dtype.c_str(), s.layout.c_str(),
+                    s.num_layers, s.num_kv_heads, s.layout == "mla" ? s.latent_dim : s.head_dim,
+                    s.chunk_tokens, s.tp_rank, s.tp_size, static_cast<unsigned long long>(n.chunks),
                     kvtier::FormatBytes(n.slot_bytes).c_str());
       }
     }

@@ -3,15 +3,17 @@ threads, leases and reservations, prefetch, admin stats."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
+import unicodedata
 
 import numpy as np
 import pytest
 import xxhash
 
 import kvtier
-from kvtierd_process import KvtierdProcess
+from kvtierd_process import KvtierdProcess, bin_dir
 
 CHUNK = 16  # tokens per chunk in these tests
 
@@ -134,6 +136,39 @@ def test_namespaces_do_not_share_kv(kvtierd: KvtierdProcess) -> None:
         c.store(a, tokens, payloads(a, 1, 5))
         assert c.lookup(a, tokens).num_chunks == 1
         assert c.lookup(b, tokens).num_chunks == 0
+
+
+def _columns(text: str) -> int:
+    """Terminal columns of `text`: 2 for wide East Asian characters, 0 for combining marks."""
+    return sum(0 if unicodedata.combining(ch) else
+               2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1 for ch in text)
+
+
+def test_kvtierctl_namespace_table_aligns_names_and_tells_lora_and_salt_apart(
+        kvtierd: KvtierdProcess) -> None:
+    """kvtierctl padded model ids by bytes (a non-ASCII one shifted every column after it)
+    and showed neither LoRA adapter nor salt: two namespaces of one model looked alike."""
+    with connect(kvtierd) as c:
+        open_ns(c, model_id="\u6a21\u578b/m\u00fcnchen")
+        open_ns(c, lora_id="adapter-7", cache_salt="tenant-b")
+        open_ns(c)
+    out = subprocess.run([str(bin_dir() / "kvtierctl"), "--socket", kvtierd.socket,
+                          "namespaces"], capture_output=True, text=True, check=True).stdout
+    header, *rows = out.splitlines()
+    assert len(rows) == 3, out
+    dtype_column = _columns(header[:header.index("dtype")])
+    for row in rows:
+        assert _columns(row[:row.index("fp16")]) == dtype_column, out
+    lora_column = _columns(header[:header.index("lora")])
+    cells = {row.split()[1]: row for row in rows}
+    assert "\u6a21\u578b/m\u00fcnchen" in cells, out
+    tenant = [r for r in rows if "adapter-7" in r]
+    assert len(tenant) == 1, out
+    assert _columns(tenant[0][:tenant[0].index("adapter-7")]) == lora_column, out
+    assert tenant[0].split()[3] == "set", out  # the salt column says a salt is set, not which
+    assert "tenant-b" not in out
+    plain = [r for r in rows if r.split()[1] == "test/tiny" and "adapter-7" not in r]
+    assert len(plain) == 1 and plain[0].split()[2:4] == ["-", "-"], out
 
 
 def test_engine_names_kvtier_cannot_hold_are_hashed_into_their_own_namespaces(

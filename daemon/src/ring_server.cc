@@ -443,6 +443,7 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
   }
   RingSubmission entry;
   std::memcpy(&entry, &ring->mem.slot(slot).submission, sizeof(entry));
+  core_.CountRingCall();  // every call that came, run or not (given up, malformed)
   const bool given_up = ring->mem.slot(slot).done.load() == kRingGivenUp;
   if (given_up && entry.op == static_cast<uint32_t>(RingOp::kLookup)) {
     // Given up before we took it: not run, and its prompt not even copied out.
@@ -455,7 +456,6 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
     (void)Answer(*ring, slot, entry.seq, call.status(), nullptr);
     return;
   }
-  core_.CountRingCall();
   const uint64_t session = ring->session_id;
   const uint64_t epoch = core_.epoch();
   switch (call->op) {

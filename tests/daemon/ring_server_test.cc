@@ -203,6 +203,7 @@ TEST_F(RingServerTest, ALookupGivenUpBeforeItRanLeasesNothing) {
   const auto prompt = Tokens(16);
   ASSERT_EQ(Store(prompt), 4u);
   const uint64_t lookups = Stats().lookups();
+  const uint64_t calls = Stats().ring_calls();
   RingMemory ring = RingOf(session_);
   std::memcpy(ring.data(0).data(), prompt.data(), prompt.size() * sizeof(int32_t));
   RingSubmission e;
@@ -217,6 +218,7 @@ TEST_F(RingServerTest, ALookupGivenUpBeforeItRanLeasesNothing) {
   EXPECT_EQ(c.code, static_cast<int32_t>(StatusCode::kCancelled));
   EXPECT_EQ(Stats().active_leases(), 0u);
   EXPECT_EQ(Stats().lookups(), lookups);
+  EXPECT_EQ(Stats().ring_calls(), calls + 1) << "a call given up still came over the ring";
   // The same entry not given up is run: the prompt is cached. (The answer's
   // message took the data area: the prompt is written again.)
   std::memcpy(ring.data(0).data(), prompt.data(), prompt.size() * sizeof(int32_t));

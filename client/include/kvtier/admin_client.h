@@ -48,7 +48,7 @@ struct DaemonStats {
   std::vector<TierStats> tiers;
   uint64_t lookups = 0;
   uint64_t ring_lookups = 0;  // of lookups, those that came over a control ring
-  uint64_t ring_calls = 0;    // calls of every kind that came over a control ring
+  uint64_t ring_calls = 0;    // calls of every kind that came over a control ring, run or not
   uint64_t lookup_tokens = 0;  // all prompt tokens looked up, partial tails included
   uint64_t hit_tokens = 0;
   uint64_t sessions = 0;

@@ -75,7 +75,7 @@ Status CacheCore::Evict(const core::EvictRequest& req, core::EvictResponse* resp
   // a leased HBM copy's DRAM chunk is leased too, so HBM stays a subset of DRAM.
   auto pick_in = [&](const SlotTier& tier) {
     return [&, t = &tier](uint32_t h) {
-      const ChunkEntry& e = t->Get(h);
+      const SlotEntry& e = t->Get(h);
       if (ns_id && (live == nullptr || e.ns_index != live->ns_index)) return false;
       return !root || e.key == *root;
     };

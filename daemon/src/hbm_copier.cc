@@ -55,12 +55,13 @@ void HbmCopier::Step() {
       skip();
       continue;
     }
-    const ChunkEntry& e = dram_.Get(h);
+    const SlotEntry& e = dram_.Get(h);
+    const ChunkKey parent = dram_.ParentKey(h);
     const CoreNamespace& ns = *namespaces_[e.ns_index];
     // Its parent must be in HBM (or copied before it in this batch): no orphans there either.
     uint32_t hbm_parent = ChunkIndex::kNone;
-    if (e.parent != ns.id && planned.count(e.parent) == 0) {
-      hbm_parent = hbm_.Find(e.parent);
+    if (parent != ns.id && planned.count(parent) == 0) {
+      hbm_parent = hbm_.Find(parent);
       if (hbm_parent == ChunkIndex::kNone) {
         skip();
         continue;
@@ -75,7 +76,7 @@ void HbmCopier::Step() {
       continue;  // everything in HBM is leased: the chunk is served from DRAM
     }
     dram_.Pin(h);
-    plan.push_back({h, hbm_parent, key, e.parent, ns.id, e.ns_index, *offset,
+    plan.push_back({h, hbm_parent, key, parent, ns.id, e.ns_index, *offset,
                     ns.layout, dram_.SlotAddress(e.slot_offset)});
     planned.insert(key);
   }

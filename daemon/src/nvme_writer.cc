@@ -28,7 +28,7 @@ NvmeWriter::NvmeWriter(const Options& options, std::mutex& mu, DramTier& dram, N
       namespaces_(namespaces) {}
 
 void NvmeWriter::Queue(uint32_t handle) {
-  const ChunkEntry& e = dram_.Get(handle);
+  const SlotEntry& e = dram_.Get(handle);
   dram_.HoldForWrite(handle);  // evicted before its write only when nothing else can be
   const uint64_t slot_bytes = namespaces_[e.ns_index]->layout.slot_bytes;
   queue_.push_back({e.key, SlotSequence(dram_.SlotAddress(e.slot_offset)), slot_bytes});
@@ -56,20 +56,20 @@ void NvmeWriter::Demote(uint32_t handle, bool count_skips) {
   // children first, and NVMe refuses a chunk whose parent it does not hold.
   std::vector<uint32_t> chain;
   for (uint32_t h = handle; h != ChunkIndex::kNone;) {
-    const ChunkEntry& e = dram_.Get(h);
+    const SlotEntry& e = dram_.Get(h);
     if (nvme_.Contains(e.key) || demoting_.count(e.key) > 0) break;
     chain.push_back(h);
-    h = dram_.Find(e.parent);  // kNone past the first chunk (its parent is the namespace)
+    h = e.parent;  // kNoParent (kNone) past the first chunk: its parent is the namespace
   }
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {  // parents first
-    const ChunkEntry& e = dram_.Get(*it);
+    const SlotEntry& e = dram_.Get(*it);
     const CoreNamespace& ns = *namespaces_[e.ns_index];
     if (demotion_bytes_ + ns.layout.slot_bytes > options_.write_back_buffer_bytes) {
       // The victim is lost to NVMe; its ancestors stay in DRAM for a later try.
       if (count_skips) ++counters_.skipped_writes;
       return;
     }
-    Demotion d{e.key, e.parent, ns.id, ns.layout,
+    Demotion d{e.key, dram_.ParentKey(*it), ns.id, ns.layout,
                {static_cast<std::byte*>(std::aligned_alloc(kBlockBytes, ns.layout.slot_bytes)),
                 &std::free}};
     std::memcpy(d.image.get(), dram_.SlotAddress(e.slot_offset), ns.layout.slot_bytes);
@@ -194,9 +194,9 @@ std::optional<NvmeWriter::ThroughBatch> NvmeWriter::TakeAndCopy(StagingBuffer& s
         dram_.Unpin(h);
         continue;
       }
-      const ChunkEntry& e = dram_.Get(h);
+      const SlotEntry& e = dram_.Get(h);
       const CoreNamespace& ns = *namespaces_[e.ns_index];
-      items.push_back({h, w.key, e.parent, ns.id, ns.layout, dram_.SlotAddress(e.slot_offset)});
+      items.push_back({h, w.key, dram_.ParentKey(h), ns.id, ns.layout, dram_.SlotAddress(e.slot_offset)});
       batch_bytes += ns.layout.slot_bytes;
     }
     in_flight_ += items.size();

@@ -74,10 +74,42 @@ TEST_F(DramTierTest, InsertMakesAChunkFindable) {
   ASSERT_NE(h, ChunkIndex::kNone);
   EXPECT_EQ(tier_->Find(Key(1)), h);
   EXPECT_EQ(tier_->Get(h).slot_offset, *slot);
-  EXPECT_EQ(tier_->Get(h).parent, kRoot);
+  EXPECT_EQ(tier_->ParentKey(h), kRoot);
   EXPECT_EQ(tier_->num_chunks(), 1u);
   EXPECT_EQ(tier_->num_chunks(ns_), 1u);
   EXPECT_EQ(tier_->SlotAddress(*slot), tier_->arena().base() + *slot);
+}
+
+// Entries name their parent by handle (SlotEntry): the key a writer seals into a slot
+// image comes back from the parent's entry, or for chunk 0 from its namespace's root,
+// which a reused namespace number changes.
+TEST_F(DramTierTest, ParentKeysComeBackThroughHandlesAndTheNamespaceRoot) {
+  Make(8);
+  Chain(1, 3);
+  EXPECT_EQ(tier_->ParentKey(tier_->Find(Key(1))), kRoot);
+  EXPECT_EQ(tier_->ParentKey(tier_->Find(Key(2))), Key(1));
+  EXPECT_EQ(tier_->ParentKey(tier_->Find(Key(3))), Key(2));
+  // A sibling branch off chunk 1, after chunk 3's handle is freed and reused.
+  tier_->Remove(tier_->Find(Key(3)));
+  const uint32_t b = Put(Key(9), Key(1));
+  EXPECT_EQ(tier_->ParentKey(b), Key(1));
+  EXPECT_EQ(tier_->Get(tier_->Find(Key(1))).resident_children, 2u);
+  // Namespace number 1, reused for another namespace once empty.
+  const uint32_t other = tier_->AddNamespace(kSlot);
+  const ChunkKey first_root{7, 7}, second_root{8, 8};
+  auto slot = tier_->AllocateSlot(other);
+  ASSERT_TRUE(slot);
+  uint32_t h = tier_->Insert(Key(20), first_root, first_root, other, *slot);
+  ASSERT_NE(h, ChunkIndex::kNone);
+  EXPECT_EQ(tier_->ParentKey(h), first_root);
+  tier_->Remove(h);
+  tier_->ReuseNamespace(other, kSlot);
+  slot = tier_->AllocateSlot(other);
+  ASSERT_TRUE(slot);
+  h = tier_->Insert(Key(21), second_root, second_root, other, *slot);
+  ASSERT_NE(h, ChunkIndex::kNone);
+  EXPECT_EQ(tier_->ParentKey(h), second_root);
+  EXPECT_EQ(tier_->ParentKey(tier_->Find(Key(1))), kRoot) << "another namespace's root";
 }
 
 TEST_F(DramTierTest, InsertWithNonResidentParentIsRefused) {

@@ -4,7 +4,8 @@
 
 namespace kvtier {
 
-uint32_t ChunkIndex::Insert(const ChunkEntry& entry) {
+template <typename Entry>
+uint32_t BasicChunkIndex<Entry>::Insert(const Entry& entry) {
   if ((size_ + 1) * 4 > table_.size() * 3) Rehash(std::max<size_t>(16, table_.size() * 2));
   uint32_t handle;
   if (!free_handles_.empty()) {
@@ -22,7 +23,8 @@ uint32_t ChunkIndex::Insert(const ChunkEntry& entry) {
   return handle;
 }
 
-void ChunkIndex::Erase(uint32_t handle) {
+template <typename Entry>
+void BasicChunkIndex<Entry>::Erase(uint32_t handle) {
   size_t i = Home(entries_[handle].key);
   while (table_[i] != handle) i = (i + 1) & mask_;
   // Backward shift: move up each later handle of the run that may sit at i
@@ -36,17 +38,19 @@ void ChunkIndex::Erase(uint32_t handle) {
   }
   table_[i] = kNone;
   --size_;
-  entries_[handle] = ChunkEntry{};
+  entries_[handle] = Entry{};
   free_handles_.push_back(handle);
 }
 
-void ChunkIndex::Reserve(size_t num_chunks) {
+template <typename Entry>
+void BasicChunkIndex<Entry>::Reserve(size_t num_chunks) {
   size_t capacity = 16;
   while (capacity * 3 < num_chunks * 4) capacity *= 2;
   if (capacity > table_.size()) Rehash(capacity);
 }
 
-void ChunkIndex::Rehash(size_t capacity) {
+template <typename Entry>
+void BasicChunkIndex<Entry>::Rehash(size_t capacity) {
   std::vector<uint32_t> old = std::move(table_);
   table_.assign(capacity, kNone);
   mask_ = capacity - 1;
@@ -58,7 +62,8 @@ void ChunkIndex::Rehash(size_t capacity) {
   }
 }
 
-std::vector<uint32_t> ChunkIndex::SubtreesDeepestFirst(
+template <typename Entry>
+std::vector<uint32_t> BasicChunkIndex<Entry>::SubtreesDeepestFirst(
     const std::function<bool(uint32_t)>& pick) const {
   // Per handle: its depth here (a chunk whose parent is not here is at 0) and
   // whether it or an ancestor is picked; memoised, so each chunk is walked once.
@@ -78,12 +83,12 @@ std::vector<uint32_t> ChunkIndex::SubtreesDeepestFirst(
     // index (a cycle, which chained hashes cannot make) stops there.
     while (!marks[h].known && path.size() <= size_) {
       path.push_back(h);
-      const uint32_t parent = Find(entries_[h].parent);
+      const uint32_t parent = ParentOf(h);
       if (parent == kNone) break;
       h = parent;
     }
     for (auto it = path.rbegin(); it != path.rend(); ++it) {
-      const uint32_t parent = Find(entries_[*it].parent);
+      const uint32_t parent = ParentOf(*it);
       Mark& m = marks[*it];
       const bool has_parent = parent != kNone && parent != *it && marks[parent].known;
       m.depth = has_parent ? marks[parent].depth + 1 : 0;
@@ -98,5 +103,8 @@ std::vector<uint32_t> ChunkIndex::SubtreesDeepestFirst(
   for (const auto& p : picked) out.push_back(p.second);
   return out;
 }
+
+template class BasicChunkIndex<ChunkEntry>;
+template class BasicChunkIndex<SlotEntry>;
 
 }  // namespace kvtier

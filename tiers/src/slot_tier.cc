@@ -27,6 +27,7 @@ SlotTier::SlotTier(uint64_t capacity_bytes, std::unique_ptr<EvictionPolicy> poli
 uint32_t SlotTier::AddNamespace(uint64_t slot_bytes) {
   ns_slot_bytes_.push_back(slot_bytes);
   ns_chunks_.push_back(0);
+  ns_roots_.emplace_back();
   return static_cast<uint32_t>(ns_slot_bytes_.size() - 1);
 }
 
@@ -58,11 +59,11 @@ bool SlotTier::EvictWindows(uint64_t size, bool spare_held, size_t windows) {
   };
   std::vector<Subtree> subtree(index_.handle_bound());
   for (uint32_t h : deepest_first) {  // children before parents
-    const ChunkEntry& e = index_.Get(h);
+    const SlotEntry& e = index_.Get(h);
     Subtree& t = subtree[h];
     t.blocked |= e.leases != 0 || (spare_held && e.write_holds != 0);
     t.bytes += ns_slot_bytes_[e.ns_index];
-    if (const uint32_t p = index_.Find(e.parent); p != ChunkIndex::kNone && p != h) {
+    if (const uint32_t p = e.parent; p != SlotEntry::kNoParent && p != h) {
       subtree[p].blocked |= t.blocked;
       subtree[p].bytes += t.bytes;
     }
@@ -78,7 +79,7 @@ bool SlotTier::EvictWindows(uint64_t size, bool spare_held, size_t windows) {
     segments.push_back({offset, len, 0, ChunkIndex::kNone, true});
   });
   for (uint32_t h : deepest_first) {
-    const ChunkEntry& e = index_.Get(h);
+    const SlotEntry& e = index_.Get(h);
     segments.push_back({e.slot_offset, ns_slot_bytes_[e.ns_index], subtree[h].bytes, h,
                         !subtree[h].blocked});
   }
@@ -94,7 +95,7 @@ bool SlotTier::EvictWindows(uint64_t size, bool spare_held, size_t windows) {
     const bool under_previous = i > 0 && s.handle != ChunkIndex::kNone &&
                                 segments[i - 1].handle != ChunkIndex::kNone &&
                                 segments[i - 1].offset + segments[i - 1].len == s.offset &&
-                                index_.Get(s.handle).parent == index_.Get(segments[i - 1].handle).key;
+                                index_.Get(s.handle).parent == segments[i - 1].handle;
     prefix[i + 1] = prefix[i] + (under_previous ? 0 : s.bytes);
   }
   // Per last segment, the shortest run of adjacent usable segments ending there that holds
@@ -156,11 +157,12 @@ uint32_t SlotTier::Insert(const ChunkKey& key, const ChunkKey& parent, const Chu
     if (parent_handle == ChunkIndex::kNone) return ChunkIndex::kNone;
     if (index_.Get(parent_handle).ns_index != ns_index) return ChunkIndex::kNone;  // a graft
   }
-  ChunkEntry e;
+  SlotEntry e;
   e.key = key;
-  e.parent = parent;
+  e.parent = parent_handle;
   e.slot_offset = slot_offset;
   e.ns_index = ns_index;
+  if (parent_handle == SlotEntry::kNoParent) ns_roots_[ns_index] = ns_root;
   uint32_t handle = index_.Insert(e);
   if (parent_handle != ChunkIndex::kNone) ++index_.Get(parent_handle).resident_children;
   policy_->OnInsert(handle, ns_slot_bytes_[ns_index]);
@@ -171,7 +173,7 @@ uint32_t SlotTier::Insert(const ChunkKey& key, const ChunkKey& parent, const Chu
 bool SlotTier::EvictOne(uint64_t same_size, bool spare_held) {
   auto victim = policy_->PickVictim(same_size, /*take_held=*/!spare_held, [&](uint32_t h) {
     ++counters_.victim_checks;
-    const ChunkEntry& e = index_.Get(h);
+    const SlotEntry& e = index_.Get(h);
     if (e.leases != 0 || e.resident_children != 0) return EvictionPolicy::Verdict::kBlocked;
     return e.write_holds != 0 ? EvictionPolicy::Verdict::kHeld : EvictionPolicy::Verdict::kEvict;
   });
@@ -187,9 +189,9 @@ void SlotTier::Evict(uint32_t handle) {
 }
 
 void SlotTier::Remove(uint32_t handle) {
-  const ChunkEntry e = index_.Get(handle);
+  const SlotEntry e = index_.Get(handle);
   policy_->OnRemove(handle);
-  if (uint32_t p = index_.Find(e.parent); p != ChunkIndex::kNone) {
+  if (const uint32_t p = e.parent; p != SlotEntry::kNoParent) {
     if (--index_.Get(p).resident_children == 0) policy_->OnUnblocked(p);
   }
   index_.Erase(handle);
@@ -207,7 +209,7 @@ SubtreeRemoval SlotTier::RemoveSubtrees(const std::function<bool(uint32_t)>& pic
                                         const std::function<void(uint32_t)>& on_remove) {
   SubtreeRemoval tally;
   for (uint32_t h : index_.SubtreesDeepestFirst(pick)) {
-    const ChunkEntry& e = index_.Get(h);
+    const SlotEntry& e = index_.Get(h);
     if (e.leases != 0 || e.resident_children != 0) {
       ++tally.kept;
       continue;

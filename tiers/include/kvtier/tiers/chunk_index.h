@@ -1,17 +1,22 @@
 // ChunkIndex: chunk key -> where the chunk lives in one tier.
 //
 // Entries are addressed by small integer handles (stable while the entry
-// exists) so that policies and leases can refer to them cheaply. An entry is
-// 64 bytes, plus 5.3-10.7 bytes of its key's table: an open-addressed array
-// of handles (linear probing, at most 3/4 full, backward-shift erase), whose
-// keys live in the entries. A std::unordered_map node cost about 56 bytes
-// more per chunk. DESIGN.md budgets 256 B per chunk (issue 11: 64 B).
+// exists) so that policies and leases can refer to them cheaply. Each key's
+// place is an open-addressed table of 4-byte handles (linear probing, at most
+// 3/4 full, backward-shift erase), whose keys live in the entries: 5.3-10.7
+// bytes per chunk. A std::unordered_map node cost about 56 bytes more per
+// chunk. DESIGN.md budgets 256 B per chunk (issue 11: 64 B).
+//
+// Two entry types: ChunkEntry names its parent by key (the NVMe tier, whose
+// parents need not be resident), SlotEntry by handle (the slot tiers, DRAM
+// and HBM, where a chunk's parent is always resident: 48 bytes, not 64).
 //
 // Thread-safety: not thread-safe; the owning tier serializes calls.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <type_traits>
 #include <vector>
 
 #include "kvtier/chunk_key.h"
@@ -29,6 +34,23 @@ struct ChunkEntry {
   uint32_t write_holds = 0;        // pending writes to a lower tier: evicted only as a last resort
 };
 
+// A slot tier's entry: as ChunkEntry, with the parent as its handle in the
+// same index (kNoParent for chunk 0, whose parent is the namespace root). The
+// tier refuses a chunk whose parent is not resident and never removes a chunk
+// with a resident child, so the handle stays valid while the child lives.
+struct SlotEntry {
+  static constexpr uint32_t kNoParent = UINT32_MAX;
+  ChunkKey key;
+  uint64_t slot_offset = 0;
+  uint32_t parent = kNoParent;
+  uint32_t ns_index = 0;
+  uint32_t leases = 0;
+  uint32_t resident_children = 0;
+  uint32_t hits = 0;
+  uint32_t write_holds = 0;
+};
+static_assert(sizeof(SlotEntry) == 48, "the index's memory per chunk (BENCHMARKS.md)");
+
 // What an admin eviction did in one tier: chunks removed, and chunks it
 // selected but kept because a lease (or a read or copy in flight) pins them
 // or one of their descendants.
@@ -37,7 +59,8 @@ struct SubtreeRemoval {
   uint64_t kept = 0;
 };
 
-class ChunkIndex {
+template <typename Entry>
+class BasicChunkIndex {
  public:
   static constexpr uint32_t kNone = UINT32_MAX;
 
@@ -50,12 +73,20 @@ class ChunkIndex {
     }
   }
   // Adds `entry`. REQUIRES: Find(entry.key) == kNone.
-  uint32_t Insert(const ChunkEntry& entry);
+  uint32_t Insert(const Entry& entry);
   // Removes the entry; its handle may be reused.
   void Erase(uint32_t handle);
 
-  ChunkEntry& Get(uint32_t handle) { return entries_[handle]; }
-  const ChunkEntry& Get(uint32_t handle) const { return entries_[handle]; }
+  Entry& Get(uint32_t handle) { return entries_[handle]; }
+  const Entry& Get(uint32_t handle) const { return entries_[handle]; }
+  // The handle of chunk `handle`'s parent here, or kNone (not here, or the root).
+  uint32_t ParentOf(uint32_t handle) const {
+    if constexpr (std::is_same_v<Entry, SlotEntry>) {
+      return entries_[handle].parent;  // kNoParent == kNone
+    } else {
+      return Find(entries_[handle].parent);
+    }
+  }
   size_t size() const { return size_; }
   // Every handle is less than this (a size for arrays indexed by handle).
   size_t handle_bound() const { return entries_.size(); }
@@ -90,8 +121,12 @@ class ChunkIndex {
   std::vector<uint32_t> table_;  // handles, kNone where empty; a power-of-two size
   size_t mask_ = 0;              // table_.size() - 1
   size_t size_ = 0;
-  std::vector<ChunkEntry> entries_;
+  std::vector<Entry> entries_;
   std::vector<uint32_t> free_handles_;
 };
+
+using ChunkIndex = BasicChunkIndex<ChunkEntry>;
+using SlotIndex = BasicChunkIndex<SlotEntry>;
+static_assert(SlotEntry::kNoParent == ChunkIndex::kNone);
 
 }  // namespace kvtier

@@ -74,7 +74,13 @@ class SlotTier {
   uint32_t Find(const ChunkKey& key) const { return index_.Find(key); }
   template <typename F>
   void ForEachChunk(F&& f) const { index_.ForEach(std::forward<F>(f)); }
-  const ChunkEntry& Get(uint32_t handle) const { return index_.Get(handle); }
+  const SlotEntry& Get(uint32_t handle) const { return index_.Get(handle); }
+  // The key of chunk `handle`'s parent: a resident chunk's, or for chunk 0 the
+  // namespace root it was inserted under.
+  const ChunkKey& ParentKey(uint32_t handle) const {
+    const SlotEntry& e = index_.Get(handle);
+    return e.parent == SlotEntry::kNoParent ? ns_roots_[e.ns_index] : index_.Get(e.parent).key;
+  }
   // Marks a chunk as just used.
   void Touch(uint32_t handle) { policy_->OnAccess(handle); }
   // Counts a hit on the chunk; returns the new count (saturates).
@@ -144,10 +150,11 @@ class SlotTier {
   void Evict(uint32_t handle);
 
   SlotAllocator allocator_;
-  ChunkIndex index_;
+  SlotIndex index_;
   std::unique_ptr<EvictionPolicy> policy_;
   std::vector<uint64_t> ns_slot_bytes_;
   std::vector<uint64_t> ns_chunks_;
+  std::vector<ChunkKey> ns_roots_;  // per ns_index: the root its chunk 0s were inserted under
   SlotTierCounters counters_;
   uint64_t num_pinned_ = 0;
   EvictionListener on_evict_;

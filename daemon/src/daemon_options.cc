@@ -55,7 +55,7 @@ struct RawOptions {
   std::string config_path;            // --config, when given
   std::set<std::string> from_config;  // keys whose value came from it (no flag given)
   std::map<std::string, int> line_of;  // the line of each key in it (from 1)
-  bool config_empty = false;           // it sets nothing (empty, or comments only)
+  bool config_empty = false;           // it sets nothing (no keys: empty, comments, {} or null)
 
   // Where `key`'s value came from, for errors: "config FILE:LINE: key" or its flag.
   std::string Where(const std::string& key) const {
@@ -68,8 +68,9 @@ struct RawOptions {
   // `st`, whose message starts with the key it is about (as CacheCoreOptions::
   // Validate's do), naming where that key's value came from instead.
   Status Named(const Status& st) const {
-    for (const std::string key : {"dram_bytes", "lease_ttl_ms", "reservation_ttl_ms", "nvme_workers",
-                                  "selective_min_hits", "nvme_write_policy", "gpu_backend"}) {
+    for (const std::string key : {"socket", "dram_bytes", "lease_ttl_ms", "reservation_ttl_ms",
+                                  "nvme_workers", "selective_min_hits", "nvme_write_policy",
+                                  "gpu_backend"}) {
       const std::string& m = st.message();
       if (m.size() > key.size() && m.rfind(key, 0) == 0 && (m[key.size()] == ' ' || m[key.size()] == ':')) {
         return Status(st.code(), Where(key) + m.substr(key.size()));
@@ -139,7 +140,7 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
   } catch (const YAML::Exception& e) {
     return Status::InvalidArgument("config " + path + ": " + e.what());
   }
-  if (root.IsNull()) {
+  if (root.IsNull() || (root.IsMap() && root.size() == 0)) {
     raw->config_empty = true;
     return Status::Ok();
   }
@@ -170,14 +171,21 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
       }
       try {
         raw->nvme_paths.clear();
+        int empty_at = 0;
         const auto add = [&](const YAML::Node& p) {
           if (!p.IsScalar()) throw YAML::Exception(p.Mark(), "not a directory");
           raw->nvme_paths.push_back(p.as<std::string>());
+          // "" would be the working directory: named here, at its own line.
+          if (raw->nvme_paths.back().empty()) empty_at = p.Mark().line + 1;
         };
         if (kv.second.IsSequence()) {
           for (const auto& p : kv.second) add(p);
         } else {
           add(kv.second);
+        }
+        if (empty_at > 0) {
+          return Status::InvalidArgument("config " + path + ":" + std::to_string(empty_at) +
+                                         ": nvme_paths gives an empty path: name a directory");
         }
         if (raw->nvme_paths.empty()) {
           return Status::InvalidArgument("config " + path + ": nvme_paths is empty (give "
@@ -457,7 +465,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   }
   if (raw.config_empty) {
     opts.ignored.push_back("config " + raw.config_path +
-                           " sets nothing (it is empty or holds only comments)");
+                           " sets nothing (it holds no keys)");
   }
   opts.rebuild_index = rebuild_index;
   opts.core.reservation_ttl = std::chrono::milliseconds(raw.reservation_ttl_ms);

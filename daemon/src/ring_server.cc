@@ -427,6 +427,7 @@ void RingServer::Poll(Poller& p) {
 }
 
 void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
+  core_.CountRingCall();  // every call that came, run or not (given up, malformed)
   if (slot >= kRingDepth) {  // no slot to answer into
     if (auto held_back = ring->bad_entries.Admit()) {
       spdlog::warn("control ring of session {}: slot index {} is past its {} slots{}",
@@ -443,7 +444,6 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
   }
   RingSubmission entry;
   std::memcpy(&entry, &ring->mem.slot(slot).submission, sizeof(entry));
-  core_.CountRingCall();  // every call that came, run or not (given up, malformed)
   const bool given_up = ring->mem.slot(slot).done.load() == kRingGivenUp;
   if (given_up && entry.op == static_cast<uint32_t>(RingOp::kLookup)) {
     // Given up before we took it: not run, and its prompt not even copied out.

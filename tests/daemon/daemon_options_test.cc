@@ -450,12 +450,20 @@ TEST_F(DaemonOptionsTest, ABadValueInAConfigFileNamesItsLine) {
       << ErrorOf({"--config", cfg});
   const std::string flagged = ErrorOf({"--config", cfg, "--nvme-write-policy", "never"});
   EXPECT_TRUE(Names(flagged, "--nvme-write-policy")) << flagged;
+  // An empty path in a block list: the line of the path, not of the key.
+  const std::string paths = WriteConfig("nvme_bytes: 1GiB\nnvme_paths:\n  - /tmp\n  - \"\"\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", paths}), "config " + paths + ":4: nvme_paths gives an "
+                                                  "empty path"))
+      << ErrorOf({"--config", paths});
+  const std::string socket = WriteConfig("log_level: info\nsocket: \"\"\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", socket}), "config " + socket + ":2: socket is empty"))
+      << ErrorOf({"--config", socket});
 }
 
 // A config file that sets nothing (empty, or comments only) is likely the wrong file:
 // kvtierd says so at start rather than run on its defaults silently.
 TEST_F(DaemonOptionsTest, AConfigFileThatSetsNothingIsNamedAtStart) {
-  for (const char* text : {"", "# nothing here\n"}) {
+  for (const char* text : {"", "# nothing here\n", "{}\n", "~\n"}) {
     const std::string cfg = WriteConfig(text);
     auto r = Parse({"--config", cfg});
     ASSERT_TRUE(r.ok()) << r.status().ToString();

@@ -227,6 +227,19 @@ TEST_F(RingServerTest, ALookupGivenUpBeforeItRanLeasesNothing) {
   std::memcpy(&c, &ring.slot(0).completion, sizeof(c));
   EXPECT_EQ(c.code, 0);
   EXPECT_EQ(c.num_chunks, 4u);
+  // A slot index past the ring's slots has nowhere to be answered, yet it came.
+  const uint64_t before_bad = Stats().ring_calls();
+  RingHeader& h = ring.header();
+  const uint32_t tail = h.sq_tail.load();
+  h.sq[tail % kRingDepth].store(kRingDepth + 7);
+  h.sq_tail.store(tail + 1);
+  RingFutexWake(h.sq_tail);
+  bool counted = false;
+  for (const auto until = Clock::now() + 2000ms; !counted && Clock::now() < until;) {
+    counted = Stats().ring_calls() == before_bad + 1;
+    if (!counted) std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_TRUE(counted) << "a malformed entry is a call that came over the ring";
 }
 
 }  // namespace

@@ -318,12 +318,12 @@ int main(int argc, char** argv) {
       std::printf("%s\n", json{{"namespaces", arr}}.dump(2).c_str());
     } else {
       // Two namespaces of one model differ by LoRA adapter or salt (the salt itself is secret).
-      std::printf("%-32s %s %s %-4s %-5s %-4s %6s %6s %6s %6s %5s %10s %10s\n", "namespace_id",
+      std::printf("%-32s %s %s %-4s %-8s %-4s %6s %6s %6s %6s %5s %10s %10s\n", "namespace_id",
                   Cell("model", 28).c_str(), Cell("lora", 16).c_str(), "salt", "dtype", "lay",
                   "layers", "heads", "dim", "chunk", "tp", "chunks", "slot");
       for (const auto& n : *list) {
         const auto& s = n.spec;
-        std::printf("%-32s %s %s %-4s %-5s %-4s %6u %6u %6u %6u %2u/%-2u %10llu %10s\n",
+        std::printf("%-32s %s %s %-4s %-8s %-4s %6u %6u %6u %6u %2u/%-2u %10llu %10s\n",
                     n.id.ToHex().c_str(), Cell(s.model_id, 28).c_str(),
                     Cell(s.lora_id.empty() ? "-" : s.lora_id, 16).c_str(),
                     s.cache_salt.empty() ? "-" : "set", s.kv_dtype.c_str(), s.layout.c_str(),

@@ -150,15 +150,18 @@ def test_kvtierctl_namespace_table_aligns_names_and_tells_lora_and_salt_apart(
     and showed neither LoRA adapter nor salt: two namespaces of one model looked alike."""
     with connect(kvtierd) as c:
         open_ns(c, model_id="\u6a21\u578b/m\u00fcnchen")
-        open_ns(c, lora_id="adapter-7", cache_salt="tenant-b")
+        open_ns(c, lora_id="adapter-7", cache_salt="tenant-b", kv_dtype="fp8_e4m3")
         open_ns(c)
     out = subprocess.run([str(bin_dir() / "kvtierctl"), "--socket", kvtierd.socket,
                           "namespaces"], capture_output=True, text=True, check=True).stdout
     header, *rows = out.splitlines()
     assert len(rows) == 3, out
     dtype_column = _columns(header[:header.index("dtype")])
+    lay_column = _columns(header[:header.index("lay ")])
     for row in rows:
-        assert _columns(row[:row.index("fp16")]) == dtype_column, out
+        dtype = "fp8_e4m3" if "adapter-7" in row else "fp16"
+        assert _columns(row[:row.index(dtype)]) == dtype_column, out
+        assert _columns(row[:row.index(" mha ") + 1]) == lay_column, out
     lora_column = _columns(header[:header.index("lora")])
     cells = {row.split()[1]: row for row in rows}
     assert "\u6a21\u578b/m\u00fcnchen" in cells, out

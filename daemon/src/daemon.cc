@@ -90,7 +90,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   // The default NVMe tier's errors say how to size it or turn it off.
   auto open_nvme = [&]() -> Result<std::unique_ptr<NvmeTier>> {
     auto nvme = CacheCore::OpenNvmeTier(options.core);
-    if (nvme.ok() || !options.nvme_default_path) return nvme;
+    if (nvme.ok()) return nvme;
+    if (!options.nvme_default_path) {  // name where the paths were given
+      return Status(nvme.status().code(),
+                    options.Where("nvme_paths") + ": " + nvme.status().message());
+    }
     return Status(nvme.status().code(),
                   "NVMe tier (" + FormatBytes(options.core.nvme.bytes_per_path) +
                       " under the default path ./" + options.core.nvme.paths[0] + "): " +
@@ -138,8 +142,8 @@ Status Daemon::PrepareSocketDir() {
   if (!options_.socket_group.empty()) {
     group* g = getgrnam(options_.socket_group.c_str());
     if (g == nullptr) {
-      return Status::InvalidArgument("--socket-group '" + options_.socket_group +
-                                     "' is not a known group");
+      return Status::InvalidArgument(options_.Where("socket_group") + " '" +
+                                     options_.socket_group + "' is not a known group");
     }
     socket_gid_ = g->gr_gid;
   }

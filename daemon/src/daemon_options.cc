@@ -26,6 +26,17 @@ Status DaemonOptions::Validate() const {
   return core.Validate();
 }
 
+std::string DaemonOptions::FlagOf(const std::string& key) {
+  std::string flag = key == "nvme_paths" ? "nvme_path" : key;  // one flag per path
+  for (char& c : flag) c = c == '_' ? '-' : c;
+  return "--" + flag;
+}
+
+std::string DaemonOptions::Where(const std::string& key) const {
+  if (auto it = from_config.find(key); it != from_config.end()) return it->second;
+  return FlagOf(key);
+}
+
 Status CheckDramFitsMemory(uint64_t dram_bytes, const std::string& where) {
   if (struct sysinfo si {}; sysinfo(&si) == 0) {
     const uint64_t ram = uint64_t{si.totalram} * si.mem_unit;
@@ -59,7 +70,7 @@ struct RawOptions {
 
   // Where `key`'s value came from, for errors: "config FILE:LINE: key" or its flag.
   std::string Where(const std::string& key) const {
-    if (from_config.count(key) == 0) return FlagOf(key);
+    if (from_config.count(key) == 0) return DaemonOptions::FlagOf(key);
     const auto line = line_of.find(key);
     return "config " + config_path +
            (line == line_of.end() ? std::string() : ":" + std::to_string(line->second)) + ": " +
@@ -77,11 +88,6 @@ struct RawOptions {
       }
     }
     return st;
-  }
-  static std::string FlagOf(std::string key) {
-    if (key == "nvme_paths") return "--nvme-path";  // one flag per path
-    for (char& c : key) c = c == '_' ? '-' : c;
-    return "--" + key;
   }
 };
 
@@ -157,7 +163,7 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
       return Status::InvalidArgument("config " + path + ": key '" + key + "' appears twice (line " +
                                      std::to_string(kv.first.Mark().line + 1) + ")");
     }
-    const CLI::Option* given = app.get_option_no_throw(RawOptions::FlagOf(key));
+    const CLI::Option* given = app.get_option_no_throw(DaemonOptions::FlagOf(key));
     const bool flag_given = given != nullptr && given->count() > 0;
     if (!flag_given) raw->from_config.insert(key);
     raw->line_of[key] = kv.first.Mark().line + 1;
@@ -414,7 +420,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   // A setting given by flag or config that the tiers on leave unused: logged at start.
   const auto ignore_if_given = [&](const std::string& key, const std::string& off_key,
                                    const std::string& why) {
-    const CLI::Option* flag = app.get_option_no_throw(RawOptions::FlagOf(key));
+    const CLI::Option* flag = app.get_option_no_throw(DaemonOptions::FlagOf(key));
     if ((flag == nullptr || flag->count() == 0) && raw.from_config.count(key) == 0) return;
     const bool same_file = raw.from_config.count(key) > 0 && raw.from_config.count(off_key) > 0;
     opts.ignored.push_back(raw.Where(key) + " has no effect: " +
@@ -463,6 +469,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   if (*nvme_bytes == 0 && *hbm_bytes == 0) {  // the I/O workers serve NVMe and HBM copies
     ignore_if_given("nvme_workers", "nvme_bytes", " 0 and hbm_bytes 0 leave the I/O workers idle");
   }
+  for (const std::string& key : raw.from_config) opts.from_config[key] = raw.Where(key);
   if (raw.config_empty) {
     opts.ignored.push_back("config " + raw.config_path +
                            " sets nothing (it holds no keys)");

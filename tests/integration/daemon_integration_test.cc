@@ -476,6 +476,29 @@ TEST_F(DaemonTest, MissingParentOfTheSocketDirectoryIsAnError) {
   EXPECT_NE(stat(dir_.Sub("x").c_str(), &st), 0) << "a parent directory was created";
 }
 
+// A review found errors kvtierd finds at start naming a flag never given (the
+// config file's socket_group) or nothing at all (its nvme_paths).
+TEST_F(DaemonTest, StartErrorsNameTheConfigFileLineOfTheirSetting) {
+  const std::string cfg = dir_.Sub("kvtierd.yaml");
+  ASSERT_TRUE(testing::WriteFile(cfg, "dram_bytes: 64MiB\nsocket_group: no-such-group-kvt\n"));
+  CommandResult g = RunCommand({BinPath("kvtierd"), "--socket", dir_.Sub("s/kvtierd.sock"),
+                                "--config", cfg, "--nvme-bytes", "0"}, 10s);
+  EXPECT_FALSE(g.ok());
+  EXPECT_NE(g.err.find("config " + cfg + ":2: socket_group 'no-such-group-kvt' is not a known "
+                       "group"), std::string::npos) << g.Describe();
+  ASSERT_TRUE(testing::WriteFile(cfg, "dram_bytes: 64MiB\nnvme_bytes: 16MiB\n"
+                                      "nvme_paths: " + dir_.Sub("missing") + "\n"));
+  CommandResult n = RunCommand({BinPath("kvtierd"), "--socket", dir_.Sub("s/kvtierd.sock"),
+                                "--config", cfg}, 10s);
+  EXPECT_FALSE(n.ok());
+  EXPECT_NE(n.err.find("config " + cfg + ":3: nvme_paths: NVMe path"), std::string::npos)
+      << n.Describe();
+  CommandResult f = RunCommand({BinPath("kvtierd"), "--socket", dir_.Sub("s/kvtierd.sock"),
+                                "--nvme-bytes", "16MiB", "--nvme-path", dir_.Sub("gone")}, 10s);
+  EXPECT_FALSE(f.ok());
+  EXPECT_NE(f.err.find("--nvme-path: NVMe path"), std::string::npos) << f.Describe();
+}
+
 // A review found a refused start leaving the socket directory it had made.
 TEST_F(DaemonTest, ARefusedStartRemovesTheSocketDirectoryItMade) {
   const std::string made = dir_.Sub("run-kvtier");

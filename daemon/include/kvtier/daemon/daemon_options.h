@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -42,8 +43,17 @@ struct DaemonOptions {
   // off, a config file that sets nothing), each naming its flag, or its
   // config file and line: kvtierd logs them at start.
   std::vector<std::string> ignored;
+  // Where each setting read from the config file came from ("config FILE:LINE:
+  // key"), for errors found after parsing (kvtierd's start); a key not in it
+  // came from its flag or its default.
+  std::map<std::string, std::string> from_config;
 
   Status Validate() const;
+  // For an error about setting `key` (a YAML key): "config FILE:LINE: key"
+  // when the config file gave it, else its flag ("--socket-group").
+  std::string Where(const std::string& key) const;
+  // The flag of YAML key `key`: "--" and the key with '-' for '_' ("nvme_paths": --nvme-path).
+  static std::string FlagOf(const std::string& key);
 };
 
 // OK when a DRAM arena of `dram_bytes` fits this machine's memory (sysinfo's

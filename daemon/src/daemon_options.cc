@@ -64,17 +64,14 @@ struct RawOptions {
   std::string hbm_bytes = "0", gpu_backend = "cuda";
   int64_t gpu = 0;
   std::string config_path;            // --config, when given
-  std::set<std::string> from_config;  // keys whose value came from it (no flag given)
-  std::map<std::string, int> line_of;  // the line of each key in it (from 1)
+  std::map<std::string, int> from_config;  // key -> its line (from 1), when no flag gave it
   bool config_empty = false;           // it sets nothing (no keys: empty, comments, {} or null)
 
   // Where `key`'s value came from, for errors: "config FILE:LINE: key" or its flag.
   std::string Where(const std::string& key) const {
-    if (from_config.count(key) == 0) return DaemonOptions::FlagOf(key);
-    const auto line = line_of.find(key);
-    return "config " + config_path +
-           (line == line_of.end() ? std::string() : ":" + std::to_string(line->second)) + ": " +
-           key;
+    const auto line = from_config.find(key);
+    if (line == from_config.end()) return DaemonOptions::FlagOf(key);
+    return "config " + config_path + ":" + std::to_string(line->second) + ": " + key;
   }
   // `st`, whose message starts with the key it is about (as CacheCoreOptions::
   // Validate's do), naming where that key's value came from instead.
@@ -165,8 +162,7 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
     }
     const CLI::Option* given = app.get_option_no_throw(DaemonOptions::FlagOf(key));
     const bool flag_given = given != nullptr && given->count() > 0;
-    if (!flag_given) raw->from_config.insert(key);
-    raw->line_of[key] = kv.first.Mark().line + 1;
+    if (!flag_given) raw->from_config[key] = kv.first.Mark().line + 1;
     const char* expected = "a string";
     if (key == "nvme_paths") {  // a list of directories, or one
       if (flag_given) continue;
@@ -469,7 +465,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   if (*nvme_bytes == 0 && *hbm_bytes == 0) {  // the I/O workers serve NVMe and HBM copies
     ignore_if_given("nvme_workers", "nvme_bytes", " 0 and hbm_bytes 0 leave the I/O workers idle");
   }
-  for (const std::string& key : raw.from_config) opts.from_config[key] = raw.Where(key);
+  for (const auto& [key, line] : raw.from_config) opts.from_config[key] = raw.Where(key);
   if (raw.config_empty) {
     opts.ignored.push_back("config " + raw.config_path +
                            " sets nothing (it holds no keys)");

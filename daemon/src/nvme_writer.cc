@@ -196,7 +196,8 @@ std::optional<NvmeWriter::ThroughBatch> NvmeWriter::TakeAndCopy(StagingBuffer& s
       }
       const SlotEntry& e = dram_.Get(h);
       const CoreNamespace& ns = *namespaces_[e.ns_index];
-      items.push_back({h, w.key, dram_.ParentKey(h), ns.id, ns.layout, dram_.SlotAddress(e.slot_offset)});
+      items.push_back({h, w.key, dram_.ParentKey(h), ns.id, ns.layout,
+                       dram_.SlotAddress(e.slot_offset)});
       batch_bytes += ns.layout.slot_bytes;
     }
     in_flight_ += items.size();

@@ -108,6 +108,13 @@ std::string NamespaceSpec::CanonicalString() const {
          (engine_keyed ? "|keys=engine" : "");
 }
 
+std::string NamespaceSpec::RedactedString() const {
+  if (cache_salt.empty()) return CanonicalString();
+  NamespaceSpec shown = *this;
+  shown.cache_salt = "(set)";
+  return shown.CanonicalString();
+}
+
 NamespaceId NamespaceSpec::Digest() const {
   const std::string s = CanonicalString();
   XXH128_hash_t h = XXH3_128bits(s.data(), s.size());

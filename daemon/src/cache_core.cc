@@ -191,7 +191,7 @@ Status CacheCore::OpenNamespace(const core::OpenNamespaceRequest& req,
       }
       if (state == nullptr) {
         spdlog::warn("namespace refused: the daemon holds {} namespaces, none idle ({})",
-                     namespaces_.size(), spec.CanonicalString());
+                     namespaces_.size(), spec.RedactedString());
         return Status::ResourceExhausted("the daemon already holds " +
                                          std::to_string(namespaces_.size()) +
                                          " namespaces with cached chunks");
@@ -214,7 +214,7 @@ Status CacheCore::OpenNamespace(const core::OpenNamespaceRequest& req,
     state->layout = layout;
     state->active_reservations = 0;
     it = ns_by_id_.emplace(id, state).first;
-    spdlog::info("namespace {} opened: {}", id.ToHex(), spec.CanonicalString());
+    spdlog::info("namespace {} opened: {}", id.ToHex(), spec.RedactedString());
     if (layout.slot_bytes > options_.SessionMaxBytes()) {
       spdlog::warn("session_max_bytes {} is less than one slot of namespace {} ({} bytes): each "
                    "session holds one chunk of it at a time", options_.SessionMaxBytes(),

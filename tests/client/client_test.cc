@@ -520,6 +520,13 @@ TEST_F(ClientTest, DifferentCacheSaltIsADifferentNamespace) {
   auto l2 = client2->Lookup(a2, tokens);
   ASSERT_TRUE(l2.ok());
   EXPECT_EQ(l2->cached_tokens, 3u * kChunkTokens);
+  // The salt is a tenant's secret: the daemon's log says a namespace has one,
+  // never what it is. (Stopped first: its log is written in blocks.)
+  daemon_.Stop();
+  const std::string log = daemon_.log();
+  EXPECT_NE(log.find("namespace " + a.id.ToHex() + " opened"), std::string::npos) << log;
+  EXPECT_EQ(log.find("tenant-a"), std::string::npos) << log;
+  EXPECT_EQ(log.find("tenant-b"), std::string::npos) << log;
 }
 
 TEST_F(ClientTest, ConcurrentStoreAndLoadFromFourThreadsOfOneClient) {

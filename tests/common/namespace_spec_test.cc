@@ -150,6 +150,19 @@ TEST(NamespaceSpec, PayloadOverOneGiBIsRejected) {
   EXPECT_EQ(s.Validate().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(NamespaceSpec, RedactedStringHidesTheSaltButNotThatThereIsOne) {
+  NamespaceSpec s = Mha("m", 2, 2, 8);
+  const std::string unsalted = s.CanonicalString();
+  EXPECT_EQ(s.RedactedString(), unsalted);
+  s.cache_salt = "tenant-secret-42";
+  const NamespaceId salted = s.Digest();
+  EXPECT_NE(s.CanonicalString().find("tenant-secret-42"), std::string::npos);
+  EXPECT_EQ(s.RedactedString().find("tenant-secret-42"), std::string::npos) << s.RedactedString();
+  EXPECT_NE(s.RedactedString().find("|salt=(set)"), std::string::npos) << s.RedactedString();
+  EXPECT_EQ(s.cache_salt, "tenant-secret-42");  // the spec itself is unchanged
+  EXPECT_EQ(s.Digest(), salted);
+}
+
 TEST(NamespaceSpec, EngineKeyedChunksAreKeyedByNamespaceAndEngineHashUnchained) {
   NamespaceSpec s = Mha("m", 2, 2, 8);
   s.chunk_tokens = 16;

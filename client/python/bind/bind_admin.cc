@@ -129,7 +129,7 @@ void BindAdmin(nb::module_& m) {
             for (const NamespaceInfo& i : infos) {
               nb::dict d;
               d["id"] = i.id.ToHex();
-              d["spec"] = i.spec.CanonicalString();
+              d["spec"] = i.spec.RedactedString();
               d["model_id"] = i.spec.model_id;
               d["chunks"] = i.chunks;
               d["slot_bytes"] = i.slot_bytes;

@@ -59,7 +59,7 @@ void BindResults(nb::module_& m) {
       .def_prop_ro("layer_bytes", [](const NamespaceHandle& h) { return h.spec.LayerBytes(); },
                    "Bytes of one layer of one chunk payload (a contiguous range of it).")
       .def("__repr__", [](const NamespaceHandle& h) {
-        return "kvtier.Namespace(" + h.spec.CanonicalString() + ")";
+        return "kvtier.Namespace(" + h.spec.RedactedString() + ")";
       });
 
   nb::class_<LookupResult>(m, "LookupResult", "What Client.lookup found.")

@@ -63,6 +63,9 @@ struct NamespaceSpec {
   // latent_dim=A|chunk_tokens=C|tp_rank=R|tp_size=S|salt=T, followed by |keys=engine for
   // an engine-keyed namespace (so token-keyed digests are those of DESIGN.md).
   std::string CanonicalString() const;
+  // CanonicalString() with the salt's value replaced by "(set)" when there is
+  // one: what logs and displays show (the salt is a tenant's secret).
+  std::string RedactedString() const;
   // XXH3-128 of CanonicalString(): the namespace id.
   NamespaceId Digest() const;
 

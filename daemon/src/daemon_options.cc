@@ -66,6 +66,9 @@ struct RawOptions {
   std::string config_path;            // --config, when given
   std::map<std::string, int> from_config;  // key -> its line (from 1), when no flag gave it
   bool config_empty = false;           // it sets nothing (no keys: empty, comments, {} or null)
+  // The first bad value of the config file among those flags override: reported
+  // after the values in use are checked.
+  Status overridden_error;
 
   // Where `key`'s value came from, for errors: "config FILE:LINE: key" or its flag.
   std::string Where(const std::string& key) const {
@@ -126,7 +129,34 @@ Result<size_t> CountYamlDocuments(const std::string& path, const std::string& te
   return docs;
 }
 
+// The form of `key`'s value in `r` (a byte size, a name among a few): what a
+// config file's value must have even when a flag overrides it. Limits that
+// depend on the machine or on other settings are checked on the values in use.
+Status CheckForm(const std::string& key, const RawOptions& r) {
+  const std::map<std::string, const std::string*> sizes = {
+      {"dram_bytes", &r.dram_bytes}, {"session_max_bytes", &r.session_max_bytes},
+      {"nvme_bytes", &r.nvme_bytes}, {"hbm_bytes", &r.hbm_bytes}};
+  if (auto it = sizes.find(key); it != sizes.end()) {
+    auto bytes = ParseBytes(*it->second);
+    if (!bytes.ok()) return Status::InvalidArgument(r.Where(key) + ": " + bytes.status().message());
+  } else if (key == "nvme_write_policy") {
+    if (auto policy = ParseNvmeWritePolicy(r.nvme_write_policy); !policy.ok()) {
+      return r.Named(policy.status());
+    }
+  } else if (key == "gpu_backend") {
+    if (auto backend = ParseHbmBackend(r.gpu_backend); !backend.ok()) return r.Named(backend.status());
+  } else if (key == "log_level") {
+    if (Status st = CheckLogLevel(r.log_level); !st.ok()) {
+      return Status(st.code(), r.Where(key) + ": " + st.message());
+    }
+  }
+  return Status::Ok();
+}
+
 Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) {
+  // Values a flag overrides are read into `overridden` and checked all the same.
+  RawOptions overridden;
+  overridden.config_path = path;
   YAML::Node root;
   try {
     std::ifstream file(path);
@@ -162,23 +192,23 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
     }
     const CLI::Option* given = app.get_option_no_throw(DaemonOptions::FlagOf(key));
     const bool flag_given = given != nullptr && given->count() > 0;
-    if (!flag_given) raw->from_config[key] = kv.first.Mark().line + 1;
+    RawOptions* dst = flag_given ? &overridden : raw;
+    dst->from_config[key] = kv.first.Mark().line + 1;
     const char* expected = "a string";
     if (key == "nvme_paths") {  // a list of directories, or one
-      if (flag_given) continue;
       const std::string line = std::to_string(kv.first.Mark().line + 1);
       if (kv.second.IsNull()) {  // as<std::string> reads it as the text "null"
         return Status::InvalidArgument("config " + path + ": key 'nvme_paths' needs a value (line " +
                                        line + ")");
       }
       try {
-        raw->nvme_paths.clear();
+        dst->nvme_paths.clear();
         int empty_at = 0;
         const auto add = [&](const YAML::Node& p) {
           if (!p.IsScalar()) throw YAML::Exception(p.Mark(), "not a directory");
-          raw->nvme_paths.push_back(p.as<std::string>());
+          dst->nvme_paths.push_back(p.as<std::string>());
           // "" would be the working directory: named here, at its own line.
-          if (raw->nvme_paths.back().empty()) empty_at = p.Mark().line + 1;
+          if (dst->nvme_paths.back().empty()) empty_at = p.Mark().line + 1;
         };
         if (kv.second.IsSequence()) {
           for (const auto& p : kv.second) add(p);
@@ -189,11 +219,11 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
           return Status::InvalidArgument("config " + path + ":" + std::to_string(empty_at) +
                                          ": nvme_paths gives an empty path: name a directory");
         }
-        if (raw->nvme_paths.empty()) {
+        if (dst->nvme_paths.empty()) {
           return Status::InvalidArgument("config " + path + ": nvme_paths is empty (give "
                                          "nvme_bytes: 0 to turn the NVMe tier off)");
         }
-        raw->nvme_paths_from_config = true;
+        dst->nvme_paths_from_config = true;
       } catch (const YAML::Exception& e) {
         return Status::InvalidArgument("config " + path + ": key 'nvme_paths' must be a directory "
                                        "or a list of directories (line " + line + ")");
@@ -212,49 +242,47 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
     }
     try {
       if (key == "socket") {
-        if (!flag_given) raw->socket = kv.second.as<std::string>();
+        dst->socket = kv.second.as<std::string>();
       } else if (key == "socket_group") {
-        if (!flag_given) raw->socket_group = kv.second.as<std::string>();
+        dst->socket_group = kv.second.as<std::string>();
       } else if (key == "log_level") {
-        if (!flag_given) raw->log_level = kv.second.as<std::string>();
+        dst->log_level = kv.second.as<std::string>();
       } else if (key == "dram_bytes") {
         expected = "a byte size such as 4GiB";
-        if (!flag_given) raw->dram_bytes = kv.second.as<std::string>();
+        dst->dram_bytes = kv.second.as<std::string>();
       } else if (key == "session_max_bytes") {
         expected = "a byte size such as 1GiB";
-        if (!flag_given) raw->session_max_bytes = kv.second.as<std::string>();
+        dst->session_max_bytes = kv.second.as<std::string>();
       } else if (key == "nvme_bytes") {
         expected = "a byte size such as 64GiB";
-        if (!flag_given) raw->nvme_bytes = kv.second.as<std::string>();
+        dst->nvme_bytes = kv.second.as<std::string>();
       } else if (key == "nvme_write_policy") {
         expected = "write_through, write_back or selective";
-        if (!flag_given) raw->nvme_write_policy = kv.second.as<std::string>();
+        dst->nvme_write_policy = kv.second.as<std::string>();
       } else if (key == "selective_min_hits") {
         expected = "an integer";
-        if (!flag_given) raw->selective_min_hits = kv.second.as<int64_t>();
+        dst->selective_min_hits = kv.second.as<int64_t>();
       } else if (key == "nvme_queue_depth") {
         expected = "an integer";
-        if (!flag_given) raw->nvme_queue_depth = kv.second.as<int64_t>();
+        dst->nvme_queue_depth = kv.second.as<int64_t>();
       } else if (key == "nvme_workers") {
         expected = "an integer";
-        if (!flag_given) raw->nvme_workers = kv.second.as<int64_t>();
+        dst->nvme_workers = kv.second.as<int64_t>();
       } else if (key == "hbm_bytes") {
         expected = "a byte size such as 16GiB";
-        if (!flag_given) raw->hbm_bytes = kv.second.as<std::string>();
+        dst->hbm_bytes = kv.second.as<std::string>();
       } else if (key == "gpu") {
         expected = "a CUDA device ordinal";
-        if (!flag_given) raw->gpu = kv.second.as<int64_t>();
+        dst->gpu = kv.second.as<int64_t>();
       } else if (key == "gpu_backend") {
         expected = "cuda or host";
-        if (!flag_given) raw->gpu_backend = kv.second.as<std::string>();
+        dst->gpu_backend = kv.second.as<std::string>();
       } else if (key == "lease_ttl_ms" || key == "reservation_ttl_ms" ||
                  key == "drain_timeout_ms") {
         expected = "an integer number of milliseconds";
-        if (!flag_given) {
-          (key == "lease_ttl_ms"         ? raw->lease_ttl_ms
-           : key == "reservation_ttl_ms" ? raw->reservation_ttl_ms
-                                         : raw->drain_timeout_ms) = kv.second.as<int64_t>();
-        }
+        (key == "lease_ttl_ms"         ? dst->lease_ttl_ms
+         : key == "reservation_ttl_ms" ? dst->reservation_ttl_ms
+                                       : dst->drain_timeout_ms) = kv.second.as<int64_t>();
       } else {
         return Status::InvalidArgument("config " + path + ": unknown key '" + key +
                                        "' (socket, socket_group, log_level, dram_bytes, "
@@ -268,6 +296,9 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
                                      expected + " (line " + std::to_string(e.mark.line + 1) +
                                      ")");
     }
+  }
+  for (const auto& [key, line] : overridden.from_config) {
+    if (raw->overridden_error.ok()) raw->overridden_error = CheckForm(key, overridden);
   }
   return Status::Ok();
 }
@@ -402,11 +433,6 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
                                    std::to_string(raw.selective_min_hits) +
                                    " is outside 1..1000000");
   }
-  const CLI::Option* bytes_flag = app.get_option_no_throw("--nvme-bytes");
-  if (*nvme_bytes == 0 && raw.nvme_paths_from_config && bytes_flag != nullptr &&
-      bytes_flag->count() > 0) {
-    raw.nvme_paths.clear();  // the flag wins over the file
-  }
   for (const std::string& p : raw.nvme_paths) {  // "" would be the working directory
     if (p.empty()) {
       return Status::InvalidArgument(raw.Where("nvme_paths") +
@@ -422,6 +448,12 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
     opts.ignored.push_back(raw.Where(key) + " has no effect: " +
                            (same_file ? off_key : raw.Where(off_key)) + why);
   };
+  const CLI::Option* bytes_flag = app.get_option_no_throw("--nvme-bytes");
+  if (*nvme_bytes == 0 && raw.nvme_paths_from_config && bytes_flag != nullptr &&
+      bytes_flag->count() > 0) {
+    ignore_if_given("nvme_paths", "nvme_bytes", " 0 turns the NVMe tier off");
+    raw.nvme_paths.clear();  // the flag wins over the file
+  }
   if (*nvme_bytes == 0) {  // DRAM only
     if (!raw.nvme_paths.empty()) {
       return Status::InvalidArgument(raw.Where("nvme_bytes") + " 0 turns the NVMe tier off, but " +
@@ -476,6 +508,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   if (Status st = CheckLogLevel(raw.log_level); !st.ok()) {
     return Status(st.code(), raw.Where("log_level") + ": " + st.message());
   }
+  KVTIER_RETURN_IF_ERROR(raw.overridden_error);
   return opts;
 }
 

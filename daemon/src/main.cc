@@ -49,8 +49,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   auto daemon = kvtier::Daemon::Start(*options);
-  if (!daemon.ok()) {
-    spdlog::error("{}", daemon.status().ToString());
+  if (!daemon.ok()) {  // worded as a parse error is (those exit 2: nothing could be read)
+    spdlog::default_logger()->flush();
+    std::fprintf(stderr, "kvtierd: cannot start: %s\n", daemon.status().message().c_str());
     return 1;
   }
   int sig = 0;

@@ -342,6 +342,10 @@ TEST_F(DaemonOptionsTest, NvmeFlagsAreCheckedAndNamed) {
   auto flag_wins = Parse({"--config", cfg, "--nvme-bytes", "0"});
   ASSERT_TRUE(flag_wins.ok()) << flag_wins.status().ToString();
   EXPECT_TRUE(flag_wins->core.nvme.paths.empty()) << "--nvme-bytes 0 wins over the file";
+  // ... and says so (a fresh user found the file's paths dropped without a word).
+  ASSERT_EQ(flag_wins->ignored.size(), 1u);
+  EXPECT_TRUE(Names(flag_wins->ignored[0], "config " + cfg + ":1: nvme_paths has no effect: "
+                                           "--nvme-bytes 0 turns the NVMe tier off"));
   EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("nvme_paths: []\n")}), "nvme_paths"));
   EXPECT_EQ(Parse({"--nvme-write-policy", "write_back"}).value().core.nvme_write_policy,
             NvmeWritePolicy::kWriteBack);
@@ -402,6 +406,42 @@ TEST_F(DaemonOptionsTest, HbmIsOffByDefaultAndTakesItsFlagsAndKeys) {
   EXPECT_EQ(c->core.hbm.bytes, uint64_t{1} << 30);
   EXPECT_EQ(c->core.hbm.device, 2) << "the flag wins over the file";
   EXPECT_EQ(c->core.hbm.backend, HbmBackend::kHost);
+}
+
+// A fresh user found a bad value in the config file taken silently when a flag
+// overrode it: the file is wrong all the same (and wrong the day the flag goes).
+// Its form is checked (type, size, names); limits that depend on the machine
+// (dram_bytes past its memory) only for the value in use.
+TEST_F(DaemonOptionsTest, ABadValueInTheConfigFileIsAnErrorEvenWhenAFlagOverridesIt) {
+  struct Case {
+    std::string yaml, flag, value, names;
+  };
+  const std::vector<Case> cases = {
+      {"dram_bytes: 4 gigs\n", "--dram-bytes", "64MiB", ":1: dram_bytes"},
+      {"log_level: info\nnvme_bytes: lots\n", "--nvme-bytes", "0", ":2: nvme_bytes"},
+      {"session_max_bytes: -1\n", "--session-max-bytes", "0", ":1: session_max_bytes"},
+      {"hbm_bytes: [1]\n", "--hbm-bytes", "0", "key 'hbm_bytes' takes one value"},
+      {"nvme_workers: two\n", "--nvme-workers", "2", "key 'nvme_workers' must be an integer"},
+      {"nvme_write_policy: writeback\n", "--nvme-write-policy", "write_back",
+       ":1: nvme_write_policy 'writeback'"},
+      {"gpu_backend: cpu\n", "--gpu-backend", "host", ":1: gpu_backend"},
+      {"log_level: loud\n", "--log-level", "info", ":1: log_level"},
+      {"nvme_paths: {a: b}\n", "--nvme-path", "/tmp", "key 'nvme_paths' must be a directory"},
+  };
+  for (const Case& c : cases) {
+    const std::string cfg = WriteConfig(c.yaml);
+    const std::string error = ErrorOf({"--config", cfg, c.flag, c.value});
+    EXPECT_TRUE(Names(error, c.names)) << c.yaml << " -> " << error;
+    EXPECT_TRUE(Names(error, cfg)) << c.yaml << " -> " << error;
+  }
+  // A value that is well formed but too big for this machine is the flag's business;
+  // a bad flag is named before a bad value it overrides.
+  const std::string big = WriteConfig("dram_bytes: 1024TiB\n");
+  auto r = Parse({"--config", big, "--dram-bytes", "64MiB", "--nvme-bytes", "0"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->core.dram_bytes, uint64_t{64} << 20);
+  const std::string both = WriteConfig("dram_bytes: 4 gigs\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", both, "--dram-bytes", "4 megs"}), "--dram-bytes"));
 }
 
 // A review found --nvme-path ignored when the config file gave nvme_paths (its

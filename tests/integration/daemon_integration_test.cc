@@ -477,15 +477,20 @@ TEST_F(DaemonTest, MissingParentOfTheSocketDirectoryIsAnError) {
 }
 
 // A review found errors kvtierd finds at start naming a flag never given (the
-// config file's socket_group) or nothing at all (its nvme_paths).
+// config file's socket_group) or nothing at all (its nvme_paths). A later one
+// found them printed as log lines with a status code in front, where errors
+// found while parsing are `kvtierd: ...` lines: each is now `kvtierd: cannot
+// start: ...`, and still exits 1 (2 is for what cannot be read).
 TEST_F(DaemonTest, StartErrorsNameTheConfigFileLineOfTheirSetting) {
   const std::string cfg = dir_.Sub("kvtierd.yaml");
   ASSERT_TRUE(testing::WriteFile(cfg, "dram_bytes: 64MiB\nsocket_group: no-such-group-kvt\n"));
   CommandResult g = RunCommand({BinPath("kvtierd"), "--socket", dir_.Sub("s/kvtierd.sock"),
                                 "--config", cfg, "--nvme-bytes", "0"}, 10s);
   EXPECT_FALSE(g.ok());
-  EXPECT_NE(g.err.find("config " + cfg + ":2: socket_group 'no-such-group-kvt' is not a known "
-                       "group"), std::string::npos) << g.Describe();
+  EXPECT_NE(g.err.find("kvtierd: cannot start: config " + cfg + ":2: socket_group "
+                       "'no-such-group-kvt' is not a known group"), std::string::npos)
+      << g.Describe();
+  EXPECT_TRUE(g.exit.exited && g.exit.exit_code == 1) << g.Describe();
   ASSERT_TRUE(testing::WriteFile(cfg, "dram_bytes: 64MiB\nnvme_bytes: 16MiB\n"
                                       "nvme_paths: " + dir_.Sub("missing") + "\n"));
   CommandResult n = RunCommand({BinPath("kvtierd"), "--socket", dir_.Sub("s/kvtierd.sock"),
@@ -496,7 +501,9 @@ TEST_F(DaemonTest, StartErrorsNameTheConfigFileLineOfTheirSetting) {
   CommandResult f = RunCommand({BinPath("kvtierd"), "--socket", dir_.Sub("s/kvtierd.sock"),
                                 "--nvme-bytes", "16MiB", "--nvme-path", dir_.Sub("gone")}, 10s);
   EXPECT_FALSE(f.ok());
-  EXPECT_NE(f.err.find("--nvme-path: NVMe path"), std::string::npos) << f.Describe();
+  EXPECT_NE(f.err.find("kvtierd: cannot start: --nvme-path: NVMe path"), std::string::npos)
+      << f.Describe();
+  EXPECT_EQ(f.err.find("INVALID_ARGUMENT"), std::string::npos) << f.Describe();
 }
 
 // A review found a refused start leaving the socket directory it had made.

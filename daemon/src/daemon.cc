@@ -22,6 +22,7 @@
 #include "grpc_services.h"
 #include "kvtier/control_ring.h"
 #include "kvtier/fd_passing.h"
+#include "kvtier/daemon/metrics.h"
 #include "kvtier/logging.h"
 #include "kvtier/proto/transport_args.h"
 #include "kvtier/units.h"
@@ -125,6 +126,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   auto grpc_fd = ListenUnix(options.socket_path, d->SocketMode(), d->SocketGroup());
   if (!grpc_fd.ok()) return grpc_fd.status();
   d->grpc_listen_fd_ = *grpc_fd;
+  KVTIER_RETURN_IF_ERROR(d->StartMetrics());
   d->arena_thread_ = std::thread([p = d.get()] { p->AcceptLoop(); });
   d->sweep_thread_ = std::thread([p = d.get()] { p->SweepLoop(); });
   if (d->core_->nvme_enabled()) d->nvme_thread_ = std::thread([p = d.get()] { p->NvmeLoop(); });
@@ -365,6 +367,7 @@ size_t Daemon::Shutdown(const std::atomic<bool>* abort) {
   if (shut_down_) return 0;
   shut_down_ = true;
   stopping_.store(true);
+  metrics_.reset();  // before core_ goes: it reads its stats
   if (arena_thread_.joinable()) arena_thread_.join();  // hands gRPC no connection after this
   if (ring_server_) ring_server_->Stop();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
@@ -393,6 +396,30 @@ size_t Daemon::Shutdown(const std::atomic<bool>* abort) {
   arena_listen_fd_ = grpc_listen_fd_ = lock_fd_ = -1;
   return cut_short;
 }
+
+Status Daemon::StartMetrics() {
+  auto address = ParseMetricsAddress(options_.metrics_address);  // checked when parsed
+  if (!address.ok()) return address.status();
+  if (address->off()) return Status::Ok();
+  auto m = MetricsServer::Start(*address, [core = core_.get()] {
+    return PrometheusText(core->Stats());
+  });
+  if (!m.ok()) {
+    if (!options_.metrics_default) {
+      return Status(m.status().code(), options_.Where("metrics_address") + " " +
+                                           options_.metrics_address + ": " + m.status().message());
+    }
+    // The default address, taken (a second kvtierd on this machine): serve without it.
+    spdlog::warn("metrics off: {} (give each kvtierd its own --metrics-address, or off)",
+                 m.status().message());
+    return Status::Ok();
+  }
+  metrics_ = std::move(m).value();
+  spdlog::info("Prometheus metrics on http://{}:{}/metrics", address->host, metrics_->port());
+  return Status::Ok();
+}
+
+int Daemon::metrics_port() const { return metrics_ ? metrics_->port() : 0; }
 
 Daemon::Daemon(const DaemonOptions& options) : options_(options) {}
 

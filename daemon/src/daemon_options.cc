@@ -13,6 +13,7 @@
 #include <sstream>
 #include <vector>
 
+#include "kvtier/daemon/metrics.h"
 #include "kvtier/units.h"
 
 namespace kvtier {
@@ -62,6 +63,7 @@ struct RawOptions {
   int64_t nvme_workers = 2;
   int64_t lease_ttl_ms = 0, reservation_ttl_ms = 0, drain_timeout_ms = 0;
   std::string hbm_bytes = "0", gpu_backend = "cuda";
+  std::string metrics_address = "127.0.0.1:9400";
   int64_t gpu = 0;
   std::string config_path;            // --config, when given
   std::map<std::string, int> from_config;  // key -> its line (from 1), when no flag gave it
@@ -145,6 +147,10 @@ Status CheckForm(const std::string& key, const RawOptions& r) {
     }
   } else if (key == "gpu_backend") {
     if (auto backend = ParseHbmBackend(r.gpu_backend); !backend.ok()) return r.Named(backend.status());
+  } else if (key == "metrics_address") {
+    if (auto a = ParseMetricsAddress(r.metrics_address); !a.ok()) {
+      return Status::InvalidArgument(r.Where(key) + " " + a.status().message());
+    }
   } else if (key == "log_level") {
     if (Status st = CheckLogLevel(r.log_level); !st.ok()) {
       return Status(st.code(), r.Where(key) + ": " + st.message());
@@ -245,6 +251,8 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
         dst->socket = kv.second.as<std::string>();
       } else if (key == "socket_group") {
         dst->socket_group = kv.second.as<std::string>();
+      } else if (key == "metrics_address") {
+        dst->metrics_address = kv.second.as<std::string>();
       } else if (key == "log_level") {
         dst->log_level = kv.second.as<std::string>();
       } else if (key == "dram_bytes") {
@@ -285,8 +293,9 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
                                        : dst->drain_timeout_ms) = kv.second.as<int64_t>();
       } else {
         return Status::InvalidArgument("config " + path + ": unknown key '" + key +
-                                       "' (socket, socket_group, log_level, dram_bytes, "
-                                       "session_max_bytes, lease_ttl_ms, reservation_ttl_ms, "
+                                       "' (socket, socket_group, metrics_address, log_level, "
+                                       "dram_bytes, session_max_bytes, lease_ttl_ms, "
+                                       "reservation_ttl_ms, "
                                        "drain_timeout_ms, nvme_paths, nvme_bytes, "
                                        "nvme_queue_depth, nvme_workers, nvme_write_policy, "
                                        "selective_min_hits, hbm_bytes, gpu, gpu_backend)");
@@ -330,6 +339,10 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   app.add_option("--session-max-bytes", raw.session_max_bytes,
                  "most DRAM one client session may hold at once in leases, prefetches and "
                  "reservations; 0 = half of --dram-bytes")
+      ->capture_default_str();
+  app.add_option("--metrics-address", raw.metrics_address,
+                 "Prometheus /metrics over HTTP: HOST:PORT ([::1]:PORT for IPv6; port 0: any "
+                 "free one), or off")
       ->capture_default_str();
   app.add_option("--log-level", raw.log_level, "trace|debug|info|warn|error|critical|off")
       ->capture_default_str();
@@ -390,6 +403,11 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
     return Status::InvalidArgument(raw.Where("dram_bytes") + ": " + dram.status().message());
   }
   opts.socket_path = raw.socket;
+  KVTIER_RETURN_IF_ERROR(CheckForm("metrics_address", raw));
+  opts.metrics_address = raw.metrics_address;
+  const CLI::Option* metrics_flag = app.get_option_no_throw("--metrics-address");
+  opts.metrics_default = raw.from_config.count("metrics_address") == 0 &&
+                         (metrics_flag == nullptr || metrics_flag->count() == 0);
   opts.socket_group = raw.socket_group;
   opts.log_level = raw.log_level;
   KVTIER_RETURN_IF_ERROR(CheckDramFitsMemory(*dram, raw.Where("dram_bytes")));

@@ -444,6 +444,31 @@ TEST_F(DaemonOptionsTest, ABadValueInTheConfigFileIsAnErrorEvenWhenAFlagOverride
   EXPECT_TRUE(Names(ErrorOf({"--config", both, "--dram-bytes", "4 megs"}), "--dram-bytes"));
 }
 
+TEST_F(DaemonOptionsTest, MetricsAddressDefaultsToLoopback9400AndIsChecked) {
+  auto d = Parse({});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->metrics_address, "127.0.0.1:9400");
+  EXPECT_TRUE(d->metrics_default);
+  auto off = Parse({"--metrics-address", "off"});
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->metrics_address, "off");
+  EXPECT_FALSE(off->metrics_default);
+  for (const char* good : {"0.0.0.0:9400", "[::1]:9400", "localhost:0", "10.1.2.3:65535"}) {
+    auto r = Parse({"--metrics-address", good});
+    EXPECT_TRUE(r.ok()) << good << ": " << r.status().ToString();
+  }
+  for (const char* bad : {"9400", "localhost", ":9400", "127.0.0.1:", "127.0.0.1:65536",
+                          "127.0.0.1:94x0", "::1:9400", "[::1:9400", "127.0.0.1:-1", "Off"}) {
+    EXPECT_TRUE(Names(ErrorOf({"--metrics-address", bad}), "--metrics-address '")) << bad;
+  }
+  const std::string cfg = WriteConfig("log_level: info\nmetrics_address: nowhere\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), "config " + cfg + ":2: metrics_address 'nowhere'"));
+  auto from_file = Parse({"--config", WriteConfig("metrics_address: 127.0.0.1:9500\n")});
+  ASSERT_TRUE(from_file.ok()) << from_file.status().ToString();
+  EXPECT_EQ(from_file->metrics_address, "127.0.0.1:9500");
+  EXPECT_FALSE(from_file->metrics_default) << "given in the file: a taken port refuses the start";
+}
+
 // A review found --nvme-path ignored when the config file gave nvme_paths (its
 // flag is --nvme-path, not --nvme-paths): flags win over the file.
 TEST_F(DaemonOptionsTest, NvmePathFlagsWinOverTheConfigFilesNvmePaths) {

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -281,6 +282,65 @@ TEST_F(DaemonTest, ClientFailsOpenWhileDaemonIsDownThenReconnectsAndRemaps) {
 }
 
 // ---- (d) one daemon per socket --------------------------------------------------------
+
+// A TCP socket bound to 127.0.0.1:`port` (0: any free port), or -1.
+int BindLoopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(fd, 1) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int FreeLoopbackPort() {
+  const int fd = BindLoopback(0);
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A review found two kvtierd started on one metrics address, each scraped at
+// random (cpp-httplib sets SO_REUSEPORT): a scrape mixed two daemons' figures.
+TEST_F(DaemonTest, AMetricsAddressInUseRefusesTheStartThatGaveIt) {
+  const std::string address = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
+  DaemonProcess daemon(Opts({"--metrics-address", address}));
+  ASSERT_EQ(daemon.Start(), "");
+  CommandResult second = RunCommand({BinPath("kvtierd"), "--socket", dir_.Sub("b.sock"),
+                                     "--dram-bytes", "64MiB", "--nvme-bytes", "0",
+                                     "--metrics-address", address}, 20s);
+  EXPECT_TRUE(second.exit.exited && second.exit.exit_code == 1) << second.Describe();
+  EXPECT_NE(second.err.find("kvtierd: cannot start: --metrics-address " + address +
+                            ": cannot listen"), std::string::npos) << second.Describe();
+  EXPECT_TRUE(daemon.running());
+  EXPECT_FALSE(Exists(dir_.Sub("b.sock"))) << "the refused daemon left its socket";
+}
+
+// The default address (127.0.0.1:9400) taken, as by a second kvtierd on the
+// machine: the daemon serves without metrics and says so.
+TEST_F(DaemonTest, TheDefaultMetricsAddressInUseLeavesMetricsOffWithAWarning) {
+  int held = -1;  // hold 9400 ourselves (another process may have it a while)
+  for (int i = 0; i < 500 && held < 0; ++i) {
+    held = BindLoopback(9400);
+    if (held < 0) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_GE(held, 0) << "127.0.0.1:9400 stayed taken for 5 s";
+  DaemonProcess::Options o = Opts();
+  o.metrics_off = false;
+  DaemonProcess daemon(o);
+  ASSERT_EQ(daemon.Start(), "");
+  EXPECT_TRUE(daemon.Ctl({"health"}).ok());
+  daemon.Stop();
+  close(held);
+  EXPECT_NE(daemon.log().find("metrics off: cannot listen on 127.0.0.1:9400"), std::string::npos)
+      << daemon.log();
+}
 
 TEST_F(DaemonTest, SecondDaemonOnSameSocketIsRefusedAndFirstKeepsServing) {
   DaemonProcess daemon(Opts());

@@ -318,6 +318,13 @@ std::vector<std::string> DaemonProcess::Argv() const {
                                         return a == "--nvme-path" || a == "--nvme-bytes";
                                       });
   if (!nvme_given) argv.insert(argv.end(), {"--nvme-bytes", "0"});
+  // Its /metrics listens on 127.0.0.1:9400 by default, one daemon per machine:
+  // tests that scrape it give their own address.
+  if (options_.metrics_off &&
+      std::find(options_.extra_args.begin(), options_.extra_args.end(), "--metrics-address") ==
+          options_.extra_args.end()) {
+    argv.insert(argv.end(), {"--metrics-address", "off"});
+  }
   return argv;
 }
 

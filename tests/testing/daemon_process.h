@@ -146,8 +146,11 @@ class DaemonProcess {
     // Default: "64MiB".
     std::string dram_bytes = "64MiB";
     // More kvtierd flags, e.g. {"--lease-ttl-ms", "600000"}. Without
-    // --nvme-path or --nvme-bytes among them, "--nvme-bytes 0" is added (DRAM only).
+    // --nvme-path or --nvme-bytes among them, "--nvme-bytes 0" is added (DRAM
+    // only); without --metrics-address, "--metrics-address off" unless
+    // metrics_off is false (then kvtierd's default address).
     std::vector<std::string> extra_args;
+    bool metrics_off = true;
     // The daemon's working directory (where ./kvtier-data goes). Default: ours.
     std::string working_dir;
     // Where the daemon's stdout+stderr go. Default: socket_path + ".log".

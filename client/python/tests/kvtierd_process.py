@@ -51,6 +51,8 @@ class KvtierdProcess:
         extra = list(extra_args or [])
         if "--nvme-bytes" not in extra and "--nvme-path" not in extra:
             extra += ["--nvme-bytes", "0"]
+        if "--metrics-address" not in extra:  # 127.0.0.1:9400 by default, one per machine
+            extra += ["--metrics-address", "off"]
         self.args += extra
         self.proc: Optional[subprocess.Popen[bytes]] = None
 

@@ -32,6 +32,7 @@ namespace kvtier {
 class KvCacheService;
 class AdminService;
 class RingServer;
+class MetricsServer;
 
 class Daemon {
  public:
@@ -49,6 +50,8 @@ class Daemon {
   size_t Shutdown(const std::atomic<bool>* abort = nullptr);
 
   CacheCore& core() { return *core_; }
+  // The port /metrics listens on; 0 when metrics are off.
+  int metrics_port() const;
 
  private:
   explicit Daemon(const DaemonOptions& options);
@@ -60,6 +63,8 @@ class Daemon {
   mode_t SocketMode() const;                // 0600, or 0660 with --socket-group
   std::optional<gid_t> SocketGroup() const;
   void SweepLoop();
+  // /metrics on options_.metrics_address (nothing when off).
+  Status StartMetrics();
   void NvmeLoop();  // write-through worker
   // Shutdown's NVMe drain, bounded by drain_timeout and `abort`: the chunks
   // left unwritten because it was cut short.
@@ -76,6 +81,7 @@ class Daemon {
   std::unique_ptr<KvCacheService> kv_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsServer> metrics_;  // nullptr when off
   std::atomic<bool> stopping_{false};
   std::thread arena_thread_;
   bool accept_failing_ = false;  // AcceptLoop's own: logged once per run of failures

@@ -39,6 +39,13 @@ struct DaemonOptions {
   // Rebuild the NVMe tier's RocksDB index from the slot headers before
   // serving (when the index is missing or corrupt). Default: false.
   bool rebuild_index = false;
+  // Prometheus /metrics: "HOST:PORT" or "off" (metrics.h, ParseMetricsAddress).
+  // Default: "127.0.0.1:9400".
+  std::string metrics_address = "127.0.0.1:9400";
+  // True when metrics_address is the default: kvtierd then serves without
+  // metrics (with a warning) when the port is taken, e.g. by a second kvtierd;
+  // an address given that cannot be listened on refuses the start.
+  bool metrics_default = true;
   // Settings given that have no effect (an NVMe setting with the NVMe tier
   // off, a config file that sets nothing), each naming its flag, or its
   // config file and line: kvtierd logs them at start.

@@ -1,0 +1,149 @@
+"""kvtierd's Prometheus /metrics against a real daemon: scraped under load, parsed with
+prometheus_client's own text parser, and matched figure by figure with `kvtierctl stats
+--json` once the load stops."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+import kvtier
+from kvtierd_process import KvtierdProcess, bin_dir
+
+CHUNK = 16
+
+# kvtierctl stats --json's tier fields, and the series each is exported as.
+TIER_SERIES = {
+    "capacity_bytes": "kvtier_tier_capacity_bytes", "used_bytes": "kvtier_tier_used_bytes",
+    "capacity_chunks": "kvtier_tier_capacity_chunks", "chunks": "kvtier_tier_chunks",
+    "hits": "kvtier_tier_hits_total", "misses": "kvtier_tier_misses_total",
+    "evictions": "kvtier_tier_evictions_total", "read_bytes": "kvtier_tier_read_bytes_total",
+    "write_bytes": "kvtier_tier_written_bytes_total",
+    "pending_writes": "kvtier_tier_pending_writes",
+    "corrupt_reads": "kvtier_tier_corrupt_reads_total",
+    "io_errors": "kvtier_tier_io_errors_total",
+    "skipped_writes": "kvtier_tier_skipped_writes_total",
+    "lost_writes": "kvtier_tier_lost_writes_total",
+    "throttled_writes": "kvtier_tier_throttled_writes_total",
+    "pinned_chunks": "kvtier_tier_pinned_chunks",
+    "uncommitted_bytes": "kvtier_tier_uncommitted_bytes", "degraded": "kvtier_tier_degraded",
+}
+DAEMON_SERIES = {
+    "lookups": "kvtier_lookups_total", "ring_lookups": "kvtier_ring_lookups_total",
+    "ring_calls": "kvtier_ring_calls_total", "lookup_tokens": "kvtier_lookup_tokens_total",
+    "hit_tokens": "kvtier_hit_tokens_total",
+    "prefetched_chunks": "kvtier_prefetched_chunks_total",
+    "session_limited": "kvtier_session_limited_total", "sessions": "kvtier_sessions",
+    "active_leases": "kvtier_active_leases", "active_reservations": "kvtier_active_reservations",
+    "active_prefetches": "kvtier_active_prefetches", "uptime_s": "kvtier_uptime_seconds",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> dict[tuple[str, str], float]:
+    """(sample name, tier label or "") -> value, through prometheus_client's parser."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = r.read().decode()
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        assert family.documentation, family.name  # every family has its HELP
+        assert family.type in ("counter", "gauge"), family
+        for s in family.samples:
+            key = (s.name, s.labels.get("tier", ""))
+            assert key not in out, key
+            out[key] = s.value
+    return out
+
+
+def ctl_stats(daemon: KvtierdProcess) -> dict[str, object]:
+    r = subprocess.run([str(bin_dir() / "kvtierctl"), "--socket", daemon.socket, "--json",
+                        "stats"], capture_output=True, text=True, timeout=30, check=True)
+    stats: dict[str, object] = json.loads(r.stdout)
+    return stats
+
+
+def test_a_scrape_under_load_matches_kvtierctl_stats(tmp_path: Path) -> None:
+    port = free_port()
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    # DRAM of 2 MiB against 4 MiB stored: evictions, NVMe hits and writes all move.
+    args = ["--metrics-address", f"127.0.0.1:{port}", "--nvme-path", str(nvme),
+            "--nvme-bytes", "64MiB"]
+    with KvtierdProcess(dram_bytes="2MiB", extra_args=args) as daemon:
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def load() -> None:
+            try:
+                with kvtier.Client.connect(socket=daemon.socket, deadline_ms=2000) as c:
+                    ns = c.open_namespace(model_id="test/metrics", num_layers=2,
+                                          kv_dtype="float16", num_kv_heads=2, head_dim=8,
+                                          chunk_tokens=CHUNK)
+                    rng = np.random.default_rng(7)
+                    i = 0
+                    while not stop.is_set() or i < 300:
+                        tokens = np.random.default_rng(i % 150).integers(
+                            0, 128_000, size=8 * CHUNK, dtype=np.int32)
+                        data = rng.integers(0, 256, size=8 * ns.payload_bytes, dtype=np.uint8)
+                        c.store(ns, tokens, data)
+                        out = np.empty_like(data)
+                        c.load(ns, tokens, out)
+                        i += 1
+            except BaseException as e:  # reported by the test thread
+                errors.append(e)
+
+        worker = threading.Thread(target=load)
+        worker.start()
+        previous: dict[tuple[str, str], float] = {}
+        try:
+            for _ in range(20):  # scrapes while the client works: counters never go back
+                now = scrape(port)
+                for key, value in now.items():
+                    if key[0].endswith("_total") and key in previous:
+                        assert value >= previous[key], (key, previous[key], value)
+                previous = now
+        finally:
+            stop.set()
+            worker.join(timeout=120)
+        assert not worker.is_alive()
+        assert not errors, errors
+
+        stats = ctl_stats(daemon)
+        scraped = scrape(port)
+        tiers = stats["tiers"]
+        assert isinstance(tiers, list)
+        assert {t["name"] for t in tiers} == {"dram", "nvme"}
+        for tier in tiers:
+            for field, series in TIER_SERIES.items():
+                assert scraped[(series, tier["name"])] == float(tier[field]), (series, tier)
+        for field, series in DAEMON_SERIES.items():
+            value = stats[field]
+            assert isinstance(value, int)
+            if field == "uptime_s":  # a second may pass between the two reads
+                assert abs(scraped[(series, "")] - value) <= 1
+            else:
+                assert scraped[(series, "")] == float(value), (series, stats)
+        # The load moved every figure it should (so the comparison above is not of zeros).
+        dram = next(t for t in tiers if t["name"] == "dram")
+        assert dram["evictions"] > 0 and dram["hits"] > 0 and stats["hit_tokens"] > 0
+        assert scraped[("kvtier_tier_written_bytes_total", "nvme")] > 0
+
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=5)
+            raise AssertionError("a path other than /metrics was served")
+        except urllib.error.HTTPError as e:
+            assert e.code == 404

@@ -1,0 +1,182 @@
+#include "kvtier/daemon/metrics.h"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include <sys/socket.h>
+
+#include <charconv>
+#include <cstdint>
+
+namespace kvtier {
+namespace {
+
+using core::StatsResponse;
+using core::TierStats;
+
+struct TierSeries {
+  const char* name;  // after kvtier_tier_
+  bool counter;
+  const char* help;
+  uint64_t (*value)(const TierStats&);
+};
+
+// In the order of kvtierctl stats --json's tier fields.
+constexpr TierSeries kTierSeries[] = {
+    {"capacity_bytes", false, "Bytes the tier can hold.",
+     [](const TierStats& t) { return t.capacity_bytes; }},
+    {"used_bytes", false, "Bytes of the tier's slots holding chunks.",
+     [](const TierStats& t) { return t.used_bytes; }},
+    {"capacity_chunks", false, "Chunks the tier can hold at its namespaces' slot sizes.",
+     [](const TierStats& t) { return t.capacity_chunks; }},
+    {"chunks", false, "Chunks in the tier.", [](const TierStats& t) { return t.chunks; }},
+    {"hits", true, "Chunks leased from the tier (counted once per engine request).",
+     [](const TierStats& t) { return t.hits; }},
+    {"misses", true, "Chunks looked up and not found in the tier.",
+     [](const TierStats& t) { return t.misses; }},
+    {"evictions", true, "Chunks the tier evicted to make room.",
+     [](const TierStats& t) { return t.evictions; }},
+    {"read_bytes", true, "Payload bytes read from the tier.",
+     [](const TierStats& t) { return t.read_bytes; }},
+    {"written_bytes", true, "Payload bytes written into the tier.",
+     [](const TierStats& t) { return t.write_bytes; }},
+    {"pending_writes", false, "NVMe writes queued or in flight.",
+     [](const TierStats& t) { return t.pending_writes; }},
+    {"corrupt_reads", true, "Reads that failed verification (counted as misses).",
+     [](const TierStats& t) { return t.corrupt_reads; }},
+    {"io_errors", true, "I/O operations that failed.", [](const TierStats& t) { return t.io_errors; }},
+    {"skipped_writes", true, "Chunks evicted from DRAM before their NVMe write.",
+     [](const TierStats& t) { return t.skipped_writes; }},
+    {"lost_writes", true, "NVMe writes that failed or were dropped at shutdown.",
+     [](const TierStats& t) { return t.lost_writes; }},
+    {"throttled_writes", true, "Stores dropped because the NVMe writer was behind.",
+     [](const TierStats& t) { return t.throttled_writes; }},
+    {"pinned_chunks", false, "Chunks pinned by leases, prefetches or writes.",
+     [](const TierStats& t) { return t.pinned_chunks; }},
+    {"uncommitted_bytes", false, "Bytes reserved by writes not yet committed.",
+     [](const TierStats& t) { return t.uncommitted_bytes; }},
+    {"degraded", false, "1 while the tier is degraded (its misses are misses, DRAM serves).",
+     [](const TierStats& t) { return uint64_t{t.degraded}; }},
+};
+
+struct DaemonSeries {
+  const char* name;  // after kvtier_
+  bool counter;
+  const char* help;
+  uint64_t (*value)(const StatsResponse&);
+};
+
+constexpr DaemonSeries kDaemonSeries[] = {
+    {"lookups", true, "Lookup calls.", [](const StatsResponse& s) { return s.lookups; }},
+    {"ring_lookups", true, "Lookup calls that came over a control ring and succeeded.",
+     [](const StatsResponse& s) { return s.ring_lookups; }},
+    {"ring_calls", true, "Calls of every kind that came over a control ring.",
+     [](const StatsResponse& s) { return s.ring_calls; }},
+    {"lookup_tokens", true, "Prompt tokens looked up, once per engine request.",
+     [](const StatsResponse& s) { return s.lookup_tokens; }},
+    {"hit_tokens", true, "Prompt tokens served from a tier, once per engine request.",
+     [](const StatsResponse& s) { return s.hit_tokens; }},
+    {"prefetched_chunks", true, "Chunks promoted by a prefetch and leased in time.",
+     [](const StatsResponse& s) { return s.prefetched_chunks; }},
+    {"session_limited", true, "Calls cut short by session_max_bytes.",
+     [](const StatsResponse& s) { return s.session_limited; }},
+    {"sessions", false, "Client sessions open.", [](const StatsResponse& s) { return s.sessions; }},
+    {"active_leases", false, "Read leases held.",
+     [](const StatsResponse& s) { return s.active_leases; }},
+    {"active_reservations", false, "Writes reserved and not yet committed.",
+     [](const StatsResponse& s) { return s.active_reservations; }},
+    {"active_prefetches", false, "Prefetch tickets held.",
+     [](const StatsResponse& s) { return s.active_prefetches; }},
+    {"uptime_seconds", false, "Seconds since kvtierd started.",
+     [](const StatsResponse& s) { return s.uptime_s; }},
+};
+
+void Family(std::string& out, const std::string& name, bool counter, const char* help) {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + (counter ? " counter\n" : " gauge\n");
+}
+
+}  // namespace
+
+std::string PrometheusText(const StatsResponse& stats) {
+  std::string out;
+  out.reserve(8192);
+  for (const TierSeries& f : kTierSeries) {
+    const std::string name = std::string("kvtier_tier_") + f.name + (f.counter ? "_total" : "");
+    Family(out, name, f.counter, f.help);
+    for (const TierStats& t : stats.tiers) {
+      out += name + "{tier=\"" + t.name + "\"} " + std::to_string(f.value(t)) + "\n";
+    }
+  }
+  for (const DaemonSeries& f : kDaemonSeries) {
+    const std::string name = std::string("kvtier_") + f.name + (f.counter ? "_total" : "");
+    Family(out, name, f.counter, f.help);
+    out += name + " " + std::to_string(f.value(stats)) + "\n";
+  }
+  return out;
+}
+
+Result<MetricsAddress> ParseMetricsAddress(std::string_view text) {
+  if (text == "off") return MetricsAddress{};
+  const std::string shown = "'" + std::string(text) + "'";
+  const size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == text.size()) {
+    return Status::InvalidArgument(shown + " is not HOST:PORT (e.g. 127.0.0.1:9400) or off");
+  }
+  std::string_view host = text.substr(0, colon);
+  const std::string_view port_text = text.substr(colon + 1);
+  if (host.front() == '[') {  // [IPv6]
+    if (host.size() < 3 || host.back() != ']') {
+      return Status::InvalidArgument(shown + ": an IPv6 address goes in brackets, [::1]:9400");
+    }
+    host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != std::string_view::npos) {
+    return Status::InvalidArgument(shown + ": put an IPv6 address in brackets, [::1]:9400");
+  }
+  int port = -1;
+  const auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (ec != std::errc() || end != port_text.data() + port_text.size() || port < 0 || port > 65535) {
+    return Status::InvalidArgument(shown + ": port '" + std::string(port_text) +
+                                   "' is not a number in 0..65535");
+  }
+  return MetricsAddress{std::string(host), port};
+}
+
+Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const MetricsAddress& address,
+                                                            std::function<std::string()> render) {
+  std::unique_ptr<MetricsServer> m(new MetricsServer());
+  m->server_ = std::make_unique<httplib::Server>();
+  httplib::Server& s = *m->server_;
+  s.new_task_queue = [] { return new httplib::ThreadPool(1); };
+  s.set_keep_alive_max_count(1);  // one thread: a kept-alive scraper would hold it
+  // SO_REUSEADDR only (a restart may bind at once), not the default's SO_REUSEPORT,
+  // with which a second kvtierd binds the same port and takes half the scrapes.
+  s.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  s.Get("/metrics", [render = std::move(render)](const httplib::Request&, httplib::Response& res) {
+    res.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  m->port_ = address.port == 0 ? s.bind_to_any_port(address.host)
+                               : (s.bind_to_port(address.host, address.port) ? address.port : -1);
+  if (m->port_ < 0) {
+    return Status::Unavailable("cannot listen on " + address.host + ":" +
+                               std::to_string(address.port) +
+                               " (in use, or not an address of this machine)");
+  }
+  m->thread_ = std::thread([p = m.get()] {
+    if (!p->server_->listen_after_bind()) spdlog::error("metrics server stopped unexpectedly");
+  });
+  return m;
+}
+
+MetricsServer::~MetricsServer() {
+  // stop() before the thread has begun listening would be lost: wait (bounded) for it.
+  for (int i = 0; i < 1000 && thread_.joinable() && !server_->is_running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (server_) server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace kvtier

@@ -523,9 +523,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   opts.rebuild_index = rebuild_index;
   opts.core.reservation_ttl = std::chrono::milliseconds(raw.reservation_ttl_ms);
   if (Status st = opts.Validate(); !st.ok()) return raw.Named(st);
-  if (Status st = CheckLogLevel(raw.log_level); !st.ok()) {
-    return Status(st.code(), raw.Where("log_level") + ": " + st.message());
-  }
+  KVTIER_RETURN_IF_ERROR(CheckForm("log_level", raw));
   KVTIER_RETURN_IF_ERROR(raw.overridden_error);
   return opts;
 }

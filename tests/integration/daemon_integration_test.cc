@@ -325,19 +325,16 @@ TEST_F(DaemonTest, AMetricsAddressInUseRefusesTheStartThatGaveIt) {
 // The default address (127.0.0.1:9400) taken, as by a second kvtierd on the
 // machine: the daemon serves without metrics and says so.
 TEST_F(DaemonTest, TheDefaultMetricsAddressInUseLeavesMetricsOffWithAWarning) {
-  int held = -1;  // hold 9400 ourselves (another process may have it a while)
-  for (int i = 0; i < 500 && held < 0; ++i) {
-    held = BindLoopback(9400);
-    if (held < 0) std::this_thread::sleep_for(10ms);
-  }
-  ASSERT_GE(held, 0) << "127.0.0.1:9400 stayed taken for 5 s";
+  // Hold 9400 ourselves; when another process (another kvtierd) holds it, it
+  // is taken all the same.
+  const int held = BindLoopback(9400);
   DaemonProcess::Options o = Opts();
   o.metrics_off = false;
   DaemonProcess daemon(o);
   ASSERT_EQ(daemon.Start(), "");
   EXPECT_TRUE(daemon.Ctl({"health"}).ok());
   daemon.Stop();
-  close(held);
+  if (held >= 0) close(held);
   EXPECT_NE(daemon.log().find("metrics off: cannot listen on 127.0.0.1:9400"), std::string::npos)
       << daemon.log();
 }

@@ -95,6 +95,8 @@ void Family(std::string& out, const std::string& name, bool counter, const char*
   out += "# HELP " + name + " " + help + "\n# TYPE " + name + (counter ? " counter\n" : " gauge\n");
 }
 
+constexpr size_t kThreads = 4;
+
 }  // namespace
 
 std::string PrometheusText(const StatsResponse& stats) {
@@ -146,8 +148,12 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const MetricsAddress
   std::unique_ptr<MetricsServer> m(new MetricsServer());
   m->server_ = std::make_unique<httplib::Server>();
   httplib::Server& s = *m->server_;
-  s.new_task_queue = [] { return new httplib::ThreadPool(1); };
-  s.set_keep_alive_max_count(1);  // one thread: a kept-alive scraper would hold it
+  // A few threads, each let go by a connection that sends nothing within 1 s,
+  // so that idle or slow connections do not hold a scrape up for long.
+  s.new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
+  s.set_read_timeout(1, 0);
+  s.set_write_timeout(1, 0);
+  s.set_keep_alive_max_count(1);  // a kept-alive scraper would hold a thread
   // SO_REUSEADDR only (a restart may bind at once), not the default's SO_REUSEPORT,
   // with which a second kvtierd binds the same port and takes half the scrapes.
   s.set_socket_options([](socket_t sock) {

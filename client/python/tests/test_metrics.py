@@ -147,3 +147,18 @@ def test_a_scrape_under_load_matches_kvtierctl_stats(tmp_path: Path) -> None:
             raise AssertionError("a path other than /metrics was served")
         except urllib.error.HTTPError as e:
             assert e.code == 404
+
+
+def test_idle_connections_do_not_hold_a_scrape_up() -> None:
+    """A fresh-user trial found one connection that sends nothing held /metrics' only
+    thread for its 5 s read timeout (3 of them: 15 s, past Prometheus' 10 s scrape
+    timeout). Three idle connections now leave a scrape free to be answered."""
+    port = free_port()
+    with KvtierdProcess(extra_args=["--metrics-address", f"127.0.0.1:{port}"]):
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=4) as r:
+                assert b"kvtier_lookups_total" in r.read()
+        finally:
+            for s in idle:
+                s.close()

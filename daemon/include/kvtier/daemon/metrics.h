@@ -43,8 +43,9 @@ struct MetricsAddress {
 };
 Result<MetricsAddress> ParseMetricsAddress(std::string_view text);
 
-// An HTTP server of one thread answering GET /metrics with `render()` (other
-// paths: 404). Thread-safety: `render` runs on the server's thread.
+// An HTTP server of 4 worker threads answering GET /metrics with `render()`
+// (other paths: 404); a connection that sends nothing for 1 s is closed.
+// Thread-safety: `render` runs on those threads, several at once.
 class MetricsServer {
  public:
   // Binds and starts serving. Errors: UNAVAILABLE when it cannot listen there.

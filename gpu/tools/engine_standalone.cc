@@ -17,7 +17,7 @@
 //
 // Usage: kvtier-engine-standalone [--backend cuda|host] [--device N]
 //          [--model llama3-8b|tiny-engine] [--prompt-tokens N] [--cached-tokens N]
-//          [--chunk-tokens N] [--iterations N]
+//          [--chunk-tokens N] [--iterations N] [--copy-path dma|zero_copy]
 // Exit: 0 success; 1 an error or loaded KV that differs from the stored KV; 2 bad flags or
 // no usable CUDA device.
 #include <cerrno>
@@ -47,7 +47,7 @@ using Clock = std::chrono::steady_clock;
 constexpr char kUsage[] =
     "usage: kvtier-engine-standalone [--backend cuda|host] [--device N]\n"
     "         [--model llama3-8b|tiny-engine] [--prompt-tokens N] [--cached-tokens N]\n"
-    "         [--chunk-tokens N] [--iterations N]\n";
+    "         [--chunk-tokens N] [--iterations N] [--copy-path dma|zero_copy]\n";
 
 struct Flags {
   std::string backend = "cuda";
@@ -57,6 +57,7 @@ struct Flags {
   int64_t cached_tokens = 6144;
   int64_t chunk_tokens = 256;  // kvtier's default chunk size
   int iterations = 3;
+  CopyPath copy_path = kDefaultCopyPath;
 };
 
 [[noreturn]] void Die(const std::string& what) {
@@ -109,6 +110,12 @@ Flags ParseFlags(int argc, char** argv) {
       f.chunk_tokens = ParseInt(arg, value, 1, int64_t{1} << 20);
     } else if (arg == "--iterations") {
       f.iterations = static_cast<int>(ParseInt(arg, value, 1, 1000));
+    } else if (arg == "--copy-path") {
+      const std::string v = value;
+      if (v != CopyPathName(CopyPath::kDma) && v != CopyPathName(CopyPath::kZeroCopy)) {
+        BadFlag("--copy-path must be dma or zero_copy, not '" + v + "'");
+      }
+      f.copy_path = v == CopyPathName(CopyPath::kDma) ? CopyPath::kDma : CopyPath::kZeroCopy;
     } else {
       BadFlag("unknown flag: " + arg);
     }
@@ -137,10 +144,10 @@ class PinnedHostKvSource final : public KvSource {
  public:
   // Errors: kOutOfMemory (host allocation or page-locking), kInvalidArgument, kDeviceError.
   static GpuStatus Create(Runtime& runtime, const KvLayout& layout, int64_t num_layers,
-                          int64_t chunk_tokens, int64_t num_chunks,
+                          int64_t chunk_tokens, int64_t num_chunks, CopyPath path,
                           std::unique_ptr<PinnedHostKvSource>* out) {
     std::unique_ptr<PinnedHostKvSource> s(
-        new PinnedHostKvSource(runtime, layout, num_layers, chunk_tokens));
+        new PinnedHostKvSource(runtime, layout, num_layers, chunk_tokens, path));
     const size_t payload = layout.LayerPayloadBytes(chunk_tokens) * num_layers;
     const size_t bytes = (payload * num_chunks + 4095) / 4096 * 4096;
     s->buffer_.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, bytes)));
@@ -170,6 +177,7 @@ class PinnedHostKvSource final : public KvSource {
   KvTransferOptions TransferOptions() {
     KvTransferOptions options;
     options.scratch = &scratch_;
+    options.path = path_;
     return options;
   }
 
@@ -214,14 +222,19 @@ class PinnedHostKvSource final : public KvSource {
 
  private:
   PinnedHostKvSource(Runtime& runtime, const KvLayout& layout, int64_t num_layers,
-                     int64_t chunk_tokens)
-      : runtime_(runtime), layout_(layout), num_layers_(num_layers), chunk_tokens_(chunk_tokens) {}
+                     int64_t chunk_tokens, CopyPath path)
+      : runtime_(runtime),
+        layout_(layout),
+        num_layers_(num_layers),
+        chunk_tokens_(chunk_tokens),
+        path_(path) {}
 
   Runtime& runtime_;
   BufferCache scratch_{runtime_};  // declared before load_: outlives what it lends
   const KvLayout& layout_;
   const int64_t num_layers_;
   const int64_t chunk_tokens_;
+  const CopyPath path_;
   std::unique_ptr<uint8_t, FreeDeleter> buffer_;  // declared before pinned_: outlives it
   PinnedRange pinned_;
   std::vector<void*> payloads_;
@@ -253,7 +266,7 @@ int Main(int argc, char** argv) {
   const int64_t num_chunks = flags.cached_tokens / flags.chunk_tokens;
   std::unique_ptr<PinnedHostKvSource> source;
   Check(PinnedHostKvSource::Create(rt, stored_cache.layout, shape.num_layers, flags.chunk_tokens,
-                                   num_chunks, &source),
+                                   num_chunks, flags.copy_path, &source),
         "pinned host KV buffer");
 
   // 1. Prefill the whole prompt into cache A, storing the prefix chunks layer by layer.
@@ -286,11 +299,11 @@ int Main(int argc, char** argv) {
 
   std::printf(
       "kvtier-engine-standalone: %s (%lld layers, %lld/%lld heads, head_dim %lld, "
-      "hidden %lld), fp16, on %s, KV source: pinned host buffer (no daemon)\n",
+      "hidden %lld), fp16, on %s, KV source: pinned host buffer (no daemon), copy path %s\n",
       shape.name.c_str(), static_cast<long long>(shape.num_layers),
       static_cast<long long>(shape.num_q_heads), static_cast<long long>(shape.num_kv_heads),
       static_cast<long long>(shape.head_dim), static_cast<long long>(shape.hidden),
-      std::string(rt.name()).c_str());
+      std::string(rt.name()).c_str(), std::string(CopyPathName(flags.copy_path)).c_str());
   std::printf(
       "prompt %lld tokens, cached prefix %lld tokens (%lld chunks, %.1f MiB of KV), "
       "%d iterations, medians\n",

@@ -28,3 +28,23 @@ foreach(figure
     message(FATAL_ERROR "kvtier-engine-standalone did not print a line matching '${figure}'")
   endif()
 endforeach()
+if(NOT out MATCHES "copy path dma")
+  message(FATAL_ERROR "kvtier-engine-standalone did not name its default copy path (dma)")
+endif()
+
+# The other copy path loads bit-exact too, and a copy path it does not know is a usage error.
+execute_process(
+  COMMAND ${ENGINE} --backend host --model tiny-engine --prompt-tokens 200 --cached-tokens 128
+          --chunk-tokens 64 --iterations 1 --copy-path zero_copy
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message("${out}${err}")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "copy path zero_copy"
+   OR NOT out MATCHES "verify: OK: [1-9][0-9]* bytes of loaded KV compared with the stored KV, 0 rows differ")
+  message(FATAL_ERROR "kvtier-engine-standalone --copy-path zero_copy: exit ${rc}, no verified load")
+endif()
+execute_process(
+  COMMAND ${ENGINE} --backend host --copy-path dmaa
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "--copy-path must be dma or zero_copy, not 'dmaa'")
+  message(FATAL_ERROR "--copy-path dmaa: exit ${rc}, stderr '${err}' (want exit 2 naming the value)")
+endif()

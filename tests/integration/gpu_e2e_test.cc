@@ -25,6 +25,11 @@ TEST(GpuE2eTest, StoresAndLoadsThroughTheDaemonAndVerifiesEveryByte) {
   EXPECT_NE(r.out.find("verified: 0 mismatched token planes of 7680"), std::string::npos)
       << r.out;  // 4 layers x 2 planes x 960 tokens (15 full chunks)
   EXPECT_NE(r.out.find("GB/s"), std::string::npos) << r.out;
+  // The first store, which registers the arena, is timed apart from the prompt's store.
+  EXPECT_NE(r.out.find("first store of the client (one chunk; registers the whole arena"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("store (D2H into the arena, layerwise)"), std::string::npos) << r.out;
 }
 
 TEST(GpuE2eTest, WithAnHbmTierTheSecondLoadComesFromTheHbmPoolAndMatches) {

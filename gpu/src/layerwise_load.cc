@@ -1,5 +1,6 @@
 #include "kvtier/gpu/layerwise_load.h"
 
+#include <algorithm>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -9,8 +10,11 @@
 namespace kvtier::gpu {
 
 LayerwiseLoad::LayerwiseLoad(Runtime& runtime, std::unique_ptr<KvTransfer> transfer,
-                             std::vector<LayerTensors> layers)
-    : runtime_(runtime), transfer_(std::move(transfer)), layers_(std::move(layers)) {}
+                             std::vector<LayerTensors> layers, int64_t queue_ahead_layers)
+    : runtime_(runtime),
+      transfer_(std::move(transfer)),
+      layers_(std::move(layers)),
+      queue_ahead_layers_(queue_ahead_layers) {}
 
 LayerwiseLoad::~LayerwiseLoad() {
   // Create queued uploads and Start queued copies that use memory freed below.
@@ -22,6 +26,11 @@ GpuStatus LayerwiseLoad::Create(Runtime& runtime, KvChunkSet chunks,
                                 Stream& load_stream, std::unique_ptr<LayerwiseLoad>* out) {
   if (out == nullptr) return GpuStatus::InvalidArgument("LayerwiseLoad: out is null");
   if (GpuStatus s = internal::CheckLayerTensors(chunks, layers, "LayerwiseLoad"); !s.ok()) return s;
+  if (options.queue_ahead_layers < 0) {
+    return GpuStatus::InvalidArgument("LayerwiseLoad: queue_ahead_layers " +
+                                      std::to_string(options.queue_ahead_layers) +
+                                      " is negative");
+  }
   std::unordered_set<int32_t> seen;
   for (int32_t id : chunks.block_ids) {
     if (id != kSkipBlock && !seen.insert(id).second) {
@@ -35,7 +44,8 @@ GpuStatus LayerwiseLoad::Create(Runtime& runtime, KvChunkSet chunks,
     return s;
   }
   std::unique_ptr<LayerwiseLoad> load(
-      new LayerwiseLoad(runtime, std::move(transfer), std::move(layers)));
+      new LayerwiseLoad(runtime, std::move(transfer), std::move(layers),
+                        options.queue_ahead_layers));
   load->events_.resize(load->layers_.size());
   for (Event& event : load->events_) {
     if (GpuStatus s = runtime.CreateEvent(&event); !s.ok()) return s;
@@ -47,24 +57,39 @@ GpuStatus LayerwiseLoad::Create(Runtime& runtime, KvChunkSet chunks,
 GpuStatus LayerwiseLoad::Start() {
   if (started_) return GpuStatus::InvalidArgument("LayerwiseLoad: already started");
   started_ = true;
-  for (int64_t i = 0; i < num_layers(); ++i) {
+  return QueueUpTo(queue_ahead_layers_ == 0 ? num_layers() : queue_ahead_layers_);
+}
+
+GpuStatus LayerwiseLoad::QueueUpTo(int64_t end) {
+  end = std::min(end, num_layers());
+  for (int64_t i = queued_layers_; i < end && queue_error_.ok(); ++i) {
     if (GpuStatus s = transfer_->QueueLayer(i, KvCopyDirection::kPayloadToCache, layers_[i]);
         !s.ok()) {
-      return s;
+      queue_error_ = s;
+      break;
     }
     if (GpuStatus s = runtime_.RecordEvent(events_[i], transfer_->stream()); !s.ok()) {
       transfer_->FailRemaining(i, s);
-      return s;
+      queue_error_ = s;
+      break;
     }
     queued_layers_ = i + 1;
   }
-  return GpuStatus::Ok();
+  return queue_error_;
 }
 
 GpuStatus LayerwiseLoad::WaitLayer(int64_t layer, Stream& compute_stream) {
-  if (layer < 0 || layer >= queued_layers_) {
+  if (!started_ || layer < 0 || layer >= num_layers()) {
     return GpuStatus::InvalidArgument("LayerwiseLoad::WaitLayer: layer " + std::to_string(layer) +
                                       " is not queued (Start first)");
+  }
+  // A queueing failure is reported by Finish, per chunk; the layers queued before it
+  // can still be waited for.
+  (void)QueueUpTo(layer + 1 + queue_ahead_layers_);
+  if (layer >= queued_layers_) {
+    return GpuStatus::InvalidArgument("LayerwiseLoad::WaitLayer: layer " + std::to_string(layer) +
+                                      " is not queued (queueing failed: " +
+                                      queue_error_.ToString() + ")");
   }
   return runtime_.StreamWaitEvent(compute_stream, events_[layer]);
 }
@@ -72,6 +97,7 @@ GpuStatus LayerwiseLoad::WaitLayer(int64_t layer, Stream& compute_stream) {
 GpuStatus LayerwiseLoad::Finish(KvCopyReport* report) {
   if (report == nullptr) return GpuStatus::InvalidArgument("LayerwiseLoad::Finish: report is null");
   if (!started_) return GpuStatus::InvalidArgument("LayerwiseLoad::Finish: not started");
+  (void)QueueUpTo(num_layers());  // a failure stops queueing: the checks below report it
   GpuStatus result;
   for (int64_t i = 0; i < queued_layers_ && result.ok(); ++i) {
     if (GpuStatus s = runtime_.SynchronizeEvent(events_[i]); !s.ok()) {
@@ -80,7 +106,7 @@ GpuStatus LayerwiseLoad::Finish(KvCopyReport* report) {
     }
   }
   if (result.ok() && queued_layers_ < num_layers()) {
-    // Start stopped early; QueueLayer already failed the remaining chunks.
+    // Queueing stopped early; QueueLayer already failed the remaining chunks.
     result = GpuStatus::DeviceError("LayerwiseLoad: only " + std::to_string(queued_layers_) +
                                     " of " + std::to_string(num_layers()) + " layers were queued");
     transfer_->FailRemaining(queued_layers_, result);

@@ -18,6 +18,7 @@
 // Usage: kvtier-engine-standalone [--backend cuda|host] [--device N]
 //          [--model llama3-8b|tiny-engine] [--prompt-tokens N] [--cached-tokens N]
 //          [--chunk-tokens N] [--iterations N] [--copy-path dma|zero_copy]
+//          [--queue-ahead N]
 // Exit: 0 success; 1 an error or loaded KV that differs from the stored KV; 2 bad flags or
 // no usable CUDA device.
 #include <cerrno>
@@ -47,7 +48,8 @@ using Clock = std::chrono::steady_clock;
 constexpr char kUsage[] =
     "usage: kvtier-engine-standalone [--backend cuda|host] [--device N]\n"
     "         [--model llama3-8b|tiny-engine] [--prompt-tokens N] [--cached-tokens N]\n"
-    "         [--chunk-tokens N] [--iterations N] [--copy-path dma|zero_copy]\n";
+    "         [--chunk-tokens N] [--iterations N] [--copy-path dma|zero_copy]\n"
+    "         [--queue-ahead N]   (layers queued ahead of the engine's wait; 0: all at start)\n";
 
 struct Flags {
   std::string backend = "cuda";
@@ -58,6 +60,7 @@ struct Flags {
   int64_t chunk_tokens = 256;  // kvtier's default chunk size
   int iterations = 3;
   CopyPath copy_path = kDefaultCopyPath;
+  int64_t queue_ahead = KvTransferOptions{}.queue_ahead_layers;
 };
 
 [[noreturn]] void Die(const std::string& what) {
@@ -110,6 +113,8 @@ Flags ParseFlags(int argc, char** argv) {
       f.chunk_tokens = ParseInt(arg, value, 1, int64_t{1} << 20);
     } else if (arg == "--iterations") {
       f.iterations = static_cast<int>(ParseInt(arg, value, 1, 1000));
+    } else if (arg == "--queue-ahead") {
+      f.queue_ahead = ParseInt(arg, value, 0, 1 << 20);
     } else if (arg == "--copy-path") {
       const std::string v = value;
       if (v != CopyPathName(CopyPath::kDma) && v != CopyPathName(CopyPath::kZeroCopy)) {
@@ -145,9 +150,9 @@ class PinnedHostKvSource final : public KvSource {
   // Errors: kOutOfMemory (host allocation or page-locking), kInvalidArgument, kDeviceError.
   static GpuStatus Create(Runtime& runtime, const KvLayout& layout, int64_t num_layers,
                           int64_t chunk_tokens, int64_t num_chunks, CopyPath path,
-                          std::unique_ptr<PinnedHostKvSource>* out) {
+                          int64_t queue_ahead, std::unique_ptr<PinnedHostKvSource>* out) {
     std::unique_ptr<PinnedHostKvSource> s(
-        new PinnedHostKvSource(runtime, layout, num_layers, chunk_tokens, path));
+        new PinnedHostKvSource(runtime, layout, num_layers, chunk_tokens, path, queue_ahead));
     const size_t payload = layout.LayerPayloadBytes(chunk_tokens) * num_layers;
     const size_t bytes = (payload * num_chunks + 4095) / 4096 * 4096;
     s->buffer_.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, bytes)));
@@ -178,6 +183,7 @@ class PinnedHostKvSource final : public KvSource {
     KvTransferOptions options;
     options.scratch = &scratch_;
     options.path = path_;
+    options.queue_ahead_layers = queue_ahead_;
     return options;
   }
 
@@ -222,12 +228,13 @@ class PinnedHostKvSource final : public KvSource {
 
  private:
   PinnedHostKvSource(Runtime& runtime, const KvLayout& layout, int64_t num_layers,
-                     int64_t chunk_tokens, CopyPath path)
+                     int64_t chunk_tokens, CopyPath path, int64_t queue_ahead)
       : runtime_(runtime),
         layout_(layout),
         num_layers_(num_layers),
         chunk_tokens_(chunk_tokens),
-        path_(path) {}
+        path_(path),
+        queue_ahead_(queue_ahead) {}
 
   Runtime& runtime_;
   BufferCache scratch_{runtime_};  // declared before load_: outlives what it lends
@@ -235,6 +242,7 @@ class PinnedHostKvSource final : public KvSource {
   const int64_t num_layers_;
   const int64_t chunk_tokens_;
   const CopyPath path_;
+  const int64_t queue_ahead_;
   std::unique_ptr<uint8_t, FreeDeleter> buffer_;  // declared before pinned_: outlives it
   PinnedRange pinned_;
   std::vector<void*> payloads_;
@@ -266,7 +274,7 @@ int Main(int argc, char** argv) {
   const int64_t num_chunks = flags.cached_tokens / flags.chunk_tokens;
   std::unique_ptr<PinnedHostKvSource> source;
   Check(PinnedHostKvSource::Create(rt, stored_cache.layout, shape.num_layers, flags.chunk_tokens,
-                                   num_chunks, flags.copy_path, &source),
+                                   num_chunks, flags.copy_path, flags.queue_ahead, &source),
         "pinned host KV buffer");
 
   // 1. Prefill the whole prompt into cache A, storing the prefix chunks layer by layer.
@@ -299,11 +307,12 @@ int Main(int argc, char** argv) {
 
   std::printf(
       "kvtier-engine-standalone: %s (%lld layers, %lld/%lld heads, head_dim %lld, "
-      "hidden %lld), fp16, on %s, KV source: pinned host buffer (no daemon), copy path %s\n",
+      "hidden %lld), fp16, on %s, KV source: pinned host buffer (no daemon), copy path %s, queue ahead %lld\n",
       shape.name.c_str(), static_cast<long long>(shape.num_layers),
       static_cast<long long>(shape.num_q_heads), static_cast<long long>(shape.num_kv_heads),
       static_cast<long long>(shape.head_dim), static_cast<long long>(shape.hidden),
-      std::string(rt.name()).c_str(), std::string(CopyPathName(flags.copy_path)).c_str());
+      std::string(rt.name()).c_str(), std::string(CopyPathName(flags.copy_path)).c_str(),
+      static_cast<long long>(flags.queue_ahead));
   std::printf(
       "prompt %lld tokens, cached prefix %lld tokens (%lld chunks, %.1f MiB of KV), "
       "%d iterations, medians\n",

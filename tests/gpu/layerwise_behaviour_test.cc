@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -22,18 +23,46 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kSettle = std::chrono::milliseconds(50);
 
-TEST_P(LayerwiseTest, ComputeOfALayerStartsOnlyAfterItsCopiesAndSeesTheChunks) {
-  const CopyPath path = std::get<1>(GetParam());
+// A load test's streams and rig, and a load of the rig's chunks.
+struct LoadSetup {
   Stream load_stream, compute;
-  KVTIER_ASSERT_GPU_OK(runtime_->CreateStream(&load_stream));
-  KVTIER_ASSERT_GPU_OK(runtime_->CreateStream(&compute));
   LayerwiseRig rig;
-  ASSERT_NO_FATAL_FAILURE(rig.Init(*runtime_, load_stream));
-  KvTransferOptions options;
-  options.path = path;
   std::unique_ptr<LayerwiseLoad> load;
-  KVTIER_ASSERT_GPU_OK(
-      LayerwiseLoad::Create(*runtime_, rig.Chunks(), rig.layers, options, load_stream, &load));
+
+  // Streams and rig (its uploads queued on load_stream).
+  void Init(Runtime& runtime) {
+    KVTIER_ASSERT_GPU_OK(runtime.CreateStream(&load_stream));
+    KVTIER_ASSERT_GPU_OK(runtime.CreateStream(&compute));
+    ASSERT_NO_FATAL_FAILURE(rig.Init(runtime, load_stream));
+  }
+  void CreateLoad(Runtime& runtime, CopyPath path, int64_t queue_ahead_layers) {
+    KvTransferOptions options;
+    options.path = path;
+    options.queue_ahead_layers = queue_ahead_layers;
+    KVTIER_ASSERT_GPU_OK(
+        LayerwiseLoad::Create(runtime, rig.Chunks(), rig.layers, options, load_stream, &load));
+  }
+  // Every layer's tensor holds what the rig's chunks put over zeros.
+  void ExpectEveryLayerLoaded(Runtime& runtime) {
+    const std::vector<uint8_t> zeros(rig.span, 0);
+    for (int64_t i = 0; i < LayerwiseRig::kLayers; ++i) {
+      std::vector<uint8_t> bytes;
+      ASSERT_NO_FATAL_FAILURE(rig.ReadTensor(runtime, compute, rig.tensors[i].data(), &bytes));
+      EXPECT_EQ(bytes, rig.ExpectedTensor(i, zeros, [](int64_t) { return true; }))
+          << "layer " << i;
+    }
+  }
+};
+
+TEST_P(LayerwiseTest, ComputeOfALayerStartsOnlyAfterItsCopiesAndSeesTheChunks) {
+  LoadSetup t;
+  ASSERT_NO_FATAL_FAILURE(t.Init(*runtime_));
+  ASSERT_NO_FATAL_FAILURE(
+      t.CreateLoad(*runtime_, std::get<1>(GetParam()), KvTransferOptions{}.queue_ahead_layers));
+  Stream& load_stream = t.load_stream;
+  Stream& compute = t.compute;
+  LayerwiseRig& rig = t.rig;
+  LayerwiseLoad* load = t.load.get();
   EXPECT_EQ(load->WaitLayer(0, compute).code(), GpuCode::kInvalidArgument) << "before Start";
   KVTIER_ASSERT_GPU_OK(runtime_->Synchronize(load_stream));  // Uploads done before the gate.
 
@@ -82,6 +111,69 @@ TEST_P(LayerwiseTest, ComputeOfALayerStartsOnlyAfterItsCopiesAndSeesTheChunks) {
     EXPECT_LE(copied_at, seen->started[i])
         << "compute of layer " << i << " began before its copies";
   }
+}
+
+// Start queues queue_ahead_layers layers, WaitLayer(i) tops the queue up to layer i + that,
+// and Finish queues the rest: a launch on the load stream between those calls runs after
+// the layers queued before it and before the ones queued after it. (Queueing every layer
+// at Start blocked the engine's thread on CUDA's launch queue before its first compute.)
+TEST_P(LayerwiseTest, LayersAreQueuedOnlyAheadOfTheEnginesWait) {
+  LoadSetup t;
+  ASSERT_NO_FATAL_FAILURE(t.Init(*runtime_));
+  ASSERT_NO_FATAL_FAILURE(t.CreateLoad(*runtime_, std::get<1>(GetParam()), 1));
+  Stream& load_stream = t.load_stream;
+  LayerwiseLoad* load = t.load.get();
+  KVTIER_ASSERT_GPU_OK(runtime_->Synchronize(load_stream));
+  // marks[k]: when the load stream reached the k-th marker.
+  auto marks = std::make_shared<std::vector<Clock::time_point>>(2);
+  KVTIER_ASSERT_GPU_OK(load->Start());  // layer 0
+  KVTIER_ASSERT_GPU_OK(
+      runtime_->LaunchHostFunc(load_stream, [marks] { (*marks)[0] = Clock::now(); }));
+  KVTIER_ASSERT_GPU_OK(load->WaitLayer(0, t.compute));  // layer 1
+  KVTIER_ASSERT_GPU_OK(
+      runtime_->LaunchHostFunc(load_stream, [marks] { (*marks)[1] = Clock::now(); }));
+  KvCopyReport report;
+  KVTIER_ASSERT_GPU_OK(load->Finish(&report));  // layers 2 and 3
+  EXPECT_TRUE(report.failed_chunks.empty());
+  ASSERT_NO_FATAL_FAILURE(t.ExpectEveryLayerLoaded(*runtime_));
+  std::vector<Clock::time_point> copied(LayerwiseRig::kLayers);
+  for (int64_t i = 0; i < LayerwiseRig::kLayers; ++i) {
+    const GpuStatus s = runtime_->EventCompletionTime(load->layer_event(i), &copied[i]);
+    if (s.code() == GpuCode::kUnsupported) return;  // CUDA: no recorded times.
+    KVTIER_ASSERT_GPU_OK(s);
+  }
+  EXPECT_LE(copied[0], (*marks)[0]);
+  EXPECT_LT((*marks)[0], copied[1]) << "Start queued layer 1 (more than 1 layer ahead)";
+  EXPECT_LE(copied[1], (*marks)[1]);
+  EXPECT_LT((*marks)[1], copied[2]) << "WaitLayer(0) queued layer 2 (more than 1 layer ahead)";
+}
+
+// With no WaitLayer calls (load, then compute), Finish delivers every layer, however far
+// ahead the load queues; 0 queues them all at Start; a negative distance is refused.
+TEST_P(LayerwiseTest, ALoadWithoutWaitLayerIsWholeAfterFinishForAnyQueueAhead) {
+  const CopyPath path = std::get<1>(GetParam());
+  LoadSetup t;
+  ASSERT_NO_FATAL_FAILURE(t.Init(*runtime_));
+  for (int64_t ahead : {int64_t{0}, int64_t{1}, int64_t{2}, LayerwiseRig::kLayers + 5}) {
+    SCOPED_TRACE("queue_ahead_layers " + std::to_string(ahead));
+    for (DeviceBuffer& tensor : t.rig.tensors) {
+      KVTIER_ASSERT_GPU_OK(runtime_->LaunchMemset(tensor.data(), 0, t.rig.span, t.load_stream));
+    }
+    ASSERT_NO_FATAL_FAILURE(t.CreateLoad(*runtime_, path, ahead));
+    KVTIER_ASSERT_GPU_OK(t.load->Start());
+    KvCopyReport report;
+    KVTIER_ASSERT_GPU_OK(t.load->Finish(&report));
+    EXPECT_TRUE(report.failed_chunks.empty());
+    ASSERT_NO_FATAL_FAILURE(t.ExpectEveryLayerLoaded(*runtime_));
+  }
+  KvTransferOptions negative;
+  negative.path = path;
+  negative.queue_ahead_layers = -1;
+  std::unique_ptr<LayerwiseLoad> load;
+  const GpuStatus s = LayerwiseLoad::Create(*runtime_, t.rig.Chunks(), t.rig.layers, negative,
+                                            t.load_stream, &load);
+  EXPECT_EQ(s.code(), GpuCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("queue_ahead_layers -1"), std::string::npos) << s.ToString();
 }
 
 TEST_P(LayerwiseTest, StoreGathersEachLayerOnlyAfterTheEngineWroteIt) {

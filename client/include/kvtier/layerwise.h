@@ -5,9 +5,9 @@
 //
 //   GpuArena arena(runtime);                          // once per process
 //   LayerwiseLoader loader(client, ns, arena, cache, runtime);
-//   loader.StartLoad(tokens, block_ids, load_stream); // leases, queues every layer
-//   for i: loader.WaitLayer(i, compute_stream); attention(i);
-//   loader.Finish();                                  // block ids to recompute
+//   loader.StartLoad(tokens, block_ids, load_stream); // leases, queues the first layers
+//   for i: loader.WaitLayer(i, compute_stream); attention(i);  // queues a layer more
+//   loader.Finish();                                  // the rest; block ids to recompute
 //
 //   LayerwiseStorer storer(client, ns, arena, cache, runtime);
 //   storer.Start(tokens, block_ids, store_stream, first_new_chunk);
@@ -118,10 +118,12 @@ class LayerwiseLoader {
 
   // Leases every chunk of the cached prefix of `tokens` first (Lookup with
   // acquire, or taking over `ticket`; chunks with an HBM copy are copied
-  // device to device from the daemon's pool), then queues each layer's copies into
-  // the engine blocks `block_ids` (the prompt's block table: block_ids[j]
-  // holds tokens [j * block_size, (j + 1) * block_size)) on `load_stream`,
-  // one event per layer. Chunks before `first_chunk` are already in the
+  // device to device from the daemon's pool), then queues the copies of the
+  // first layers into the engine blocks `block_ids` (the prompt's block table:
+  // block_ids[j] holds tokens [j * block_size, (j + 1) * block_size)) on
+  // `load_stream`, one event per layer; WaitLayer queues the later layers
+  // (options.queue_ahead_layers ahead of it) and Finish the rest, so only after
+  // Finish is the whole prefix in the cache. Chunks before `first_chunk` are already in the
   // engine's blocks (its own prefix cache hit: num_computed_tokens /
   // chunk_tokens): they are leased, not copied. A block id of -1
   // (gpu::kSkipBlock) leaves that block untouched: pass it for the blocks of
@@ -137,18 +139,22 @@ class LayerwiseLoader {
                              gpu::Stream& load_stream, const PrefetchTicket* ticket = nullptr,
                              size_t first_chunk = 0, std::string_view request_id = {});
 
-  // Makes work queued on `compute_stream` from now on wait until layer
-  // `layer` is in the cache (a stream wait; no host sync). A layer with
+  // Queues the copies of the layers up to options.queue_ahead_layers past
+  // `layer` not queued yet, and makes work queued on `compute_stream` from now
+  // on wait until layer `layer` is in the cache (a stream wait; no host sync
+  // on the copies). A layer with
   // nothing to load adds no wait. Errors: INVALID_ARGUMENT (layer out of range).
   Status WaitLayer(int64_t layer, gpu::Stream& compute_stream);
 
-  // Waits until every copy completed, then releases the lease. Returns the
+  // Queues the layers not queued yet, waits until every copy completed, then
+  // releases the lease. Returns the
   // block ids the engine must recompute (ascending): chunks whose copy failed,
   // and chunks whose lease lapsed during the copy. No other error reaches the
   // engine. Errors: INVALID_ARGUMENT when no load was started.
   Result<std::vector<int32_t>> Finish();
 
-  // The event recorded after layer `layer`'s copies; null when nothing loads.
+  // The event recorded after layer `layer`'s copies (once queued: see
+  // WaitLayer); null when nothing loads.
   const gpu::Event* layer_event(int64_t layer) const;
 
   // Of the chunks StartLoad delivers, those copied from the HBM pool.

@@ -325,8 +325,9 @@ void BindLayerwise(nb::module_& m) {
           nb::arg("ticket").none() = nb::none(), nb::arg("first_chunk") = 0,
           nb::arg("request_id") = "",
           nb::keep_alive<1, 4>(),  // the loader queues on load_stream until finish()
-          "Leases the cached prefix of `tokens`, then queues each layer's copies into the "
-          "engine blocks `block_ids` (the prompt's block table) on load_stream. Chunks before "
+          "Leases the cached prefix of `tokens`, then queues the first layers' copies into the "
+          "engine blocks `block_ids` (the prompt's block table) on load_stream; wait_layer "
+          "queues the later layers and finish the rest. Chunks before "
           "first_chunk are already in the engine's blocks: leased, not copied. request_id: "
           "as in Client.acquire. Returns the "
           "tokens cached through this load (whole chunks, at most what block_ids covers); a "
@@ -336,11 +337,13 @@ void BindLayerwise(nb::module_& m) {
       .def(
           "wait_layer",
           [](LayerwiseLoader& l, int64_t layer, gpu::Stream& compute_stream) {
+            nb::gil_scoped_release release;  // queues a layer's copies
             ThrowIfError(l.WaitLayer(layer, compute_stream));
           },
           nb::arg("layer"), nb::arg("compute_stream"),
-          "Makes work queued on compute_stream from now on wait until `layer` is in the "
-          "cache (a stream wait, no host sync). Raises InvalidArgument for a layer out of "
+          "Queues the copies of a layer more (two past `layer` by default), then makes work "
+          "queued on compute_stream from now on wait until `layer` is in the cache (a stream "
+          "wait, no host sync). Raises InvalidArgument for a layer out of "
           "range.")
       .def(
           "finish",
@@ -348,7 +351,7 @@ void BindLayerwise(nb::module_& m) {
             nb::gil_scoped_release release;
             return ValueOrThrow(l.Finish());
           },
-          "Waits for every copy, releases the lease and returns the block ids to recompute "
+          "Queues the layers not queued yet, waits for every copy, releases the lease and returns the block ids to recompute "
           "(ascending): chunks whose copy failed or whose lease lapsed. Raises "
           "InvalidArgument when no load was started.")
       .def_prop_ro("hbm_chunks", &LayerwiseLoader::hbm_chunks,

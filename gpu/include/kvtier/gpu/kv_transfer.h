@@ -32,6 +32,14 @@ struct KvTransferOptions {
   // request pays a cudaFree (which synchronizes the device). Borrowed; must outlive the
   // transfer. Default: none (each transfer allocates and frees its own).
   BufferCache* scratch = nullptr;
+  // LayerwiseLoad only: layers queued on the load stream beyond the one the engine last
+  // waited for. Start queues this many, WaitLayer(i) tops the queue up to layer
+  // i + queue_ahead_layers, and Finish queues the rest, so the engine's thread spends
+  // one layer's queueing per layer, between its own launches. 0 queues every layer at
+  // Start: on an H200, Start then blocked the engine's thread for 70 ms of a 96 ms load
+  // (4,000 copies fill CUDA's launch queue) before its first compute launch, and layerwise
+  // TTFT was 1.25x compute alone; with 2 it was 1.02x (docs/BENCHMARKS.md). Default: 2.
+  int64_t queue_ahead_layers = 2;
 };
 
 // The chunks of one load or store, all in one namespace (one layout).

@@ -27,8 +27,9 @@ What runs where (the scheduler and each worker have their own ``kvtier.Client``)
   prefix, capped so that at least one prompt token is computed, aligned to vLLM's block
   size. Loads are synchronous within the forward pass (``False``): they run layer by layer.
 - worker, ``start_load_kv``: a ``LayerwiseLoader`` per request leases the whole prefix and
-  queues every layer's copies on a load stream; ``wait_for_layer_load`` makes the compute
-  stream wait for that layer (no host sync on CUDA).
+  queues the first layers' copies on a load stream; ``wait_for_layer_load`` queues the
+  copies of a layer more and makes the compute stream wait for that layer (no host sync on
+  CUDA).
 - worker, ``save_kv_layer``: a ``LayerwiseStorer`` per request copies each layer out as
   attention writes it; only the prompt's full chunks whose KV this step computed (chunked
   prefill stores a prompt over several steps); ``wait_for_save`` commits.

@@ -53,10 +53,12 @@ struct TtftReport {
   // Per iteration, in run order.
   std::vector<double> recompute_ms, load_then_compute_ms, layerwise_ms, load_only_ms,
       compute_only_ms, plain_gemm_ms;
+  // (c)'s host time in KvSource::StartLoad, before the first compute launch.
+  std::vector<double> layerwise_start_ms;
 
   // Medians of the runs above.
   double ttft_recompute_ms = 0, ttft_load_then_compute_ms = 0, ttft_layerwise_ms = 0;
-  double load_ms = 0, compute_ms = 0, plain_gemm_median_ms = 0;
+  double load_ms = 0, compute_ms = 0, plain_gemm_median_ms = 0, layerwise_start_median_ms = 0;
   // ttft_layerwise_ms / max(load_ms, compute_ms): 1 = full overlap.
   double overlap_ratio = 0;
   // (load_ms + compute_ms) / max(load_ms, compute_ms): the ratio with no overlap at all.

@@ -293,6 +293,7 @@ size_t CacheCore::ContinuationRun(const std::vector<ChunkKey>& keys, size_t from
 }
 
 void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* resp, Done done) {
+  const auto started = std::chrono::steady_clock::now();
   auto prompt = PromptTokens(req.tokens, options_.max_prompt_tokens);
   if (!prompt.ok()) return done(prompt.status());
   if (Status st = CheckRequestId(req.request_id); !st.ok()) return done(st);
@@ -307,6 +308,7 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
   // Hash outside the lock: it is the bulk of a long prompt's lookup.
   const std::vector<ChunkKey> keys = ns.spec.ChunkKeys(ns.id, all);
   LookupTally tally;
+  tally.started = started;
   tally.session_id = req.session_id;
   tally.acquire = req.acquire;
   tally.hbm = req.hbm && hbm_ != nullptr;
@@ -424,6 +426,8 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
   const uint64_t num_hits = t.acquire ? hits.size() : t.dram_hits + t.nvme_hits;
   const size_t hbm_hits = hbm_copier_ ? hbm_copier_->CountIn(hits) : 0;
   LeaseCredit credit = CountRequest(t, ns, hits);
+  const auto now = std::chrono::steady_clock::now();
+  lookup_latency_.Observe(now - t.started);
 
   resp->num_chunks = static_cast<uint32_t>(num_hits);
   resp->nvme_chunks = static_cast<uint32_t>(t.nvme_hits);
@@ -438,6 +442,7 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
   lease.credit = std::move(credit);
   lease.session_id = t.session_id;
   lease.expiry = clock_.Now() + options_.lease_ttl;
+  lease.granted_at = now;
   lease.handles = hits;  // pinned by the caller
   lease.held_bytes = hits.size() * ns.layout.slot_bytes;
   Hold(t.session_id, lease.held_bytes);
@@ -476,6 +481,7 @@ Status CacheCore::ReleaseRead(uint64_t session_id, uint64_t lease_id) {
   KVTIER_RETURN_IF_ERROR(CheckSession(session_id));
   auto lease = leases_.Take(lease_id, session_id);
   if (!lease.ok()) return lease.status();
+  load_latency_.Observe(std::chrono::steady_clock::now() - lease->granted_at);
   EndLease(*lease);
   return Status::Ok();
 }
@@ -572,6 +578,7 @@ Status CacheCore::ReserveWrite(const core::ReserveWriteRequest& req,
   Reservation r;
   r.session_id = req.session_id;
   r.expiry = clock_.Now() + options_.reservation_ttl;
+  r.reserved_at = std::chrono::steady_clock::now();
   r.ns = ns;
   // Each pin and each slot counts against the session's session_max_bytes.
   size_t allowed = SessionAllowance(r.session_id, ns->layout.slot_bytes);
@@ -725,6 +732,7 @@ Status CacheCore::CommitWrite(uint64_t session_id, uint64_t reservation_id,
   }
   resp->committed_chunks = committed;
   resp->dropped_chunks = dropped;
+  store_latency_.Observe(std::chrono::steady_clock::now() - r.reserved_at);
   return Status::Ok();
 }
 

@@ -118,6 +118,17 @@ core::StatsResponse CacheCore::Stats() {
   return resp;
 }
 
+core::Latencies CacheCore::ReadLatencies() const {
+  core::Latencies l;
+  l.lookup = lookup_latency_.Read();
+  l.load = load_latency_.Read();
+  l.store = store_latency_.Read();
+  l.promotion = promoter_->promotion_latency().Read();
+  l.nvme_read = promoter_->nvme_read_latency().Read();
+  if (nvme_writer_) l.nvme_write = nvme_writer_->write_latency().Read();
+  return l;
+}
+
 std::vector<core::NamespaceInfo> CacheCore::Namespaces() {
   std::vector<core::NamespaceInfo> all;
   std::lock_guard lock(mu_);

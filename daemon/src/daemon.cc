@@ -402,7 +402,7 @@ Status Daemon::StartMetrics() {
   if (!address.ok()) return address.status();
   if (address->off()) return Status::Ok();
   auto m = MetricsServer::Start(*address, [core = core_.get()] {
-    return PrometheusText(core->Stats());
+    return PrometheusText(core->Stats(), core->ReadLatencies());
   });
   if (!m.ok()) {
     if (!options_.metrics_default) {

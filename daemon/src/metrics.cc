@@ -7,6 +7,7 @@
 
 #include <charconv>
 #include <cstdint>
+#include <cstdio>
 
 namespace kvtier {
 namespace {
@@ -91,28 +92,67 @@ constexpr DaemonSeries kDaemonSeries[] = {
      [](const StatsResponse& s) { return s.uptime_s; }},
 };
 
-void Family(std::string& out, const std::string& name, bool counter, const char* help) {
-  out += "# HELP " + name + " " + help + "\n# TYPE " + name + (counter ? " counter\n" : " gauge\n");
+struct HistogramSeries {
+  const char* name;  // between kvtier_ and _seconds
+  const char* help;
+  LatencyHistogram::Snapshot core::Latencies::*value;
+};
+
+constexpr HistogramSeries kHistograms[] = {
+    {"lookup", "Lookup calls, request in to response out (with any NVMe promotion waited for).",
+     &core::Latencies::lookup},
+    {"load", "Read leases, granted to released: the client's copy out of the arena.",
+     &core::Latencies::load},
+    {"store", "Writes, reserved to committed: the client's copy into the arena.",
+     &core::Latencies::store},
+    {"promotion", "Promotions from NVMe into DRAM, started to done.",
+     &core::Latencies::promotion},
+    {"nvme_read", "Batches of NVMe reads (one promotion step).", &core::Latencies::nvme_read},
+    {"nvme_write", "Batches of NVMe writes.", &core::Latencies::nvme_write},
+};
+
+void Family(std::string& out, const std::string& name, const char* type, const char* help) {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+std::string Number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  return buf;
 }
 
 constexpr size_t kThreads = 4;
 
 }  // namespace
 
-std::string PrometheusText(const StatsResponse& stats) {
+std::string PrometheusText(const StatsResponse& stats, const core::Latencies& latencies) {
   std::string out;
   out.reserve(8192);
   for (const TierSeries& f : kTierSeries) {
     const std::string name = std::string("kvtier_tier_") + f.name + (f.counter ? "_total" : "");
-    Family(out, name, f.counter, f.help);
+    Family(out, name, f.counter ? "counter" : "gauge", f.help);
     for (const TierStats& t : stats.tiers) {
       out += name + "{tier=\"" + t.name + "\"} " + std::to_string(f.value(t)) + "\n";
     }
   }
   for (const DaemonSeries& f : kDaemonSeries) {
     const std::string name = std::string("kvtier_") + f.name + (f.counter ? "_total" : "");
-    Family(out, name, f.counter, f.help);
+    Family(out, name, f.counter ? "counter" : "gauge", f.help);
     out += name + " " + std::to_string(f.value(stats)) + "\n";
+  }
+  for (const HistogramSeries& h : kHistograms) {
+    const std::string name = std::string("kvtier_") + h.name + "_seconds";
+    const LatencyHistogram::Snapshot& v = latencies.*h.value;
+    Family(out, name, "histogram", h.help);
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < LatencyHistogram::kBuckets; ++i) {
+      cumulative += v.counts[i];
+      const std::string le =
+          i < LatencyHistogram::kBounds.size() ? Number(LatencyHistogram::kBounds[i]) : "+Inf";
+      out += name + "_bucket{le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
+    }
+    out += name + "_sum " + Number(v.sum_seconds) + "\n";
+    out += name + "_count " + std::to_string(cumulative) + "\n";
   }
   return out;
 }

@@ -143,7 +143,10 @@ size_t NvmeWriter::WriteDemotions() {
     SealPayloadChecksum(d.image.get(), d.layout);
     images.push_back({d.key, d.parent, d.ns, {d.image.get(), d.layout.slot_bytes}});
   }
-  Result<size_t> stored = nvme_.Write(images);
+  Result<size_t> stored = [&] {
+    LatencyTimer timer(write_latency_);
+    return nvme_.Write(images);
+  }();
   std::lock_guard lock(mu_);
   health_.NoteWrite(stored.status(), "write-back", images.size());
   EndWrites(demoted.size());
@@ -245,7 +248,10 @@ std::optional<NvmeWriter::ThroughBatch> NvmeWriter::TakeAndCopy(StagingBuffer& s
 void NvmeWriter::WriteBatch(const ThroughBatch& batch) {
   Result<size_t> stored = size_t{0};
   try {
-    if (!batch.images.empty()) stored = nvme_.Write(batch.images);
+    if (!batch.images.empty()) {
+      LatencyTimer timer(write_latency_);
+      stored = nvme_.Write(batch.images);
+    }
   } catch (const std::exception& e) {  // std::bad_alloc from RocksDB: the batch is lost
     stored = Status::IOError(std::string("NVMe write: ") + e.what());
   }

@@ -17,6 +17,7 @@ Promoter::Promoter(std::mutex& mu, DramTier& dram, NvmeTier* nvme, NvmeHealth* h
       hooks_(std::move(hooks)) {}
 
 void Promoter::Start(uint64_t id, Promotion p) {
+  p.started = std::chrono::steady_clock::now();
   const bool work = !p.done;
   hooks_.hold(p.session_id, p.held_bytes);
   if (p.is_ticket()) ticket_bytes_ += p.keys.size() * p.ns.layout.slot_bytes;
@@ -72,6 +73,7 @@ void Promoter::End(Table::iterator it) {
 
 void Promoter::Finish(std::unique_lock<std::mutex>& lock, Table::iterator it) {
   it->second.done = true;
+  promotion_latency_.Observe(std::chrono::steady_clock::now() - it->second.started);
   if (it->second.is_ticket()) return;  // a ticket: held until taken over or expired
   Promotion p = std::move(it->second);
   promotions_.erase(it);
@@ -148,7 +150,10 @@ void Promoter::Step(uint64_t id) {
                      Status::Ok()});
   }
   lock.unlock();
-  const Status io = nvme_->ReadMany(reads);
+  const Status io = [&] {
+    LatencyTimer timer(nvme_read_latency_);
+    return nvme_->ReadMany(reads);
+  }();
   lock.lock();
   --ns->active_reservations;
   health_->NoteIo(io.ok());

@@ -70,4 +70,5 @@ def test_every_dashboard_query_names_a_series_the_daemon_exports(tmp_path: Path)
                 assert label in labels | SCRAPE_LABELS, f"panel '{title}' groups by '{label}'"
     # The panels: hit rate, tier fill, GB/s, errors.
     titles = {p["title"] for p in panels(dashboard)}
-    assert {"Token hit rate", "Tier fill", "Read throughput", "I/O errors and corrupt reads"} <= titles
+    assert {"Token hit rate", "Tier fill", "Read throughput", "I/O errors and corrupt reads",
+            "Lookup latency"} <= titles

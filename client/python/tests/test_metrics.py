@@ -47,23 +47,37 @@ DAEMON_SERIES = {
 }
 
 
+def open_namespace(c: kvtier.Client) -> kvtier.Namespace:
+    return c.open_namespace(model_id="test/metrics", num_layers=2, kv_dtype="float16",
+                            num_kv_heads=2, head_dim=8, chunk_tokens=CHUNK)
+
+
+def prompt(k: int) -> np.ndarray:
+    """The k-th prompt of the load: 8 chunks of tokens."""
+    return np.random.default_rng(k).integers(0, 128_000, size=8 * CHUNK, dtype=np.int32)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
+HISTOGRAMS = ("lookup", "load", "store", "promotion", "nvme_read", "nvme_write")
+
+
 def scrape(port: int) -> dict[tuple[str, str], float]:
-    """(sample name, tier label or "") -> value, through prometheus_client's parser."""
+    """(sample name, its tier or le label or "") -> value, through prometheus_client's
+    parser."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = r.read().decode()
     out: dict[tuple[str, str], float] = {}
     for family in text_string_to_metric_families(text):
         assert family.documentation, family.name  # every family has its HELP
-        assert family.type in ("counter", "gauge"), family
+        assert family.type in ("counter", "gauge", "histogram"), family
         for s in family.samples:
-            key = (s.name, s.labels.get("tier", ""))
+            key = (s.name, s.labels.get("tier", s.labels.get("le", "")))
             assert key not in out, key
             out[key] = s.value
     return out
@@ -90,14 +104,11 @@ def test_a_scrape_under_load_matches_kvtierctl_stats(tmp_path: Path) -> None:
         def load() -> None:
             try:
                 with kvtier.Client.connect(socket=daemon.socket, deadline_ms=2000) as c:
-                    ns = c.open_namespace(model_id="test/metrics", num_layers=2,
-                                          kv_dtype="float16", num_kv_heads=2, head_dim=8,
-                                          chunk_tokens=CHUNK)
+                    ns = open_namespace(c)
                     rng = np.random.default_rng(7)
                     i = 0
                     while not stop.is_set() or i < 300:
-                        tokens = np.random.default_rng(i % 150).integers(
-                            0, 128_000, size=8 * CHUNK, dtype=np.int32)
+                        tokens = prompt(i % 150)
                         data = rng.integers(0, 256, size=8 * ns.payload_bytes, dtype=np.uint8)
                         c.store(ns, tokens, data)
                         out = np.empty_like(data)
@@ -121,6 +132,11 @@ def test_a_scrape_under_load_matches_kvtierctl_stats(tmp_path: Path) -> None:
             worker.join(timeout=120)
         assert not worker.is_alive()
         assert not errors, errors
+        # The prompts stored first are on NVMe only by now: loading them promotes them.
+        with kvtier.Client.connect(socket=daemon.socket, deadline_ms=5000) as c:
+            ns = open_namespace(c)
+            for k in range(150):
+                c.load(ns, prompt(k), np.empty(8 * ns.payload_bytes, dtype=np.uint8))
 
         stats = ctl_stats(daemon)
         scraped = scrape(port)
@@ -141,6 +157,21 @@ def test_a_scrape_under_load_matches_kvtierctl_stats(tmp_path: Path) -> None:
         dram = next(t for t in tiers if t["name"] == "dram")
         assert dram["evictions"] > 0 and dram["hits"] > 0 and stats["hit_tokens"] > 0
         assert scraped[("kvtier_tier_written_bytes_total", "nvme")] > 0
+        nvme = next(t for t in tiers if t["name"] == "nvme")
+        assert nvme["hits"] > 0  # so promotions and NVMe reads happened
+
+        # Latency histograms: buckets cumulative, +Inf equal to the count, every kind seen,
+        # and one Lookup observed per Lookup counted.
+        for h in HISTOGRAMS:
+            name = f"kvtier_{h}_seconds"
+            buckets = sorted((float(le), v) for (n, le), v in scraped.items()
+                             if n == name + "_bucket")
+            assert len(buckets) == 21 and buckets[-1][0] == float("inf"), (name, buckets)
+            counts = [v for _, v in buckets]
+            assert counts == sorted(counts), (name, counts)
+            assert counts[-1] == scraped[(name + "_count", "")] > 0, name
+            assert scraped[(name + "_sum", "")] > 0, name
+        assert scraped[("kvtier_lookup_seconds_count", "")] == scraped[("kvtier_lookups_total", "")]
 
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=5)

@@ -212,6 +212,8 @@ class CacheCore {
   Status Evict(const core::EvictRequest& req, core::EvictResponse* resp);
 
   core::StatsResponse Stats();
+  // The latency histograms (Prometheus only; kvtierctl stats does not show them).
+  core::Latencies ReadLatencies() const;
   std::vector<core::NamespaceInfo> Namespaces();
 
   // Ends every lease, reservation and prefetch whose TTL or deadline has passed on the clock. An
@@ -239,6 +241,7 @@ class CacheCore {
     uint64_t session_id = 0;
     uint64_t held_bytes = 0;  // counted against its session's session_max_bytes
     Clock::TimePoint expiry;
+    std::chrono::steady_clock::time_point granted_at;  // for the load latency
     std::vector<uint32_t> handles;  // DramTier handles, pinned
     std::vector<uint32_t> hbm_handles;  // HbmTier handles, pinned (their DRAM copies are in handles)
   };
@@ -252,6 +255,7 @@ class CacheCore {
     uint64_t session_id = 0;
     uint64_t held_bytes = 0;  // as Lease's: its slots and pins
     Clock::TimePoint expiry;
+    std::chrono::steady_clock::time_point reserved_at;  // for the store latency
     NamespaceState* ns = nullptr;  // kept from reuse by active_reservations
     std::vector<ReservedChunk> chunks;
     // Resident chunks this write builds on (the first chunk's parent and the
@@ -315,6 +319,7 @@ class CacheCore {
   size_t ContinuationRun(const std::vector<ChunkKey>& keys, size_t from, size_t limit) const;
   // What a Lookup found, for its answer and the counters.
   struct LookupTally {
+    std::chrono::steady_clock::time_point started;  // the Lookup came in
     uint64_t session_id = 0;
     bool acquire = false;
     bool hbm = false;      // the caller reads HBM: lease HBM copies, promote the other hits
@@ -334,6 +339,7 @@ class CacheCore {
   // REQUIRES: mu_ held. Counts the prompt of `request` if it is new.
   void CountPrompt(const std::string& request, size_t tokens, size_t full_chunks);
   RequestLedger ledger_;  // GUARDED_BY(mu_)
+  LatencyHistogram lookup_latency_, load_latency_, store_latency_;
   // Warnings a client or a bad disk can repeat at will, one per 10 s each.
   LogLimiter collision_log_;     // token checks and keys held by another chunk
   LogLimiter access_times_log_;

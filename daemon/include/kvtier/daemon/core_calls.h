@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvtier/chunk_key.h"
+#include "kvtier/latency_histogram.h"
 #include "kvtier/namespace_spec.h"
 
 namespace kvtier::core {
@@ -168,6 +169,17 @@ struct StatsResponse {
   uint64_t session_limited = 0;
   uint64_t ring_lookups = 0;
   uint64_t ring_calls = 0;
+};
+
+// kvtierd's latency histograms (Prometheus kvtier_*_seconds), each as read now.
+struct Latencies {
+  LatencyHistogram::Snapshot lookup;     // a Lookup: request in to response out (with any
+                                         // NVMe promotion it waits for)
+  LatencyHistogram::Snapshot load;       // a read lease: granted to released (the client's copy)
+  LatencyHistogram::Snapshot store;      // a write: reserved to committed (the client's copy)
+  LatencyHistogram::Snapshot promotion;  // NVMe to DRAM: promotion started to finished
+  LatencyHistogram::Snapshot nvme_read;  // one batch of NVMe reads (a promotion step)
+  LatencyHistogram::Snapshot nvme_write; // one batch of NVMe writes (the writer)
 };
 
 struct NamespaceInfo {

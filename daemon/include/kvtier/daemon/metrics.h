@@ -12,6 +12,8 @@
 //           prefetched_chunks,session_limited}_total
 //   kvtier_{sessions,active_leases,active_reservations,active_prefetches,
 //           uptime_seconds}                                           gauges
+//   kvtier_{lookup,load,store,promotion,nvme_read,nvme_write}_seconds histograms
+//     (buckets of LatencyHistogram::kBounds; what each times: core::Latencies)
 // What each figure means: README.md, "kvtierctl stats".
 #pragma once
 
@@ -30,8 +32,9 @@ class Server;
 
 namespace kvtier {
 
-// `stats` as a /metrics page (text format 0.0.4, each family with HELP and TYPE).
-std::string PrometheusText(const core::StatsResponse& stats);
+// `stats` and `latencies` as a /metrics page (text format 0.0.4, each family
+// with HELP and TYPE).
+std::string PrometheusText(const core::StatsResponse& stats, const core::Latencies& latencies);
 
 // Where /metrics listens: "HOST:PORT" (an IPv4 address or a name; an IPv6
 // address in brackets, "[::1]:9400"), port 0..65535 (0: any free port), or

@@ -30,6 +30,7 @@
 
 #include "kvtier/daemon/core_namespace.h"
 #include "kvtier/daemon/nvme_health.h"
+#include "kvtier/latency_histogram.h"
 #include "kvtier/status.h"
 #include "kvtier/tiers/dram_tier.h"
 #include "kvtier/tiers/nvme_tier.h"
@@ -104,6 +105,8 @@ class NvmeWriter {
   size_t DramOnly() const;
   // REQUIRES: mu held. Counters so far.
   const Counters& counters() const { return counters_; }
+  // Each batch written to NVMe (write-through or write-back), any thread.
+  const LatencyHistogram& write_latency() const { return write_latency_; }
   // REQUIRES: mu held by `lock`. Takes no new batch, and waits for those in
   // flight, so that an admin eviction is not undone by a write landing.
   void DrainForEviction(std::unique_lock<std::mutex>& lock);
@@ -162,6 +165,7 @@ class NvmeWriter {
   uint32_t evictions_waiting_ = 0;                        // GUARDED_BY(mu_)
   bool stopping_ = false;                                 // GUARDED_BY(mu_)
   Counters counters_;                                     // GUARDED_BY(mu_)
+  LatencyHistogram write_latency_;
   std::condition_variable progress_cv_;  // a batch was taken (WaitForRoom)
   std::condition_variable idle_cv_;      // in_flight_ reached 0 (DrainForEviction)
   // Write-through's copies of two batches (one written while the next is

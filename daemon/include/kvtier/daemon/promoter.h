@@ -30,6 +30,7 @@
 #include "kvtier/daemon/core_namespace.h"
 #include "kvtier/daemon/hbm_copier.h"
 #include "kvtier/daemon/nvme_health.h"
+#include "kvtier/latency_histogram.h"
 #include "kvtier/status.h"
 #include "kvtier/tiers/dram_tier.h"
 #include "kvtier/tiers/nvme_tier.h"
@@ -50,6 +51,7 @@ class Promoter {
     bool done = false;                // no more will become ready
     bool to_hbm = false;              // a ticket that also copies its ready chunks into HBM
     std::string request;              // a ticket's RequestLedger key
+    std::chrono::steady_clock::time_point started;  // set by Start (promotion latency)
     // A Lookup's continuation (unset for a ticket), run without mu once the
     // promotion is done and out of the table; `ready` is still pinned then.
     std::function<void(Promotion&)> on_done;
@@ -110,6 +112,9 @@ class Promoter {
   void Step(uint64_t id);
   // REQUIRES: mu held.
   const Counters& counters() const { return counters_; }
+  // Promotions from Start to done, and their batches of NVMe reads (any thread).
+  const LatencyHistogram& promotion_latency() const { return promotion_latency_; }
+  const LatencyHistogram& nvme_read_latency() const { return nvme_read_latency_; }
 
  private:
   // Ends the tickets `pred` picks; returns how many.
@@ -131,6 +136,7 @@ class Promoter {
   uint64_t ticket_bytes_ = 0;     // GUARDED_BY(mu_)
   uint64_t evict_generation_ = 0; // GUARDED_BY(mu_)
   Counters counters_;             // GUARDED_BY(mu_)
+  LatencyHistogram promotion_latency_, nvme_read_latency_;
 };
 
 }  // namespace kvtier

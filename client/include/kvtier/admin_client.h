@@ -20,7 +20,7 @@
 namespace kvtier {
 
 struct TierStats {
-  std::string name;              // "dram" or "nvme"
+  std::string name;              // "hbm", "dram" or "nvme"
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;       // slots in use (committed or reserved)
   uint64_t capacity_chunks = 0;  // capacity_bytes / the smallest slot size opened

@@ -25,8 +25,8 @@ enum class CopyPath : uint8_t {
 };
 
 // Default: kDma, for the reason on kDma (overlap with compute without stealing SMs; the
-// per-chunk copies are large, e.g. 256 tokens x 8 heads x 128 x 2 B x 2 = 1 MiB). To be
-// measured on an H200 with gpu-check.
+// per-chunk copies are large, e.g. 256 tokens x 8 heads x 128 x 2 B x 2 = 1 MiB). On an H200
+// (docs/BENCHMARKS.md) kZeroCopy copies faster alone but overlapped worse with attention.
 inline constexpr CopyPath kDefaultCopyPath = CopyPath::kDma;
 
 // "dma" or "zero_copy".

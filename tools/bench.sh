@@ -12,7 +12,7 @@ cleanup() {
 trap cleanup EXIT
 
 start_daemon() {  # start_daemon NAME DRAM_BYTES
-  "$BIN/kvtierd" --socket "$WORK/$1.sock" --dram-bytes "$2" --nvme-bytes 0 --log-level warn &
+  "$BIN/kvtierd" --socket "$WORK/$1.sock" --dram-bytes "$2" --nvme-bytes 0 --metrics-address off --log-level warn &
   PIDS+=($!)
   for _ in $(seq 1 100); do
     "$BIN/kvtierctl" --socket "$WORK/$1.sock" health >/dev/null 2>&1 && return 0

@@ -24,7 +24,8 @@ trap cleanup EXIT
 
 rm -rf "$NVME_DIR" && mkdir -p "$NVME_DIR"
 echo "== starting kvtierd (DRAM arena 1 GiB, NVMe 2 GiB in $(cd "$NVME_DIR" && pwd)) on $SOCK"
-"$BIN/kvtierd" --socket "$SOCK" --nvme-path "$NVME_DIR" --nvme-bytes 2GiB --log-level warn &
+"$BIN/kvtierd" --socket "$SOCK" --nvme-path "$NVME_DIR" --nvme-bytes 2GiB \
+  --metrics-address off --log-level warn &  # 9400 stays free for a production kvtierd
 DAEMON_PID=$!
 for _ in $(seq 1 100); do
   "$BIN/kvtierctl" --socket "$SOCK" health >/dev/null 2>&1 && break

@@ -59,7 +59,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/kvtierd.sh"
 start_kvtierd run.sh --dram-bytes "${DRAM:-8GiB}" --hbm-bytes "${HBM:-8GiB}" --gpu "${GPU:-0}" \
-  --gpu-backend "${BACKEND:-cuda}"
+  --gpu-backend "${BACKEND:-cuda}" --metrics-address off
 "$HERE/bin/kvtier-gpu-e2e" --socket "$S" --backend "${BACKEND:-cuda}" --device "${GPU:-0}" \
   --require-hbm "$@" &
 E2E=$!

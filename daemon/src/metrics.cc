@@ -41,7 +41,8 @@ constexpr TierSeries kTierSeries[] = {
      [](const TierStats& t) { return t.read_bytes; }},
     {"written_bytes", true, "Payload bytes written into the tier.",
      [](const TierStats& t) { return t.write_bytes; }},
-    {"pending_writes", false, "NVMe writes queued or in flight.",
+    {"pending_writes", false, "Writes into the tier queued or in flight (nvme: NVMe writes; "
+                              "hbm: copies into the pool).",
      [](const TierStats& t) { return t.pending_writes; }},
     {"corrupt_reads", true, "Reads that failed verification (counted as misses).",
      [](const TierStats& t) { return t.corrupt_reads; }},
@@ -101,7 +102,8 @@ struct HistogramSeries {
 constexpr HistogramSeries kHistograms[] = {
     {"lookup", "Lookup calls, request in to response out (with any NVMe promotion waited for).",
      &core::Latencies::lookup},
-    {"load", "Read leases, granted to released: the client's copy out of the arena.",
+    {"load", "Read leases, granted to released (the client's copy out and whatever else it "
+             "does meanwhile; leases that lapse or whose client dies are not counted).",
      &core::Latencies::load},
     {"store", "Writes, reserved to committed: the client's copy into the arena.",
      &core::Latencies::store},

@@ -48,7 +48,8 @@ Result<DaemonStats> AdminClient::Stats() {
                        t.chunks(), t.hits(), t.misses(), t.evictions(), t.read_bytes(),
                        t.write_bytes(), t.pending_writes(), t.corrupt_reads(), t.io_errors(),
                        t.degraded(), t.skipped_writes(), t.lost_writes(), t.pinned_chunks(),
-                       t.uncommitted_bytes(), t.throttled_writes()});
+                       t.uncommitted_bytes(), t.throttled_writes(), t.unserved_hits(),
+                       t.unserved_read_bytes()});
   }
   s.lookups = r.lookups();
   s.ring_lookups = r.ring_lookups();
@@ -62,6 +63,18 @@ Result<DaemonStats> AdminClient::Stats() {
   s.active_prefetches = r.active_prefetches();
   s.prefetched_chunks = r.prefetched_chunks();
   s.session_limited = r.session_limited();
+  s.lookup_chunks = r.lookup_chunks();
+  s.unserved_hit_tokens = r.unserved_hit_tokens();
+  const auto tier_tokens = [](const v1::TierTokens& t) {
+    return TierTokens{t.hbm(), t.dram(), t.nvme()};
+  };
+  for (const auto& m : r.models()) {
+    s.models.push_back({m.model_id(), m.lookup_tokens(), tier_tokens(m.hit_tokens()),
+                        tier_tokens(m.unserved_hit_tokens())});
+  }
+  const v1::PrefetchOutcomes& p = r.prefetches();
+  s.prefetches = {p.nothing_cached(), p.over_budget(), p.used(), p.used_early(), p.expired(),
+                  p.session_ended()};
   return s;
 }
 

@@ -213,6 +213,7 @@ Status CacheCore::OpenNamespace(const core::OpenNamespaceRequest& req,
     state->id = id;
     state->layout = layout;
     state->active_reservations = 0;
+    state->model = ModelIndex(spec.model_id);
     it = ns_by_id_.emplace(id, state).first;
     spdlog::info("namespace {} opened: {}", id.ToHex(), spec.RedactedString());
     if (layout.slot_bytes > options_.SessionMaxBytes()) {
@@ -363,6 +364,7 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
       }
     }
     for (uint32_t h : hits) dram_->Pin(h);
+    ++(p.done ? counters_.prefetches.used : counters_.prefetches.used_early);
     promoter_->End(*ticket);
     GrantLookup(tally, ns, hits, resp);
     lock.unlock();
@@ -464,8 +466,8 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
     hbm_->Touch(*it);
   }
   lease.credit.read_bytes = (num_hits - lease.hbm_handles.size()) * ns.layout.payload_bytes;
-  counters_.hbm_read_bytes += lease.credit.hbm_read_bytes;
-  counters_.read_bytes += lease.credit.read_bytes;
+  counters_.leased.hbm_read_bytes += lease.credit.hbm_read_bytes;
+  counters_.leased.read_bytes += lease.credit.read_bytes;
   leases_.Add(lease_id, std::move(lease));
   resp->lease_id = lease_id;
 }
@@ -493,12 +495,8 @@ Status CacheCore::ReleaseUnserved(uint64_t session_id, uint64_t lease_id) {
   if (!lease.ok()) return lease.status();
   const LeaseCredit& c = lease->credit;
   ledger_.Uncredit(c.request, {c.from, c.to});
-  counters_.hit_tokens -= c.hit_tokens;
-  counters_.hits -= c.hits;
-  counters_.nvme_hits -= c.nvme_hits;
-  counters_.hbm_hits -= c.hbm_hits;
-  counters_.read_bytes -= c.read_bytes;
-  counters_.hbm_read_bytes -= c.hbm_read_bytes;
+  counters_.unserved += c;
+  AddTierTokens(models_[c.model].unserved_hit_tokens, c);
   EndLease(*lease);
   return Status::Ok();
 }
@@ -751,6 +749,7 @@ void CacheCore::ExpireNow() {
   const std::vector<Lease> leases = leases_.TakeExpired(now);
   for (const Lease& lease : leases) EndLease(lease);
   const size_t tickets = promoter_->ExpireTickets(now);
+  counters_.prefetches.expired += tickets;
   std::vector<Reservation> reservations = reservations_.TakeExpired(now);
   for (Reservation& r : reservations) {
     ReleaseReservationHolds(r);

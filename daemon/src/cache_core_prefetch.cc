@@ -91,7 +91,9 @@ Status CacheCore::Prefetch(const core::PrefetchRequest& req, core::PrefetchRespo
   resp->nvme_chunks = static_cast<uint32_t>(run);
   std::string request = RequestLedger::Named(req.request_id);
   if (hits.size() + run == 0) {
-    CountPrompt(request, all.size(), keys.size());
+    ++(affordable == 0 && limit > 0 ? counters_.prefetches.over_budget
+                                     : counters_.prefetches.nothing_cached);
+    CountPrompt(request, ns, all.size(), keys.size());
     return Status::Ok();
   }
   Promotion p;
@@ -113,7 +115,7 @@ Status CacheCore::Prefetch(const core::PrefetchRequest& req, core::PrefetchRespo
   if (p.to_hbm) hbm_copier_->Queue(p.ready);
   const uint64_t ticket = next_id_++;
   if (request.empty()) request = RequestLedger::Ticket(ticket);
-  CountPrompt(request, all.size(), keys.size());
+  CountPrompt(request, ns, all.size(), keys.size());
   p.request = std::move(request);
   promoter_->Start(ticket, std::move(p));
   resp->ticket = ticket;

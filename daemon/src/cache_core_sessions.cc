@@ -82,7 +82,7 @@ void CacheCore::EndSession(uint64_t session_id) {
   std::vector<Reservation> open = reservations_.TakeSession(session_id);
   for (Reservation& r : open) FreeReservation(r);
   size_t reservations = open.size();
-  promoter_->EndSession(session_id);
+  counters_.prefetches.session_ended += promoter_->EndSession(session_id);
   if (auto q = quarantined_.find(session_id); q != quarantined_.end()) {
     for (const Reservation& r : q->second) FreeReservationSlots(r);
     reservations += q->second.size();

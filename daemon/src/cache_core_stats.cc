@@ -22,10 +22,38 @@ core::TierStats SlotTierStats(const char* name, const SlotTier& tier, uint64_t s
 
 }  // namespace
 
+CacheCore::Leased& CacheCore::Leased::operator+=(const Leased& o) {
+  hit_tokens += o.hit_tokens;
+  hits += o.hits;
+  nvme_hits += o.nvme_hits;
+  hbm_hits += o.hbm_hits;
+  read_bytes += o.read_bytes;
+  hbm_read_bytes += o.hbm_read_bytes;
+  return *this;
+}
+
+uint32_t CacheCore::ModelIndex(const std::string& model_id) {
+  // Past the bound every new model shares one entry (a client's own model
+  // named "_other" becomes it: never two series with one label).
+  const std::string& name =
+      models_.size() < core::kMaxModelLabels ? model_id : std::string(core::kOtherModels);
+  if (auto it = model_index_.find(name); it != model_index_.end()) return it->second;
+  models_.emplace_back().model_id = name;
+  const auto index = static_cast<uint32_t>(models_.size() - 1);
+  model_index_.emplace(name, index);
+  return index;
+}
+
+void CacheCore::AddTierTokens(core::TierTokens& to, const LeaseCredit& c) {
+  to.hbm += c.hbm_hits * c.chunk_tokens;
+  to.dram += c.hits * c.chunk_tokens;
+  to.nvme += c.nvme_hits * c.chunk_tokens;
+}
+
 CacheCore::LeaseCredit CacheCore::CountRequest(const LookupTally& t, const NamespaceState& ns,
                                                const std::vector<uint32_t>& hits) {
   ++counters_.lookups;
-  CountPrompt(t.request, t.prompt_tokens, t.num_keys);
+  CountPrompt(t.request, ns, t.prompt_tokens, t.num_keys);
   // Only leased chunks are served; each chunk of a request counts once, for
   // the tier it was in when looked up (HBM copies are in DRAM too).
   LeaseCredit c;
@@ -34,6 +62,8 @@ CacheCore::LeaseCredit CacheCore::CountRequest(const LookupTally& t, const Names
   c.request = t.request;
   c.from = fresh.from;
   c.to = fresh.to;
+  c.model = ns.model;
+  c.chunk_tokens = ns.spec.chunk_tokens;
   for (size_t i = fresh.from; i < fresh.to; ++i) {
     c.hit_tokens += ns.spec.chunk_tokens;
     if (i >= t.dram_hits || (i < t.prefetched_at.size() && t.prefetched_at[i])) {
@@ -44,15 +74,15 @@ CacheCore::LeaseCredit CacheCore::CountRequest(const LookupTally& t, const Names
       ++c.hits;
     }
   }
-  counters_.hit_tokens += c.hit_tokens;
-  counters_.hits += c.hits;
-  counters_.nvme_hits += c.nvme_hits;
-  counters_.hbm_hits += c.hbm_hits;
+  counters_.leased += c;
+  AddTierTokens(models_[c.model].hit_tokens, c);
   return c;
 }
 
-void CacheCore::CountPrompt(const std::string& request, size_t tokens, size_t full_chunks) {
+void CacheCore::CountPrompt(const std::string& request, const NamespaceState& ns, size_t tokens,
+                            size_t full_chunks) {
   if (!ledger_.FirstSight(request, full_chunks)) return;
+  models_[ns.model].lookup_tokens += tokens;
   counters_.lookup_tokens += tokens;
   counters_.lookup_chunks += full_chunks;
 }
@@ -66,19 +96,27 @@ core::StatsResponse CacheCore::Stats() {
       smallest_slot = ns->layout.slot_bytes;
     }
   }
+  // Served: every lease's credit less that of the unserved ones.
+  const Leased& all = counters_.leased;
+  const Leased& lost = counters_.unserved;
   if (hbm_) {
     core::TierStats& ht = resp.tiers.emplace_back(SlotTierStats("hbm", *hbm_, smallest_slot));
-    ht.hits = counters_.hbm_hits;
-    ht.read_bytes = counters_.hbm_read_bytes;
+    ht.hits = all.hbm_hits - lost.hbm_hits;
+    ht.unserved_hits = lost.hbm_hits;
+    ht.read_bytes = all.hbm_read_bytes - lost.hbm_read_bytes;
+    ht.unserved_read_bytes = lost.hbm_read_bytes;
     ht.write_bytes = hbm_copier_->counters().write_bytes;
     ht.pending_writes = hbm_copier_->Pending();
     ht.io_errors = hbm_copier_->counters().copy_errors;
   }
   core::TierStats& t = resp.tiers.emplace_back(SlotTierStats("dram", *dram_, smallest_slot));
-  t.hits = counters_.hits;
-  const uint64_t served = counters_.hits + counters_.nvme_hits + counters_.hbm_hits;
+  t.hits = all.hits - lost.hits;
+  t.unserved_hits = lost.hits;
+  const uint64_t served = (all.hits + all.nvme_hits + all.hbm_hits) -
+                          (lost.hits + lost.nvme_hits + lost.hbm_hits);
   t.misses = counters_.lookup_chunks - std::min(counters_.lookup_chunks, served);
-  t.read_bytes = counters_.read_bytes;
+  t.read_bytes = all.read_bytes - lost.read_bytes;
+  t.unserved_read_bytes = lost.read_bytes;
   t.write_bytes = counters_.write_bytes;
   if (nvme_) {
     const NvmeTierCounters n = nvme_->counters();
@@ -88,7 +126,8 @@ core::StatsResponse CacheCore::Stats() {
     nt.used_bytes = n.used_bytes;
     nt.capacity_chunks = smallest_slot == 0 ? 0 : n.capacity_bytes / smallest_slot;
     nt.chunks = n.chunks;
-    nt.hits = counters_.nvme_hits;
+    nt.hits = all.nvme_hits - lost.nvme_hits;
+    nt.unserved_hits = lost.nvme_hits;
     nt.evictions = n.evictions;
     nt.read_bytes = promoter_->counters().read_bytes;
     const NvmeWriter::Counters& w = nvme_writer_->counters();
@@ -105,7 +144,19 @@ core::StatsResponse CacheCore::Stats() {
   resp.ring_lookups = ring_lookups_.load(std::memory_order_relaxed);
   resp.ring_calls = ring_calls_.load(std::memory_order_relaxed);
   resp.lookup_tokens = counters_.lookup_tokens;
-  resp.hit_tokens = counters_.hit_tokens;
+  resp.lookup_chunks = counters_.lookup_chunks;
+  resp.hit_tokens = all.hit_tokens - lost.hit_tokens;
+  resp.unserved_hit_tokens = lost.hit_tokens;
+  for (const ModelCounters& m : models_) {
+    core::ModelStats& out = resp.models.emplace_back();
+    out.model_id = m.model_id;
+    out.lookup_tokens = m.lookup_tokens;
+    out.hit_tokens = {m.hit_tokens.hbm - m.unserved_hit_tokens.hbm,
+                      m.hit_tokens.dram - m.unserved_hit_tokens.dram,
+                      m.hit_tokens.nvme - m.unserved_hit_tokens.nvme};
+    out.unserved_hit_tokens = m.unserved_hit_tokens;
+  }
+  resp.prefetches = counters_.prefetches;
   resp.sessions = sessions_.size();
   resp.active_leases = leases_.size();
   resp.active_reservations = reservations_.size();

@@ -187,6 +187,8 @@ void Run(CacheCore& core, v1::StatsResponse* resp) {
     w->set_pinned_chunks(t.pinned_chunks);
     w->set_uncommitted_bytes(t.uncommitted_bytes);
     w->set_throttled_writes(t.throttled_writes);
+    w->set_unserved_hits(t.unserved_hits);
+    w->set_unserved_read_bytes(t.unserved_read_bytes);
   }
   resp->set_lookups(s.lookups);
   resp->set_lookup_tokens(s.lookup_tokens);
@@ -200,6 +202,27 @@ void Run(CacheCore& core, v1::StatsResponse* resp) {
   resp->set_session_limited(s.session_limited);
   resp->set_ring_lookups(s.ring_lookups);
   resp->set_ring_calls(s.ring_calls);
+  resp->set_lookup_chunks(s.lookup_chunks);
+  resp->set_unserved_hit_tokens(s.unserved_hit_tokens);
+  const auto tier_tokens = [](const core::TierTokens& t, v1::TierTokens* w) {
+    w->set_hbm(t.hbm);
+    w->set_dram(t.dram);
+    w->set_nvme(t.nvme);
+  };
+  for (const core::ModelStats& m : s.models) {
+    v1::ModelStats* w = resp->add_models();
+    w->set_model_id(m.model_id);
+    w->set_lookup_tokens(m.lookup_tokens);
+    tier_tokens(m.hit_tokens, w->mutable_hit_tokens());
+    tier_tokens(m.unserved_hit_tokens, w->mutable_unserved_hit_tokens());
+  }
+  v1::PrefetchOutcomes* p = resp->mutable_prefetches();
+  p->set_nothing_cached(s.prefetches.nothing_cached);
+  p->set_over_budget(s.prefetches.over_budget);
+  p->set_used(s.prefetches.used);
+  p->set_used_early(s.prefetches.used_early);
+  p->set_expired(s.prefetches.expired);
+  p->set_session_ended(s.prefetches.session_ended);
 }
 
 void Run(CacheCore& core, v1::NamespacesResponse* resp) {

@@ -8,6 +8,8 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <string_view>
+#include <utility>
 
 namespace kvtier {
 namespace {
@@ -31,14 +33,25 @@ constexpr TierSeries kTierSeries[] = {
     {"capacity_chunks", false, "Chunks the tier can hold at its namespaces' slot sizes.",
      [](const TierStats& t) { return t.capacity_chunks; }},
     {"chunks", false, "Chunks in the tier.", [](const TierStats& t) { return t.chunks; }},
-    {"hits", true, "Chunks leased from the tier (counted once per engine request).",
-     [](const TierStats& t) { return t.hits; }},
-    {"misses", true, "Chunks looked up and not found in the tier.",
+    {"hits", true, "Chunks leased from the tier, once per engine request (those whose Lookup "
+                   "answer never reached the client too: see kvtier_tier_unserved_hits_total).",
+     [](const TierStats& t) { return t.hits + t.unserved_hits; }},
+    {"unserved_hits", true, "Of kvtier_tier_hits_total, chunks whose Lookup answer never "
+                            "reached the client (its deadline passed first).",
+     [](const TierStats& t) { return t.unserved_hits; }},
+    // Not a counter: a later Lookup of the same engine request may serve chunks
+    // counted here, and an unserved lease adds them back.
+    {"misses", false, "dram: full chunks of the engine requests looked up that no tier served "
+                      "so far (goes down when a later lookup of a request serves them).",
      [](const TierStats& t) { return t.misses; }},
     {"evictions", true, "Chunks the tier evicted to make room.",
      [](const TierStats& t) { return t.evictions; }},
-    {"read_bytes", true, "Payload bytes read from the tier.",
-     [](const TierStats& t) { return t.read_bytes; }},
+    {"read_bytes", true, "Payload bytes read from the tier (dram, hbm: leased to clients, "
+                         "unserved leases too; nvme: promoted into DRAM).",
+     [](const TierStats& t) { return t.read_bytes + t.unserved_read_bytes; }},
+    {"unserved_read_bytes", true, "Of kvtier_tier_read_bytes_total, bytes of leases whose "
+                                  "Lookup answer never reached the client.",
+     [](const TierStats& t) { return t.unserved_read_bytes; }},
     {"written_bytes", true, "Payload bytes written into the tier.",
      [](const TierStats& t) { return t.write_bytes; }},
     {"pending_writes", false, "Writes into the tier queued or in flight (nvme: NVMe writes; "
@@ -76,8 +89,16 @@ constexpr DaemonSeries kDaemonSeries[] = {
      [](const StatsResponse& s) { return s.ring_calls; }},
     {"lookup_tokens", true, "Prompt tokens looked up, once per engine request.",
      [](const StatsResponse& s) { return s.lookup_tokens; }},
-    {"hit_tokens", true, "Prompt tokens served from a tier, once per engine request.",
-     [](const StatsResponse& s) { return s.hit_tokens; }},
+    {"lookup_chunks", true, "Full chunks of the prompt tokens looked up, once per engine "
+                            "request.",
+     [](const StatsResponse& s) { return s.lookup_chunks; }},
+    {"hit_tokens", true, "Prompt tokens leased from a tier, once per engine request (those "
+                         "whose Lookup answer never reached the client too: see "
+                         "kvtier_unserved_hit_tokens_total).",
+     [](const StatsResponse& s) { return s.hit_tokens + s.unserved_hit_tokens; }},
+    {"unserved_hit_tokens", true, "Of kvtier_hit_tokens_total, tokens whose Lookup answer "
+                                  "never reached the client (its deadline passed first).",
+     [](const StatsResponse& s) { return s.unserved_hit_tokens; }},
     {"prefetched_chunks", true, "Chunks promoted by a prefetch and leased in time.",
      [](const StatsResponse& s) { return s.prefetched_chunks; }},
     {"session_limited", true, "Calls cut short by session_max_bytes.",
@@ -117,6 +138,66 @@ void Family(std::string& out, const std::string& name, const char* type, const c
   out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
 }
 
+// A label value as the text format quotes it: backslash, double quote and
+// line feed escaped (a model id is a client's UTF-8 text).
+std::string LabelValue(std::string_view v) {
+  std::string out = "\"";
+  for (char c : v) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+uint64_t OfTier(const core::TierTokens& t, std::string_view tier) {
+  return tier == "hbm" ? t.hbm : tier == "dram" ? t.dram : t.nvme;
+}
+
+// Tokens by model (labels bounded by kMaxModelLabels) and prefetch outcomes.
+void ModelAndPrefetchSeries(std::string& out, const StatsResponse& stats) {
+  std::string name = "kvtier_model_lookup_tokens_total";
+  Family(out, name, "counter", "Prompt tokens looked up, once per engine request, by model "
+                               "(a namespace's model_id; past 64 models, \"_other\").");
+  for (const core::ModelStats& m : stats.models) {
+    out += name + "{model=" + LabelValue(m.model_id) + "} " + std::to_string(m.lookup_tokens) +
+           "\n";
+  }
+  for (const bool unserved : {false, true}) {
+    name = unserved ? "kvtier_model_unserved_hit_tokens_total" : "kvtier_model_hit_tokens_total";
+    Family(out, name, "counter",
+           unserved ? "Of kvtier_model_hit_tokens_total, tokens whose Lookup answer never "
+                      "reached the client."
+                    : "Prompt tokens leased, once per engine request, by model and by the "
+                      "tier they were leased from (unserved ones too).");
+    for (const core::ModelStats& m : stats.models) {
+      for (const TierStats& t : stats.tiers) {
+        const uint64_t v = OfTier(m.unserved_hit_tokens, t.name) +
+                           (unserved ? 0 : OfTier(m.hit_tokens, t.name));
+        out += name + "{model=" + LabelValue(m.model_id) + ",tier=\"" + t.name + "\"} " +
+               std::to_string(v) + "\n";
+      }
+    }
+  }
+  name = "kvtier_prefetches_total";
+  Family(out, name, "counter", "Prefetch calls by how they ended: used (a Lookup took the "
+                               "ticket over after its promotion finished), used_early (before), "
+                               "expired, session_ended, nothing_cached, over_budget (no ticket).");
+  const core::PrefetchOutcomes& p = stats.prefetches;
+  const std::pair<const char*, uint64_t> outcomes[] = {
+      {"used", p.used},           {"used_early", p.used_early},
+      {"expired", p.expired},     {"session_ended", p.session_ended},
+      {"nothing_cached", p.nothing_cached}, {"over_budget", p.over_budget}};
+  for (const auto& [outcome, v] : outcomes) {
+    out += name + "{outcome=\"" + outcome + "\"} " + std::to_string(v) + "\n";
+  }
+}
+
 std::string Number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.9g", v);
@@ -142,6 +223,7 @@ std::string PrometheusText(const StatsResponse& stats, const core::Latencies& la
     Family(out, name, f.counter ? "counter" : "gauge", f.help);
     out += name + " " + std::to_string(f.value(stats)) + "\n";
   }
+  ModelAndPrefetchSeries(out, stats);
   for (const HistogramSeries& h : kHistograms) {
     const std::string name = std::string("kvtier_") + h.name + "_seconds";
     const LatencyHistogram::Snapshot& v = latencies.*h.value;

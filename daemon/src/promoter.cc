@@ -49,8 +49,8 @@ size_t Promoter::EndTicketsIf(Pred pred) {
   return ended;
 }
 
-void Promoter::EndSession(uint64_t session_id) {
-  EndTicketsIf([&](const Promotion& p) { return p.session_id == session_id; });
+size_t Promoter::EndSession(uint64_t session_id) {
+  return EndTicketsIf([&](const Promotion& p) { return p.session_id == session_id; });
 }
 
 size_t Promoter::ExpireTickets(Clock::TimePoint now) {

@@ -607,6 +607,16 @@ void CoreFuzzDriver::CheckStats() {
   FUZZ_CHECK(s.active_reservations() == reservations_.size(), "Stats count other reservations");
   FUZZ_CHECK(s.active_prefetches() == tickets_.size(), "Stats count other prefetch tickets");
   FUZZ_CHECK(s.hit_tokens() <= s.lookup_tokens(), "more hit tokens than looked up");
+  uint64_t model_lookup = 0, model_hit = 0, model_unserved = 0;
+  for (const v1::ModelStats& m : s.models()) {
+    model_lookup += m.lookup_tokens();
+    model_hit += m.hit_tokens().hbm() + m.hit_tokens().dram() + m.hit_tokens().nvme();
+    model_unserved += m.unserved_hit_tokens().hbm() + m.unserved_hit_tokens().dram() +
+                      m.unserved_hit_tokens().nvme();
+  }
+  FUZZ_CHECK(model_lookup == s.lookup_tokens(), "models' lookup tokens do not add up");
+  FUZZ_CHECK(model_hit == s.hit_tokens(), "models' hit tokens do not add up");
+  FUZZ_CHECK(model_unserved == s.unserved_hit_tokens(), "models' unserved tokens do not add up");
   for (const v1::TierStats& t : s.tiers()) {
     FUZZ_CHECK(t.used_bytes() <= t.capacity_bytes(), "a tier uses more than its capacity");
   }

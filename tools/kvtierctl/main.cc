@@ -44,9 +44,33 @@ json StatsJson(const kvtier::DaemonStats& s) {
                      {"throttled_writes", t.throttled_writes},
                      {"pinned_chunks", t.pinned_chunks},
                      {"uncommitted_bytes", t.uncommitted_bytes},
-                     {"degraded", t.degraded}});
+                     {"degraded", t.degraded},
+                     {"unserved_hits", t.unserved_hits},
+                     {"unserved_read_bytes", t.unserved_read_bytes}});
   }
+  const auto tier_tokens = [](const kvtier::TierTokens& t) {
+    return json{{"hbm", t.hbm}, {"dram", t.dram}, {"nvme", t.nvme}};
+  };
+  json models = json::array();
+  for (const auto& m : s.models) {
+    const uint64_t hit = m.hit_tokens.hbm + m.hit_tokens.dram + m.hit_tokens.nvme;
+    models.push_back({{"model_id", m.model_id},
+                      {"lookup_tokens", m.lookup_tokens},
+                      {"hit_tokens", tier_tokens(m.hit_tokens)},
+                      {"unserved_hit_tokens", tier_tokens(m.unserved_hit_tokens)},
+                      {"token_hit_rate", m.lookup_tokens ? double(hit) / m.lookup_tokens : 0.0}});
+  }
+  const kvtier::PrefetchOutcomes& p = s.prefetches;
   return {{"tiers", tiers},
+          {"models", models},
+          {"prefetches", {{"nothing_cached", p.nothing_cached},
+                          {"over_budget", p.over_budget},
+                          {"used", p.used},
+                          {"used_early", p.used_early},
+                          {"expired", p.expired},
+                          {"session_ended", p.session_ended}}},
+          {"lookup_chunks", s.lookup_chunks},
+          {"unserved_hit_tokens", s.unserved_hit_tokens},
           {"lookups", s.lookups},
           {"ring_lookups", s.ring_lookups},
           {"ring_calls", s.ring_calls},
@@ -94,6 +118,31 @@ void PrintStats(const kvtier::DaemonStats& s) {
               static_cast<unsigned long long>(s.active_prefetches),
               static_cast<unsigned long long>(s.prefetched_chunks),
               static_cast<unsigned long long>(s.session_limited));
+  const kvtier::PrefetchOutcomes& p = s.prefetches;
+  std::printf("prefetches: used %llu (%llu before their promotion finished), expired %llu, "
+              "session ended %llu, nothing cached %llu, over budget %llu\n",
+              static_cast<unsigned long long>(p.used + p.used_early),
+              static_cast<unsigned long long>(p.used_early),
+              static_cast<unsigned long long>(p.expired),
+              static_cast<unsigned long long>(p.session_ended),
+              static_cast<unsigned long long>(p.nothing_cached),
+              static_cast<unsigned long long>(p.over_budget));
+  if (s.unserved_hit_tokens > 0) {
+    std::printf("hit tokens leased but never answered (client deadline passed): %llu\n",
+                static_cast<unsigned long long>(s.unserved_hit_tokens));
+  }
+  if (s.models.empty()) return;
+  std::printf("%-40s %14s %14s %14s %14s %8s\n", "model", "lookup_tokens", "hbm_hits", "dram_hits",
+              "nvme_hits", "hit_rate");
+  for (const auto& m : s.models) {
+    const uint64_t hit = m.hit_tokens.hbm + m.hit_tokens.dram + m.hit_tokens.nvme;
+    std::printf("%s %14llu %14llu %14llu %14llu %8.4f\n", Cell(m.model_id, 40).c_str(),
+                static_cast<unsigned long long>(m.lookup_tokens),
+                static_cast<unsigned long long>(m.hit_tokens.hbm),
+                static_cast<unsigned long long>(m.hit_tokens.dram),
+                static_cast<unsigned long long>(m.hit_tokens.nvme),
+                m.lookup_tokens ? double(hit) / m.lookup_tokens : 0.0);
+  }
 }
 
 // The scope of `kvtierctl evict`; a usage error names the bad option.

@@ -42,6 +42,34 @@ struct TierStats {
                                    // reservations, promotions); left when idle: leaked
   uint64_t throttled_writes = 0;   // nvme: chunks dropped at ReserveWrite because write-through
                                    // stayed over half the DRAM arena behind (NVME_BEHIND)
+  uint64_t unserved_hits = 0;        // leased, but the Lookup's answer never reached its client
+  uint64_t unserved_read_bytes = 0;  // (its deadline passed): not in hits or read_bytes
+};
+
+// Tokens by the tier they were leased from.
+struct TierTokens {
+  uint64_t hbm = 0;
+  uint64_t dram = 0;
+  uint64_t nvme = 0;
+};
+
+// One model's tokens (its namespaces' model_id), once per engine request. The
+// daemon counts the first 64 models apart and the rest under "_other".
+struct ModelStats {
+  std::string model_id;
+  uint64_t lookup_tokens = 0;
+  TierTokens hit_tokens;           // served
+  TierTokens unserved_hit_tokens;  // leased, answer lost
+};
+
+// How Prefetch calls ended, one outcome each.
+struct PrefetchOutcomes {
+  uint64_t nothing_cached = 0;  // no ticket: nothing of the prompt cached
+  uint64_t over_budget = 0;     // no ticket: prefetch budget or session_max_bytes spent
+  uint64_t used = 0;            // taken over by a Lookup after its promotion finished
+  uint64_t used_early = 0;      // taken over before it finished
+  uint64_t expired = 0;         // deadline passed first
+  uint64_t session_ended = 0;   // session ended first
 };
 
 struct DaemonStats {
@@ -60,6 +88,10 @@ struct DaemonStats {
   // Lookups, Prefetches and ReserveWrites cut short by the per-session limit
   // (kvtierd --session-max-bytes).
   uint64_t session_limited = 0;
+  uint64_t lookup_chunks = 0;        // full chunks of lookup_tokens
+  uint64_t unserved_hit_tokens = 0;  // leased, answer lost: not in hit_tokens
+  std::vector<ModelStats> models;
+  PrefetchOutcomes prefetches;
 };
 
 struct DaemonHealth {

@@ -36,6 +36,16 @@ nb::dict TierDict(const TierStats& t) {
   d["throttled_writes"] = t.throttled_writes;
   d["pinned_chunks"] = t.pinned_chunks;
   d["uncommitted_bytes"] = t.uncommitted_bytes;
+  d["unserved_hits"] = t.unserved_hits;
+  d["unserved_read_bytes"] = t.unserved_read_bytes;
+  return d;
+}
+
+nb::dict TierTokensDict(const TierTokens& t) {
+  nb::dict d;
+  d["hbm"] = t.hbm;
+  d["dram"] = t.dram;
+  d["nvme"] = t.nvme;
   return d;
 }
 
@@ -56,6 +66,26 @@ nb::dict StatsDict(const DaemonStats& s) {
   d["active_prefetches"] = s.active_prefetches;
   d["prefetched_chunks"] = s.prefetched_chunks;
   d["session_limited"] = s.session_limited;
+  d["lookup_chunks"] = s.lookup_chunks;
+  d["unserved_hit_tokens"] = s.unserved_hit_tokens;
+  nb::list models;
+  for (const ModelStats& m : s.models) {
+    nb::dict md;
+    md["model_id"] = m.model_id;
+    md["lookup_tokens"] = m.lookup_tokens;
+    md["hit_tokens"] = TierTokensDict(m.hit_tokens);
+    md["unserved_hit_tokens"] = TierTokensDict(m.unserved_hit_tokens);
+    models.append(md);
+  }
+  d["models"] = models;
+  nb::dict p;
+  p["nothing_cached"] = s.prefetches.nothing_cached;
+  p["over_budget"] = s.prefetches.over_budget;
+  p["used"] = s.prefetches.used;
+  p["used_early"] = s.prefetches.used_early;
+  p["expired"] = s.prefetches.expired;
+  p["session_ended"] = s.prefetches.session_ended;
+  d["prefetches"] = p;
   return d;
 }
 
@@ -90,11 +120,17 @@ void BindAdmin(nb::module_& m) {
           "The daemon's counters as a dict: 'tiers' (a list of dicts with name, "
           "capacity_bytes, used_bytes, capacity_chunks, chunks, hits, misses, evictions, read_bytes, "
           "write_bytes, pending_writes, corrupt_reads, io_errors, degraded, skipped_writes, lost_writes, throttled_writes, "
-          "pinned_chunks, uncommitted_bytes), "
+          "pinned_chunks, uncommitted_bytes, unserved_hits, unserved_read_bytes; hits and "
+          "read_bytes count what was served, the unserved ones leases whose Lookup answer "
+          "never reached the client), "
           "lookups, ring_lookups (of lookups, those over a control ring), ring_calls (calls "
           "of every kind over a control ring; both running totals), lookup_tokens, hit_tokens, "
           "sessions, active_leases, active_reservations, "
-          "uptime_s, active_prefetches, prefetched_chunks, session_limited.\n\n"
+          "uptime_s, active_prefetches, prefetched_chunks, session_limited, lookup_chunks, "
+          "unserved_hit_tokens, models (a list of dicts: model_id, lookup_tokens, hit_tokens "
+          "and unserved_hit_tokens as dicts of hbm, dram, nvme), prefetches (a dict of "
+          "outcome -> count: nothing_cached, over_budget, used, used_early, expired, "
+          "session_ended).\n\n"
           "Raises Unavailable or DeadlineExceeded when the daemon does not answer.")
       .def(
           "health",

@@ -12,8 +12,9 @@ from typing import Any, Iterator
 
 from prometheus_client.parser import text_string_to_metric_families
 
+import kvtier
 from kvtierd_process import KvtierdProcess
-from test_metrics import free_port
+from test_metrics import free_port, open_namespace, prompt
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "docs" / "grafana" / "kvtier.json"
 SCRAPE_LABELS = {"instance", "job"}  # added by Prometheus, not by the daemon
@@ -26,13 +27,16 @@ def panels(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def exported(tmp_path: Path) -> tuple[set[str], set[str]]:
-    """Sample names and label names of a real scrape, with every tier on."""
+    """Sample names and label names of a real scrape, with every tier on and one lookup
+    made (the series labelled by model have samples only once a model was seen)."""
     port = free_port()
     nvme = tmp_path / "nvme"
     nvme.mkdir()
     args = ["--metrics-address", f"127.0.0.1:{port}", "--nvme-path", str(nvme),
             "--nvme-bytes", "64MiB"]
-    with KvtierdProcess(extra_args=args):
+    with KvtierdProcess(extra_args=args) as daemon:
+        with kvtier.Client.connect(socket=daemon.socket, deadline_ms=2000) as c:
+            c.lookup(open_namespace(c), prompt(0))
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             text = r.read().decode()
     names: set[str] = set()

@@ -20,12 +20,16 @@ from kvtierd_process import KvtierdProcess, bin_dir
 
 CHUNK = 16
 
-# kvtierctl stats --json's tier fields, and the series each is exported as.
+# kvtierctl stats --json's tier fields, and the series each is exported as. hits and
+# read_bytes are what was served: their counters hold the unserved ones too (a counter
+# never goes down), so they are compared apart.
 TIER_SERIES = {
     "capacity_bytes": "kvtier_tier_capacity_bytes", "used_bytes": "kvtier_tier_used_bytes",
     "capacity_chunks": "kvtier_tier_capacity_chunks", "chunks": "kvtier_tier_chunks",
-    "hits": "kvtier_tier_hits_total", "misses": "kvtier_tier_misses_total",
-    "evictions": "kvtier_tier_evictions_total", "read_bytes": "kvtier_tier_read_bytes_total",
+    "misses": "kvtier_tier_misses",
+    "unserved_hits": "kvtier_tier_unserved_hits_total",
+    "unserved_read_bytes": "kvtier_tier_unserved_read_bytes_total",
+    "evictions": "kvtier_tier_evictions_total",
     "write_bytes": "kvtier_tier_written_bytes_total",
     "pending_writes": "kvtier_tier_pending_writes",
     "corrupt_reads": "kvtier_tier_corrupt_reads_total",
@@ -39,7 +43,8 @@ TIER_SERIES = {
 DAEMON_SERIES = {
     "lookups": "kvtier_lookups_total", "ring_lookups": "kvtier_ring_lookups_total",
     "ring_calls": "kvtier_ring_calls_total", "lookup_tokens": "kvtier_lookup_tokens_total",
-    "hit_tokens": "kvtier_hit_tokens_total",
+    "lookup_chunks": "kvtier_lookup_chunks_total",
+    "unserved_hit_tokens": "kvtier_unserved_hit_tokens_total",
     "prefetched_chunks": "kvtier_prefetched_chunks_total",
     "session_limited": "kvtier_session_limited_total", "sessions": "kvtier_sessions",
     "active_leases": "kvtier_active_leases", "active_reservations": "kvtier_active_reservations",
@@ -68,7 +73,8 @@ HISTOGRAMS = ("lookup", "load", "store", "promotion", "nvme_read", "nvme_write")
 
 def scrape(port: int) -> dict[tuple[str, str], float]:
     """(sample name, its tier or le label or "") -> value, through prometheus_client's
-    parser."""
+    parser. Series labelled by model or outcome are keyed "name|model|tier" or
+    "name|outcome"."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = r.read().decode()
@@ -77,7 +83,12 @@ def scrape(port: int) -> dict[tuple[str, str], float]:
         assert family.documentation, family.name  # every family has its HELP
         assert family.type in ("counter", "gauge", "histogram"), family
         for s in family.samples:
-            key = (s.name, s.labels.get("tier", s.labels.get("le", "")))
+            if "model" in s.labels:
+                key = ("|".join([s.name, s.labels["model"], s.labels.get("tier", "")]), "")
+            elif "outcome" in s.labels:
+                key = (s.name + "|" + s.labels["outcome"], "")
+            else:
+                key = (s.name, s.labels.get("tier", s.labels.get("le", "")))
             assert key not in out, key
             out[key] = s.value
     return out
@@ -132,11 +143,14 @@ def test_a_scrape_under_load_matches_kvtierctl_stats(tmp_path: Path) -> None:
             worker.join(timeout=120)
         assert not worker.is_alive()
         assert not errors, errors
-        # The prompts stored first are on NVMe only by now: loading them promotes them.
+        # The prompts stored first are on NVMe only by now: loading them promotes them,
+        # every other one through a prefetch; and one prefetch of a prompt never stored.
         with kvtier.Client.connect(socket=daemon.socket, deadline_ms=5000) as c:
             ns = open_namespace(c)
             for k in range(150):
-                c.load(ns, prompt(k), np.empty(8 * ns.payload_bytes, dtype=np.uint8))
+                ticket = c.prefetch(ns, prompt(k)) if k % 2 else None
+                c.load(ns, prompt(k), np.empty(8 * ns.payload_bytes, dtype=np.uint8), ticket)
+            c.prefetch(ns, prompt(1_000))
 
         stats = ctl_stats(daemon)
         scraped = scrape(port)
@@ -144,8 +158,38 @@ def test_a_scrape_under_load_matches_kvtierctl_stats(tmp_path: Path) -> None:
         assert isinstance(tiers, list)
         assert {t["name"] for t in tiers} == {"dram", "nvme"}
         for tier in tiers:
+            name = tier["name"]
             for field, series in TIER_SERIES.items():
-                assert scraped[(series, tier["name"])] == float(tier[field]), (series, tier)
+                assert scraped[(series, name)] == float(tier[field]), (series, tier)
+            assert (scraped[("kvtier_tier_hits_total", name)]
+                    - scraped[("kvtier_tier_unserved_hits_total", name)]) == tier["hits"], tier
+            assert (scraped[("kvtier_tier_read_bytes_total", name)]
+                    - scraped[("kvtier_tier_unserved_read_bytes_total", name)]
+                    == tier["read_bytes"]), tier
+        assert (scraped[("kvtier_hit_tokens_total", "")]
+                - scraped[("kvtier_unserved_hit_tokens_total", "")]) == stats["hit_tokens"]
+        # Tokens by model: the load's one model holds every token.
+        models = stats["models"]
+        assert isinstance(models, list) and [m["model_id"] for m in models] == ["test/metrics"]
+        model = models[0]
+        assert model["lookup_tokens"] == stats["lookup_tokens"]
+        assert scraped[("kvtier_model_lookup_tokens_total|test/metrics|", "")] == \
+            model["lookup_tokens"]
+        for tier in ("dram", "nvme"):
+            served = scraped[(f"kvtier_model_hit_tokens_total|test/metrics|{tier}", "")] - \
+                scraped[(f"kvtier_model_unserved_hit_tokens_total|test/metrics|{tier}", "")]
+            assert served == model["hit_tokens"][tier], (tier, model)
+        assert sum(model["hit_tokens"].values()) == stats["hit_tokens"]
+        prefetches = stats["prefetches"]
+        assert isinstance(prefetches, dict)
+        for outcome, count in prefetches.items():
+            assert scraped[(f"kvtier_prefetches_total|{outcome}", "")] == count, outcome
+        assert prefetches["nothing_cached"] >= 1, prefetches
+        sdk = kvtier.AdminClient.connect(socket=daemon.socket).stats()  # the binding's view
+        assert sdk["prefetches"] == prefetches
+        assert [(m["model_id"], m["lookup_tokens"], m["hit_tokens"]) for m in sdk["models"]] == \
+            [(m["model_id"], m["lookup_tokens"], m["hit_tokens"]) for m in models]
+        assert prefetches["used"] + prefetches["used_early"] > 0, prefetches
         for field, series in DAEMON_SERIES.items():
             value = stats[field]
             assert isinstance(value, int)

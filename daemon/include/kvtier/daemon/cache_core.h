@@ -228,13 +228,19 @@ class CacheCore {
 
  private:
   using NamespaceState = CoreNamespace;
-  // What a leasing Lookup added to the counters (CountRequest, GrantLookup):
-  // taken back when its client never got the answer (ReleaseUnserved).
-  struct LeaseCredit {
-    std::string request;  // its RequestLedger key
-    uint64_t from = 0, to = 0;  // the chunks of the request it credited
+  // Chunks leased, by tier (hits: DRAM), and their tokens and payload bytes.
+  struct Leased {
     uint64_t hit_tokens = 0, hits = 0, nvme_hits = 0, hbm_hits = 0;
     uint64_t read_bytes = 0, hbm_read_bytes = 0;
+    Leased& operator+=(const Leased& o);
+  };
+  // What a leasing Lookup added to the counters (CountRequest, GrantLookup):
+  // counted as unserved when its client never got the answer (ReleaseUnserved).
+  struct LeaseCredit : Leased {
+    std::string request;  // its RequestLedger key
+    uint64_t from = 0, to = 0;  // the chunks of the request it credited
+    uint32_t model = 0;         // its index in models_
+    uint32_t chunk_tokens = 0;
   };
   struct Lease {
     LeaseCredit credit;
@@ -270,17 +276,26 @@ class CacheCore {
     // leased from it by tier (hits: DRAM).
     uint64_t lookup_tokens = 0;
     uint64_t lookup_chunks = 0;
-    uint64_t hit_tokens = 0;
-    uint64_t hits = 0;
-    uint64_t read_bytes = 0;
+    // Every lease's credit, and of it that of leases whose client never got
+    // the answer (so that both only grow: Prometheus counters).
+    Leased leased, unserved;
     uint64_t write_bytes = 0;
     uint64_t token_check_failures = 0;
-    uint64_t nvme_hits = 0;
     uint64_t nvme_throttled_writes = 0;
-    uint64_t hbm_hits = 0;
-    uint64_t hbm_read_bytes = 0;
     uint64_t session_limited = 0;  // calls cut short by session_max_bytes
+    core::PrefetchOutcomes prefetches;
   };
+  // Per model, by index (CoreNamespace::model): at most kMaxModelLabels + 1,
+  // the last for the models past the bound.
+  struct ModelCounters {
+    std::string model_id;
+    uint64_t lookup_tokens = 0;
+    core::TierTokens hit_tokens, unserved_hit_tokens;  // every lease's, and the unserved ones'
+  };
+  // REQUIRES: mu_ held. The index in models_ of `model_id`, added if new.
+  uint32_t ModelIndex(const std::string& model_id);
+  // REQUIRES: mu_ held. Adds a lease's credit to one model's tokens by tier.
+  static void AddTierTokens(core::TierTokens& to, const LeaseCredit& c);
   // REQUIRES: mu_ held. NvmeHealth::NoteIo (nothing without NVMe).
   void NoteNvmeIo(bool ok) {
     if (nvme_health_) nvme_health_->NoteIo(ok);
@@ -337,7 +352,8 @@ class CacheCore {
   LeaseCredit CountRequest(const LookupTally& tally, const NamespaceState& ns,
                            const std::vector<uint32_t>& hits);
   // REQUIRES: mu_ held. Counts the prompt of `request` if it is new.
-  void CountPrompt(const std::string& request, size_t tokens, size_t full_chunks);
+  void CountPrompt(const std::string& request, const NamespaceState& ns, size_t tokens,
+                   size_t full_chunks);
   RequestLedger ledger_;  // GUARDED_BY(mu_)
   LatencyHistogram lookup_latency_, load_latency_, store_latency_;
   // Warnings a client or a bad disk can repeat at will, one per 10 s each.
@@ -407,6 +423,8 @@ class CacheCore {
   uint64_t next_id_ = 1;                                              // GUARDED_BY(mu_)
   uint64_t next_sequence_ = 1;                                        // GUARDED_BY(mu_)
   Counters counters_;                                                 // GUARDED_BY(mu_)
+  std::vector<ModelCounters> models_;                                 // GUARDED_BY(mu_)
+  std::unordered_map<std::string, uint32_t> model_index_;             // GUARDED_BY(mu_)
   std::atomic<uint64_t> ring_lookups_{0};
   std::atomic<uint64_t> ring_calls_{0};
   const Clock::TimePoint started_ = std::chrono::steady_clock::now();

@@ -154,6 +154,35 @@ struct TierStats {
   uint64_t pinned_chunks = 0;
   uint64_t uncommitted_bytes = 0;
   uint64_t throttled_writes = 0;
+  // Of hits and read_bytes' leases, those whose Lookup answer never reached
+  // the client (taken back: not in hits or read_bytes).
+  uint64_t unserved_hits = 0;
+  uint64_t unserved_read_bytes = 0;
+};
+// Tokens by the tier they were leased from.
+struct TierTokens {
+  uint64_t hbm = 0;
+  uint64_t dram = 0;
+  uint64_t nvme = 0;
+};
+// One model's token counts (its namespaces' model_id), once per engine request.
+struct ModelStats {
+  std::string model_id;  // kOtherModels for the models past kMaxModelLabels
+  uint64_t lookup_tokens = 0;
+  TierTokens hit_tokens;           // served (as StatsResponse.hit_tokens)
+  TierTokens unserved_hit_tokens;  // leased, answer lost (as StatsResponse.unserved_hit_tokens)
+};
+// Models counted apart (the rest share kOtherModels): a bound on Prometheus labels.
+inline constexpr size_t kMaxModelLabels = 64;
+inline constexpr const char* kOtherModels = "_other";
+// How prefetch tickets ended.
+struct PrefetchOutcomes {
+  uint64_t nothing_cached = 0;  // no ticket: no leading chunk of the prompt in any tier
+  uint64_t over_budget = 0;     // no ticket: the prefetch budget or session_max_bytes was spent
+  uint64_t used = 0;            // a Lookup took the ticket over after its promotion finished
+  uint64_t used_early = 0;      // ... before it finished (the chunks not yet read stay misses)
+  uint64_t expired = 0;         // its deadline passed first
+  uint64_t session_ended = 0;   // its session ended first
 };
 struct StatsResponse {
   std::vector<TierStats> tiers;
@@ -169,6 +198,10 @@ struct StatsResponse {
   uint64_t session_limited = 0;
   uint64_t ring_lookups = 0;
   uint64_t ring_calls = 0;
+  uint64_t lookup_chunks = 0;        // full chunks of lookup_tokens
+  uint64_t unserved_hit_tokens = 0;  // leased, then taken back: the answer never reached the client
+  std::vector<ModelStats> models;    // in the order first seen
+  PrefetchOutcomes prefetches;
 };
 
 // kvtierd's latency histograms (Prometheus kvtier_*_seconds), each as read now.

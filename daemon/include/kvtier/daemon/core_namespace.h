@@ -17,6 +17,7 @@ struct CoreNamespace {
   SlotLayout layout;
   uint32_t ns_index = 0;             // the DRAM tier's namespace number
   uint32_t active_reservations = 0;  // reservations and reads holding a pointer to it
+  uint32_t model = 0;                // CacheCore's index of spec.model_id (token counts)
 };
 
 // The open namespaces by DRAM namespace number (ns_index).

@@ -92,8 +92,8 @@ class Promoter {
   // promotion is NOT_FOUND too).
   Result<Table::iterator> FindTicket(uint64_t ticket, uint64_t session_id);
   // REQUIRES: mu held. Ends the tickets of a session that ended (its Lookups'
-  // promotions finish on their workers, which then see it gone).
-  void EndSession(uint64_t session_id);
+  // promotions finish on their workers, which then see it gone); returns how many.
+  size_t EndSession(uint64_t session_id);
   // REQUIRES: mu held. Ends the tickets past their deadline; returns how many.
   size_t ExpireTickets(Clock::TimePoint now);
   // REQUIRES: mu held. Tickets open (what stats call active_prefetches).

@@ -80,7 +80,7 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
                                                      uint64_t epoch, const Clock& clock,
                                                      const NvmeOpener& open_nvme) {
   KVTIER_RETURN_IF_ERROR(options.Validate());
-  auto dram = DramTier::Create(options.dram_bytes, epoch);
+  auto dram = DramTier::Create(options.dram_bytes, epoch, NewEvictionPolicy(options.dram_eviction));
   if (!dram.ok()) return dram.status();
   std::unique_ptr<CacheCore> core(new CacheCore(options, std::move(dram).value(), clock));
   // HBM before NVMe: a missing GPU is found before slot files are preallocated.

@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "kvtier/daemon/metrics.h"
@@ -56,6 +57,7 @@ struct RawOptions {
   std::string socket, socket_group, log_level, dram_bytes, nvme_bytes = "8GiB";
   std::string session_max_bytes = "0";
   std::string nvme_write_policy = "write_through";
+  std::string dram_eviction = "lru", hbm_eviction = "lru", nvme_eviction = "lru";
   int64_t selective_min_hits = 2;
   std::vector<std::string> nvme_paths;
   bool nvme_paths_from_config = false;  // a flag's --nvme-bytes 0 then wins over them
@@ -72,6 +74,16 @@ struct RawOptions {
   // after the values in use are checked.
   Status overridden_error;
 
+  // The value of `key` when it names a tier's eviction policy, else nullptr.
+  std::string* Eviction(const std::string& key) {
+    return key == "dram_eviction"  ? &dram_eviction
+           : key == "hbm_eviction" ? &hbm_eviction
+           : key == "nvme_eviction" ? &nvme_eviction
+                                   : nullptr;
+  }
+  const std::string* Eviction(const std::string& key) const {
+    return const_cast<RawOptions*>(this)->Eviction(key);
+  }
   // Where `key`'s value came from, for errors: "config FILE:LINE: key" or its flag.
   std::string Where(const std::string& key) const {
     const auto line = from_config.find(key);
@@ -83,7 +95,8 @@ struct RawOptions {
   Status Named(const Status& st) const {
     for (const std::string key : {"socket", "dram_bytes", "lease_ttl_ms", "reservation_ttl_ms",
                                   "nvme_workers", "selective_min_hits", "nvme_write_policy",
-                                  "gpu_backend"}) {
+                                  "gpu_backend", "dram_eviction", "hbm_eviction",
+                                  "nvme_eviction"}) {
       const std::string& m = st.message();
       if (m.size() > key.size() && m.rfind(key, 0) == 0 && (m[key.size()] == ' ' || m[key.size()] == ':')) {
         return Status(st.code(), Where(key) + m.substr(key.size()));
@@ -144,6 +157,10 @@ Status CheckForm(const std::string& key, const RawOptions& r) {
   } else if (key == "nvme_write_policy") {
     if (auto policy = ParseNvmeWritePolicy(r.nvme_write_policy); !policy.ok()) {
       return r.Named(policy.status());
+    }
+  } else if (const std::string* e = r.Eviction(key)) {
+    if (auto kind = ParseEvictionPolicy(*e); !kind.ok()) {
+      return Status::InvalidArgument(r.Where(key) + ": " + kind.status().message());
     }
   } else if (key == "gpu_backend") {
     if (auto backend = ParseHbmBackend(r.gpu_backend); !backend.ok()) return r.Named(backend.status());
@@ -267,6 +284,9 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
       } else if (key == "nvme_write_policy") {
         expected = "write_through, write_back or selective";
         dst->nvme_write_policy = kv.second.as<std::string>();
+      } else if (key == "dram_eviction" || key == "hbm_eviction" || key == "nvme_eviction") {
+        expected = "lru or s3fifo";
+        *dst->Eviction(key) = kv.second.as<std::string>();
       } else if (key == "selective_min_hits") {
         expected = "an integer";
         dst->selective_min_hits = kv.second.as<int64_t>();
@@ -298,7 +318,8 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
                                        "reservation_ttl_ms, "
                                        "drain_timeout_ms, nvme_paths, nvme_bytes, "
                                        "nvme_queue_depth, nvme_workers, nvme_write_policy, "
-                                       "selective_min_hits, hbm_bytes, gpu, gpu_backend)");
+                                       "selective_min_hits, hbm_bytes, gpu, gpu_backend, "
+                                       "dram_eviction, hbm_eviction, nvme_eviction)");
       }
     } catch (const YAML::Exception& e) {
       return Status::InvalidArgument("config " + path + ": key '" + key + "' must be " +
@@ -370,6 +391,14 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
                  "write_through (every committed chunk), write_back (when DRAM evicts it) or "
                  "selective (after N hits)")
       ->capture_default_str();
+  for (auto [flag, value, tier] : {std::tuple{"--dram-eviction", &raw.dram_eviction, "DRAM"},
+                                   std::tuple{"--hbm-eviction", &raw.hbm_eviction, "HBM"},
+                                   std::tuple{"--nvme-eviction", &raw.nvme_eviction, "NVMe"}}) {
+    app.add_option(flag, *value,
+                   std::string("which chunk the ") + tier + " tier evicts when full: lru "
+                   "(leaf-first least recently used) or s3fifo (leaf-first S3-FIFO)")
+        ->capture_default_str();
+  }
   app.add_option("--selective-min-hits", raw.selective_min_hits,
                  "hits before a chunk goes to NVMe under the selective policy")
       ->capture_default_str();
@@ -412,6 +441,14 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   opts.log_level = raw.log_level;
   KVTIER_RETURN_IF_ERROR(CheckDramFitsMemory(*dram, raw.Where("dram_bytes")));
   opts.core.dram_bytes = *dram;
+  EvictionPolicyKind eviction[3];
+  for (int i = 0; const char* key : {"dram_eviction", "hbm_eviction", "nvme_eviction"}) {
+    KVTIER_RETURN_IF_ERROR(CheckForm(key, raw));
+    eviction[i++] = *ParseEvictionPolicy(*raw.Eviction(key));
+  }
+  opts.core.dram_eviction = eviction[0];
+  opts.core.hbm.eviction = eviction[1];
+  opts.core.nvme.eviction = eviction[2];
   auto session_max = ParseBytes(raw.session_max_bytes);
   if (!session_max.ok()) {
     return Status::InvalidArgument(raw.Where("session_max_bytes") + ": " +
@@ -481,7 +518,8 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
     if (rebuild_index) {
       return Status::InvalidArgument("--rebuild-index needs the NVMe tier (nvme_bytes is 0)");
     }
-    for (const std::string key : {"nvme_write_policy", "selective_min_hits", "nvme_queue_depth"}) {
+    for (const std::string key : {"nvme_write_policy", "selective_min_hits", "nvme_queue_depth",
+                                  "nvme_eviction"}) {
       ignore_if_given(key, "nvme_bytes", " 0 turns the NVMe tier off");
     }
   } else {
@@ -512,6 +550,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   opts.core.hbm.device = static_cast<int>(raw.gpu);
   opts.core.hbm.backend = *backend;
   if (*hbm_bytes > 0) opts.core.nvme_workers = static_cast<uint32_t>(raw.nvme_workers);
+  if (*hbm_bytes == 0) ignore_if_given("hbm_eviction", "hbm_bytes", " 0 turns the HBM tier off");
   if (*nvme_bytes == 0 && *hbm_bytes == 0) {  // the I/O workers serve NVMe and HBM copies
     ignore_if_given("nvme_workers", "nvme_bytes", " 0 and hbm_bytes 0 leave the I/O workers idle");
   }

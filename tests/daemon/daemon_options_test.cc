@@ -469,6 +469,35 @@ TEST_F(DaemonOptionsTest, MetricsAddressDefaultsToLoopback9400AndIsChecked) {
   EXPECT_FALSE(from_file->metrics_default) << "given in the file: a taken port refuses the start";
 }
 
+TEST_F(DaemonOptionsTest, EachTierTakesItsEvictionPolicyByFlagOrConfig) {
+  auto d = Parse({});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->core.dram_eviction, EvictionPolicyKind::kLru);
+  EXPECT_EQ(d->core.nvme.eviction, EvictionPolicyKind::kLru);
+  auto flags = Parse({"--dram-eviction", "s3fifo", "--nvme-eviction", "s3fifo"});
+  ASSERT_TRUE(flags.ok()) << flags.status().ToString();
+  EXPECT_EQ(flags->core.dram_eviction, EvictionPolicyKind::kS3Fifo);
+  EXPECT_EQ(flags->core.nvme.eviction, EvictionPolicyKind::kS3Fifo);
+  EXPECT_EQ(flags->core.hbm.eviction, EvictionPolicyKind::kLru);
+  const std::string cfg = WriteConfig("dram_bytes: 64MiB\nhbm_eviction: s3fifo\n");
+  auto file = Parse({"--config", cfg, "--hbm-bytes", "64MiB", "--gpu-backend", "host"});
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(file->core.hbm.eviction, EvictionPolicyKind::kS3Fifo);
+  EXPECT_EQ(file->core.dram_eviction, EvictionPolicyKind::kLru);
+
+  EXPECT_TRUE(Names(ErrorOf({"--dram-eviction", "arc"}),
+                    "--dram-eviction: eviction policy 'arc' is unknown (lru, s3fifo)"));
+  const std::string bad = WriteConfig("log_level: info\nnvme_eviction: LRU\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", bad}),
+                    "config " + bad + ":2: nvme_eviction: eviction policy 'LRU' is unknown"));
+  // Given for a tier that is off: it starts, and says so.
+  auto off = Parse({"--nvme-bytes", "0", "--nvme-eviction", "s3fifo", "--hbm-eviction", "s3fifo"});
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  ASSERT_EQ(off->ignored.size(), 2u);
+  EXPECT_TRUE(Names(off->ignored[0], "--nvme-eviction has no effect: --nvme-bytes 0"));
+  EXPECT_TRUE(Names(off->ignored[1], "--hbm-eviction has no effect: --hbm-bytes 0"));
+}
+
 // A review found --nvme-path ignored when the config file gave nvme_paths (its
 // flag is --nvme-path, not --nvme-paths): flags win over the file.
 TEST_F(DaemonOptionsTest, NvmePathFlagsWinOverTheConfigFilesNvmePaths) {

@@ -1,5 +1,8 @@
-// NewLeafFirstLruPolicy: least recently used first, within a size class, among
-// the chunks the tier judges evictable; chunks that cannot go are set aside.
+// The leaf-first eviction policies: NewLeafFirstLruPolicy (least recently used
+// first) and NewS3FifoPolicy, within a size class, among the chunks the tier
+// judges evictable; chunks that cannot go are set aside. The behaviour both
+// share runs on both (on these small cases S3-FIFO's order is the LRU's:
+// worked by hand in each); S3-FIFO's own at the end.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -29,38 +32,47 @@ std::vector<uint32_t> Drain(EvictionPolicy& p, uint64_t cls = kClass) {
   return order;
 }
 
-std::unique_ptr<EvictionPolicy> With(std::initializer_list<uint32_t> handles) {
-  auto p = NewLeafFirstLruPolicy();
-  for (uint32_t h : handles) p->OnInsert(h, kClass);
-  return p;
-}
+class LeafFirstPolicy : public ::testing::TestWithParam<EvictionPolicyKind> {
+ protected:
+  std::unique_ptr<EvictionPolicy> New() const { return NewEvictionPolicy(GetParam()); }
+  // Each handle with a fingerprint of its own.
+  std::unique_ptr<EvictionPolicy> With(std::initializer_list<uint32_t> handles) const {
+    auto p = New();
+    for (uint32_t h : handles) p->OnInsert(h, kClass, 1000 + h);
+    return p;
+  }
+};
 
-TEST(LeafFirstLru, EmptyPolicyHasNoVictim) {
-  auto p = NewLeafFirstLruPolicy();
+INSTANTIATE_TEST_SUITE_P(Policies, LeafFirstPolicy,
+                         ::testing::Values(EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo),
+                         [](const auto& info) { return EvictionPolicyName(info.param); });
+
+TEST_P(LeafFirstPolicy, EmptyPolicyHasNoVictim) {
+  auto p = New();
   EXPECT_FALSE(Pick(*p).has_value());
   EXPECT_FALSE(Pick(*p, EvictionPolicy::kAnyClass).has_value());
 }
 
-TEST(LeafFirstLru, VictimsComeInInsertionOrder) {
+TEST_P(LeafFirstPolicy, VictimsComeInInsertionOrder) {
   auto p = With({0, 1, 2, 3});
   EXPECT_EQ(Drain(*p), (std::vector<uint32_t>{0, 1, 2, 3}));
 }
 
-TEST(LeafFirstLru, AccessMakesAHandleMostRecent) {
+TEST_P(LeafFirstPolicy, AccessMakesAHandleMostRecent) {
   auto p = With({0, 1, 2, 3});
   p->OnAccess(0);
   p->OnAccess(2);
   EXPECT_EQ(Drain(*p), (std::vector<uint32_t>{1, 3, 0, 2}));
 }
 
-TEST(LeafFirstLru, AccessOfTheMostRecentKeepsOrder) {
+TEST_P(LeafFirstPolicy, AccessOfTheMostRecentKeepsOrder) {
   auto p = With({0, 1, 2});
   p->OnAccess(2);
   p->OnAccess(2);
   EXPECT_EQ(Drain(*p), (std::vector<uint32_t>{0, 1, 2}));
 }
 
-TEST(LeafFirstLru, ABlockedHandleIsSetAsideAndNotAskedAgain) {
+TEST_P(LeafFirstPolicy, ABlockedHandleIsSetAsideAndNotAskedAgain) {
   auto p = With({0, 1, 2, 3});
   const std::set<uint32_t> blocked = {0, 1};
   std::vector<uint32_t> asked;
@@ -74,7 +86,7 @@ TEST(LeafFirstLru, ABlockedHandleIsSetAsideAndNotAskedAgain) {
   EXPECT_EQ(asked, (std::vector<uint32_t>{0, 1, 2, 3}));  // 0 and 1 asked once
 }
 
-TEST(LeafFirstLru, NothingEvictableMeansNoVictimAndEachIsAskedOnce) {
+TEST_P(LeafFirstPolicy, NothingEvictableMeansNoVictimAndEachIsAskedOnce) {
   auto p = With({0, 1, 2});
   std::vector<uint32_t> asked;
   auto blocked = [&](uint32_t h) {
@@ -86,7 +98,7 @@ TEST(LeafFirstLru, NothingEvictableMeansNoVictimAndEachIsAskedOnce) {
   EXPECT_EQ(asked, (std::vector<uint32_t>{0, 1, 2}));  // LRU first, each once in all
 }
 
-TEST(LeafFirstLru, AnUnblockedHandleComesBackAtTheLeastRecentEnd) {
+TEST_P(LeafFirstPolicy, AnUnblockedHandleComesBackAtTheLeastRecentEnd) {
   auto p = With({0, 1, 2, 3});
   auto first_blocked = [](uint32_t h) { return h == 0 ? Verdict::kBlocked : Verdict::kEvict; };
   EXPECT_EQ(p->PickVictim(kClass, false, first_blocked), std::optional<uint32_t>(1));
@@ -95,7 +107,7 @@ TEST(LeafFirstLru, AnUnblockedHandleComesBackAtTheLeastRecentEnd) {
   EXPECT_EQ(Drain(*p), (std::vector<uint32_t>{0, 1, 2, 3}));
 }
 
-TEST(LeafFirstLru, AnAccessBringsASetAsideHandleBackAsTheMostRecent) {
+TEST_P(LeafFirstPolicy, AnAccessBringsASetAsideHandleBackAsTheMostRecent) {
   auto p = With({0, 1, 2});
   auto first_blocked = [](uint32_t h) { return h == 0 ? Verdict::kBlocked : Verdict::kEvict; };
   EXPECT_EQ(p->PickVictim(kClass, false, first_blocked), std::optional<uint32_t>(1));
@@ -103,7 +115,7 @@ TEST(LeafFirstLru, AnAccessBringsASetAsideHandleBackAsTheMostRecent) {
   EXPECT_EQ(Drain(*p), (std::vector<uint32_t>{1, 2, 0}));
 }
 
-TEST(LeafFirstLru, HeldHandlesGoOnlyWhenAskedAndThenOldestFirst) {
+TEST_P(LeafFirstPolicy, HeldHandlesGoOnlyWhenAskedAndThenOldestFirst) {
   auto p = With({0, 1, 2, 3});
   std::set<uint32_t> held = {0, 2};
   auto verdict = [&](uint32_t h) { return held.count(h) ? Verdict::kHeld : Verdict::kEvict; };
@@ -119,8 +131,8 @@ TEST(LeafFirstLru, HeldHandlesGoOnlyWhenAskedAndThenOldestFirst) {
   EXPECT_EQ(p->PickVictim(kClass, false, verdict), std::optional<uint32_t>(2));
 }
 
-TEST(LeafFirstLru, AVictimIsOfTheAskedClassAndOtherClassesAreNotAsked) {
-  auto p = NewLeafFirstLruPolicy();
+TEST_P(LeafFirstPolicy, AVictimIsOfTheAskedClassAndOtherClassesAreNotAsked) {
+  auto p = New();
   p->OnInsert(0, 8192);
   p->OnInsert(1, kClass);
   p->OnInsert(2, 8192);
@@ -135,8 +147,8 @@ TEST(LeafFirstLru, AVictimIsOfTheAskedClassAndOtherClassesAreNotAsked) {
   EXPECT_EQ(Drain(*p, 8192), (std::vector<uint32_t>{0, 2}));
 }
 
-TEST(LeafFirstLru, AnyClassPicksTheLeastRecentOfEachClassesPick) {
-  auto p = NewLeafFirstLruPolicy();
+TEST_P(LeafFirstPolicy, AnyClassPicksTheLeastRecentOfEachClassesPick) {
+  auto p = New();
   p->OnInsert(0, kClass);
   p->OnInsert(1, 8192);
   p->OnInsert(2, kClass);
@@ -144,7 +156,7 @@ TEST(LeafFirstLru, AnyClassPicksTheLeastRecentOfEachClassesPick) {
   EXPECT_EQ(Drain(*p, EvictionPolicy::kAnyClass), (std::vector<uint32_t>{1, 2, 0}));
 }
 
-TEST(LeafFirstLru, RemovedHandlesAreNeverPicked) {
+TEST_P(LeafFirstPolicy, RemovedHandlesAreNeverPicked) {
   auto p = With({0, 1, 2, 3, 4});
   p->OnRemove(0);  // tail
   p->OnRemove(4);  // head
@@ -154,7 +166,7 @@ TEST(LeafFirstLru, RemovedHandlesAreNeverPicked) {
   EXPECT_EQ(Drain(*p), (std::vector<uint32_t>{1, 3}));
 }
 
-TEST(LeafFirstLru, ASetAsideHandleCanBeRemoved) {
+TEST_P(LeafFirstPolicy, ASetAsideHandleCanBeRemoved) {
   auto p = With({0, 1});
   auto first_blocked = [](uint32_t h) { return h == 0 ? Verdict::kBlocked : Verdict::kEvict; };
   EXPECT_EQ(p->PickVictim(kClass, false, first_blocked), std::optional<uint32_t>(1));
@@ -163,25 +175,74 @@ TEST(LeafFirstLru, ASetAsideHandleCanBeRemoved) {
   EXPECT_EQ(Drain(*p), (std::vector<uint32_t>{1}));
 }
 
-TEST(LeafFirstLru, ReusedHandleIsMostRecent) {
+TEST_P(LeafFirstPolicy, ReusedHandleIsMostRecent) {
   auto p = With({0, 1, 2});
   p->OnRemove(0);
   p->OnInsert(0, kClass);  // the index reuses freed handles
   EXPECT_EQ(Drain(*p), (std::vector<uint32_t>{1, 2, 0}));
 }
 
-TEST(LeafFirstLru, SparseHandlesWork) {
+TEST_P(LeafFirstPolicy, SparseHandlesWork) {
   auto p = With({100, 7});
   p->OnAccess(100);
   EXPECT_EQ(Drain(*p), (std::vector<uint32_t>{7, 100}));
 }
 
-TEST(LeafFirstLru, SingleHandleRemoveAndReinsert) {
+TEST_P(LeafFirstPolicy, SingleHandleRemoveAndReinsert) {
   auto p = With({0});
   p->OnRemove(0);
   EXPECT_FALSE(Pick(*p).has_value());
   p->OnInsert(0, kClass);
   EXPECT_EQ(Pick(*p), std::optional<uint32_t>(0));
+}
+
+// A chunk hit once outlives a run of chunks never hit after it: LRU drops it
+// first (its hit came before they arrived); S3-FIFO moved it to main at its
+// hit, so the small queue's unhit ones go first.
+TEST(S3Fifo, AChunkHitOnceOutlivesAScanOfNewChunks) {
+  for (const EvictionPolicyKind kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo}) {
+    auto p = NewEvictionPolicy(kind);
+    p->OnInsert(0, kClass, 1000);
+    p->OnAccess(0);
+    for (uint32_t h = 1; h <= 9; ++h) p->OnInsert(h, kClass, 1000 + h);
+    const std::vector<uint32_t> lru = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    const std::vector<uint32_t> s3fifo = {1, 2, 3, 4, 5, 6, 7, 8, 9, 0};
+    EXPECT_EQ(Drain(*p), kind == EvictionPolicyKind::kLru ? lru : s3fifo)
+        << EvictionPolicyName(kind);
+  }
+}
+
+// A chunk back soon after it left the small queue (its fingerprint is in the
+// ghost FIFO) enters main, behind every chunk of the small queue; a new one
+// (a fingerprint never seen) enters small, at its head.
+TEST(S3Fifo, AChunkSeenAgainSoonEntersMain) {
+  for (const uint64_t fingerprint : {uint64_t{1000}, uint64_t{5000}}) {
+    auto p = NewS3FifoPolicy();
+    for (uint32_t h = 0; h < 3; ++h) p->OnInsert(h, kClass, 1000 + h);
+    ASSERT_EQ(Pick(*p), std::optional<uint32_t>(0));
+    p->OnRemove(0);                       // fingerprint 1000 now a ghost
+    p->OnInsert(0, kClass, fingerprint);  // handle 0 reused
+    for (uint32_t h = 3; h < 6; ++h) p->OnInsert(h, kClass, 1000 + h);
+    const std::vector<uint32_t> ghost = {1, 2, 3, 4, 5, 0};  // main goes last here
+    const std::vector<uint32_t> fresh = {1, 2, 0, 3, 4, 5};  // FIFO order in small
+    EXPECT_EQ(Drain(*p), fingerprint == 1000 ? ghost : fresh) << fingerprint;
+  }
+}
+
+// In main a chunk with hits goes round again, one hit spent per round.
+TEST(S3Fifo, MainGivesAChunkARoundPerHit) {
+  auto p = NewS3FifoPolicy();
+  p->OnInsert(0, kClass, 1000);
+  p->OnInsert(1, kClass, 1001);
+  p->OnAccess(0);
+  p->OnAccess(1);
+  // Both were hit in small: the search moves 0, then 1, to main (hits reset),
+  // then offers main's tail, 0 (left in place: the caller keeps it).
+  ASSERT_EQ(Pick(*p), std::optional<uint32_t>(0));
+  for (int i = 0; i < 3; ++i) p->OnAccess(0);  // 0: 3 hits
+  p->OnAccess(1);                              // 1: 1 hit
+  // Main from tail: 0 (3) round, 1 (1) round, 0 (2) round, 1 (0) goes; then 0.
+  EXPECT_EQ(Drain(*p), (std::vector<uint32_t>{1, 0}));
 }
 
 }  // namespace

@@ -1,3 +1,4 @@
+#include <string>
 #include <vector>
 
 #include "kvtier/tiers/eviction_policy.h"
@@ -14,7 +15,7 @@ constexpr uint32_t kNil = UINT32_MAX;
 class LeafFirstLru final : public EvictionPolicy {
  public:
   void Reserve(size_t max_handles) override { nodes_.reserve(max_handles); }
-  void OnInsert(uint32_t h, uint64_t size_class) override {
+  void OnInsert(uint32_t h, uint64_t size_class, uint64_t /*fingerprint*/) override {
     if (h >= nodes_.size()) nodes_.resize(h + 1);
     nodes_[h].cls = ClassOf(size_class);
     nodes_[h].stamp = ++clock_;
@@ -147,5 +148,20 @@ class LeafFirstLru final : public EvictionPolicy {
 }  // namespace
 
 std::unique_ptr<EvictionPolicy> NewLeafFirstLruPolicy() { return std::make_unique<LeafFirstLru>(); }
+
+Result<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name) {
+  if (name == "lru") return EvictionPolicyKind::kLru;
+  if (name == "s3fifo") return EvictionPolicyKind::kS3Fifo;
+  return Status::InvalidArgument("eviction policy '" + std::string(name) +
+                                 "' is unknown (lru, s3fifo)");
+}
+
+const char* EvictionPolicyName(EvictionPolicyKind kind) {
+  return kind == EvictionPolicyKind::kS3Fifo ? "s3fifo" : "lru";
+}
+
+std::unique_ptr<EvictionPolicy> NewEvictionPolicy(EvictionPolicyKind kind) {
+  return kind == EvictionPolicyKind::kS3Fifo ? NewS3FifoPolicy() : NewLeafFirstLruPolicy();
+}
 
 }  // namespace kvtier

@@ -16,8 +16,8 @@
 namespace kvtier {
 
 NvmeTier::NvmeTier(std::vector<std::unique_ptr<BlockDevice>> devices,
-                   std::unique_ptr<NvmeIndex> index)
-    : devices_(std::move(devices)), index_(std::move(index)), policy_(NewLeafFirstLruPolicy()) {
+                   std::unique_ptr<NvmeIndex> index, EvictionPolicyKind eviction)
+    : devices_(std::move(devices)), index_(std::move(index)), policy_(NewEvictionPolicy(eviction)) {
   for (const auto& d : devices_) {
     allocators_.emplace_back(d->bytes());
     counters_.capacity_bytes += d->bytes();
@@ -84,15 +84,16 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options)
   }
   auto index = NvmeIndex::Open(index_dir.string());
   if (!index.ok()) return fail(index.status());
-  auto tier = Create(std::move(devices), std::move(index).value());
+  auto tier = Create(std::move(devices), std::move(index).value(), options.eviction);
   if (!tier.ok()) return fail(tier.status());
   return tier;
 }
 
 Result<std::unique_ptr<NvmeTier>> NvmeTier::Create(
-    std::vector<std::unique_ptr<BlockDevice>> devices, std::unique_ptr<NvmeIndex> index) {
+    std::vector<std::unique_ptr<BlockDevice>> devices, std::unique_ptr<NvmeIndex> index,
+    EvictionPolicyKind eviction) {
   if (devices.empty()) return Status::InvalidArgument("no NVMe device given");
-  std::unique_ptr<NvmeTier> tier(new NvmeTier(std::move(devices), std::move(index)));
+  std::unique_ptr<NvmeTier> tier(new NvmeTier(std::move(devices), std::move(index), eviction));
   KVTIER_RETURN_IF_ERROR(tier->Rebuild());
   return tier;
 }
@@ -310,7 +311,7 @@ uint32_t NvmeTier::IndexLocked(const ChunkKey& key, const ChunkKey& parent,
   }
   slot_bytes_[h] = slot_bytes;
   ns_[h] = ns;
-  policy_->OnInsert(h, slot_bytes);
+  policy_->OnInsert(h, slot_bytes, key.lo);
   ++counters_.chunks;
   return h;
 }

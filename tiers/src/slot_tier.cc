@@ -165,7 +165,7 @@ uint32_t SlotTier::Insert(const ChunkKey& key, const ChunkKey& parent, const Chu
   if (parent_handle == SlotEntry::kNoParent) ns_roots_[ns_index] = ns_root;
   uint32_t handle = index_.Insert(e);
   if (parent_handle != ChunkIndex::kNone) ++index_.Get(parent_handle).resident_children;
-  policy_->OnInsert(handle, ns_slot_bytes_[ns_index]);
+  policy_->OnInsert(handle, ns_slot_bytes_[ns_index], key.lo);
   ++ns_chunks_[ns_index];
   return handle;
 }

@@ -61,6 +61,8 @@ namespace kvtier {
 struct CacheCoreOptions {
   // DRAM arena size in bytes, a multiple of 4 KiB. Default: 1 GiB.
   uint64_t dram_bytes = uint64_t{1} << 30;
+  // Which chunk DRAM evicts when full. Default: leaf-first LRU.
+  EvictionPolicyKind dram_eviction = EvictionPolicyKind::kLru;
   // A lease not released by then ends by itself. Default: 30 s.
   std::chrono::milliseconds lease_ttl{30000};
   // A reservation not committed by then is freed. Default: 30 s.

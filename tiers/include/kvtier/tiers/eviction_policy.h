@@ -16,6 +16,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string_view>
+
+#include "kvtier/status.h"
 
 namespace kvtier {
 
@@ -35,7 +38,9 @@ class EvictionPolicy {
   // only: nothing is touched until used). Optional.
   virtual void Reserve(size_t /*max_handles*/) {}
   // REQUIRES: size_class != kAnyClass; `handle` is not in the policy.
-  virtual void OnInsert(uint32_t handle, uint64_t size_class) = 0;
+  // `fingerprint`: 64 bits of the chunk's key, for a policy that remembers
+  // chunks after they left (handles are reused; keys are not).
+  virtual void OnInsert(uint32_t handle, uint64_t size_class, uint64_t fingerprint = 0) = 0;
   virtual void OnAccess(uint32_t handle) = 0;
   virtual void OnRemove(uint32_t handle) = 0;
   // The reason a chunk was judged kBlocked or kHeld has ended: its last
@@ -59,5 +64,20 @@ class EvictionPolicy {
 // it back as the most recent). Its order among others set aside is the order
 // they come back in.
 std::unique_ptr<EvictionPolicy> NewLeafFirstLruPolicy();
+
+// S3-FIFO (Yang et al., SOSP 2023), leaf-first in the same way: a new chunk
+// waits in a small FIFO (a tenth of its class) and goes unless hit there; a
+// hit one moves to the main FIFO, where a chunk goes round again while it has
+// hits left (at most 3). A chunk seen again soon after it left small (a ghost
+// FIFO of fingerprints, as many as the class holds chunks) enters main at
+// once. Memory: about 40 bytes per ghost entry beyond the LRU's node.
+std::unique_ptr<EvictionPolicy> NewS3FifoPolicy();
+
+// The policies a tier can run (kvtierd --dram-eviction and the like).
+enum class EvictionPolicyKind { kLru, kS3Fifo };
+// "lru" or "s3fifo"; an error names the value and the choices.
+Result<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name);
+const char* EvictionPolicyName(EvictionPolicyKind kind);
+std::unique_ptr<EvictionPolicy> NewEvictionPolicy(EvictionPolicyKind kind);
 
 }  // namespace kvtier

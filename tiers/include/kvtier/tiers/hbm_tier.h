@@ -40,6 +40,8 @@ struct HbmTierOptions {
   int device = 0;
   // Default: cuda. `host` emulates the device with shared host memory (tests only).
   HbmBackend backend = HbmBackend::kCuda;
+  // Which chunk goes when the pool is full. Default: leaf-first LRU.
+  EvictionPolicyKind eviction = EvictionPolicyKind::kLru;
 };
 
 class HbmTier : public SlotTier {
@@ -68,7 +70,7 @@ class HbmTier : public SlotTier {
 
  private:
   HbmTier(const HbmTierOptions& options, std::unique_ptr<gpu::Runtime> runtime)
-      : SlotTier(options.bytes), options_(options), runtime_(std::move(runtime)) {}
+      : SlotTier(options.bytes, NewEvictionPolicy(options.eviction)), options_(options), runtime_(std::move(runtime)) {}
 
   const HbmTierOptions options_;
   std::unique_ptr<gpu::Runtime> runtime_;  // outlives every handle below

@@ -46,6 +46,8 @@ struct NvmeTierOptions {
   uint32_t queue_depth = 32;
   // RocksDB directory of the durable index. Default: "" = paths[0]/index.
   std::string index_dir;
+  // Which chunk goes when the files are full. Default: leaf-first LRU.
+  EvictionPolicyKind eviction = EvictionPolicyKind::kLru;
 };
 
 struct NvmeTierCounters {
@@ -95,8 +97,9 @@ class NvmeTier {
   static Result<size_t> RebuildIndex(const NvmeTierOptions& options);
 
   // The same over devices built by the caller (tests wrap them to inject faults).
-  static Result<std::unique_ptr<NvmeTier>> Create(std::vector<std::unique_ptr<BlockDevice>> devices,
-                                                  std::unique_ptr<NvmeIndex> index);
+  static Result<std::unique_ptr<NvmeTier>> Create(
+      std::vector<std::unique_ptr<BlockDevice>> devices, std::unique_ptr<NvmeIndex> index,
+      EvictionPolicyKind eviction = EvictionPolicyKind::kLru);
   ~NvmeTier();
 
   // Writes `images` durably (data, fdatasync, then the index), evicting
@@ -159,7 +162,8 @@ class NvmeTier {
     uint32_t device;
     uint64_t offset;
   };
-  NvmeTier(std::vector<std::unique_ptr<BlockDevice>> devices, std::unique_ptr<NvmeIndex> index);
+  NvmeTier(std::vector<std::unique_ptr<BlockDevice>> devices, std::unique_ptr<NvmeIndex> index,
+           EvictionPolicyKind eviction);
   Status Rebuild();
   // REQUIRES: mu_ held.
   // A free slot, evicting as needed; nullopt when nothing is evictable.

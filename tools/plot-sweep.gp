@@ -11,7 +11,7 @@ set terminal pngcairo size 900,560 font ",11"
 set output png
 set datafile separator ","
 set key autotitle columnhead
-set title plot_title
+set title plot_title noenhanced
 set xlabel "cache capacity (million tokens; chunks x tokens per chunk, all tiers)"
 set ylabel "token hit rate"
 set yrange [0:*]

@@ -80,16 +80,17 @@ TEST_F(ReplaySweepTest, TwoPointsWriteTwoRowsAndAPlot) {
 }
 
 // --rate at 200x the trace's clock on 3 clients replays every request once,
-// as many as the closed loop (same prompt tokens), and says it ran at trace times.
+// as many as the closed loop (same prompt tokens), and says it ran at trace
+// times; --progress draws its line on stderr only.
 TEST_F(ReplaySweepTest, RateWithSpeedupReplaysEveryRequest) {
   DaemonProcess daemon(Opts());
   ASSERT_EQ(daemon.Start(), "");
   const std::vector<std::string> base = {
       BinPath("kvtier-replay"), "--socket", socket_, "--trace", testing::ConversationTracePath(),
-      "--limit", "60", "--quiet", "--deadline-ms", "5000"};
+      "--limit", "60", "--deadline-ms", "5000"};
   std::vector<std::string> at_rate = base;
-  at_rate.insert(at_rate.end(), {"--rate", "--clients", "3", "--speedup", "200", "--json",
-                                 dir_.Sub("rate.json")});
+  at_rate.insert(at_rate.end(), {"--quiet", "--rate", "--clients", "3", "--speedup", "200",
+                                 "--json", dir_.Sub("rate.json")});
   const CommandResult r = RunCommand(at_rate, 60s);
   ASSERT_TRUE(r.ok()) << r.Describe();
   const json j = json::parse(ReadFileOrEmpty(dir_.Sub("rate.json")), nullptr, false);
@@ -100,10 +101,15 @@ TEST_F(ReplaySweepTest, RateWithSpeedupReplaysEveryRequest) {
   EXPECT_EQ(j["verify_errors"].get<uint64_t>(), 0u);
   EXPECT_NE(r.out.find("at trace times"), std::string::npos) << r.out;
 
+  // The closed loop, with --progress (stderr is no terminal here): the
+  // progress line, its ETA and the last request's count go to stderr alone.
   std::vector<std::string> closed = base;
-  closed.insert(closed.end(), {"--json", dir_.Sub("closed.json")});
+  closed.insert(closed.end(), {"--progress", "--json", dir_.Sub("closed.json")});
   const CommandResult c = RunCommand(closed, 60s);
   ASSERT_TRUE(c.ok()) << c.Describe();
+  EXPECT_NE(c.err.find("[60/60] 100.0%"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("ETA"), std::string::npos) << c.err;
+  EXPECT_EQ(c.out.find("ETA"), std::string::npos) << c.out;
   const json k = json::parse(ReadFileOrEmpty(dir_.Sub("closed.json")), nullptr, false);
   ASSERT_FALSE(k.is_discarded()) << c.Describe();
   EXPECT_EQ(k["requests"], j["requests"]);

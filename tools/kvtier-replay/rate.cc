@@ -1,6 +1,8 @@
 #include "rate.h"
 
+#include <algorithm>
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <thread>
 

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -147,9 +148,98 @@ Result<SweepSpec> ParseSweep(std::string_view text) {
   return spec;
 }
 
+namespace {
+
+// What every point of one sweep shares.
+struct SweepRun {
+  const ReplayOptions& base;
+  const SweepOptions& options;
+  std::span<const tools::TraceRequest> trace;
+  std::vector<tools::ChunkedRequest> chunked;  // for the offline references
+  const ReplayFn& replay;
+  std::string work;  // sockets and daemon logs
+  std::ofstream& csv;
+};
+
+// kvtierd's arguments for point `p`; its NVMe folder (made here) in *nvme_dir.
+Result<std::vector<std::string>> DaemonArgs(const SweepRun& run, const Point& p,
+                                            std::string* nvme_dir) {
+  std::vector<std::string> args = {"--dram-bytes", std::to_string(p.dram_bytes)};
+  if (p.nvme_bytes == 0) {
+    args.insert(args.end(), {"--nvme-bytes", "0"});
+    return args;
+  }
+  *nvme_dir = MakeTempDir(run.options.nvme_dir, "kvtier-sweep-nvme.");
+  if (nvme_dir->empty()) {
+    return Status::FromErrno(errno, "a folder under " + run.options.nvme_dir);
+  }
+  args.insert(args.end(),
+              {"--nvme-path", *nvme_dir, "--nvme-bytes", std::to_string(p.nvme_bytes)});
+  return args;
+}
+
+// Point `i`: a fresh daemon, the replay, the daemon stopped, a CSV row and a
+// line on stdout. Returns 0, 3 (verify errors; the row is written) or the
+// exit code of a failure (printed).
+int RunPoint(SweepRun& run, size_t i, const Point& p) {
+  std::string nvme_dir;
+  auto args = DaemonArgs(run, p, &nvme_dir);
+  if (!args.ok()) {
+    std::fprintf(stderr, "kvtier-replay: %s\n", args.status().message().c_str());
+    return 1;
+  }
+  std::string label = "dram=" + FormatBytes(p.dram_bytes);
+  if (p.nvme_bytes > 0) label += " nvme=" + FormatBytes(p.nvme_bytes);
+  ReplayOptions o = run.base;
+  o.socket_path = run.work + "/p" + std::to_string(i) + ".sock";
+  auto daemon = KvtierdProcess::Start(run.options.kvtierd_path, o.socket_path, *args,
+                                      run.work + "/p" + std::to_string(i) + ".log",
+                                      std::chrono::seconds(60));
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "kvtier-replay: %s: %s\n", label.c_str(),
+                 daemon.status().message().c_str());
+    return 1;
+  }
+  Progress progress(run.trace.size(), run.options.progress, label);
+  Totals t;
+  const auto t0 = std::chrono::steady_clock::now();
+  int rc = run.replay(o, run.trace, progress, t);
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto [dram_chunks, nvme_chunks] = CapacityChunks(o.socket_path);
+  if (Status s = (*daemon)->Stop(); !s.ok() && rc == 0) {
+    std::fprintf(stderr, "kvtier-replay: %s\n", s.message().c_str());
+    rc = 1;
+  }
+  std::error_code ec;
+  if (!nvme_dir.empty()) fs::remove_all(nvme_dir, ec);
+  if (rc != 0) return rc;
+  // The references hold as many chunks as the tiers together.
+  const uint64_t chunks = dram_chunks + nvme_chunks;
+  const uint32_t ct = run.base.chunk_tokens;
+  const double lru = tools::SimulateLru(run.chunked, chunks, ct).TokenHitRate();
+  const double opt = tools::SimulateBelady(run.chunked, chunks, ct).TokenHitRate();
+  const auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
+  const double lookup50 = Percentile(t.lookup_us, 50), lookup99 = Percentile(t.lookup_us, 99);
+  const double load50 = Percentile(t.load_us, 50), load99 = Percentile(t.load_us, 99);
+  char row[512];
+  std::snprintf(row, sizeof row,
+                "%llu,%llu,%llu,%llu,%llu,%llu,%llu,%.6f,%.0f,%.0f,%.0f,%.0f,%llu,%.6f,%.6f,%.2f\n",
+                u(p.dram_bytes), u(p.nvme_bytes), u(chunks), u(chunks * ct), u(t.requests),
+                u(t.prompt_tokens), u(t.hit_tokens), t.HitRate(), lookup50, lookup99, load50,
+                load99, u(t.verify_errors), lru, opt, wall_s);
+  run.csv << row << std::flush;
+  std::printf("%s: %llu chunks, %llu requests, token hit rate %.4f (LRU %.4f, Belady %.4f), "
+              "lookup p50/p99 %.0f/%.0f us, load p50/p99 %.0f/%.0f us, %.1f s\n",
+              label.c_str(), u(chunks), u(t.requests), t.HitRate(), lru, opt, lookup50, lookup99,
+              load50, load99, wall_s);
+  std::fflush(stdout);
+  return t.verify_errors == 0 ? 0 : 3;
+}
+
+}  // namespace
+
 int RunSweep(const ReplayOptions& base, const SweepSpec& spec, const SweepOptions& options,
              std::span<const tools::TraceRequest> trace, const ReplayFn& replay) {
-  const std::vector<tools::ChunkedRequest> chunked = tools::ChunkTrace(trace, base.chunk_tokens);
   std::vector<Point> points;
   for (uint64_t d : spec.dram_bytes) {
     if (spec.nvme_bytes.empty()) points.push_back({d, 0});
@@ -164,91 +254,29 @@ int RunSweep(const ReplayOptions& base, const SweepSpec& spec, const SweepOption
          "hit_tokens,token_hit_rate,lookup_p50_us,lookup_p99_us,load_p50_us,load_p99_us,"
          "verify_errors,lru_hit_rate,belady_hit_rate,wall_s\n";
   const char* tmp = std::getenv("TMPDIR");
-  const std::string work = MakeTempDir(tmp && *tmp ? tmp : "/tmp", "kvtier-sweep.");
-  if (work.empty()) {
+  SweepRun run{base,   options, trace, tools::ChunkTrace(trace, base.chunk_tokens),
+               replay, MakeTempDir(tmp && *tmp ? tmp : "/tmp", "kvtier-sweep."), csv};
+  if (run.work.empty()) {
     std::perror("kvtier-replay: a temporary folder");
     return 1;
   }
-  int rc = 0;
-  for (size_t i = 0; i < points.size() && rc == 0; ++i) {
-    const Point& p = points[i];
-    std::vector<std::string> args = {"--dram-bytes", std::to_string(p.dram_bytes)};
-    std::string nvme_dir;
-    if (p.nvme_bytes > 0) {
-      nvme_dir = MakeTempDir(options.nvme_dir, "kvtier-sweep-nvme.");
-      if (nvme_dir.empty()) {
-        std::perror(("kvtier-replay: a folder under " + options.nvme_dir).c_str());
-        rc = 1;
-        break;
-      }
-      args.insert(args.end(), {"--nvme-path", nvme_dir, "--nvme-bytes",
-                               std::to_string(p.nvme_bytes)});
-    } else {
-      args.insert(args.end(), {"--nvme-bytes", "0"});
-    }
-    ReplayOptions o = base;
-    o.socket_path = work + "/p" + std::to_string(i) + ".sock";
-    const std::string log = work + "/p" + std::to_string(i) + ".log";
-    auto daemon = KvtierdProcess::Start(options.kvtierd_path, o.socket_path, args, log,
-                                        std::chrono::seconds(60));
-    if (!daemon.ok()) {
-      std::fprintf(stderr, "kvtier-replay: point dram=%s: %s\n",
-                   FormatBytes(p.dram_bytes).c_str(), daemon.status().message().c_str());
-      rc = 1;
-    } else {
-      std::string label = "dram=" + FormatBytes(p.dram_bytes);
-      if (p.nvme_bytes > 0) label += " nvme=" + FormatBytes(p.nvme_bytes);
-      Progress progress(trace.size(), options.progress, label);
-      Totals t;
-      const auto t0 = std::chrono::steady_clock::now();
-      rc = replay(o, trace, progress, t);
-      const double wall_s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const auto [dram_chunks, nvme_chunks] = CapacityChunks(o.socket_path);
-      if (Status s = (*daemon)->Stop(); !s.ok() && rc == 0) {
-        std::fprintf(stderr, "kvtier-replay: %s\n", s.message().c_str());
-        rc = 1;
-      }
-      // The references hold as many chunks as the tiers together.
-      const uint64_t chunks = dram_chunks + nvme_chunks;
-      const double lru = tools::SimulateLru(chunked, chunks, base.chunk_tokens).TokenHitRate();
-      const double opt = tools::SimulateBelady(chunked, chunks, base.chunk_tokens).TokenHitRate();
-      if (rc == 0) {
-        char row[512];
-        std::snprintf(row, sizeof row,
-                      "%llu,%llu,%llu,%llu,%llu,%llu,%llu,%.6f,%.0f,%.0f,%.0f,%.0f,%llu,%.6f,%.6f,"
-                      "%.2f\n",
-                      (unsigned long long)p.dram_bytes, (unsigned long long)p.nvme_bytes,
-                      (unsigned long long)chunks,
-                      (unsigned long long)(chunks * base.chunk_tokens),
-                      (unsigned long long)t.requests, (unsigned long long)t.prompt_tokens,
-                      (unsigned long long)t.hit_tokens, t.HitRate(), Percentile(t.lookup_us, 50),
-                      Percentile(t.lookup_us, 99), Percentile(t.load_us, 50),
-                      Percentile(t.load_us, 99), (unsigned long long)t.verify_errors, lru, opt,
-                      wall_s);
-        csv << row << std::flush;
-        std::printf("%s: %llu chunks, %llu requests, token hit rate %.4f (LRU %.4f, Belady "
-                    "%.4f), lookup p50/p99 %.0f/%.0f us, load p50/p99 %.0f/%.0f us, %.1f s\n",
-                    label.c_str(), (unsigned long long)chunks, (unsigned long long)t.requests,
-                    t.HitRate(), lru, opt, Percentile(t.lookup_us, 50),
-                    Percentile(t.lookup_us, 99), Percentile(t.load_us, 50),
-                    Percentile(t.load_us, 99), wall_s);
-        std::fflush(stdout);
-        if (t.verify_errors != 0) rc = 3;
-      }
-    }
-    std::error_code ec;
-    if (!nvme_dir.empty()) fs::remove_all(nvme_dir, ec);
+  int rc = 0;  // 3 (verify errors at some point) does not stop the sweep
+  for (size_t i = 0; i < points.size() && (rc == 0 || rc == 3); ++i) {
+    const int point_rc = RunPoint(run, i, points[i]);
+    if (point_rc != 0) rc = point_rc;  // a failure (1, 2) ends the sweep; 3 goes on
   }
   std::error_code ec;
-  if (rc == 0 || rc == 3) fs::remove_all(work, ec);  // a failure keeps the daemons' logs
-  else std::fprintf(stderr, "kvtier-replay: daemon logs kept in %s\n", work.c_str());
+  if (rc == 0 || rc == 3) {
+    fs::remove_all(run.work, ec);
+  } else {
+    std::fprintf(stderr, "kvtier-replay: daemon logs kept in %s\n", run.work.c_str());
+  }
   csv.close();
   if (!csv) {
     std::fprintf(stderr, "kvtier-replay: cannot write %s\n", options.csv_path.c_str());
     return 1;
   }
-  if (rc == 0 && !options.png_path.empty() && !Plot(options)) return 1;
+  if ((rc == 0 || rc == 3) && !options.png_path.empty() && !Plot(options)) return 1;
   return rc;
 }
 

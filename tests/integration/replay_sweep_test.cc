@@ -45,11 +45,10 @@ TEST_F(ReplaySweepTest, TwoPointsWriteTwoRowsAndAPlot) {
   const std::string png = dir_.Sub("sweep.png");
   const std::string spec =
       "dram=" + std::to_string(16 * kSlotBytes) + "," + std::to_string(1024 * kSlotBytes);
-  const CommandResult r =
-      RunCommand({BinPath("kvtier-replay"), "--trace", testing::ConversationTracePath(),
-                  "--limit", "200", "--chunk-tokens", "512", "--deadline-ms", "5000", "--quiet",
-                  "--sweep", spec, "--csv", csv},
-                 120s);
+  const CommandResult r = RunCommand(
+      {BinPath("kvtier-replay"), "--trace", testing::ConversationTracePath(), "--limit", "200",
+       "--chunk-tokens", "512", "--deadline-ms", "5000", "--quiet", "--sweep", spec, "--csv", csv},
+      120s);
   ASSERT_TRUE(r.ok()) << r.Describe();
   const auto rows = ReadCsv(csv);
   ASSERT_EQ(rows.size(), 3u) << "a header and 2 rows\n" << ReadFileOrEmpty(csv);
@@ -85,9 +84,15 @@ TEST_F(ReplaySweepTest, TwoPointsWriteTwoRowsAndAPlot) {
 TEST_F(ReplaySweepTest, RateWithSpeedupReplaysEveryRequest) {
   DaemonProcess daemon(Opts());
   ASSERT_EQ(daemon.Start(), "");
-  const std::vector<std::string> base = {
-      BinPath("kvtier-replay"), "--socket", socket_, "--trace", testing::ConversationTracePath(),
-      "--limit", "60", "--deadline-ms", "5000"};
+  const std::vector<std::string> base = {BinPath("kvtier-replay"),
+                                         "--socket",
+                                         socket_,
+                                         "--trace",
+                                         testing::ConversationTracePath(),
+                                         "--limit",
+                                         "60",
+                                         "--deadline-ms",
+                                         "5000"};
   std::vector<std::string> at_rate = base;
   at_rate.insert(at_rate.end(), {"--quiet", "--rate", "--clients", "3", "--speedup", "200",
                                  "--json", dir_.Sub("rate.json")});
@@ -120,9 +125,10 @@ TEST_F(ReplaySweepTest, RateWithSpeedupReplaysEveryRequest) {
 // A bad --sweep is a usage error (exit 2) naming the bad piece, before any
 // daemon starts.
 TEST_F(ReplaySweepTest, BadSweepValuesExitTwoNamingTheValue) {
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {"dram=", "'dram='"}, {"dram=abc", "'abc'"}, {"foo=1", "'foo'"},
-      {"dram=1GiB,nvme=", "'nvme='"}};
+  const std::vector<std::pair<std::string, std::string>> cases = {{"dram=", "'dram='"},
+                                                                  {"dram=abc", "'abc'"},
+                                                                  {"foo=1", "'foo'"},
+                                                                  {"dram=1GiB,nvme=", "'nvme='"}};
   for (const auto& [value, named] : cases) {
     const CommandResult r = RunCommand({BinPath("kvtier-replay"), "--generate", "3", "--quiet",
                                         "--sweep", value, "--csv", dir_.Sub("bad.csv")},

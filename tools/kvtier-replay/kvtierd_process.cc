@@ -34,17 +34,17 @@ std::string DescribeWait(int status) {
 
 }  // namespace
 
-Result<std::unique_ptr<KvtierdProcess>> KvtierdProcess::Start(
-    const std::string& kvtierd_path, const std::string& socket_path,
-    const std::vector<std::string>& args, const std::string& log_path,
-    std::chrono::seconds timeout) {
+Result<std::unique_ptr<KvtierdProcess>> KvtierdProcess::Start(const std::string& kvtierd_path,
+                                                              const std::string& socket_path,
+                                                              const std::vector<std::string>& args,
+                                                              const std::string& log_path,
+                                                              std::chrono::seconds timeout) {
   if (access(kvtierd_path.c_str(), X_OK) != 0) {
     return Status::NotFound("kvtierd " + kvtierd_path + " is not an executable: " +
                             std::strerror(errno) + " (give --kvtierd PATH)");
   }
-  std::vector<std::string> argv = {kvtierd_path,        "--socket",    socket_path,
-                                   "--metrics-address", "off",         "--log-level",
-                                   "warn"};
+  std::vector<std::string> argv = {kvtierd_path, "--socket",    socket_path, "--metrics-address",
+                                   "off",        "--log-level", "warn"};
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<char*> cargv;
   for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));

@@ -20,9 +20,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
-#include <nlohmann/json.hpp>
 
 #include "kvtier/admin_client.h"
 #include "kvtier/logging.h"
@@ -93,8 +93,8 @@ int main(int argc, char** argv) {
                "kvtier-replay"};
   auto* socket_opt =
       app.add_option("--socket", ro.socket_path, "kvtierd socket (default: the daemon's default)");
-  auto* trace_opt = app.add_option("--trace", trace_path, "Mooncake JSONL trace")
-                        ->check(CLI::ExistingFile);
+  auto* trace_opt =
+      app.add_option("--trace", trace_path, "Mooncake JSONL trace")->check(CLI::ExistingFile);
   auto* generate_opt =
       app.add_option("--generate", generate,
                      "instead of --trace: N requests (1 to 1,000,000) of the built-in multi-turn "
@@ -212,8 +212,7 @@ int main(int argc, char** argv) {
     return at_rate ? kvtier::replay::ReplayAtTraceTimes(o, rate, tr, p, t)
                    : kvtier::replay::ReplayClosedLoop(o, tr, p, t);
   };
-  const std::string trace_name =
-      trace_path.empty() ? "built-in multi-turn generator" : trace_path;
+  const std::string trace_name = trace_path.empty() ? "built-in multi-turn generator" : trace_path;
 
   if (sweep) {
     kvtier::replay::SweepOptions so;

@@ -42,8 +42,7 @@ void Totals::Add(const Totals& o) {
 }
 
 std::string NewRunId() {
-  return "replay-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}()) +
-         "-";
+  return "replay-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}()) + "-";
 }
 
 RequestRunner::RequestRunner(const ReplayOptions& options, std::unique_ptr<Client> client,
@@ -54,8 +53,7 @@ RequestRunner::RequestRunner(const ReplayOptions& options, std::unique_ptr<Clien
                                                          : PrefetchPolicy::kBestEffort;
 }
 
-std::unique_ptr<RequestRunner> RequestRunner::Create(const ReplayOptions& options,
-                                                     int* exit_code) {
+std::unique_ptr<RequestRunner> RequestRunner::Create(const ReplayOptions& options, int* exit_code) {
   auto spec = tools::ModelPreset(options.model, options.chunk_tokens);
   if (!spec.ok()) {
     std::fprintf(stderr, "kvtier-replay: %s\n", spec.status().message().c_str());
@@ -89,8 +87,7 @@ std::unique_ptr<RequestRunner> RequestRunner::Create(const ReplayOptions& option
       new RequestRunner(options, std::move(client).value(), *ns, spec->num_layers));
 }
 
-bool RequestRunner::Run(const tools::TraceRequest& req, const std::string& request_id,
-                        Totals& t) {
+bool RequestRunner::Run(const tools::TraceRequest& req, const std::string& request_id, Totals& t) {
   const bool prefetching = options_.prefetch != "off";
   const uint32_t chunk_tokens = options_.chunk_tokens;
   const uint64_t pb = ns_.layout.payload_bytes;

@@ -58,8 +58,8 @@ class RequestRunner {
   bool Run(const tools::TraceRequest& req, const std::string& request_id, Totals& t);
 
  private:
-  RequestRunner(const ReplayOptions& options, std::unique_ptr<Client> client,
-                NamespaceHandle ns, uint32_t num_layers);
+  RequestRunner(const ReplayOptions& options, std::unique_ptr<Client> client, NamespaceHandle ns,
+                uint32_t num_layers);
 
   const ReplayOptions options_;
   std::unique_ptr<Client> client_;

@@ -29,10 +29,11 @@ nlohmann::json SummaryJson(const Totals& t, const RunInfo& info) {
          {{"hit_tokens", t.hit_tokens - t.nvme_hit_tokens},
           {"bytes_loaded", t.bytes_loaded - t.nvme_bytes_loaded}}},
         {"nvme", {{"hit_tokens", t.nvme_hit_tokens}, {"bytes_loaded", t.nvme_bytes_loaded}}}}},
-      {"prefetch", {{"policy", info.prefetch},
-                    {"schedule_delay_ms", info.schedule_delay_ms},
-                    {"nvme_chunks_requested", t.prefetch_nvme_chunks},
-                    {"ready_in_time_chunks", t.prefetch_ready_chunks}}},
+      {"prefetch",
+       {{"policy", info.prefetch},
+        {"schedule_delay_ms", info.schedule_delay_ms},
+        {"nvme_chunks_requested", t.prefetch_nvme_chunks},
+        {"ready_in_time_chunks", t.prefetch_ready_chunks}}},
       {"nvme_bytes_read", info.nvme_bytes_read},
       {"nvme_bytes_written", info.nvme_bytes_written},
       {"chunks_loaded", t.chunks_loaded},
@@ -42,9 +43,11 @@ nlohmann::json SummaryJson(const Totals& t, const RunInfo& info) {
       {"bytes_stored", t.bytes_stored},
       {"verify_errors", t.verify_errors},
       {"fail_open", t.fail_open},
-      {"lookup_latency_us", {{"p50", Percentile(t.lookup_us, 50)}, {"p99", Percentile(t.lookup_us, 99)}}},
+      {"lookup_latency_us",
+       {{"p50", Percentile(t.lookup_us, 50)}, {"p99", Percentile(t.lookup_us, 99)}}},
       {"load_latency_us", {{"p50", Percentile(t.load_us, 50)}, {"p99", Percentile(t.load_us, 99)}}},
-      {"store_latency_us", {{"p50", Percentile(t.store_us, 50)}, {"p99", Percentile(t.store_us, 99)}}},
+      {"store_latency_us",
+       {{"p50", Percentile(t.store_us, 50)}, {"p99", Percentile(t.store_us, 99)}}},
       {"wall_s", info.wall_s},
   };
 }
@@ -64,7 +67,8 @@ void PrintSummary(FILE* table, const Totals& t, const RunInfo& info) {
                  info.prefetch.c_str(), static_cast<long long>(info.schedule_delay_ms));
   }
   if (info.nvme_bytes_read.is_null()) {
-    std::fprintf(table, "  %-22s unknown (the daemon's Stats failed or it restarted)\n", "nvme bytes");
+    std::fprintf(table, "  %-22s unknown (the daemon's Stats failed or it restarted)\n",
+                 "nvme bytes");
   } else {
     std::fprintf(table, "  %-22s %.1f MiB read, %.1f MiB written\n", "nvme bytes",
                  info.nvme_bytes_read.get<uint64_t>() / 1048576.0,

@@ -173,8 +173,7 @@ Result<std::vector<std::string>> DaemonArgs(const SweepRun& run, const Point& p,
   if (nvme_dir->empty()) {
     return Status::FromErrno(errno, "a folder under " + run.options.nvme_dir);
   }
-  args.insert(args.end(),
-              {"--nvme-path", *nvme_dir, "--nvme-bytes", std::to_string(p.nvme_bytes)});
+  args.insert(args.end(), {"--nvme-path", *nvme_dir, "--nvme-bytes", std::to_string(p.nvme_bytes)});
   return args;
 }
 
@@ -192,9 +191,9 @@ int RunPoint(SweepRun& run, size_t i, const Point& p) {
   if (p.nvme_bytes > 0) label += " nvme=" + FormatBytes(p.nvme_bytes);
   ReplayOptions o = run.base;
   o.socket_path = run.work + "/p" + std::to_string(i) + ".sock";
-  auto daemon = KvtierdProcess::Start(run.options.kvtierd_path, o.socket_path, *args,
-                                      run.work + "/p" + std::to_string(i) + ".log",
-                                      std::chrono::seconds(60));
+  auto daemon =
+      KvtierdProcess::Start(run.options.kvtierd_path, o.socket_path, *args,
+                            run.work + "/p" + std::to_string(i) + ".log", std::chrono::seconds(60));
   if (!daemon.ok()) {
     std::fprintf(stderr, "kvtier-replay: %s: %s\n", label.c_str(),
                  daemon.status().message().c_str());
@@ -204,7 +203,8 @@ int RunPoint(SweepRun& run, size_t i, const Point& p) {
   Totals t;
   const auto t0 = std::chrono::steady_clock::now();
   int rc = run.replay(o, run.trace, progress, t);
-  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto [dram_chunks, nvme_chunks] = CapacityChunks(o.socket_path);
   if (Status s = (*daemon)->Stop(); !s.ok() && rc == 0) {
     std::fprintf(stderr, "kvtier-replay: %s\n", s.message().c_str());
@@ -228,10 +228,11 @@ int RunPoint(SweepRun& run, size_t i, const Point& p) {
                 u(t.prompt_tokens), u(t.hit_tokens), t.HitRate(), lookup50, lookup99, load50,
                 load99, u(t.verify_errors), lru, opt, wall_s);
   run.csv << row << std::flush;
-  std::printf("%s: %llu chunks, %llu requests, token hit rate %.4f (LRU %.4f, Belady %.4f), "
-              "lookup p50/p99 %.0f/%.0f us, load p50/p99 %.0f/%.0f us, %.1f s\n",
-              label.c_str(), u(chunks), u(t.requests), t.HitRate(), lru, opt, lookup50, lookup99,
-              load50, load99, wall_s);
+  std::printf(
+      "%s: %llu chunks, %llu requests, token hit rate %.4f (LRU %.4f, Belady %.4f), "
+      "lookup p50/p99 %.0f/%.0f us, load p50/p99 %.0f/%.0f us, %.1f s\n",
+      label.c_str(), u(chunks), u(t.requests), t.HitRate(), lru, opt, lookup50, lookup99, load50,
+      load99, wall_s);
   std::fflush(stdout);
   return t.verify_errors == 0 ? 0 : 3;
 }
@@ -254,8 +255,10 @@ int RunSweep(const ReplayOptions& base, const SweepSpec& spec, const SweepOption
          "hit_tokens,token_hit_rate,lookup_p50_us,lookup_p99_us,load_p50_us,load_p99_us,"
          "verify_errors,lru_hit_rate,belady_hit_rate,wall_s\n";
   const char* tmp = std::getenv("TMPDIR");
-  SweepRun run{base,   options, trace, tools::ChunkTrace(trace, base.chunk_tokens),
-               replay, MakeTempDir(tmp && *tmp ? tmp : "/tmp", "kvtier-sweep."), csv};
+  SweepRun run{base,   options,
+               trace,  tools::ChunkTrace(trace, base.chunk_tokens),
+               replay, MakeTempDir(tmp && *tmp ? tmp : "/tmp", "kvtier-sweep."),
+               csv};
   if (run.work.empty()) {
     std::perror("kvtier-replay: a temporary folder");
     return 1;

@@ -153,6 +153,12 @@ int main(int argc, char** argv) {
   app.add_option("--kvtierd", kvtierd_path, "with --sweep: the kvtierd to start")
       ->needs(sweep_opt)
       ->capture_default_str();
+  std::vector<std::string> kvtierd_args;
+  app.add_option("--kvtierd-arg", kvtierd_args,
+                 "with --sweep: a flag for each kvtierd, repeatable (--kvtierd-arg=--dram-eviction "
+                 "--kvtierd-arg=s3fifo); not the sizes, which the sweep gives")
+      ->needs(sweep_opt)
+      ->allow_extra_args(false);
   app.add_option("--nvme-dir", nvme_dir,
                  "with --sweep and nvme=: where the NVMe files go (O_DIRECT: not tmpfs; "
                  "default: the CSV's folder)")
@@ -217,6 +223,7 @@ int main(int argc, char** argv) {
   if (sweep) {
     kvtier::replay::SweepOptions so;
     so.kvtierd_path = kvtierd_path;
+    so.kvtierd_args = kvtierd_args;
     so.csv_path = csv_path;
     so.png_path = png_path;
     so.plot_script = plot_script;

@@ -165,6 +165,7 @@ struct SweepRun {
 Result<std::vector<std::string>> DaemonArgs(const SweepRun& run, const Point& p,
                                             std::string* nvme_dir) {
   std::vector<std::string> args = {"--dram-bytes", std::to_string(p.dram_bytes)};
+  args.insert(args.end(), run.options.kvtierd_args.begin(), run.options.kvtierd_args.end());
   if (p.nvme_bytes == 0) {
     args.insert(args.end(), {"--nvme-bytes", "0"});
     return args;

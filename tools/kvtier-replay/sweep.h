@@ -31,6 +31,7 @@ Result<SweepSpec> ParseSweep(std::string_view text);
 
 struct SweepOptions {
   std::string kvtierd_path;  // the daemon to start. Default: kvtierd beside kvtier-replay
+  std::vector<std::string> kvtierd_args;  // more flags for each daemon (--dram-eviction s3fifo)
   std::string csv_path;      // one row a point
   std::string png_path;      // "": no plot
   std::string plot_script;   // gnuplot script: tools/plot-sweep.gp

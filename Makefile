@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
 .PHONY: all deps deps-engines build test test-asan test-tsan sanitize-smoke soak fuzz fuzz-smoke \
-        demo bench gpu-check gpu-bundle wheel install clean
+        demo bench gpu-check gpu-bundle wheel install deb clean
 
 all: build
 
@@ -88,6 +88,12 @@ PREFIX ?= /usr/local
 install: $(BUILD_DIR)/CMakeCache.txt
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target kvtier_installed
 	DESTDIR="$(DESTDIR)" cmake --install $(BUILD_DIR) --prefix "$(PREFIX)"
+
+# The Debian package kvtier_<version>_<arch>.deb in $(BUILD_DIR)/packages (CPack;
+# cmake/package.cmake).
+deb: deps $(BUILD_DIR)/CMakeCache.txt
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target kvtier_installed
+	cd $(BUILD_DIR) && cpack -G DEB --config CPackConfig.cmake
 
 clean:
 	rm -rf $(BUILD_DIR) build-asan build-tsan build-asan-core build-tsan-core build-fuzz

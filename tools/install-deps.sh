@@ -22,6 +22,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libyaml-cpp-dev libcli11-dev libcpp-httplib-dev nlohmann-json3-dev
   fio
+  dpkg-dev file systemd  # make deb (dpkg-shlibdeps, which CPack runs with file); systemd-analyze
   redis-server libhiredis-dev  # kvtier-bench peers
   python3 python3-dev python3-venv
   clang libclang-rt-14-dev llvm-14  # libFuzzer and llvm-symbolizer (make fuzz, fuzz-smoke)

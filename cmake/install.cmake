@@ -111,6 +111,7 @@ install(FILES ${CMAKE_BINARY_DIR}/install/kvtierConfig.cmake
 # kvtier.pc finds the prefix from its own place (${pcfiledir}), so it is right wherever the
 # tree is installed: --prefix at install time, DESTDIR, a .deb unpacked anywhere.
 file(RELATIVE_PATH KVTIER_PC_TO_PREFIX /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
+string(REGEX REPLACE "/$" "" KVTIER_PC_TO_PREFIX "${KVTIER_PC_TO_PREFIX}")  # ../..
 configure_file(${CMAKE_SOURCE_DIR}/cmake/kvtier.pc.in ${CMAKE_BINARY_DIR}/install/kvtier.pc @ONLY)
 install(FILES ${CMAKE_BINARY_DIR}/install/kvtier.pc
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT sdk)

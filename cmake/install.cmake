@@ -13,7 +13,8 @@
 # Protobuf, spdlog and xxHash are its own DT_NEEDED libraries, so a consumer needs only the
 # headers and the library (nothing to find_dependency), and does not build against our
 # gRPC/Protobuf. The in-tree tools and the Python extension keep linking the static
-# kvtier_client. Included by the top-level CMakeLists.txt (not in KVTIER_PYTHON_ONLY builds).
+# kvtier_client. Included by the top-level CMakeLists.txt (not in KVTIER_PYTHON_ONLY,
+# sanitizer or fuzz builds).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -26,7 +27,7 @@ add_library(kvtier_sdk SHARED
   $<TARGET_OBJECTS:kvtier_client> $<TARGET_OBJECTS:kvtier_common> $<TARGET_OBJECTS:kvtier_gpu>)
 add_dependencies(kvtier_sdk kvtier_client kvtier_common kvtier_gpu)
 target_link_libraries(kvtier_sdk PRIVATE kvtier_client)
-# The headers use <span> and designated initializers: consumers compile as C++20.
+# The headers need C++20 (<span>, among others): consumers compile as C++20.
 target_compile_features(kvtier_sdk INTERFACE cxx_std_20)
 target_include_directories(kvtier_sdk INTERFACE $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 # 0.x: any minor release may change the ABI, so the soname carries major.minor.
@@ -49,7 +50,7 @@ target_link_options(kvtier_sdk PRIVATE -Wl,--no-undefined)
 
 # --- public headers: the client's, and what they include, transitively -------------------
 # kvtier_header_closure(OUT ROOTS... ): every `#include "kvtier/..."` reachable from ROOTS
-# (files under KVTIER_HEADER_DIRS), as "relative/path.h;absolute/path.h" pairs in OUT.
+# (files under KVTIER_HEADER_DIRS), as "relative/path.h|/absolute/path.h" pairs in OUT.
 set(KVTIER_HEADER_DIRS ${CMAKE_SOURCE_DIR}/client/include ${CMAKE_SOURCE_DIR}/common/include
                        ${CMAKE_SOURCE_DIR}/gpu/include)
 function(kvtier_header_closure out)

@@ -17,6 +17,9 @@
 # sanitizer or fuzz builds).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
+# Installing (and cpack, which runs the `preinstall` target) must not build the whole tree,
+# tests included: make install and make deb build kvtier_installed, below, first.
+set(CMAKE_SKIP_INSTALL_ALL_DEPENDENCY ON)
 
 # --- the shared SDK library --------------------------------------------------------------
 # Built from the static libraries' objects (all PIC): the public headers reach into common/

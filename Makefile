@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
 .PHONY: all deps deps-engines build test test-asan test-tsan sanitize-smoke soak fuzz fuzz-smoke \
-        demo bench gpu-check gpu-bundle wheel clean
+        demo bench gpu-check gpu-bundle wheel install deb clean
 
 all: build
 
@@ -79,6 +79,21 @@ gpu-bundle: build
 # The Python package as a wheel in $(BUILD_DIR)/wheels (scikit-build-core, client/python).
 wheel: deps
 	bash tools/build-wheel.sh $(BUILD_DIR)/wheels
+
+# Installs the programs, the client SDK (libkvtier.so, headers, CMake package, kvtier.pc),
+# the systemd unit and the sample config under $(DESTDIR)$(PREFIX) (README.md, "Install").
+# Builds only what it installs, without the deps step, so `sudo make install` after
+# `make build` touches nothing but the install tree.
+PREFIX ?= /usr/local
+install: $(BUILD_DIR)/CMakeCache.txt
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target kvtier_installed
+	DESTDIR="$(DESTDIR)" cmake --install $(BUILD_DIR) --prefix "$(PREFIX)"
+
+# The Debian package kvtier_<version>_<arch>.deb in $(BUILD_DIR)/packages (CPack;
+# cmake/package.cmake).
+deb: deps $(BUILD_DIR)/CMakeCache.txt
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target kvtier_installed
+	cd $(BUILD_DIR) && cpack -G DEB --config CPackConfig.cmake
 
 clean:
 	rm -rf $(BUILD_DIR) build-asan build-tsan build-asan-core build-tsan-core build-fuzz

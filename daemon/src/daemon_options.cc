@@ -348,7 +348,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   std::string config;
 
   CLI::App app{"kvtierd: tiered KV-cache offload daemon (HBM, DRAM and NVMe tiers)", "kvtierd"};
-  app.set_version_flag("--version", "kvtierd 0.1.0");
+  app.set_version_flag("--version", "kvtierd " KVTIER_VERSION);
   app.add_option("--config", config, "YAML config file; flags win over it")->check(CLI::ExistingFile);
   app.add_option("--socket", raw.socket, "gRPC Unix socket path")
       ->capture_default_str();

@@ -163,7 +163,7 @@ grpc::ServerUnaryReactor* AdminService::Health(grpc::CallbackServerContext* ctx,
                                                const v1::HealthRequest* /*req*/,
                                                v1::HealthResponse* resp) {
   resp->set_serving(true);
-  resp->set_version("0.1.0");
+  resp->set_version(KVTIER_VERSION);
   resp->set_epoch(core_.epoch());
   resp->set_pid(static_cast<uint32_t>(getpid()));
   for (const std::string& t : core_.DegradedTiers()) resp->add_degraded_tiers(t);

@@ -232,6 +232,9 @@ int main(int argc, char** argv) {
     so.title = fs::path(trace_name).filename().string() + ", " + std::to_string(trace.size()) +
                " requests, model " + ro.model + ", " + std::to_string(ro.chunk_tokens) +
                "-token chunks" + (at_rate ? ", at trace times" : "");
+    for (size_t i = 0; i < kvtierd_args.size(); ++i) {  // what the daemons ran with
+      so.title += (i == 0 ? ", kvtierd " : " ") + kvtierd_args[i];
+    }
     std::replace(so.title.begin(), so.title.end(), '\'', ' ');
     so.progress = show_progress;
     return kvtier::replay::RunSweep(ro, *sweep, so, trace, replay);

@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "kvtier/tiers/eviction_policy.h"
+#include "size_classes.h"
 
 namespace kvtier {
 namespace {
@@ -41,22 +42,9 @@ class LeafFirstLru final : public EvictionPolicy {
 
   std::optional<uint32_t> PickVictim(uint64_t size_class, bool take_held,
                                      const std::function<Verdict(uint32_t)>& verdict) override {
-    if (size_class != kAnyClass) {
-      for (uint16_t c = 0; c < classes_.size(); ++c) {
-        if (classes_[c].size == size_class) return Pick(c, take_held, verdict);
-      }
-      return std::nullopt;
-    }
-    std::optional<uint32_t> oldest;
-    for (uint16_t c = 0; c < classes_.size(); ++c) {
-      const std::optional<uint32_t> v = Pick(c, take_held, verdict);
-      // Stamps wrap: a chunk unused for over 2^31 accesses may compare as recent, which
-      // only changes which class gives the victim.
-      if (v && (!oldest || static_cast<int32_t>(nodes_[*v].stamp - nodes_[*oldest].stamp) < 0)) {
-        oldest = v;
-      }
-    }
-    return oldest;
+    return size_classes::PickVictim(
+        classes_, size_class, [&](uint16_t c) { return Pick(c, take_held, verdict); },
+        [&](uint32_t h) { return nodes_[h].stamp; });
   }
 
  private:
@@ -100,13 +88,7 @@ class LeafFirstLru final : public EvictionPolicy {
     return std::nullopt;
   }
 
-  uint16_t ClassOf(uint64_t size) {
-    for (uint16_t c = 0; c < classes_.size(); ++c) {
-      if (classes_[c].size == size) return c;
-    }
-    classes_.push_back({size, {}, {}});
-    return static_cast<uint16_t>(classes_.size() - 1);
-  }
+  uint16_t ClassOf(uint64_t size) { return size_classes::IndexOf(classes_, size); }
   List& ListOf(uint32_t h) {
     Class& c = classes_[nodes_[h].cls];
     return nodes_[h].where == Where::kHeld ? c.held : c.lru;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kvtier/tiers/eviction_policy.h"
+#include "size_classes.h"
 
 namespace kvtier {
 namespace {
@@ -63,20 +64,9 @@ class S3Fifo final : public EvictionPolicy {
 
   std::optional<uint32_t> PickVictim(uint64_t size_class, bool take_held,
                                      const std::function<Verdict(uint32_t)>& verdict) override {
-    if (size_class != kAnyClass) {
-      for (uint16_t c = 0; c < classes_.size(); ++c) {
-        if (classes_[c].size == size_class) return Pick(c, take_held, verdict);
-      }
-      return std::nullopt;
-    }
-    std::optional<uint32_t> oldest;
-    for (uint16_t c = 0; c < classes_.size(); ++c) {
-      const std::optional<uint32_t> v = Pick(c, take_held, verdict);
-      if (v && (!oldest || static_cast<int32_t>(nodes_[*v].stamp - nodes_[*oldest].stamp) < 0)) {
-        oldest = v;
-      }
-    }
-    return oldest;
+    return size_classes::PickVictim(
+        classes_, size_class, [&](uint16_t c) { return Pick(c, take_held, verdict); },
+        [&](uint32_t h) { return nodes_[h].stamp; });
   }
 
  private:
@@ -148,13 +138,7 @@ class S3Fifo final : public EvictionPolicy {
     }
   }
 
-  uint16_t ClassOf(uint64_t size) {
-    for (uint16_t c = 0; c < classes_.size(); ++c) {
-      if (classes_[c].size == size) return c;
-    }
-    classes_.emplace_back().size = size;
-    return static_cast<uint16_t>(classes_.size() - 1);
-  }
+  uint16_t ClassOf(uint64_t size) { return size_classes::IndexOf(classes_, size); }
   List& ListOf(const Node& n) {
     Class& c = classes_[n.cls];
     return n.where == Where::kHeld ? c.held : n.where == Where::kMain ? c.main : c.small;

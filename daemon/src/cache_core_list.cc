@@ -64,8 +64,8 @@ Status CacheCore::ListChunks(const core::ListChunksRequest& req, core::ListChunk
   };
 
   if (!tokens->empty()) {  // a prompt's prefix: its chunks found, in order
-    auto keys = request_checks::PromptKeys(live, *ns_id, *tokens,
-                                           "list the whole namespace instead");
+    auto keys =
+        request_checks::PromptKeys(live, *ns_id, *tokens, "list the whole namespace instead");
     if (!keys.ok()) return keys.status();
     for (const ChunkKey& key : *keys) add(key);
     return Status::Ok();

@@ -43,8 +43,8 @@ TEST_F(DaemonTest, KvtierctlLsListsTheStoredChunksWithTheirTierSizeAndHits) {
   // tiny: fp16 (2 bytes), mha: [layers][K,V][chunk_tokens][heads][head_dim].
   ASSERT_EQ(ns["kv_dtype"], "fp16");
   const uint64_t payload = 2ull * 2 * ns["num_layers"].get<uint64_t>() *
-                           ns["chunk_tokens"].get<uint64_t>() *
-                           ns["num_kv_heads"].get<uint64_t>() * ns["head_dim"].get<uint64_t>();
+                           ns["chunk_tokens"].get<uint64_t>() * ns["num_kv_heads"].get<uint64_t>() *
+                           ns["head_dim"].get<uint64_t>();
 
   // ls with no argument is the namespace listing.
   json all = ParseJson(daemon.Ctl({"--json", "ls"}));
@@ -96,7 +96,8 @@ TEST_F(DaemonTest, KvtierctlLsListsTheStoredChunksWithTheirTierSizeAndHits) {
   json arr = prefix;
   const std::string tokens_file = dir_.Sub("prefix.json");
   ASSERT_TRUE(testing::WriteFile(tokens_file, arr.dump()));
-  json pj = ParseJson(daemon.Ctl({"--json", "ls", "--namespace", id, "--tokens-file", tokens_file}));
+  json pj =
+      ParseJson(daemon.Ctl({"--json", "ls", "--namespace", id, "--tokens-file", tokens_file}));
   ASSERT_EQ(pj["chunks"].size(), 2u) << pj.dump();
   for (const json& ch : pj["chunks"]) {
     EXPECT_TRUE(keys.contains(ch["key"].get<std::string>())) << ch.dump();
@@ -161,9 +162,9 @@ TEST_F(DaemonTest, KvtierctlFlushReturnsOnceTheNvmeWritesHaveDrained) {
   std::filesystem::create_directories(dir_.Sub("nvme"));
   DaemonProcess daemon(Opts({"--nvme-path", dir_.Sub("nvme"), "--nvme-bytes", "256MiB"}));
   ASSERT_EQ(daemon.Start(), "");
-  for (const std::vector<std::string>& bad :
-       {std::vector<std::string>{"flush", "--timeout", "0"}, {"flush", "--timeout", "-1"},
-        {"flush", "--timeout", "soon"}}) {
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"flush", "--timeout", "0"},
+                                              {"flush", "--timeout", "-1"},
+                                              {"flush", "--timeout", "soon"}}) {
     CommandResult r = daemon.Ctl(bad);
     EXPECT_TRUE(ExitedWith(r, 2)) << r.Describe();
   }
@@ -194,10 +195,11 @@ TEST_F(DaemonTest, KvtierctlFlushReturnsOnceTheNvmeWritesHaveDrained) {
 TEST_F(DaemonTest, KvtierctlStatsWatchRatesMatchTheWorkBetweenSamples) {
   DaemonProcess daemon(Opts());
   ASSERT_EQ(daemon.Start(), "");
-  for (const std::vector<std::string>& bad :
-       {std::vector<std::string>{"stats", "--watch", "-1"}, {"stats", "--watch", "0"},
-        {"stats", "--watch", "x"}, {"stats", "--count", "2"},
-        {"stats", "--watch", "1", "--count", "0"}}) {
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"stats", "--watch", "-1"},
+                                              {"stats", "--watch", "0"},
+                                              {"stats", "--watch", "x"},
+                                              {"stats", "--count", "2"},
+                                              {"stats", "--watch", "1", "--count", "0"}}) {
     CommandResult r = daemon.Ctl(bad);
     EXPECT_TRUE(ExitedWith(r, 2)) << r.Describe();
   }
@@ -212,8 +214,8 @@ TEST_F(DaemonTest, KvtierctlStatsWatchRatesMatchTheWorkBetweenSamples) {
   // One 15 s sample with all of the test's work inside it.
   ChildProcess watch;
   std::string err;
-  ASSERT_TRUE(watch.Spawn({BinPath("kvtierctl"), "--socket", socket_, "--json", "stats",
-                           "--watch", "15", "--count", "1"},
+  ASSERT_TRUE(watch.Spawn({BinPath("kvtierctl"), "--socket", socket_, "--json", "stats", "--watch",
+                           "15", "--count", "1"},
                           dir_.Sub("watch.out"), dir_.Sub("watch.err"), &err))
       << err;
   std::this_thread::sleep_for(1500ms);  // its first sample is taken

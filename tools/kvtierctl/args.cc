@@ -87,8 +87,9 @@ Result<std::optional<std::vector<int32_t>>> ParseTokenArgs(bool tokens_given,
   }
   if (!tokens_given) return std::optional<std::vector<int32_t>>();
   if (tokens.empty()) {
-    return Status::InvalidArgument("the token list is empty: give at least one chunk of ids, or "
-                                   "no --tokens for the whole namespace");
+    return Status::InvalidArgument(
+        "the token list is empty: give at least one chunk of ids, or "
+        "no --tokens for the whole namespace");
   }
   return std::optional<std::vector<int32_t>>(std::move(tokens));
 }

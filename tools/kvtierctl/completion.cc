@@ -62,9 +62,12 @@ std::string Bash(const std::vector<Opt>& global, const std::vector<Cmd>& cmds) {
       "_kvtierctl() {\n"
       "  local cur=\"${COMP_WORDS[COMP_CWORD]}\" prev=\"\" cmd=\"\" i\n"
       "  ((COMP_CWORD > 0)) && prev=\"${COMP_WORDS[COMP_CWORD-1]}\"\n"
-      "  local commands=\"" + Join(names) + "\"\n"
+      "  local commands=\"" +
+      Join(names) +
+      "\"\n"
       "  for ((i = 1; i < COMP_CWORD; i++)); do\n"
-      "    case \" $commands \" in *\" ${COMP_WORDS[i]} \"*) cmd=\"${COMP_WORDS[i]}\"; break;; esac\n"
+      "    case \" $commands \" in *\" ${COMP_WORDS[i]} \"*) cmd=\"${COMP_WORDS[i]}\"; break;; "
+      "esac\n"
       "  done\n"
       "  case \"$prev\" in\n";
   for (const Opt& o : global) {
@@ -83,7 +86,9 @@ std::string Bash(const std::vector<Opt>& global, const std::vector<Cmd>& cmds) {
     s += "    " + files + ") COMPREPLY=($(compgen -f -- \"$cur\")); return 0;;\n";
   }
   s += "  esac\n"
-       "  local words=\"" + Join(global_names) + "\"\n"
+       "  local words=\"" +
+       Join(global_names) +
+       "\"\n"
        "  case \"$cmd\" in\n"
        "    \"\") words=\"$commands $words\";;\n";
   for (const Cmd& c : cmds) {
@@ -136,7 +141,8 @@ std::string Zsh(const std::vector<Opt>& global, const std::vector<Cmd>& cmds) {
   s += "      esac ;;\n"
        "  esac\n"
        "}\n"
-       "if [[ \"${funcstack[1]}\" == _kvtierctl ]]; then _kvtierctl \"$@\"; else compdef _kvtierctl kvtierctl; fi\n";
+       "if [[ \"${funcstack[1]}\" == _kvtierctl ]]; then _kvtierctl \"$@\"; else compdef "
+       "_kvtierctl kvtierctl; fi\n";
   return s;
 }
 

@@ -41,13 +41,12 @@ int RunNamespaces(AdminClient& admin, const std::string& socket_path, bool as_js
                 "layers", "heads", "dim", "chunk", "tp", "chunks", "slot");
     for (const auto& n : *list) {
       const auto& s = n.spec;
-      std::printf("%-32s %s %s %-4s %-8s %-4s %6u %6u %6u %6u %2u/%-2u %10llu %10s\n",
-                  n.id.ToHex().c_str(), Cell(s.model_id, 28).c_str(),
-                  Cell(s.lora_id.empty() ? "-" : s.lora_id, 16).c_str(),
-                  s.cache_salt.empty() ? "-" : "set", s.kv_dtype.c_str(), s.layout.c_str(),
-                  s.num_layers, s.num_kv_heads, s.layout == "mla" ? s.latent_dim : s.head_dim,
-                  s.chunk_tokens, s.tp_rank, s.tp_size, static_cast<unsigned long long>(n.chunks),
-                  FormatBytes(n.slot_bytes).c_str());
+      std::printf(
+          "%-32s %s %s %-4s %-8s %-4s %6u %6u %6u %6u %2u/%-2u %10llu %10s\n", n.id.ToHex().c_str(),
+          Cell(s.model_id, 28).c_str(), Cell(s.lora_id.empty() ? "-" : s.lora_id, 16).c_str(),
+          s.cache_salt.empty() ? "-" : "set", s.kv_dtype.c_str(), s.layout.c_str(), s.num_layers,
+          s.num_kv_heads, s.layout == "mla" ? s.latent_dim : s.head_dim, s.chunk_tokens, s.tp_rank,
+          s.tp_size, static_cast<unsigned long long>(n.chunks), FormatBytes(n.slot_bytes).c_str());
     }
   }
   return 0;
@@ -73,11 +72,10 @@ int RunLs(AdminClient& admin, const std::string& socket_path, bool as_json, cons
                      {"hits", c.hits},
                      {"pinned", c.pinned}});
     }
-    std::printf("%s\n", json{{"namespace_id", ns.ToHex()},
-                             {"chunks", arr},
-                             {"left_out", list->left_out}}
-                            .dump(2)
-                            .c_str());
+    std::printf("%s\n",
+                json{{"namespace_id", ns.ToHex()}, {"chunks", arr}, {"left_out", list->left_out}}
+                    .dump(2)
+                    .c_str());
     return 0;
   }
   std::printf("%-32s %-14s %10s %10s %8s %8s %6s\n", "key", "tiers", "bytes", "slot", "age_s",
@@ -85,9 +83,8 @@ int RunLs(AdminClient& admin, const std::string& socket_path, bool as_json, cons
   for (const ChunkInfo& c : list->chunks) {
     std::printf("%-32s %-14s %10llu %10s %8s %8u %6s\n", c.key.ToHex().c_str(),
                 tiers_text(c).c_str(), static_cast<unsigned long long>(c.payload_bytes),
-                FormatBytes(c.slot_bytes).c_str(),
-                c.age_s ? std::to_string(*c.age_s).c_str() : "-", c.hits,
-                c.pinned ? "yes" : "no");
+                FormatBytes(c.slot_bytes).c_str(), c.age_s ? std::to_string(*c.age_s).c_str() : "-",
+                c.hits, c.pinned ? "yes" : "no");
   }
   if (list->chunks.empty()) {
     std::printf(tokens.empty() ? "no chunk of this namespace is cached\n"
@@ -114,8 +111,8 @@ int RunConfig(AdminClient& admin, const std::string& socket_path, bool as_json) 
   }
   // YAML a config file could hold (values quoted where YAML would misread them).
   for (const DaemonSetting& s : *settings) {
-    const bool plain = !s.value.empty() && s.value.find_first_of(":#,[]{}&*!|>'\"%@` ") ==
-                                               std::string::npos;
+    const bool plain =
+        !s.value.empty() && s.value.find_first_of(":#,[]{}&*!|>'\"%@` ") == std::string::npos;
     std::printf("%s: %s  # %s\n", s.key.c_str(),
                 plain ? s.value.c_str() : json(s.value).dump().c_str(), s.source.c_str());
   }

@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
   kvtier::LogToStderr("kvtierctl");  // results go to stdout; logs, the SDK's too, to stderr
   std::string socket_path = kvtier::DefaultSocketPath();
   bool as_json = false;
-  int timeout_ms = 2000;  // evict: 30000 unless given (an eviction of millions of chunks takes seconds)
+  int timeout_ms =
+      2000;  // evict: 30000 unless given (an eviction of millions of chunks takes seconds)
   CLI::App app{"kvtierctl: admin CLI of kvtierd", "kvtierctl"};
   app.add_option("--socket", socket_path, "kvtierd socket")->capture_default_str();
   app.add_flag("--json", as_json, "print JSON instead of a table");
@@ -73,14 +74,16 @@ int main(int argc, char** argv) {
   auto* namespaces = app.add_subcommand("namespaces", "namespaces the daemon holds");
   std::string watch_text;
   uint64_t watch_count = 0;
-  auto* watch_opt = stats->add_option("--watch", watch_text,
-                                      "print rates between samples every SECONDS (default 1) "
-                                      "until interrupted")
+  auto* watch_opt = stats
+                        ->add_option("--watch", watch_text,
+                                     "print rates between samples every SECONDS (default 1) "
+                                     "until interrupted")
                         ->expected(0, 1);
   auto* count_opt = stats->add_option("--count", watch_count, "with --watch: stop after N samples")
                         ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
   auto* ls = app.add_subcommand(
-      "ls", "namespaces, or with --namespace the chunks of one (key, tiers, bytes, age, hits, pinned)");
+      "ls",
+      "namespaces, or with --namespace the chunks of one (key, tiers, bytes, age, hits, pinned)");
   ctl::ScopeArgs ls_scope;
   uint32_t ls_limit = 1000;
   ctl::AddScopeOptions(ls, &ls_scope, "list the chunks of this namespace (its id)",
@@ -139,7 +142,8 @@ int main(int argc, char** argv) {
   double flush_s = 0;
   if (flush->parsed()) {
     auto s = Seconds(flush_timeout);
-    if (!s) return usage("flush", "--timeout '" + flush_timeout + "' is not a number of seconds > 0");
+    if (!s)
+      return usage("flush", "--timeout '" + flush_timeout + "' is not a number of seconds > 0");
     flush_s = *s;
   }
   kvtier::NamespaceId ls_id;
@@ -197,21 +201,24 @@ int main(int argc, char** argv) {
     auto tiers = admin->Evict(evict_scope);
     if (!tiers.ok() && tiers.status().code() == kvtier::StatusCode::kDeadlineExceeded) {
       // kvtierd goes on with an eviction whose caller stopped waiting.
-      return fail(kvtier::Status(kvtier::StatusCode::kDeadlineExceeded,
-                                 tiers.status().message() +
-                                     "; kvtierd may still finish the eviction (its log says "
-                                     "what it removed): give a longer --timeout-ms to wait for it"));
+      return fail(
+          kvtier::Status(kvtier::StatusCode::kDeadlineExceeded,
+                         tiers.status().message() +
+                             "; kvtierd may still finish the eviction (its log says "
+                             "what it removed): give a longer --timeout-ms to wait for it"));
     }
     if (!tiers.ok()) return fail(tiers.status());
     if (as_json) {
       json arr = json::array();
-      for (const auto& t : *tiers) arr.push_back({{"tier", t.tier}, {"removed", t.removed}, {"kept", t.kept}});
+      for (const auto& t : *tiers)
+        arr.push_back({{"tier", t.tier}, {"removed", t.removed}, {"kept", t.kept}});
       std::printf("%s\n", json{{"tiers", arr}}.dump(2).c_str());
     } else {
       std::printf("%-6s %10s %10s\n", "tier", "removed", "kept");
       uint64_t kept = 0;
       for (const auto& t : *tiers) {
-        std::printf("%-6s %10llu %10llu\n", t.tier.c_str(), static_cast<unsigned long long>(t.removed),
+        std::printf("%-6s %10llu %10llu\n", t.tier.c_str(),
+                    static_cast<unsigned long long>(t.removed),
                     static_cast<unsigned long long>(t.kept));
         kept += t.kept;
       }
@@ -223,9 +230,10 @@ int main(int argc, char** argv) {
                                 "namespace id with `kvtierctl namespaces`)\n");
       }
       if (kept > 0) {
-        std::printf("%llu chunks were kept: a lease, a read or a copy holds them (or a chunk after "
-                    "them); run evict again once they are released\n",
-                    static_cast<unsigned long long>(kept));
+        std::printf(
+            "%llu chunks were kept: a lease, a read or a copy holds them (or a chunk after "
+            "them); run evict again once they are released\n",
+            static_cast<unsigned long long>(kept));
       }
     }
   } else if (namespaces->parsed() || (ls->parsed() && ls_scope.ns_hex.empty())) {

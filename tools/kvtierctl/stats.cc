@@ -58,33 +58,31 @@ void PrintStats(const DaemonStats& s) {
               "cap_chunks", "chunks", "hits", "misses", "evictions", "read", "written");
   for (const auto& t : s.tiers) {
     std::printf("%-6s %12s %12s %10llu %10llu %10llu %10llu %10llu %12s %12s\n", t.name.c_str(),
-                FormatBytes(t.capacity_bytes).c_str(),
-                FormatBytes(t.used_bytes).c_str(),
+                FormatBytes(t.capacity_bytes).c_str(), FormatBytes(t.used_bytes).c_str(),
                 static_cast<unsigned long long>(t.capacity_chunks),
-                static_cast<unsigned long long>(t.chunks),
-                static_cast<unsigned long long>(t.hits),
+                static_cast<unsigned long long>(t.chunks), static_cast<unsigned long long>(t.hits),
                 static_cast<unsigned long long>(t.misses),
-                static_cast<unsigned long long>(t.evictions),
-                FormatBytes(t.read_bytes).c_str(),
+                static_cast<unsigned long long>(t.evictions), FormatBytes(t.read_bytes).c_str(),
                 FormatBytes(t.write_bytes).c_str());
   }
-  std::printf("lookups %llu (%llu over the control ring), lookup tokens %llu, hit tokens %llu "
-              "(token hit rate %.4f)\n",
-              static_cast<unsigned long long>(s.lookups),
-              static_cast<unsigned long long>(s.ring_lookups),
-              static_cast<unsigned long long>(s.lookup_tokens),
-              static_cast<unsigned long long>(s.hit_tokens),
-              s.lookup_tokens ? double(s.hit_tokens) / s.lookup_tokens : 0.0);
+  std::printf(
+      "lookups %llu (%llu over the control ring), lookup tokens %llu, hit tokens %llu "
+      "(token hit rate %.4f)\n",
+      static_cast<unsigned long long>(s.lookups), static_cast<unsigned long long>(s.ring_lookups),
+      static_cast<unsigned long long>(s.lookup_tokens),
+      static_cast<unsigned long long>(s.hit_tokens),
+      s.lookup_tokens ? double(s.hit_tokens) / s.lookup_tokens : 0.0);
   std::printf("sessions %llu, active leases %llu, active reservations %llu, uptime %llu s\n",
               static_cast<unsigned long long>(s.sessions),
               static_cast<unsigned long long>(s.active_leases),
               static_cast<unsigned long long>(s.active_reservations),
               static_cast<unsigned long long>(s.uptime_s));
-  std::printf("active prefetches %llu, chunks prefetched from NVMe %llu, calls cut short by "
-              "the session limit %llu\n",
-              static_cast<unsigned long long>(s.active_prefetches),
-              static_cast<unsigned long long>(s.prefetched_chunks),
-              static_cast<unsigned long long>(s.session_limited));
+  std::printf(
+      "active prefetches %llu, chunks prefetched from NVMe %llu, calls cut short by "
+      "the session limit %llu\n",
+      static_cast<unsigned long long>(s.active_prefetches),
+      static_cast<unsigned long long>(s.prefetched_chunks),
+      static_cast<unsigned long long>(s.session_limited));
 }
 
 namespace {
@@ -134,8 +132,7 @@ void PrintRates(const json& r, uint64_t sample) {
               static_cast<unsigned long long>(sample), r["interval_s"].get<double>(),
               r["lookups_per_s"].get<double>(), r["hit_tokens_per_s"].get<double>(),
               r["token_hit_rate"].get<double>());
-  std::printf("%-6s %10s %11s %11s %10s\n", "tier", "hits/s", "read GB/s", "write GB/s",
-              "pending");
+  std::printf("%-6s %10s %11s %11s %10s\n", "tier", "hits/s", "read GB/s", "write GB/s", "pending");
   for (const json& t : r["tiers"]) {
     std::printf("%-6s %10.1f %11.3f %11.3f %10llu\n", t["name"].get<std::string>().c_str(),
                 t["hits_per_s"].get<double>(), t["read_gb_per_s"].get<double>(),
@@ -189,13 +186,13 @@ int RunFlush(AdminClient& admin, const std::string& socket_path, bool as_json, d
                   Status::FailedPrecondition("kvtierd has no NVMe tier (started with "
                                              "--nvme-bytes 0): there is nothing to flush"));
     }
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                              .count();
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (nvme->pending_writes == 0) {
       if (as_json) {
-        std::printf("%s\n", json{{"drained", true}, {"pending_writes", 0}, {"waited_s", waited}}
-                                .dump(2)
-                                .c_str());
+        std::printf(
+            "%s\n",
+            json{{"drained", true}, {"pending_writes", 0}, {"waited_s", waited}}.dump(2).c_str());
       } else {
         std::printf("NVMe writes drained (pending 0) after %.2f s\n", waited);
       }
@@ -203,11 +200,11 @@ int RunFlush(AdminClient& admin, const std::string& socket_path, bool as_json, d
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       return Fail(socket_path, as_json,
-                  Status(StatusCode::kDeadlineExceeded, std::to_string(nvme->pending_writes) +
-                                           " NVMe writes still pending after " +
-                                           std::to_string(waited) +
-                                           " s (flush --timeout): the writer is behind or the "
-                                           "tier is degraded (see kvtierctl health)"));
+                  Status(StatusCode::kDeadlineExceeded,
+                         std::to_string(nvme->pending_writes) +
+                             " NVMe writes still pending after " + std::to_string(waited) +
+                             " s (flush --timeout): the writer is behind or the "
+                             "tier is degraded (see kvtierctl health)"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

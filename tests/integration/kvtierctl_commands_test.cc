@@ -210,6 +210,21 @@ TEST_F(DaemonTest, KvtierctlStatsWatchRatesMatchTheWorkBetweenSamples) {
   EXPECT_NE(blocks.out.find("sample 2,"), std::string::npos) << blocks.out;
   EXPECT_EQ(blocks.out.find("sample 3,"), std::string::npos) << blocks.out;
   EXPECT_EQ(blocks.out.find('\033'), std::string::npos) << blocks.out;
+  // On a terminal (script(1) gives it one) each sample redraws the screen.
+  if (access("/usr/bin/script", X_OK) == 0) {
+    CommandResult tty = RunCommand({"/usr/bin/script", "-qec",
+                                    BinPath("kvtierctl") + " --socket " + socket_ +
+                                        " stats --watch 0.2 --count 2",
+                                    "/dev/null"},
+                                   20s);
+    ASSERT_TRUE(tty.ok()) << tty.Describe();
+    size_t clears = 0;
+    for (size_t at = tty.out.find("\033[H\033[2J"); at != std::string::npos;
+         at = tty.out.find("\033[H\033[2J", at + 1)) {
+      ++clears;
+    }
+    EXPECT_EQ(clears, 2u) << tty.out;
+  }
 
   // One 15 s sample with all of the test's work inside it.
   ChildProcess watch;
@@ -310,6 +325,13 @@ TEST_F(DaemonTest, KvtierctlZshCompletionIsValidZsh) {
   ASSERT_TRUE(testing::WriteFile(script, gen.out));
   CommandResult check = RunCommand({zsh, "-n", script}, 20s);
   EXPECT_TRUE(check.ok()) << check.Describe();
+  // Sourced after compinit, it registers itself for kvtierctl.
+  CommandResult reg = RunCommand(
+      {zsh, "-c",
+       "autoload -U compinit && compinit -u -D && source '" + script +
+           "' && print -r -- \"comp=$_comps[kvtierctl]\""},
+      20s);
+  EXPECT_NE(reg.out.find("comp=_kvtierctl"), std::string::npos) << reg.Describe();
 }
 
 }  // namespace

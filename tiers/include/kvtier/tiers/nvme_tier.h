@@ -57,8 +57,6 @@ struct NvmeTierCounters {
   uint64_t dropped_at_start = 0;  // records out of a device, misaligned, overlapping, unrooted
 };
 
-// One slot image to write: exactly the namespace's slot_bytes, 4 KiB aligned,
-// sealed with its payload checksum (SealPayloadChecksum).
 // One chunk of the tier, as an admin listing sees it.
 struct NvmeChunkInfo {
   ChunkKey key;
@@ -67,6 +65,8 @@ struct NvmeChunkInfo {
   bool pinned = false;      // a read holds it
 };
 
+// One slot image to write: exactly the namespace's slot_bytes, 4 KiB aligned,
+// sealed with its payload checksum (SealPayloadChecksum).
 struct NvmeImage {
   ChunkKey key;
   ChunkKey parent;

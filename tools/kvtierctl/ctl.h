@@ -49,6 +49,11 @@ int RunWatch(AdminClient& admin, const std::string& socket_path, bool as_json, d
 // flush: polls Stats until the nvme tier's pending_writes is 0, at most `timeout_s`.
 int RunFlush(AdminClient& admin, const std::string& socket_path, bool as_json, double timeout_s);
 
+// evict.cc: health (exit 1 when not serving) and evict.
+int RunHealth(AdminClient& admin, const std::string& socket_path, bool as_json);
+int RunEvict(AdminClient& admin, const std::string& socket_path, bool as_json,
+             const EvictScope& scope);
+
 // ls.cc
 int RunNamespaces(AdminClient& admin, const std::string& socket_path, bool as_json);
 int RunLs(AdminClient& admin, const std::string& socket_path, bool as_json, const NamespaceId& ns,

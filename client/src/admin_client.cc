@@ -118,4 +118,39 @@ Result<std::vector<TierEviction>> AdminClient::Evict(const EvictScope& scope) {
   return out;
 }
 
+Result<ChunkList> AdminClient::ListChunks(const NamespaceId& ns,
+                                          const std::vector<int32_t>& tokens, uint32_t limit) {
+  v1::ListChunksRequest req;
+  req.set_namespace_id(ns.ToBytes());
+  if (!tokens.empty()) req.set_tokens(PackTokens(tokens));
+  req.set_limit(limit);
+  v1::ListChunksResponse r;
+  KVTIER_RETURN_IF_ERROR((impl_->Call(&v1::Admin::Stub::ListChunks, &r, req)));
+  ChunkList out;
+  out.left_out = r.left_out();
+  for (const v1::ChunkInfo& c : r.chunks()) {
+    auto key = ChunkKey::FromWire(c.key());
+    if (!key) return Status::Internal("kvtierd answered a chunk key of " +
+                                      std::to_string(c.key().size()) + " bytes");
+    ChunkInfo info;
+    info.key = *key;
+    info.tiers.assign(c.tiers().begin(), c.tiers().end());
+    info.payload_bytes = c.payload_bytes();
+    info.slot_bytes = c.slot_bytes();
+    if (c.has_age()) info.age_s = c.age_s();
+    info.hits = c.hits();
+    info.pinned = c.pinned();
+    out.chunks.push_back(std::move(info));
+  }
+  return out;
+}
+
+Result<std::vector<DaemonSetting>> AdminClient::Config() {
+  v1::ConfigResponse r;
+  KVTIER_RETURN_IF_ERROR((impl_->Call<v1::ConfigRequest>(&v1::Admin::Stub::Config, &r)));
+  std::vector<DaemonSetting> out;
+  for (const v1::ConfigEntry& e : r.entries()) out.push_back({e.key(), e.value(), e.source()});
+  return out;
+}
+
 }  // namespace kvtier

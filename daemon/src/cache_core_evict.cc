@@ -35,18 +35,10 @@ Status CacheCore::Evict(const core::EvictRequest& req, core::EvictResponse* resp
   }
   std::optional<ChunkKey> root;  // a prefix: this chunk and its descendants
   if (!tokens->empty()) {
-    if (live == nullptr) {
-      return Status::NotFound("namespace_id " + ns_id->ToHex() +
-                              " is not open in this daemon, so its tokens cannot be keyed: "
-                              "open it from a client first, or evict the whole namespace");
-    }
-    const std::vector<ChunkKey> keys = live->spec.ChunkKeys(live->id, *tokens);
-    if (keys.empty()) {
-      return Status::InvalidArgument("tokens hold " + std::to_string(tokens->size()) +
-                                     " ids, less than one chunk of " +
-                                     std::to_string(live->spec.chunk_tokens));
-    }
-    root = keys.back();
+    auto keys = request_checks::PromptKeys(
+        live, *ns_id, *tokens, "open it from a client first, or evict the whole namespace");
+    if (!keys.ok()) return keys.status();
+    root = keys->back();
   }
 
   // No NVMe write may land what this removes: take none new, wait for those in flight.

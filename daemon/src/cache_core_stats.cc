@@ -64,7 +64,12 @@ CacheCore::LeaseCredit CacheCore::CountRequest(const LookupTally& t, const Names
   c.to = fresh.to;
   c.model = ns.model;
   c.chunk_tokens = ns.spec.chunk_tokens;
+  // Per chunk hits (kvtierctl ls): here, once per request, unless the selective
+  // policy counts them already (at every Lookup that finds the chunk in DRAM).
+  const bool count_chunk_hits =
+      !nvme_ || options_.nvme_write_policy != NvmeWritePolicy::kSelective;
   for (size_t i = fresh.from; i < fresh.to; ++i) {
+    if (count_chunk_hits) dram_->AddHit(hits[i]);
     c.hit_tokens += ns.spec.chunk_tokens;
     if (i >= t.dram_hits || (i < t.prefetched_at.size() && t.prefetched_at[i])) {
       ++c.nvme_hits;

@@ -164,6 +164,27 @@ Status Run(CacheCore& core, const v1::EvictRequest& req, v1::EvictResponse* resp
   return st;
 }
 
+Status Run(CacheCore& core, const v1::ListChunksRequest& req, v1::ListChunksResponse* resp) {
+  core::ListChunksResponse out;
+  KVTIER_RETURN_IF_ERROR(core.ListChunks(
+      {.namespace_id = req.namespace_id(), .tokens = req.tokens(), .limit = req.limit()}, &out));
+  for (const core::ChunkListing& c : out.chunks) {
+    v1::ChunkInfo* w = resp->add_chunks();
+    w->set_key(c.key.ToBytes());
+    if (c.in_hbm) w->add_tiers("hbm");
+    if (c.in_dram) w->add_tiers("dram");
+    if (c.in_nvme) w->add_tiers("nvme");
+    w->set_payload_bytes(c.payload_bytes);
+    w->set_slot_bytes(c.slot_bytes);
+    w->set_has_age(c.age_s.has_value());
+    w->set_age_s(c.age_s.value_or(0));
+    w->set_hits(c.hits);
+    w->set_pinned(c.pinned);
+  }
+  resp->set_left_out(out.left_out);
+  return Status::Ok();
+}
+
 void Run(CacheCore& core, v1::StatsResponse* resp) {
   const core::StatsResponse s = core.Stats();
   for (const core::TierStats& t : s.tiers) {

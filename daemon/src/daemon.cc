@@ -114,7 +114,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
                                                  PeerPolicy(geteuid(), d->SocketGroup()));
 
   d->kv_service_ = std::make_unique<KvCacheService>(*d->core_);
-  d->admin_service_ = std::make_unique<AdminService>(*d->core_);
+  d->peer_book_ = std::make_unique<PeerBook>();
+  d->admin_service_ = std::make_unique<AdminService>(*d->core_, EffectiveConfig(options),
+                                                     d->peer_book_.get());
   grpc::ServerBuilder builder;  // no listening port: AcceptLoop hands it checked connections
   builder.RegisterService(d->kv_service_.get());
   builder.RegisterService(d->admin_service_.get());
@@ -284,6 +286,7 @@ void Daemon::AcceptLoop() {
       continue;
     }
     if (!arena) {
+      peer_book_->Record(conn);  // before gRPC may read a call from it
       grpc::AddInsecureChannelFromFd(server_.get(), conn);  // gRPC owns it now
       continue;
     }

@@ -555,6 +555,12 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
     ignore_if_given("nvme_workers", "nvme_bytes", " 0 and hbm_bytes 0 leave the I/O workers idle");
   }
   for (const auto& [key, line] : raw.from_config) opts.from_config[key] = raw.Where(key);
+  for (const CLI::Option* o : app.get_options()) {
+    if (o->count() == 0 || o->get_lnames().empty()) continue;
+    std::string key = o->get_lnames().front();
+    for (char& c : key) c = c == '-' ? '_' : c;
+    opts.from_flags.insert(key == "nvme_path" ? "nvme_paths" : key);
+  }
   if (raw.config_empty) {
     opts.ignored.push_back("config " + raw.config_path +
                            " sets nothing (it holds no keys)");

@@ -195,11 +195,35 @@ grpc::ServerUnaryReactor* AdminService::Evict(grpc::CallbackServerContext* ctx,
                            t.tier(), t.removed(), t.kept());
   }
   if (st.ok()) {
-    spdlog::info("admin: evict {} (peer {}): {}", scope, ctx->peer(), outcome);
+    spdlog::info("admin: evict {} ({}): {}", scope, Caller(ctx), outcome);
   } else {
-    spdlog::warn("admin: evict {} (peer {}) refused: {}", scope, ctx->peer(), st.ToString());
+    spdlog::warn("admin: evict {} ({}) refused: {}", scope, Caller(ctx), st.ToString());
   }
   return Done(ctx, st);
+}
+
+std::string AdminService::Caller(grpc::CallbackServerContext* ctx) const {
+  const std::string peer = ctx->peer();
+  const std::string who = peers_ ? peers_->Describe(peer) : "";
+  return "peer " + peer + (who.empty() ? "" : " (" + who + ")");
+}
+
+grpc::ServerUnaryReactor* AdminService::ListChunks(grpc::CallbackServerContext* ctx,
+                                                   const v1::ListChunksRequest* req,
+                                                   v1::ListChunksResponse* resp) {
+  return Done(ctx, wire::Run(core_, *req, resp));
+}
+
+grpc::ServerUnaryReactor* AdminService::Config(grpc::CallbackServerContext* ctx,
+                                               const v1::ConfigRequest* /*req*/,
+                                               v1::ConfigResponse* resp) {
+  for (const ConfigSetting& c : config_) {
+    v1::ConfigEntry* e = resp->add_entries();
+    e->set_key(c.key);
+    e->set_value(c.value);
+    e->set_source(c.source);
+  }
+  return Done(ctx, Status::Ok());
 }
 
 }  // namespace kvtier

@@ -4,7 +4,12 @@
 // Thread-safety: thread-safe (CacheCore is).
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "kvtier/daemon/cache_core.h"
+#include "kvtier/daemon/daemon_options.h"
+#include "peer_listener.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
 
 namespace kvtier {
@@ -48,7 +53,10 @@ class KvCacheService final : public v1::KvCache::CallbackService {
 
 class AdminService final : public v1::Admin::CallbackService {
  public:
-  explicit AdminService(CacheCore& core) : core_(core) {}
+  // `config`: what Config answers (EffectiveConfig). `peers` (may be null; must
+  // outlive this) names who called, in the audit lines.
+  AdminService(CacheCore& core, std::vector<ConfigSetting> config, const PeerBook* peers)
+      : core_(core), config_(std::move(config)), peers_(peers) {}
 
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const v1::StatsRequest* req,
                                   v1::StatsResponse* resp) override;
@@ -60,9 +68,19 @@ class AdminService final : public v1::Admin::CallbackService {
   // Leaves an audit line (who, what, what it did) in the daemon's log.
   grpc::ServerUnaryReactor* Evict(grpc::CallbackServerContext* ctx, const v1::EvictRequest* req,
                                   v1::EvictResponse* resp) override;
+  grpc::ServerUnaryReactor* ListChunks(grpc::CallbackServerContext* ctx,
+                                       const v1::ListChunksRequest* req,
+                                       v1::ListChunksResponse* resp) override;
+  grpc::ServerUnaryReactor* Config(grpc::CallbackServerContext* ctx, const v1::ConfigRequest* req,
+                                   v1::ConfigResponse* resp) override;
 
  private:
+  // Who made the call, for an audit line: "peer fd:7 (pid P uid U gid G)".
+  std::string Caller(grpc::CallbackServerContext* ctx) const;
+
   CacheCore& core_;
+  const std::vector<ConfigSetting> config_;
+  const PeerBook* peers_;
 };
 
 }  // namespace kvtier

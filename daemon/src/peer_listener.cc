@@ -1,5 +1,7 @@
 #include "peer_listener.h"
 
+#include <charconv>
+
 #include <grp.h>
 #include <pwd.h>
 #include <spdlog/spdlog.h>
@@ -56,6 +58,28 @@ Status PeerPolicy::Check(int fd) const {
       "peer pid " + std::to_string(cred.pid) + " (uid " + std::to_string(cred.uid) + ", gid " +
       std::to_string(cred.gid) + ") is neither kvtierd's uid " + std::to_string(self_) +
       ", root" + (group_ ? ", nor a member of --socket-group" : " (no --socket-group)"));
+}
+
+void PeerBook::Record(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return;
+  std::string who = "pid " + std::to_string(cred.pid) + " uid " + std::to_string(cred.uid) +
+                    " gid " + std::to_string(cred.gid);
+  std::lock_guard lock(mu_);
+  by_fd_[fd] = std::move(who);
+}
+
+std::string PeerBook::Describe(std::string_view grpc_peer) const {
+  constexpr std::string_view kPrefix = "fd:";
+  if (grpc_peer.substr(0, kPrefix.size()) != kPrefix) return "";
+  int fd = -1;
+  const std::string_view num = grpc_peer.substr(kPrefix.size());
+  const auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), fd);
+  if (ec != std::errc() || end != num.data() + num.size()) return "";
+  std::lock_guard lock(mu_);
+  auto it = by_fd_.find(fd);
+  return it == by_fd_.end() ? "" : it->second;
 }
 
 Result<int> ListenUnix(const std::string& path, mode_t mode, std::optional<gid_t> group) {

@@ -10,8 +10,11 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 
 #include "kvtier/status.h"
 
@@ -31,6 +34,25 @@ class PeerPolicy {
 
   uid_t self_;
   std::optional<gid_t> group_;
+};
+
+// Who connected on each gRPC connection (SO_PEERCRED at accept), by fd, for
+// the admin service's audit lines: gRPC names a connection handed over with
+// AddInsecureChannelFromFd only "fd:N". An fd's entry is replaced when the
+// number is accepted again.
+//
+// Thread-safety: thread-safe.
+class PeerBook {
+ public:
+  // Records the peer of connected Unix socket `fd` ("pid P uid U gid G").
+  void Record(int fd);
+  // The peer recorded for gRPC's peer text `grpc_peer` ("fd:N"), or "" when
+  // none is (another form of peer text, or an fd never recorded).
+  std::string Describe(std::string_view grpc_peer) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<int, std::string> by_fd_;  // GUARDED_BY(mu_)
 };
 
 // A listening Unix stream socket at `path` (which must not exist), chmod'ed to

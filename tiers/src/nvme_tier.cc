@@ -595,6 +595,21 @@ bool NvmeTier::Contains(const ChunkKey& key) const {
   return chunks_.Find(key) != ChunkIndex::kNone;
 }
 
+std::optional<NvmeChunkInfo> NvmeTier::Info(const ChunkKey& key) const {
+  std::lock_guard lock(mu_);
+  const uint32_t h = chunks_.Find(key);
+  if (h == ChunkIndex::kNone) return std::nullopt;
+  return NvmeChunkInfo{key, ns_[h], slot_bytes_[h], chunks_.Get(h).leases != 0};
+}
+
+void NvmeTier::VisitChunks(const std::function<bool(const NvmeChunkInfo&)>& f) const {
+  std::lock_guard lock(mu_);
+  bool more = true;
+  chunks_.ForEach([&](uint32_t h) {
+    if (more) more = f({chunks_.Get(h).key, ns_[h], slot_bytes_[h], chunks_.Get(h).leases != 0});
+  });
+}
+
 uint64_t NvmeTier::max_sequence() const {
   std::lock_guard lock(mu_);
   return max_sequence_;

@@ -11,14 +11,15 @@ namespace kvtier {
 SlotTier::SlotTier(uint64_t capacity_bytes, std::unique_ptr<EvictionPolicy> policy)
     : allocator_(capacity_bytes),
       policy_(policy ? std::move(policy) : NewLeafFirstLruPolicy()) {
-  // The most chunks the tier can hold: one per smallest slot. About 84 bytes
-  // of address space per 4 KiB of tier (1/49), resident only as chunks
+  // The most chunks the tier can hold: one per smallest slot. About 88 bytes
+  // of address space per 4 KiB of tier (1/47), resident only as chunks
   // arrive. Only an optimisation: where the address space is refused (a huge
   // tier, strict overcommit) the arrays grow as they used to.
   const size_t max_chunks = capacity_bytes / kSlotAlignment;
   try {
     index_.ReserveEntries(max_chunks);
     policy_->Reserve(max_chunks);
+    stored_s_.reserve(max_chunks);
   } catch (const std::bad_alloc&) {
   } catch (const std::length_error&) {
   }
@@ -164,6 +165,10 @@ uint32_t SlotTier::Insert(const ChunkKey& key, const ChunkKey& parent, const Chu
   e.ns_index = ns_index;
   if (parent_handle == SlotEntry::kNoParent) ns_roots_[ns_index] = ns_root;
   uint32_t handle = index_.Insert(e);
+  if (handle >= stored_s_.size()) stored_s_.resize(handle + 1);
+  stored_s_[handle] = static_cast<uint32_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - created_)
+          .count());
   if (parent_handle != ChunkIndex::kNone) ++index_.Get(parent_handle).resident_children;
   policy_->OnInsert(handle, ns_slot_bytes_[ns_index], key.lo);
   ++ns_chunks_[ns_index];
@@ -186,6 +191,12 @@ void SlotTier::Evict(uint32_t handle) {
   if (on_evict_) on_evict_(handle);
   Remove(handle);
   ++counters_.evictions;
+}
+
+uint64_t SlotTier::AgeSeconds(uint32_t handle) const {
+  const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+      std::chrono::steady_clock::now() - created_);
+  return static_cast<uint64_t>(now.count()) - stored_s_[handle];
 }
 
 void SlotTier::Remove(uint32_t handle) {

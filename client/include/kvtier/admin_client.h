@@ -132,6 +132,27 @@ struct TierEviction {
   uint64_t kept = 0;     // selected but pinned (leased, read or copied), or a pinned chunk's ancestor
 };
 
+// One cached chunk, as kvtierctl ls lists it.
+struct ChunkInfo {
+  ChunkKey key;
+  std::vector<std::string> tiers;  // "hbm", "dram", "nvme": where it is resident
+  uint64_t payload_bytes = 0;      // 0 when its namespace is not open in the daemon
+  uint64_t slot_bytes = 0;         // its slot image (header, payload, 4 KiB padding)
+  std::optional<uint64_t> age_s;   // seconds since it came into DRAM; none when only on NVMe
+  uint32_t hits = 0;               // DRAM hits while resident
+  bool pinned = false;             // a lease, read, copy or write holds it now
+};
+struct ChunkList {
+  std::vector<ChunkInfo> chunks;
+  uint64_t left_out = 0;  // chunks of the scope past the limit
+};
+
+// One setting of the daemon as it runs.
+struct DaemonSetting {
+  std::string key, value;
+  std::string source;  // "default", "flag", "config FILE:LINE: key" or "built-in"
+};
+
 class AdminClient {
  public:
   // Opens a channel to the daemon's socket (no RPC yet). `deadline` bounds
@@ -150,6 +171,13 @@ class AdminClient {
   // there), INTERNAL (the NVMe index refused, e.g. a full disk: nothing was
   // evicted), and those of every call.
   Result<std::vector<TierEviction>> Evict(const EvictScope& scope);
+  // The chunks of namespace `ns` (`tokens` empty), or of that prompt's prefix,
+  // at most `limit` (0: the daemon's cap, 100,000). Errors: INVALID_ARGUMENT,
+  // NOT_FOUND (an unknown namespace; tokens of a namespace not open there).
+  Result<ChunkList> ListChunks(const NamespaceId& ns, const std::vector<int32_t>& tokens,
+                               uint32_t limit);
+  // The daemon's effective configuration, in its order.
+  Result<std::vector<DaemonSetting>> Config();
 
  private:
   class Impl;

@@ -213,6 +213,15 @@ class CacheCore {
   // not open here, IO_ERROR when the NVMe index refuses (nothing removed).
   Status Evict(const core::EvictRequest& req, core::EvictResponse* resp);
 
+  // Admin listing (kvtierctl ls): the chunks of a namespace in any tier (no
+  // order; past req.limit, which ones are left out is arbitrary), or the
+  // chunks of a prompt's prefix found in any tier, in prompt order. Holds mu_
+  // while it scans. Errors: INVALID_ARGUMENT (namespace_id not 16 bytes, bad
+  // tokens, fewer than one chunk of them, limit above kMaxListedChunks),
+  // NOT_FOUND (no chunk of the namespace and it is not open; tokens of a
+  // namespace not open here).
+  Status ListChunks(const core::ListChunksRequest& req, core::ListChunksResponse* resp);
+
   core::StatsResponse Stats();
   // The latency histograms (Prometheus only; kvtierctl stats does not show them).
   core::Latencies ReadLatencies() const;

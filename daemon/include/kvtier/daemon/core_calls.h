@@ -134,6 +134,28 @@ struct EvictResponse {
   std::vector<TierEviction> tiers;
 };
 
+// kvtierctl ls: the chunks of a namespace, or of one prompt's prefix in it.
+struct ListChunksRequest {
+  std::string_view namespace_id;  // 16 bytes
+  std::string_view tokens;        // empty: every chunk of the namespace
+  uint32_t limit = 0;             // most chunks answered; 0: kMaxListedChunks
+};
+inline constexpr uint32_t kMaxListedChunks = 100000;
+struct ChunkListing {
+  ChunkKey key;
+  bool in_hbm = false, in_dram = false, in_nvme = false;
+  uint64_t payload_bytes = 0;  // 0 when the namespace is not open (its layout unknown)
+  uint64_t slot_bytes = 0;     // the slot image: header, payload, padding to 4 KiB
+  std::optional<uint64_t> age_s;  // since it came into DRAM (HBM for an HBM-only copy);
+                                  // none for a chunk only on NVMe
+  uint32_t hits = 0;              // DRAM hits while resident (saturating)
+  bool pinned = false;            // a lease, a read, a copy or a write pins it
+};
+struct ListChunksResponse {
+  std::vector<ChunkListing> chunks;
+  uint64_t left_out = 0;  // chunks of the scope not answered (past limit)
+};
+
 struct TierStats {
   std::string name;  // hbm, dram, nvme
   uint64_t capacity_bytes = 0;

@@ -22,6 +22,7 @@ Status Run(CacheCore& core, const v1::ReserveWriteRequest& req, v1::ReserveWrite
 Status Run(CacheCore& core, const v1::CommitWriteRequest& req, v1::CommitWriteResponse* resp);
 Status Run(CacheCore& core, const v1::AbortWriteRequest& req);
 Status Run(CacheCore& core, const v1::EvictRequest& req, v1::EvictResponse* resp);
+Status Run(CacheCore& core, const v1::ListChunksRequest& req, v1::ListChunksResponse* resp);
 void Run(CacheCore& core, v1::StatsResponse* resp);
 void Run(CacheCore& core, v1::NamespacesResponse* resp);
 

@@ -31,6 +31,7 @@ namespace kvtier {
 
 class KvCacheService;
 class AdminService;
+class PeerBook;
 class RingServer;
 class MetricsServer;
 
@@ -79,6 +80,7 @@ class Daemon {
   std::unique_ptr<CacheCore> core_;
   std::unique_ptr<RingServer> ring_server_;  // the control ring; stopped before core_ goes
   std::unique_ptr<KvCacheService> kv_service_;
+  std::unique_ptr<PeerBook> peer_book_;  // gRPC connections' peers, for the admin audit lines
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsServer> metrics_;  // nullptr when off

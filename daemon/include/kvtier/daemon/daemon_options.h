@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,8 @@ struct DaemonOptions {
   // key"), for errors found after parsing (kvtierd's start); a key not in it
   // came from its flag or its default.
   std::map<std::string, std::string> from_config;
+  // The keys whose flag was on the command line (flags win over the file).
+  std::set<std::string> from_flags;
 
   Status Validate() const;
   // For an error about setting `key` (a YAML key): "config FILE:LINE: key"
@@ -68,6 +71,17 @@ struct DaemonOptions {
 // "config <path>:<line>: dram_bytes"). The arena is not preallocated: one larger
 // than RAM would start, then meet the OOM killer as it fills.
 Status CheckDramFitsMemory(uint64_t dram_bytes, const std::string& where);
+
+// One setting of kvtierd as it runs (kvtierctl config).
+struct ConfigSetting {
+  std::string key;     // the YAML key
+  std::string value;   // as text: bytes and milliseconds in plain integers
+  std::string source;  // "default", "flag", "config FILE:LINE: key", or "built-in" (no flag)
+};
+// Every option after defaults, the config file and flags merged, in a fixed
+// order. No option is secret today (namespace salts come from clients and are
+// never kept here); a secret added later must be redacted here.
+std::vector<ConfigSetting> EffectiveConfig(const DaemonOptions& options);
 
 // Parses argv (and the YAML file named by --config). Returns the options, or
 // INVALID_ARGUMENT naming the bad flag, key or value. `exit_code` is set (and

@@ -59,6 +59,14 @@ struct NvmeTierCounters {
   uint64_t dropped_at_start = 0;  // records out of a device, misaligned, overlapping, unrooted
 };
 
+// One chunk of the tier, as an admin listing sees it.
+struct NvmeChunkInfo {
+  ChunkKey key;
+  NamespaceId ns;
+  uint64_t slot_bytes = 0;  // its slot image (header, payload, padding)
+  bool pinned = false;      // a read holds it
+};
+
 // One slot image to write: exactly the namespace's slot_bytes, 4 KiB aligned,
 // sealed with its payload checksum (SealPayloadChecksum).
 struct NvmeImage {
@@ -148,6 +156,11 @@ class NvmeTier {
   Status PersistAccessTimes();
 
   bool Contains(const ChunkKey& key) const;
+  // The chunk `key`, or nullopt when it is not here.
+  std::optional<NvmeChunkInfo> Info(const ChunkKey& key) const;
+  // Calls `f` for each chunk (no order), under the tier's lock, until it returns
+  // false. `f` must not call the tier.
+  void VisitChunks(const std::function<bool(const NvmeChunkInfo&)>& f) const;
   NvmeTierCounters counters() const;
   // Why the tier takes no more writes (its index failed a write, e.g. on a
   // full disk) until kvtierd restarts; empty while it does. Reads go on.

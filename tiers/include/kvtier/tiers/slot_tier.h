@@ -18,6 +18,7 @@
 // Thread-safety: not thread-safe; the daemon serializes calls with its mutex.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -81,6 +82,10 @@ class SlotTier {
     const SlotEntry& e = index_.Get(handle);
     return e.parent == SlotEntry::kNoParent ? ns_roots_[e.ns_index] : index_.Get(e.parent).key;
   }
+  // Seconds since chunk `handle` became resident here (committed, promoted or
+  // copied in), on the steady clock, whole seconds. Kept beside the index, 4
+  // bytes per handle (the index entry stays 48 bytes).
+  uint64_t AgeSeconds(uint32_t handle) const;
   // Marks a chunk as just used.
   void Touch(uint32_t handle) { policy_->OnAccess(handle); }
   // Counts a hit on the chunk; returns the new count (saturates).
@@ -157,6 +162,9 @@ class SlotTier {
   std::vector<ChunkKey> ns_roots_;  // per ns_index: the root its chunk 0s were inserted under
   SlotTierCounters counters_;
   uint64_t num_pinned_ = 0;
+  // Per handle: when it was inserted, in whole seconds from created_.
+  std::vector<uint32_t> stored_s_;
+  const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   EvictionListener on_evict_;
 };
 

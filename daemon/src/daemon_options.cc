@@ -285,7 +285,7 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
         expected = "write_through, write_back or selective";
         dst->nvme_write_policy = kv.second.as<std::string>();
       } else if (key == "dram_eviction" || key == "hbm_eviction" || key == "nvme_eviction") {
-        expected = "lru or s3fifo";
+        expected = "lru, s3fifo or arc";
         *dst->Eviction(key) = kv.second.as<std::string>();
       } else if (key == "selective_min_hits") {
         expected = "an integer";
@@ -396,7 +396,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
                                    std::tuple{"--nvme-eviction", &raw.nvme_eviction, "NVMe"}}) {
     app.add_option(flag, *value,
                    std::string("which chunk the ") + tier + " tier evicts when full: lru "
-                   "(leaf-first least recently used) or s3fifo (leaf-first S3-FIFO)")
+                   "(leaf-first least recently used), s3fifo (leaf-first S3-FIFO) or arc (leaf-first ARC)")
         ->capture_default_str();
   }
   app.add_option("--selective-min-hits", raw.selective_min_hits,

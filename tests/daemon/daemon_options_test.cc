@@ -485,8 +485,8 @@ TEST_F(DaemonOptionsTest, EachTierTakesItsEvictionPolicyByFlagOrConfig) {
   EXPECT_EQ(file->core.hbm.eviction, EvictionPolicyKind::kS3Fifo);
   EXPECT_EQ(file->core.dram_eviction, EvictionPolicyKind::kLru);
 
-  EXPECT_TRUE(Names(ErrorOf({"--dram-eviction", "arc"}),
-                    "--dram-eviction: eviction policy 'arc' is unknown (lru, s3fifo)"));
+  EXPECT_TRUE(Names(ErrorOf({"--dram-eviction", "clock"}),
+                    "--dram-eviction: eviction policy 'clock' is unknown (lru, s3fifo, arc)"));
   const std::string bad = WriteConfig("log_level: info\nnvme_eviction: LRU\n");
   EXPECT_TRUE(Names(ErrorOf({"--config", bad}),
                     "config " + bad + ":2: nvme_eviction: eviction policy 'LRU' is unknown"));

@@ -1,8 +1,8 @@
 // The leaf-first eviction policies: NewLeafFirstLruPolicy (least recently used
-// first) and NewS3FifoPolicy, within a size class, among the chunks the tier
-// judges evictable; chunks that cannot go are set aside. The behaviour both
-// share runs on both (on these small cases S3-FIFO's order is the LRU's:
-// worked by hand in each); S3-FIFO's own at the end.
+// first), NewS3FifoPolicy and NewArcPolicy, within a size class, among the
+// chunks the tier judges evictable; chunks that cannot go are set aside. The
+// behaviour all share runs on each (on these small cases S3-FIFO's and ARC's
+// orders are the LRU's: worked by hand for each); their own at the end.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -44,7 +44,8 @@ class LeafFirstPolicy : public ::testing::TestWithParam<EvictionPolicyKind> {
 };
 
 INSTANTIATE_TEST_SUITE_P(Policies, LeafFirstPolicy,
-                         ::testing::Values(EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo),
+                         ::testing::Values(EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo,
+                                           EvictionPolicyKind::kArc),
                          [](const auto& info) { return EvictionPolicyName(info.param); });
 
 TEST_P(LeafFirstPolicy, EmptyPolicyHasNoVictim) {
@@ -198,9 +199,11 @@ TEST_P(LeafFirstPolicy, SingleHandleRemoveAndReinsert) {
 
 // A chunk hit once outlives a run of chunks never hit after it: LRU drops it
 // first (its hit came before they arrived); S3-FIFO moved it to main at its
-// hit, so the small queue's unhit ones go first.
+// hit, so the small queue's unhit ones go first; ARC moved it to T2, and T1
+// (over its target of 0) gives the victims first.
 TEST(S3Fifo, AChunkHitOnceOutlivesAScanOfNewChunks) {
-  for (const EvictionPolicyKind kind : {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo}) {
+  for (const EvictionPolicyKind kind :
+       {EvictionPolicyKind::kLru, EvictionPolicyKind::kS3Fifo, EvictionPolicyKind::kArc}) {
     auto p = NewEvictionPolicy(kind);
     p->OnInsert(0, kClass, 1000);
     p->OnAccess(0);
@@ -243,6 +246,20 @@ TEST(S3Fifo, MainGivesAChunkARoundPerHit) {
   p->OnAccess(1);                              // 1: 1 hit
   // Main from tail: 0 (3) round, 1 (1) round, 0 (2) round, 1 (0) goes; then 0.
   EXPECT_EQ(Drain(*p), (std::vector<uint32_t>{1, 0}));
+}
+
+// A chunk back from B1 (it left T1 too soon) raises T1's target to 1 and
+// enters T2. With 3 in T1 and 0 in T2: T1 gives victims while over 1 (1, 2),
+// then T2 (0), then 3. Without the adaptation (target 0) T1 would empty first:
+// 1, 2, 3, 0.
+TEST(Arc, AChunkBackFromItsGhostRaisesTheTargetOfT1) {
+  auto p = NewArcPolicy();
+  for (uint32_t h = 0; h < 3; ++h) p->OnInsert(h, kClass, 1000 + h);
+  ASSERT_EQ(Pick(*p), std::optional<uint32_t>(0));
+  p->OnRemove(0);                 // fingerprint 1000 into B1
+  p->OnInsert(0, kClass, 1000);   // back: T2, target 1
+  p->OnInsert(3, kClass, 1003);
+  EXPECT_EQ(Drain(*p), (std::vector<uint32_t>{1, 2, 0, 3}));
 }
 
 }  // namespace

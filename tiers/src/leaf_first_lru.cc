@@ -134,16 +134,27 @@ std::unique_ptr<EvictionPolicy> NewLeafFirstLruPolicy() { return std::make_uniqu
 Result<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name) {
   if (name == "lru") return EvictionPolicyKind::kLru;
   if (name == "s3fifo") return EvictionPolicyKind::kS3Fifo;
+  if (name == "arc") return EvictionPolicyKind::kArc;
   return Status::InvalidArgument("eviction policy '" + std::string(name) +
-                                 "' is unknown (lru, s3fifo)");
+                                 "' is unknown (lru, s3fifo, arc)");
 }
 
 const char* EvictionPolicyName(EvictionPolicyKind kind) {
-  return kind == EvictionPolicyKind::kS3Fifo ? "s3fifo" : "lru";
+  switch (kind) {
+    case EvictionPolicyKind::kS3Fifo: return "s3fifo";
+    case EvictionPolicyKind::kArc: return "arc";
+    case EvictionPolicyKind::kLru: break;
+  }
+  return "lru";
 }
 
 std::unique_ptr<EvictionPolicy> NewEvictionPolicy(EvictionPolicyKind kind) {
-  return kind == EvictionPolicyKind::kS3Fifo ? NewS3FifoPolicy() : NewLeafFirstLruPolicy();
+  switch (kind) {
+    case EvictionPolicyKind::kS3Fifo: return NewS3FifoPolicy();
+    case EvictionPolicyKind::kArc: return NewArcPolicy();
+    case EvictionPolicyKind::kLru: break;
+  }
+  return NewLeafFirstLruPolicy();
 }
 
 }  // namespace kvtier

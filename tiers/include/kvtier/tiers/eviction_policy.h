@@ -73,9 +73,15 @@ std::unique_ptr<EvictionPolicy> NewLeafFirstLruPolicy();
 // once. Memory: about 40 bytes per ghost entry beyond the LRU's node.
 std::unique_ptr<EvictionPolicy> NewS3FifoPolicy();
 
+// ARC (Megiddo and Modha, FAST 2003), leaf-first in the same way: chunks seen
+// once (T1) and chunks hit again (T2), each with a ghost list of fingerprints
+// of those that left; a chunk back from a ghost list moves T1's target size
+// toward the list that lost it. Memory: as S3-FIFO's, two ghosts.
+std::unique_ptr<EvictionPolicy> NewArcPolicy();
+
 // The policies a tier can run (kvtierd --dram-eviction and the like).
-enum class EvictionPolicyKind { kLru, kS3Fifo };
-// "lru" or "s3fifo"; an error names the value and the choices.
+enum class EvictionPolicyKind { kLru, kS3Fifo, kArc };
+// "lru", "s3fifo" or "arc"; an error names the value and the choices.
 Result<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name);
 const char* EvictionPolicyName(EvictionPolicyKind kind);
 std::unique_ptr<EvictionPolicy> NewEvictionPolicy(EvictionPolicyKind kind);

@@ -130,15 +130,14 @@ install(TARGETS ${_kvtier_programs} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} 
 add_custom_target(kvtier_installed DEPENDS ${_kvtier_programs} kvtier_sdk)
 # The unit's Documentation= names it.
 install(FILES ${CMAKE_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT daemon)
-# lib/systemd/system under the prefix: /usr/lib/systemd/system in the .deb, which systemd
-# reads on every distribution (Debian's /lib is /usr/lib since bookworm's merged /usr).
-install(FILES ${CMAKE_SOURCE_DIR}/packaging/systemd/kvtierd.service
-        DESTINATION lib/systemd/system COMPONENT daemon)
 # The sample config goes to PREFIX/etc/kvtier, or to /etc/kvtier when PREFIX is /usr (the
 # rule GNUInstallDirs applies at configure time, applied here at install time since
 # --prefix may change it then); an absolute CMAKE_INSTALL_SYSCONFDIR wins. A file already
 # there is an operator's config: `make install` keeps it (the .deb marks it a conffile).
 install(CODE "set(_kvtier_sample \"${CMAKE_SOURCE_DIR}/packaging/kvtierd.yaml\")
+  set(_kvtier_unit \"${CMAKE_SOURCE_DIR}/packaging/systemd/kvtierd.service\")
+  set(_kvtier_unit_out \"${CMAKE_BINARY_DIR}/install/kvtierd.service\")
+  set(_kvtier_bindir \"${CMAKE_INSTALL_BINDIR}\")
   set(_kvtier_sysconf \"${CMAKE_INSTALL_SYSCONFDIR}\")" COMPONENT daemon)
 install(CODE [[
   if(IS_ABSOLUTE "${_kvtier_sysconf}")
@@ -154,4 +153,17 @@ install(CODE [[
   else()
     file(INSTALL DESTINATION "${_kvtier_etc}" TYPE FILE FILES "${_kvtier_sample}")
   endif()
+  # The unit, in lib/systemd/system under the prefix (/usr/lib/systemd/system in the .deb,
+  # which systemd reads on every distribution), with ExecStart naming this install's
+  # kvtierd and config: the source says /usr/bin and /etc/kvtier.
+  file(READ "${_kvtier_unit}" _unit)
+  string(REPLACE "ExecStart=/usr/bin/kvtierd --config /etc/kvtier/kvtierd.yaml"
+         "ExecStart=${CMAKE_INSTALL_PREFIX}/${_kvtier_bindir}/kvtierd --config ${_kvtier_etc}/kvtierd.yaml"
+         _installed "${_unit}")
+  if(_installed STREQUAL _unit AND NOT CMAKE_INSTALL_PREFIX MATCHES "^/usr/?$")
+    message(FATAL_ERROR "${_kvtier_unit}: its ExecStart line is not the one install.cmake rewrites")
+  endif()
+  file(WRITE "${_kvtier_unit_out}" "${_installed}")
+  file(INSTALL DESTINATION "${CMAKE_INSTALL_PREFIX}/lib/systemd/system" TYPE FILE
+       FILES "${_kvtier_unit_out}")
 ]] COMPONENT daemon)

@@ -132,8 +132,10 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   d->arena_thread_ = std::thread([p = d.get()] { p->AcceptLoop(); });
   d->sweep_thread_ = std::thread([p = d.get()] { p->SweepLoop(); });
   if (d->core_->nvme_enabled()) d->nvme_thread_ = std::thread([p = d.get()] { p->NvmeLoop(); });
-  spdlog::info("kvtierd serving on {} (DRAM arena {} bytes, epoch {:016x}; control rings on {})",
-               options.socket_path, options.core.dram_bytes, d->core_->epoch(),
+  spdlog::info("kvtierd serving on {} (DRAM arena {} bytes, {} eviction, epoch {:016x}; control "
+               "rings on {})",
+               options.socket_path, options.core.dram_bytes,
+               EvictionPolicyName(options.core.dram_eviction), d->core_->epoch(),
                RingSocketPath(options.socket_path));
   d->started_ = true;
   return d;

@@ -45,6 +45,9 @@ for f in usr/bin/kvtierd usr/bin/kvtierctl usr/bin/kvtier-replay usr/bin/kvtier-
   [ -e "$root/$f" ] || fail "/$f is not in the package"
 done
 ls "$root"/usr/lib/libkvtier.so.* > /dev/null 2>&1 || fail "no libkvtier.so.* in the package"
+grep -qx "ExecStart=/usr/bin/kvtierd --config /etc/kvtier/kvtierd.yaml" \
+  "$root/usr/lib/systemd/system/kvtierd.service" || fail "the unit's ExecStart is not /usr/bin/kvtierd"
+
 # Nothing outside /usr and /etc (no /usr/local, no build paths).
 extra=$(cd "$root" && find . -mindepth 1 -maxdepth 1 ! -name usr ! -name etc)
 [ -z "$extra" ] || fail "the package installs outside /usr and /etc: $extra"

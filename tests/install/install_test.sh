@@ -47,6 +47,11 @@ done
 soname=$(readelf -d "$libdir/libkvtier.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 [ "$soname" = "libkvtier.so.${version%.*}" ] || fail "soname is '$soname', not libkvtier.so.${version%.*}"
 [ -e "$libdir/$soname" ] || fail "$soname is not installed"
+# The unit starts this install's kvtierd on this install's config (it said /usr/bin and
+# /etc/kvtier under any prefix: a fresh-user trial's systemctl start failed).
+grep -qx "ExecStart=$prefix/bin/kvtierd --config $prefix/etc/kvtier/kvtierd.yaml" \
+  "$prefix/lib/systemd/system/kvtierd.service" ||
+  fail "the installed unit's ExecStart is not $prefix/bin/kvtierd --config $prefix/etc/kvtier/kvtierd.yaml"
 # No path of the build or source tree may leak into what a consumer reads.
 if grep -rl -e "$build_dir" -e "$(cd "$here/../.." && pwd)/" "$libdir/cmake" "$libdir/pkgconfig" \
      "$prefix/include" 2>/dev/null; then

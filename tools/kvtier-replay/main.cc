@@ -155,8 +155,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   std::vector<std::string> kvtierd_args;
   app.add_option("--kvtierd-arg", kvtierd_args,
-                 "with --sweep: a flag for each kvtierd, repeatable (--kvtierd-arg=--dram-eviction "
-                 "--kvtierd-arg=s3fifo); not the sizes, which the sweep gives")
+                 "with --sweep: one more argument for each kvtierd, repeatable, in the = form "
+                 "(--kvtierd-arg=--dram-eviction --kvtierd-arg=s3fifo); not --socket, "
+                 "--dram-bytes, --nvme-bytes, --nvme-path or --metrics-address, which the sweep "
+                 "gives")
       ->needs(sweep_opt)
       ->allow_extra_args(false);
   app.add_option("--nvme-dir", nvme_dir,

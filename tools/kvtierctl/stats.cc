@@ -109,9 +109,9 @@ void PrintStats(const DaemonStats& s) {
       static_cast<unsigned long long>(s.prefetched_chunks),
       static_cast<unsigned long long>(s.session_limited));
   const PrefetchOutcomes& p = s.prefetches;
-  std::printf("prefetches: used %llu (%llu before their promotion finished), expired %llu, "
-              "session ended %llu, nothing cached %llu, over budget %llu\n",
-              static_cast<unsigned long long>(p.used + p.used_early),
+  std::printf("prefetches: used %llu, used early %llu (before their promotion finished), "
+              "expired %llu, session ended %llu, nothing cached %llu, over budget %llu\n",
+              static_cast<unsigned long long>(p.used),
               static_cast<unsigned long long>(p.used_early),
               static_cast<unsigned long long>(p.expired),
               static_cast<unsigned long long>(p.session_ended),

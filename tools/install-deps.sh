@@ -25,7 +25,7 @@ PACKAGES=(
   gnuplot-nox  # kvtier-replay --sweep draws its plot (tools/plot-sweep.gp)
   dpkg-dev file systemd  # make deb (dpkg-shlibdeps, which CPack runs with file); systemd-analyze
   zsh  # kvtierctl completion zsh is checked with zsh -n
-  redis-server libhiredis-dev  # kvtier-bench peers
+  redis-server libhiredis-dev  # the remote tier (RedisCluster), its tests, kvtier-bench peers
   python3 python3-dev python3-venv
   clang libclang-rt-14-dev llvm-14  # libFuzzer and llvm-symbolizer (make fuzz, fuzz-smoke)
 )

@@ -3,8 +3,10 @@
 // byte values under opaque keys; what they mean is the remote tier's.
 //
 // Cluster mode: the slot map comes from CLUSTER SLOTS on any reachable node
-// (refreshed after a MOVED, a connection failure, and at most every
-// topology_refresh otherwise). A key's slot is CRC16(key or its {hash tag})
+// (the known masters first, then the seeds and the other nodes seen); it is
+// asked again after a MOVED, a connection failure or a CLUSTERDOWN answer, at
+// most once per topology_refresh (a MOVED also moves its one slot in the map
+// at once). A key's slot is CRC16(key or its {hash tag})
 // mod 16384. A MOVED answer updates the map and retries at the new owner; an
 // ASK answer retries once at the node named, after ASKING; at most
 // max_redirects of either per key. Single-server mode: a seed whose CLUSTER
@@ -52,7 +54,7 @@ struct RedisClusterOptions {
   std::vector<RedisEndpoint> seeds;  // at least one
   // Connections kept per node. Range 1..256. Default: 4.
   uint32_t pool_size = 4;
-  // TCP connect timeout. Default: 50 ms.
+  // TCP connect timeout (resolving a host name is not bounded by it). Default: 50 ms.
   std::chrono::milliseconds connect_timeout{50};
   // Longest wait for one node's answers to a pipelined batch. Default: 100 ms.
   std::chrono::milliseconds io_timeout{100};
@@ -75,8 +77,9 @@ class RedisCluster {
   RedisCluster& operator=(const RedisCluster&) = delete;
 
   // One GET: `dst` receives the value. result: OK (bytes = its size), NOT_FOUND
-  // (no such key), DATA_LOSS (the value is longer than dst; nothing written
-  // past dst), UNAVAILABLE (node down, timeout, too many redirects, an error answer).
+  // (no such key), DATA_LOSS (the value is longer than dst: bytes = its size,
+  // nothing written to dst), UNAVAILABLE (node down, timeout, too many
+  // redirects, an error answer or one of the wrong type).
   struct Get {
     std::string_view key;
     std::span<std::byte> dst;

@@ -1,0 +1,196 @@
+#include "redis_node.h"
+
+#include <sys/time.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <utility>
+
+namespace kvtier::redis {
+namespace {
+
+timeval ToTimeval(std::chrono::microseconds d) {
+  if (d < std::chrono::milliseconds(1)) d = std::chrono::milliseconds(1);
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(d.count() / 1000000);
+  tv.tv_usec = static_cast<suseconds_t>(d.count() % 1000000);
+  return tv;
+}
+
+std::string Escaped(const char* s, size_t len) {
+  constexpr size_t kMax = 64;
+  std::string out;
+  for (size_t i = 0; i < len && i < kMax; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+    }
+  }
+  if (len > kMax) out += "...";
+  return out;
+}
+
+}  // namespace
+
+std::string DescribeReply(const redisReply& r) {
+  const size_t len = r.str != nullptr ? r.len : 0;
+  switch (r.type) {
+    case REDIS_REPLY_STRING:
+      return "string '" + Escaped(r.str, len) + "'";
+    case REDIS_REPLY_STATUS:
+      return "status '" + Escaped(r.str, len) + "'";
+    case REDIS_REPLY_ERROR:
+      return "error '" + Escaped(r.str, len) + "'";
+    case REDIS_REPLY_INTEGER:
+      return "integer " + std::to_string(r.integer);
+    case REDIS_REPLY_ARRAY:
+      return "array of " + std::to_string(r.elements);
+    case REDIS_REPLY_NIL:
+      return "nil";
+    default:
+      return "answer of type " + std::to_string(r.type);
+  }
+}
+
+RedisConnection::RedisConnection(RedisConnection&& other) noexcept
+    : node_(std::exchange(other.node_, nullptr)),
+      ctx_(std::exchange(other.ctx_, nullptr)),
+      broken_(other.broken_) {}
+
+RedisConnection& RedisConnection::operator=(RedisConnection&& other) noexcept {
+  if (this != &other) {
+    if (ctx_ != nullptr) node_->Return(ctx_, broken_);
+    node_ = std::exchange(other.node_, nullptr);
+    ctx_ = std::exchange(other.ctx_, nullptr);
+    broken_ = other.broken_;
+  }
+  return *this;
+}
+
+RedisConnection::~RedisConnection() {
+  if (ctx_ != nullptr) node_->Return(ctx_, broken_);
+}
+
+void RedisConnection::Append(int argc, const char* const* argv, const size_t* argv_len) {
+  // hiredis only reads argv (its parameter predates const-correctness).
+  if (redisAppendCommandArgv(ctx_, argc, const_cast<const char**>(argv), argv_len) != REDIS_OK) {
+    broken_ = true;
+  }
+}
+
+Status RedisConnection::ReadReply(Clock::time_point deadline, Reply* reply, bool* timed_out) {
+  *timed_out = false;
+  reply->reset();
+  if (broken_) {
+    return Status::Unavailable(node_->name() + ": the connection broke: " + ctx_->errstr);
+  }
+  void* r = nullptr;
+  // An answer already read (pipelined) needs no system call and no timeout.
+  if (redisGetReplyFromReader(ctx_, &r) == REDIS_OK && r == nullptr) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
+    redisSetTimeout(ctx_, ToTimeval(left));
+    errno = 0;
+    if (redisGetReply(ctx_, &r) != REDIS_OK) r = nullptr;
+  }
+  if (r != nullptr) {
+    reply->reset(static_cast<redisReply*>(r));
+    return Status::Ok();
+  }
+  broken_ = true;
+  const int err = errno;
+  if (ctx_->err == REDIS_ERR_IO && (err == EAGAIN || err == EWOULDBLOCK)) {
+    *timed_out = true;
+    return Status::Unavailable(node_->name() + ": no answer within io_timeout (" +
+                               std::to_string(node_->options().io_timeout.count()) + " ms)");
+  }
+  if (ctx_->err == 0) return Status::Unavailable(node_->name() + ": no answer");
+  const char* what = ctx_->err == REDIS_ERR_EOF        ? "connection closed by the server"
+                     : ctx_->err == REDIS_ERR_PROTOCOL ? "protocol error"
+                                                       : "I/O error";
+  return Status::Unavailable(node_->name() + ": " + what + ": " + ctx_->errstr);
+}
+
+RedisNode::RedisNode(RedisEndpoint endpoint, const RedisNodeOptions& options,
+                     AtomicCounters* counters)
+    : endpoint_(std::move(endpoint)),
+      name_(endpoint_.ToString()),
+      options_(options),
+      counters_(counters) {}
+
+RedisNode::~RedisNode() { DropIdle(); }
+
+Result<RedisConnection> RedisNode::Borrow() {
+  {
+    std::unique_lock lock(mu_);
+    while (idle_.empty() && num_open_ >= options_.pool_size) returned_.wait(lock);
+    if (!idle_.empty()) {
+      redisContext* ctx = idle_.back();
+      idle_.pop_back();
+      return RedisConnection(this, ctx);
+    }
+    if (failed_ && Clock::now() - failed_at_ < options_.reconnect_backoff) {
+      return Status::Unavailable(name_ + ": not reconnecting within reconnect_backoff (" +
+                                 std::to_string(options_.reconnect_backoff.count()) +
+                                 " ms) of a failed connect: " + last_error_);
+    }
+    ++num_open_;
+  }
+  return Connect();
+}
+
+Result<RedisConnection> RedisNode::Connect() {
+  const timeval connect_tv = ToTimeval(options_.connect_timeout);
+  redisContext* ctx =
+      redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, connect_tv);
+  if (ctx != nullptr && ctx->err == 0 &&
+      redisSetTimeout(ctx, ToTimeval(options_.io_timeout)) == REDIS_OK) {
+    counters_->connects.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard lock(mu_);
+    failed_ = false;
+    return RedisConnection(this, ctx);
+  }
+  std::string why = ctx == nullptr ? "out of memory" : ctx->errstr;
+  if (ctx != nullptr) redisFree(ctx);
+  counters_->connect_failures.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(mu_);
+    --num_open_;
+    failed_ = true;
+    failed_at_ = Clock::now();
+    last_error_ = why;
+  }
+  returned_.notify_one();
+  return Status::Unavailable(name_ + ": connect failed: " + why);
+}
+
+void RedisNode::Return(redisContext* ctx, bool broken) {
+  {
+    std::lock_guard lock(mu_);
+    if (broken || ctx->err != 0) {
+      --num_open_;
+    } else {
+      idle_.push_back(ctx);
+      ctx = nullptr;
+    }
+  }
+  if (ctx != nullptr) redisFree(ctx);
+  returned_.notify_one();
+}
+
+void RedisNode::DropIdle() {
+  std::vector<redisContext*> idle;
+  {
+    std::lock_guard lock(mu_);
+    idle.swap(idle_);
+    num_open_ -= static_cast<uint32_t>(idle.size());
+  }
+  for (redisContext* ctx : idle) redisFree(ctx);
+  returned_.notify_all();
+}
+
+}  // namespace kvtier::redis

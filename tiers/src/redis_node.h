@@ -1,0 +1,124 @@
+// RedisNode: one Redis server's pool of hiredis connections, private to
+// RedisCluster (redis_cluster.cc). Also the reply helpers both use.
+//
+// A connection is lent as a RedisConnection (RAII): it goes back to the pool
+// when destroyed, or is closed when it broke (an I/O error, a timeout, a
+// protocol error), since a broken connection may still hold unread answers.
+//
+// Thread-safety: RedisNode is thread-safe. A RedisConnection belongs to the
+// thread that borrowed it. Every RedisConnection must be destroyed before its
+// RedisNode.
+#pragma once
+
+#include <hiredis/hiredis.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kvtier/status.h"
+#include "kvtier/tiers/redis_cluster.h"
+
+namespace kvtier::redis {
+
+using Clock = std::chrono::steady_clock;
+
+struct ReplyFree {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyFree>;
+
+// RedisCluster::Counters, shared by the cluster and its nodes.
+struct AtomicCounters {
+  std::atomic<uint64_t> moved{0};
+  std::atomic<uint64_t> ask{0};
+  std::atomic<uint64_t> topology_refreshes{0};
+  std::atomic<uint64_t> connects{0};
+  std::atomic<uint64_t> connect_failures{0};
+  std::atomic<uint64_t> timeouts{0};
+  std::atomic<uint64_t> errors{0};
+};
+
+// "string 'abc'", "integer 3", "array of 2", "nil", "error 'ERR x'": for
+// messages; content cut at 64 bytes, bytes outside printable ASCII escaped.
+std::string DescribeReply(const redisReply& reply);
+
+class RedisNode;
+
+class RedisConnection {
+ public:
+  RedisConnection() = default;
+  RedisConnection(RedisNode* node, redisContext* ctx) : node_(node), ctx_(ctx) {}
+  RedisConnection(RedisConnection&& other) noexcept;
+  RedisConnection& operator=(RedisConnection&& other) noexcept;
+  ~RedisConnection();  // back to the pool, or closed when broken
+
+  // Queues one command (binary-safe arguments); sent by the next ReadReply.
+  // REQUIRES: argc >= 1.
+  void Append(int argc, const char* const* argv, const size_t* argv_len);
+  // Sends what is queued and reads the next answer, waiting until `deadline`
+  // at most. Error answers (REDIS_REPLY_ERROR) are OK here, in *reply. Errors:
+  // UNAVAILABLE naming the node and the cause ("no answer within io_timeout"
+  // sets *timed_out); the connection is then broken.
+  Status ReadReply(Clock::time_point deadline, Reply* reply, bool* timed_out);
+
+ private:
+  RedisNode* node_ = nullptr;
+  redisContext* ctx_ = nullptr;
+  bool broken_ = false;
+};
+
+struct RedisNodeOptions {
+  uint32_t pool_size = 4;
+  std::chrono::milliseconds connect_timeout{50};
+  std::chrono::milliseconds io_timeout{100};
+  std::chrono::milliseconds reconnect_backoff{200};
+};
+
+class RedisNode {
+ public:
+  // `counters` must outlive the node.
+  RedisNode(RedisEndpoint endpoint, const RedisNodeOptions& options, AtomicCounters* counters);
+  ~RedisNode();  // closes the idle connections; REQUIRES: none lent
+  RedisNode(const RedisNode&) = delete;
+  RedisNode& operator=(const RedisNode&) = delete;
+
+  const RedisEndpoint& endpoint() const { return endpoint_; }
+  const std::string& name() const { return name_; }  // endpoint().ToString()
+  const RedisNodeOptions& options() const { return options_; }
+
+  // Lends an idle connection, or connects a new one (connect_timeout) when
+  // fewer than pool_size are open; waits while all are lent. Errors:
+  // UNAVAILABLE when connecting fails, or when it failed less than
+  // reconnect_backoff ago (then nothing is tried).
+  Result<RedisConnection> Borrow();
+  // Closes the idle connections: after one broke, the others most likely
+  // lead to a dead or restarted server too.
+  void DropIdle();
+
+ private:
+  friend class RedisConnection;
+  // Takes a lent connection back (closes it when `broken`).
+  void Return(redisContext* ctx, bool broken);
+  Result<RedisConnection> Connect();
+
+  const RedisEndpoint endpoint_;
+  const std::string name_;
+  const RedisNodeOptions options_;
+  AtomicCounters* const counters_;
+
+  std::mutex mu_;
+  std::condition_variable returned_;
+  std::vector<redisContext*> idle_;  // REQUIRES: mu_ held
+  uint32_t num_open_ = 0;            // idle, lent and connecting; REQUIRES: mu_ held
+  bool failed_ = false;              // the last connect failed; REQUIRES: mu_ held
+  Clock::time_point failed_at_;      // REQUIRES: mu_ held
+  std::string last_error_;           // REQUIRES: mu_ held
+};
+
+}  // namespace kvtier::redis

@@ -186,7 +186,7 @@ Status RedisServers::StartNode(size_t i) {
       if (n.port == 0 || n.cluster_port == 0 || n.port == n.cluster_port) continue;
     }
     std::vector<std::string> argv = {
-        RedisServerPath(), "--port", std::to_string(n.port), "--bind", "127.0.0.1",
+        RedisServerPath(), "--port", std::to_string(n.port), "--bind", ipv6_ ? "127.0.0.1 ::1" : "127.0.0.1",
         "--dir", n.dir.path(), "--save", "", "--appendonly", "no", "--daemonize", "no",
         "--logfile", n.dir.Sub("redis.log")};
     if (cluster_) {
@@ -218,8 +218,9 @@ Status RedisServers::StartNode(size_t i) {
   return Status::Internal(last_error);
 }
 
-Result<std::unique_ptr<RedisServers>> RedisServers::StartSingle() {
+Result<std::unique_ptr<RedisServers>> RedisServers::StartSingle(bool ipv6) {
   std::unique_ptr<RedisServers> s(new RedisServers(false));
+  s->ipv6_ = ipv6;
   s->nodes_.push_back(std::make_unique<Node>());
   if (Status st = s->StartNode(0); !st.ok()) return st;
   return s;

@@ -63,8 +63,9 @@ class RedisServers {
     std::chrono::milliseconds start_timeout{30000};
   };
 
-  // One plain server (cluster support disabled), PING-ready.
-  static Result<std::unique_ptr<RedisServers>> StartSingle();
+  // One plain server (cluster support disabled), PING-ready. With `ipv6` it
+  // also listens on ::1 (fails where the host has no IPv6 loopback).
+  static Result<std::unique_ptr<RedisServers>> StartSingle(bool ipv6 = false);
   // A cluster, formed and healthy (WaitForClusterOk). Node indexes: masters
   // 0..num_masters-1, then the replicas, master m's r-th replica at
   // num_masters + m * replicas_per_master + r.
@@ -140,6 +141,7 @@ class RedisServers {
   Result<size_t> AnyRunning() const;
 
   bool cluster_;
+  bool ipv6_ = false;
   std::chrono::milliseconds node_timeout_{1000};
   std::vector<std::unique_ptr<Node>> nodes_;
 };

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -328,6 +329,203 @@ TEST(RedisSingleServer, ServesEveryKeyWithoutCluster) {
   client->ExistsMany({&e, 1});
   EXPECT_TRUE(d.result.ok() && e.result.ok());
   EXPECT_FALSE(e.found);
+}
+
+
+// Keys named prefix/0..n-1 with random values of `bytes` each.
+void MakeKeys(const std::string& prefix, int n, size_t bytes, std::vector<std::string>* keys,
+              std::vector<Bytes>* values) {
+  for (int i = 0; i < n; ++i) {
+    keys->push_back(prefix + "/" + std::to_string(i));
+    values->push_back(RandomBytes(bytes, static_cast<uint32_t>(std::hash<std::string>()(keys->back()))));
+  }
+}
+
+TEST(RedisSingleServer, ReachesAnIpv6Address) {
+  auto s = RedisServers::StartSingle(/*ipv6=*/true);
+  if (!s.ok()) GTEST_SKIP() << "no redis-server on ::1: " << s.status().ToString();
+  auto seeds = ParseRedisUrl("redis://[::1]:" + std::to_string((*s)->port(0)));
+  ASSERT_TRUE(seeds.ok()) << seeds.status().ToString();
+  RedisClusterOptions o = OptionsFor(**s);
+  o.seeds = *seeds;
+  auto client = MakeClient(o);
+  ASSERT_NE(client, nullptr);
+  const std::vector<std::string> keys = {"v6/a"};
+  const std::vector<Bytes> values = {RandomBytes(100, 6)};
+  SetAll(*client, keys, values);
+  ExpectAllRead(*client, keys, values);
+  ASSERT_EQ(client->Masters().size(), 1u);
+  EXPECT_EQ(client->Masters()[0].ToString(), "[::1]:" + std::to_string((*s)->port(0)));
+}
+
+TEST(RedisClusterMigration, KeysOfAMigratingSlotReadThroughAskThenMoved) {
+  RedisServers::ClusterOptions co;
+  co.replicas_per_master = 0;
+  auto s = RedisServers::StartCluster(co);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  RedisServers& servers = **s;
+  auto client = MakeClient(OptionsFor(servers));
+  ASSERT_NE(client, nullptr);
+  // Keys in one slot (hash tag), and keys elsewhere.
+  std::vector<std::string> keys;
+  std::vector<Bytes> values;
+  MakeKeys("{mig}", 10, 4096, &keys, &values);
+  MakeKeys("other", 10, 4096, &keys, &values);
+  SetAll(*client, keys, values);
+  auto slot = servers.KeySlot("{mig}");
+  ASSERT_TRUE(slot.ok());
+  auto from = servers.MasterOfSlot(*slot);
+  ASSERT_TRUE(from.ok());
+  const size_t to = (*from + 1) % 3;
+
+  ASSERT_TRUE(servers.BeginSlotMigration(*slot, *from, to).ok());
+  const auto before = client->counters();
+  ExpectAllRead(*client, keys, values);
+  // A new key in the migrating slot goes to the importing node through ASK too.
+  std::vector<std::string> added = {"{mig}/new"};
+  std::vector<Bytes> added_values = {RandomBytes(777, 9)};
+  SetAll(*client, added, added_values);
+  const auto asked = client->counters();
+  EXPECT_GE(asked.ask - before.ask, 11u) << "10 GETs, then the SET, each once";
+  EXPECT_EQ(asked.moved, before.moved);
+
+  ASSERT_TRUE(servers.FinishSlotMigration(*slot, *from, to).ok());
+  auto on_target = servers.Run(to, {"EXISTS", "{mig}/new"});
+  ASSERT_TRUE(on_target.ok());
+  EXPECT_EQ(on_target->integer, 1) << "the SET went to the importing node: "
+                                   << on_target->ToString();
+  ExpectAllRead(*client, keys, values);
+  ExpectAllRead(*client, added, added_values);
+  const auto moved = client->counters();
+  EXPECT_GE(moved.moved - asked.moved, 1u);
+  EXPECT_EQ(moved.ask, asked.ask);
+  // The map now says where the slot is: no more redirects.
+  ExpectAllRead(*client, keys, values);
+  EXPECT_EQ(client->counters().moved, moved.moved);
+  EXPECT_EQ(client->counters().errors, 0u);
+}
+
+TEST(RedisClusterFailover, KilledMasterIsUnavailableThenItsReplicaServes) {
+  auto s = RedisServers::StartCluster({});
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  RedisServers& servers = **s;
+  RedisClusterOptions o = OptionsFor(servers);
+  o.io_timeout = milliseconds(500);
+  o.connect_timeout = milliseconds(100);
+  auto client = MakeClient(o);
+  ASSERT_NE(client, nullptr);
+  std::vector<std::string> keys;
+  std::vector<Bytes> values;
+  MakeKeys("fo", 30, 64 << 10, &keys, &values);
+  SetAll(*client, keys, values);
+  ASSERT_TRUE(servers.WaitForReplicas(std::chrono::seconds(5)).ok());
+  auto victim = servers.MasterOfSlot(RedisCluster::KeySlot(keys[0]));
+  ASSERT_TRUE(victim.ok());
+  std::vector<bool> on_victim;
+  for (const auto& k : keys) {
+    auto m = servers.MasterOfSlot(RedisCluster::KeySlot(k));
+    ASSERT_TRUE(m.ok());
+    on_victim.push_back(*m == *victim);
+  }
+  servers.Kill(*victim);
+  const auto killed_at = Clock::now();
+
+  int victim_failures = 0;
+  for (int round = 0; round < 3; ++round) {
+    std::vector<Bytes> got;
+    const auto start = Clock::now();
+    const auto results = GetAll(*client, keys, values, &got);  // checks the bytes of every OK
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      // Before node_timeout no replica can have taken over: the victim's keys must fail.
+      // (Any OK answer had its bytes checked by GetAll.)
+      if (on_victim[i] && Clock::now() - killed_at < milliseconds(1000)) {
+        EXPECT_EQ(results[i].code(), StatusCode::kUnavailable) << keys[i];
+        ++victim_failures;
+        EXPECT_NE(results[i].message().find(servers.endpoint(*victim).ToString()),
+                  std::string::npos) << results[i].message();
+      } else {
+        EXPECT_TRUE(results[i].ok() || results[i].code() == StatusCode::kUnavailable)
+            << keys[i] << ": " << results[i].ToString();
+      }
+    }
+  }
+  EXPECT_GT(victim_failures, 0) << "the batches ran too late to see the master down";
+  auto promoted = servers.WaitForFailover(*victim, std::chrono::seconds(20));
+  ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
+  // The client finds the new master by its next topology refresh.
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  std::vector<Status> results;
+  do {
+    std::vector<Bytes> got;
+    results = GetAll(*client, keys, values, &got);
+    if (std::all_of(results.begin(), results.end(), [](const Status& r) { return r.ok(); })) break;
+    std::this_thread::sleep_for(milliseconds(100));
+  } while (Clock::now() < deadline);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_TRUE(results[i].ok()) << keys[i] << ": " << results[i].ToString();
+  }
+  const auto masters = client->Masters();
+  EXPECT_TRUE(std::any_of(masters.begin(), masters.end(), [&](const RedisEndpoint& m) {
+    return m.port == servers.port(*promoted);
+  }));
+}
+
+TEST(RedisClusterStopped, EveryCallIsUnavailableQuicklyThenWorksAfterRestart) {
+  RedisServers::ClusterOptions co;
+  co.replicas_per_master = 0;
+  auto s = RedisServers::StartCluster(co);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  RedisServers& servers = **s;
+  RedisClusterOptions o = OptionsFor(servers);
+  o.io_timeout = milliseconds(500);
+  o.connect_timeout = milliseconds(100);
+  auto client = MakeClient(o);
+  ASSERT_NE(client, nullptr);
+  std::vector<std::string> keys;
+  std::vector<Bytes> values;
+  MakeKeys("stop", 12, 1024, &keys, &values);
+  SetAll(*client, keys, values);
+  servers.StopAll();
+
+  for (int round = 0; round < 5; ++round) {
+    const auto start = Clock::now();
+    std::vector<Bytes> got;
+    for (const Status& r : GetAll(*client, keys, values, &got)) {
+      EXPECT_EQ(r.code(), StatusCode::kUnavailable) << r.ToString();
+    }
+    std::vector<RedisCluster::Set> sets(keys.size());
+    std::vector<RedisCluster::Exists> exists(keys.size());
+    std::vector<RedisCluster::Del> dels(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      sets[i] = {keys[i], values[i], {}};
+      exists[i] = {keys[i], false, {}};
+      dels[i] = {keys[i], {}};
+    }
+    client->SetMany(sets);
+    client->ExistsMany(exists);
+    client->DelMany(dels);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_EQ(sets[i].result.code(), StatusCode::kUnavailable) << sets[i].result.ToString();
+      EXPECT_EQ(exists[i].result.code(), StatusCode::kUnavailable);
+      EXPECT_EQ(dels[i].result.code(), StatusCode::kUnavailable);
+    }
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(2)) << "round " << round;
+  }
+  EXPECT_GT(client->counters().connect_failures, 0u);
+
+  ASSERT_TRUE(servers.RestartStopped().ok());
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  bool written = false;
+  while (!written && Clock::now() < deadline) {
+    std::vector<RedisCluster::Set> sets(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) sets[i] = {keys[i], values[i], {}};
+    client->SetMany(sets);
+    written = std::all_of(sets.begin(), sets.end(), [](const auto& x) { return x.result.ok(); });
+    if (!written) std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_TRUE(written) << "no SET succeeded within 10 s of the restart";
+  ExpectAllRead(*client, keys, values);
 }
 
 }  // namespace

@@ -195,7 +195,9 @@ Status RedisServers::StartNode(size_t i) {
                    "--cluster-node-timeout", std::to_string(node_timeout_.count()),
                    "--cluster-port", std::to_string(n.cluster_port),
                    "--cluster-require-full-coverage", "no",
-                   "--cluster-replica-validity-factor", "0"});
+                   "--cluster-replica-validity-factor", "0",
+                   // A replica's first sync starts at once, not after 5 s.
+                   "--repl-diskless-sync-delay", "0"});
     }
     std::string error;
     if (!n.child.Spawn(argv, n.dir.Sub("stdout"), n.dir.Sub("stderr"), &error)) {

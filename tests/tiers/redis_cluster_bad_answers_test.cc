@@ -1,0 +1,235 @@
+// RedisCluster against a broken or hostile server (the remote store is not
+// trusted, DESIGN.md "Threat model"): a TCP server that answers each command
+// with scripted RESP bytes (short arrays, wrong types, garbage redirects,
+// redirect loops, silence, a bulk string cut short). Every call must end in
+// UNAVAILABLE naming the node and the fault, within the timeouts, without a
+// crash or a byte written to dst.
+#include <arpa/inet.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status_printer.h"
+#include "kvtier/tiers/redis_cluster.h"
+
+namespace kvtier {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+// What to send back for one command (its words); "" sends nothing; kClose closes the connection.
+using Script = std::function<std::string(const std::vector<std::string>& argv)>;
+const std::string kClose = "<close>";
+
+// A TCP server on 127.0.0.1 (a free port) that answers each command by its
+// Script, one thread per connection. Thread-safety: constructed and destroyed
+// by one thread; the script runs on the server's threads.
+class ScriptedServer {
+ public:
+  explicit ScriptedServer(Script script) : script_(std::move(script)) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        listen(listen_fd_, 16) != 0 ||
+        getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      ADD_FAILURE() << "ScriptedServer: cannot listen on 127.0.0.1";
+      return;
+    }
+    port_ = ntohs(addr.sin_port);
+    acceptor_ = std::thread([this] { Accept(); });
+  }
+  ~ScriptedServer() {
+    stop_ = true;
+    if (acceptor_.joinable()) acceptor_.join();
+    for (auto& t : connections_) t.join();
+    close(listen_fd_);
+  }
+  uint16_t port() const { return port_; }
+  RedisEndpoint endpoint() const { return {"127.0.0.1", port_}; }
+
+ private:
+  // Waits until `fd` is readable or the server stops; false when stopping.
+  bool WaitReadable(int fd) {
+    pollfd p{fd, POLLIN, 0};
+    while (!stop_) {
+      if (poll(&p, 1, 20) > 0) return true;
+    }
+    return false;
+  }
+  void Accept() {
+    while (WaitReadable(listen_fd_)) {
+      const int fd = accept(listen_fd_, nullptr, nullptr);
+      if (fd >= 0) connections_.emplace_back([this, fd] { Serve(fd); });
+    }
+  }
+  void Serve(int fd) {
+    redisReader* reader = redisReaderCreate();
+    char buf[4096];
+    bool open = true;
+    while (open && WaitReadable(fd)) {
+      const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0 || redisReaderFeed(reader, buf, static_cast<size_t>(n)) != REDIS_OK) break;
+      void* r = nullptr;
+      while (open && redisReaderGetReply(reader, &r) == REDIS_OK && r != nullptr) {
+        auto* reply = static_cast<redisReply*>(r);
+        std::vector<std::string> argv;
+        for (size_t i = 0; i < reply->elements; ++i) {
+          argv.emplace_back(reply->element[i]->str, reply->element[i]->len);
+        }
+        freeReplyObject(reply);
+        const std::string answer = script_(argv);
+        if (answer == kClose) {
+          open = false;
+        } else if (!answer.empty() && send(fd, answer.data(), answer.size(), MSG_NOSIGNAL) < 0) {
+          open = false;
+        }
+      }
+    }
+    redisReaderFree(reader);
+    close(fd);
+  }
+
+  Script script_;
+  int listen_fd_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread acceptor_;
+  std::vector<std::thread> connections_;  // touched by the acceptor, then by ~ScriptedServer
+};
+
+RedisClusterOptions OptionsFor(const ScriptedServer& server) {
+  RedisClusterOptions o;
+  o.seeds = {server.endpoint()};
+  o.io_timeout = milliseconds(200);
+  o.connect_timeout = milliseconds(200);
+  o.reconnect_backoff = milliseconds(0);
+  o.topology_refresh = milliseconds(0);
+  return o;
+}
+
+// GETs `key` into a guarded buffer; the result. Fails the test if a byte was written.
+Status GetOne(RedisCluster& c, const std::string& key) {
+  std::vector<std::byte> buf(64, std::byte{0x5A});
+  RedisCluster::Get g{key, std::span(buf).first(32), 0, {}};
+  c.GetMany({&g, 1});
+  EXPECT_TRUE(std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{0x5A}; }))
+      << key << ": bytes written on " << g.result.ToString();
+  return g.result;
+}
+
+void ExpectUnavailable(const Status& s, const std::string& node, const std::string& what) {
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find(node), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+}
+
+TEST(RedisClusterBadAnswers, MalformedClusterSlotsIsUnavailableNamingTheEntry) {
+  const std::vector<std::string> answers = {
+      "*1\r\n*2\r\n:0\r\n:16383\r\n",                                 // no master
+      "*1\r\n*3\r\n:0\r\n:16384\r\n*2\r\n$1\r\nh\r\n:1\r\n",          // slot out of range
+      "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$1\r\nh\r\n:70000\r\n",      // port out of range
+      "*1\r\n*3\r\n$1\r\n0\r\n:16383\r\n*2\r\n$1\r\nh\r\n:1\r\n",     // slot as a string
+      ":42\r\n",                                                      // not an array
+  };
+  const std::vector<std::string> why = {"entry 0", "entry 0", "entry 0", "entry 0",
+                                        "not an array"};
+  for (size_t i = 0; i < answers.size(); ++i) {
+    ScriptedServer server([&](const std::vector<std::string>& argv) {
+      return argv.at(0) == "CLUSTER" ? answers[i] : std::string("$-1\r\n");
+    });
+    auto c = RedisCluster::Create(OptionsFor(server));
+    ASSERT_TRUE(c.ok());
+    ExpectUnavailable(GetOne(**c, "k"), server.endpoint().ToString(), why[i]);
+    EXPECT_FALSE((*c)->cluster_mode());
+  }
+}
+
+TEST(RedisClusterBadAnswers, OddGetAnswersAreUnavailableAndBounded) {
+  std::atomic<uint16_t> port{0};  // the server's, set before any command arrives
+  ScriptedServer server([&](const std::vector<std::string>& argv) -> std::string {
+    const std::string p = std::to_string(port.load());
+    if (argv.at(0) == "CLUSTER") {  // one master for every slot: itself
+      return "*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n$9\r\n127.0.0.1\r\n:" + p +
+             "\r\n$2\r\nid\r\n";
+    }
+    if (argv.at(0) == "ASKING") return "+OK\r\n";
+    const std::string& key = argv.at(1);
+    const std::string self = "127.0.0.1:" + p;
+    if (key == "array") return "*2\r\n$1\r\na\r\n:1\r\n";
+    if (key == "integer") return ":7\r\n";
+    if (key == "garbage-moved") return "-MOVED x y\r\n";
+    if (key == "moved-bad-port") return "-MOVED 5 127.0.0.1:0\r\n";
+    if (key == "loop-moved") return "-MOVED 5 " + self + "\r\n";
+    if (key == "loop-ask") return "-ASK 5 " + self + "\r\n";
+    if (key == "silent") return "";
+    if (key == "cut-short") return "$100\r\nabc";
+    if (key == "closed") return kClose;
+    return "$-1\r\n";
+  });
+  port = server.port();
+  const std::string self = server.endpoint().ToString();
+  RedisClusterOptions o = OptionsFor(server);
+  auto c = RedisCluster::Create(o);
+  ASSERT_TRUE(c.ok());
+  RedisCluster& client = **c;
+  EXPECT_EQ(GetOne(client, "missing").code(), StatusCode::kNotFound);
+  EXPECT_TRUE(client.cluster_mode());
+  ExpectUnavailable(GetOne(client, "array"), self, "array of 2");
+  ExpectUnavailable(GetOne(client, "integer"), self, "integer 7");
+  ExpectUnavailable(GetOne(client, "garbage-moved"), self, "MOVED x y");
+  ExpectUnavailable(GetOne(client, "moved-bad-port"), self, "port '0'");
+
+  const auto before = client.counters();
+  ExpectUnavailable(GetOne(client, "loop-moved"), self, "max_redirects (5)");
+  ExpectUnavailable(GetOne(client, "loop-ask"), self, "max_redirects (5)");
+  EXPECT_EQ(client.counters().moved - before.moved, 5u);
+  EXPECT_EQ(client.counters().ask - before.ask, 5u);
+
+  for (const std::string key : {"silent", "cut-short"}) {
+    const auto start = Clock::now();
+    ExpectUnavailable(GetOne(client, key), self, "io_timeout (200 ms)");
+    EXPECT_LT(Clock::now() - start, milliseconds(1500)) << key;
+  }
+  EXPECT_GE(client.counters().timeouts, 2u);
+  ExpectUnavailable(GetOne(client, "closed"), self, "closed");
+  // The connection each fault broke is replaced: a plain GET works again.
+  EXPECT_EQ(GetOne(client, "missing").code(), StatusCode::kNotFound);
+}
+
+TEST(RedisClusterBadAnswers, UnreachableSeedIsUnavailableAtOnceAndNotAnError) {
+  uint16_t port = 0;
+  {
+    ScriptedServer closed([](const std::vector<std::string>&) { return std::string(); });
+    port = closed.port();
+  }  // nothing listens on `port` any more
+  RedisClusterOptions o;
+  o.seeds = {{"127.0.0.1", port}};
+  o.reconnect_backoff = milliseconds(10000);
+  auto c = RedisCluster::Create(o);
+  ASSERT_TRUE(c.ok()) << "Create connects to nothing";
+  const Status first = GetOne(**c, "k");
+  ExpectUnavailable(first, "127.0.0.1:" + std::to_string(port), "connect");
+  const Status second = GetOne(**c, "k");
+  ExpectUnavailable(second, "127.0.0.1:" + std::to_string(port), "reconnect_backoff");
+  EXPECT_EQ((*c)->counters().connect_failures, 1u) << "the backoff holds the second attempt";
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -25,8 +25,8 @@
 // Build: link the CMake target kvtier_testing_redis (it includes
 // daemon_process.cc: do not list that file in the same test's sources).
 //
-// Thread-safety: not thread-safe; use from the test's thread. Run() may be
-// called from several threads at once (it only opens its own connection).
+// Thread-safety: not thread-safe; use from the test's thread. Run() alone may
+// be called from several threads at once (each call opens its own connection).
 #pragma once
 
 #include <chrono>

@@ -57,12 +57,24 @@ std::string RedisServerPath() {
 RedisValue Copy(const redisReply& r) {
   RedisValue v;
   switch (r.type) {
-    case REDIS_REPLY_STRING: v.type = RedisValue::Type::kString; break;
-    case REDIS_REPLY_STATUS: v.type = RedisValue::Type::kStatus; break;
-    case REDIS_REPLY_ERROR: v.type = RedisValue::Type::kError; break;
-    case REDIS_REPLY_INTEGER: v.type = RedisValue::Type::kInteger; break;
-    case REDIS_REPLY_ARRAY: v.type = RedisValue::Type::kArray; break;
-    default: v.type = RedisValue::Type::kNil; break;
+    case REDIS_REPLY_STRING:
+      v.type = RedisValue::Type::kString;
+      break;
+    case REDIS_REPLY_STATUS:
+      v.type = RedisValue::Type::kStatus;
+      break;
+    case REDIS_REPLY_ERROR:
+      v.type = RedisValue::Type::kError;
+      break;
+    case REDIS_REPLY_INTEGER:
+      v.type = RedisValue::Type::kInteger;
+      break;
+    case REDIS_REPLY_ARRAY:
+      v.type = RedisValue::Type::kArray;
+      break;
+    default:
+      v.type = RedisValue::Type::kNil;
+      break;
   }
   if (r.str != nullptr) v.str.assign(r.str, r.len);
   v.integer = r.integer;
@@ -94,11 +106,16 @@ Status Failed(const std::string& what, const Result<RedisValue>& v) {
 
 std::string RedisValue::ToString() const {
   switch (type) {
-    case Type::kNil: return "nil";
-    case Type::kString: return "string '" + str + "'";
-    case Type::kStatus: return "status '" + str + "'";
-    case Type::kError: return "error '" + str + "'";
-    case Type::kInteger: return "integer " + std::to_string(integer);
+    case Type::kNil:
+      return "nil";
+    case Type::kString:
+      return "string '" + str + "'";
+    case Type::kStatus:
+      return "status '" + str + "'";
+    case Type::kError:
+      return "error '" + str + "'";
+    case Type::kInteger:
+      return "integer " + std::to_string(integer);
     case Type::kArray: {
       std::string s = "[";
       for (size_t i = 0; i < elements.size(); ++i) s += (i ? ", " : "") + elements[i].ToString();
@@ -125,7 +142,9 @@ RedisServers::~RedisServers() { StopAll(); }
 uint16_t RedisServers::port(size_t i) const { return nodes_.at(i)->port; }
 const std::string& RedisServers::node_id(size_t i) const { return nodes_.at(i)->id; }
 int RedisServers::replica_of(size_t i) const { return nodes_.at(i)->replica_of; }
-bool RedisServers::running(size_t i) { return !nodes_.at(i)->stopped && nodes_[i]->child.running(); }
+bool RedisServers::running(size_t i) {
+  return !nodes_.at(i)->stopped && nodes_[i]->child.running();
+}
 std::string RedisServers::Log(size_t i) const {
   return ReadFileOrEmpty(nodes_.at(i)->dir.Sub("redis.log"));
 }
@@ -146,8 +165,8 @@ std::string RedisServers::Url() const {
 
 Result<RedisValue> RedisServers::Run(size_t i, const std::vector<std::string>& argv,
                                      milliseconds timeout) const {
-  const std::string name = "redis node " + std::to_string(i) + " (port " +
-                           std::to_string(port(i)) + ")";
+  const std::string name =
+      "redis node " + std::to_string(i) + " (port " + std::to_string(port(i)) + ")";
   timeval tv{static_cast<time_t>(timeout.count() / 1000),
              static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
   redisContext* c = redisConnectWithTimeout("127.0.0.1", port(i), tv);
@@ -185,19 +204,29 @@ Status RedisServers::StartNode(size_t i) {
       n.cluster_port = FreePort();
       if (n.port == 0 || n.cluster_port == 0 || n.port == n.cluster_port) continue;
     }
-    std::vector<std::string> argv = {
-        RedisServerPath(), "--port", std::to_string(n.port), "--bind", ipv6_ ? "127.0.0.1 ::1" : "127.0.0.1",
-        "--dir", n.dir.path(), "--save", "", "--appendonly", "no", "--daemonize", "no",
-        "--logfile", n.dir.Sub("redis.log")};
+    std::vector<std::string> argv = {RedisServerPath(),
+                                     "--port",
+                                     std::to_string(n.port),
+                                     "--bind",
+                                     ipv6_ ? "127.0.0.1 ::1" : "127.0.0.1",
+                                     "--dir",
+                                     n.dir.path(),
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--daemonize",
+                                     "no",
+                                     "--logfile",
+                                     n.dir.Sub("redis.log")};
     if (cluster_) {
-      argv.insert(argv.end(),
-                  {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                   "--cluster-node-timeout", std::to_string(node_timeout_.count()),
-                   "--cluster-port", std::to_string(n.cluster_port),
-                   "--cluster-require-full-coverage", "no",
-                   "--cluster-replica-validity-factor", "0",
-                   // A replica's first sync starts at once, not after 5 s.
-                   "--repl-diskless-sync-delay", "0"});
+      argv.insert(argv.end(), {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                               "--cluster-node-timeout", std::to_string(node_timeout_.count()),
+                               "--cluster-port", std::to_string(n.cluster_port),
+                               "--cluster-require-full-coverage", "no",
+                               "--cluster-replica-validity-factor", "0",
+                               // A replica's first sync starts at once, not after 5 s.
+                               "--repl-diskless-sync-delay", "0"});
     }
     std::string error;
     if (!n.child.Spawn(argv, n.dir.Sub("stdout"), n.dir.Sub("stderr"), &error)) {
@@ -212,8 +241,8 @@ Status RedisServers::StartNode(size_t i) {
     }
     n.child.Kill();
     n.stopped = true;
-    last_error = "redis-server on port " + std::to_string(n.port) + " did not answer PING: " +
-                 Log(i) + ReadFileOrEmpty(n.dir.Sub("stderr"));
+    last_error = "redis-server on port " + std::to_string(n.port) +
+                 " did not answer PING: " + Log(i) + ReadFileOrEmpty(n.dir.Sub("stderr"));
     // A cluster node restarted on its own port keeps it; a clash is fatal there.
     if (!n.id.empty()) break;
   }
@@ -273,8 +302,7 @@ Status RedisServers::FormCluster(const ClusterOptions& options) {
       std::this_thread::sleep_for(milliseconds(50));
     }
   }
-  return WaitForClusterOk(
-      std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+  return WaitForClusterOk(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
 }
 
 Result<size_t> RedisServers::AnyRunning() const {
@@ -365,16 +393,15 @@ Result<size_t> RedisServers::WaitForFailover(size_t dead_master, milliseconds ti
       auto repl = Run(i, {"INFO", "replication"});
       if (!repl.ok() || Field(*repl, "role") != "master") continue;
       nodes_[i]->replica_of = -1;
-      Status ok = WaitForClusterOk(
-          std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+      Status ok =
+          WaitForClusterOk(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
       if (!ok.ok()) return ok;
       return i;
     }
     std::this_thread::sleep_for(milliseconds(50));
   }
   return Status::DeadlineExceeded("no replica of node " + std::to_string(dead_master) +
-                                  " became a master in " + std::to_string(timeout.count()) +
-                                  " ms");
+                                  " became a master in " + std::to_string(timeout.count()) + " ms");
 }
 
 void RedisServers::Kill(size_t i) {
@@ -427,8 +454,8 @@ Status RedisServers::BeginSlotMigration(uint16_t slot, size_t from, size_t to) {
     auto keys = Run(from, {"CLUSTER", "GETKEYSINSLOT", s, "100"});
     if (!keys.ok() || keys->type != RedisValue::Type::kArray) return Failed("GETKEYSINSLOT", keys);
     if (keys->elements.empty()) return Status::Ok();
-    std::vector<std::string> migrate = {"MIGRATE", "127.0.0.1", std::to_string(port(to)), "",
-                                        "0", "5000", "KEYS"};
+    std::vector<std::string> migrate = {"MIGRATE", "127.0.0.1", std::to_string(port(to)), "", "0",
+                                        "5000",    "KEYS"};
     for (const RedisValue& k : keys->elements) migrate.push_back(k.str);
     r = Run(from, migrate, std::chrono::seconds(10));
     if (!IsOk(r)) return Failed("MIGRATE", r);

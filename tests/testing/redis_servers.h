@@ -44,10 +44,10 @@ namespace kvtier::testing {
 struct RedisValue {
   enum class Type { kNil, kString, kStatus, kError, kInteger, kArray };
   Type type = Type::kNil;
-  std::string str;      // kString, kStatus, kError
-  long long integer = 0;  // kInteger
+  std::string str;                   // kString, kStatus, kError
+  long long integer = 0;             // kInteger
   std::vector<RedisValue> elements;  // kArray
-  std::string ToString() const;  // for failure messages
+  std::string ToString() const;      // for failure messages
 };
 
 class RedisServers {

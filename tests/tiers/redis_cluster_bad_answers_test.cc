@@ -5,13 +5,12 @@
 // UNAVAILABLE naming the node and the fault, within the timeouts, without a
 // crash or a byte written to dst.
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
@@ -142,14 +141,13 @@ void ExpectUnavailable(const Status& s, const std::string& node, const std::stri
 
 TEST(RedisClusterBadAnswers, MalformedClusterSlotsIsUnavailableNamingTheEntry) {
   const std::vector<std::string> answers = {
-      "*1\r\n*2\r\n:0\r\n:16383\r\n",                                 // no master
-      "*1\r\n*3\r\n:0\r\n:16384\r\n*2\r\n$1\r\nh\r\n:1\r\n",          // slot out of range
-      "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$1\r\nh\r\n:70000\r\n",      // port out of range
-      "*1\r\n*3\r\n$1\r\n0\r\n:16383\r\n*2\r\n$1\r\nh\r\n:1\r\n",     // slot as a string
-      ":42\r\n",                                                      // not an array
+      "*1\r\n*2\r\n:0\r\n:16383\r\n",                              // no master
+      "*1\r\n*3\r\n:0\r\n:16384\r\n*2\r\n$1\r\nh\r\n:1\r\n",       // slot out of range
+      "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$1\r\nh\r\n:70000\r\n",   // port out of range
+      "*1\r\n*3\r\n$1\r\n0\r\n:16383\r\n*2\r\n$1\r\nh\r\n:1\r\n",  // slot as a string
+      ":42\r\n",                                                   // not an array
   };
-  const std::vector<std::string> why = {"entry 0", "entry 0", "entry 0", "entry 0",
-                                        "not an array"};
+  const std::vector<std::string> why = {"entry 0", "entry 0", "entry 0", "entry 0", "not an array"};
   for (size_t i = 0; i < answers.size(); ++i) {
     ScriptedServer server([&](const std::vector<std::string>& argv) {
       return argv.at(0) == "CLUSTER" ? answers[i] : std::string("$-1\r\n");
@@ -166,8 +164,7 @@ TEST(RedisClusterBadAnswers, OddGetAnswersAreUnavailableAndBounded) {
   ScriptedServer server([&](const std::vector<std::string>& argv) -> std::string {
     const std::string p = std::to_string(port.load());
     if (argv.at(0) == "CLUSTER") {  // one master for every slot: itself
-      return "*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n$9\r\n127.0.0.1\r\n:" + p +
-             "\r\n$2\r\nid\r\n";
+      return "*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n$9\r\n127.0.0.1\r\n:" + p + "\r\n$2\r\nid\r\n";
     }
     if (argv.at(0) == "ASKING") return "+OK\r\n";
     const std::string& key = argv.at(1);

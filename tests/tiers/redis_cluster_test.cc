@@ -6,9 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <functional>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <set>
 #include <string>
@@ -50,7 +50,8 @@ std::unique_ptr<RedisCluster> MakeClient(const RedisClusterOptions& o) {
 }
 
 // Writes values[i] under keys[i]; every SET must succeed.
-void SetAll(RedisCluster& c, const std::vector<std::string>& keys, const std::vector<Bytes>& values) {
+void SetAll(RedisCluster& c, const std::vector<std::string>& keys,
+            const std::vector<Bytes>& values) {
   std::vector<RedisCluster::Set> sets(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) sets[i] = {keys[i], values[i], {}};
   c.SetMany(sets);
@@ -168,9 +169,17 @@ RedisServers* RedisClusterTest::servers_ = nullptr;
 
 TEST_F(RedisClusterTest, KeySlotMatchesTheServers) {
   EXPECT_EQ(RedisCluster::KeySlot("123456789"), 0x31C3 % 16384);  // CRC16-XMODEM check value
-  std::vector<std::string> keys = {"", "foo", "{user1000}.following", "{user1000}.followers",
-                                   "foo{}{bar}", "foo{{bar}}zap", "foo{bar}{zap}", "{}", "{",
-                                   "}{a}", std::string("\0\xff{\x01}", 5)};
+  std::vector<std::string> keys = {"",
+                                   "foo",
+                                   "{user1000}.following",
+                                   "{user1000}.followers",
+                                   "foo{}{bar}",
+                                   "foo{{bar}}zap",
+                                   "foo{bar}{zap}",
+                                   "{}",
+                                   "{",
+                                   "}{a}",
+                                   std::string("\0\xff{\x01}", 5)};
   std::mt19937 rng(7);
   for (int i = 0; i < 100; ++i) {
     std::string k(1 + rng() % 40, '\0');
@@ -227,7 +236,8 @@ TEST_F(RedisClusterTest, ValueLongerThanDstIsDataLossAndNothingIsWrittenPastDst)
   client_->GetMany(gets);
   EXPECT_EQ(gets[0].result.code(), StatusCode::kDataLoss) << gets[0].result.ToString();
   EXPECT_EQ(gets[0].bytes, 1000u);
-  EXPECT_TRUE(std::all_of(small.begin(), small.end(), [](std::byte b) { return b == std::byte{0xAB}; }));
+  EXPECT_TRUE(
+      std::all_of(small.begin(), small.end(), [](std::byte b) { return b == std::byte{0xAB}; }));
   ASSERT_TRUE(gets[1].result.ok()) << gets[1].result.ToString();
   EXPECT_TRUE(std::equal(value.begin(), value.end(), exact.begin()));
   EXPECT_TRUE(std::all_of(exact.begin() + 1000, exact.end(),
@@ -275,7 +285,8 @@ TEST_F(RedisClusterTest, WrongTypeAnswerIsUnavailableNamingTheNode) {
   EXPECT_NE(g.result.message().find(servers_->endpoint(*m).ToString()), std::string::npos)
       << g.result.message();
   EXPECT_NE(g.result.message().find("WRONGTYPE"), std::string::npos) << g.result.message();
-  EXPECT_TRUE(std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{0x11}; }));
+  EXPECT_TRUE(
+      std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{0x11}; }));
 }
 
 TEST_F(RedisClusterTest, TwoClientsAndSeveralThreadsAtOnce) {
@@ -331,13 +342,13 @@ TEST(RedisSingleServer, ServesEveryKeyWithoutCluster) {
   EXPECT_FALSE(e.found);
 }
 
-
 // Keys named prefix/0..n-1 with random values of `bytes` each.
 void MakeKeys(const std::string& prefix, int n, size_t bytes, std::vector<std::string>* keys,
               std::vector<Bytes>* values) {
   for (int i = 0; i < n; ++i) {
     keys->push_back(prefix + "/" + std::to_string(i));
-    values->push_back(RandomBytes(bytes, static_cast<uint32_t>(std::hash<std::string>()(keys->back()))));
+    values->push_back(
+        RandomBytes(bytes, static_cast<uint32_t>(std::hash<std::string>()(keys->back()))));
   }
 }
 
@@ -392,8 +403,8 @@ TEST(RedisClusterMigration, KeysOfAMigratingSlotReadThroughAskThenMoved) {
   ASSERT_TRUE(servers.FinishSlotMigration(*slot, *from, to).ok());
   auto on_target = servers.Run(to, {"EXISTS", "{mig}/new"});
   ASSERT_TRUE(on_target.ok());
-  EXPECT_EQ(on_target->integer, 1) << "the SET went to the importing node: "
-                                   << on_target->ToString();
+  EXPECT_EQ(on_target->integer, 1)
+      << "the SET went to the importing node: " << on_target->ToString();
   ExpectAllRead(*client, keys, values);
   ExpectAllRead(*client, added, added_values);
   const auto moved = client->counters();
@@ -443,7 +454,8 @@ TEST(RedisClusterFailover, KilledMasterIsUnavailableThenItsReplicaServes) {
         EXPECT_EQ(results[i].code(), StatusCode::kUnavailable) << keys[i];
         ++victim_failures;
         EXPECT_NE(results[i].message().find(servers.endpoint(*victim).ToString()),
-                  std::string::npos) << results[i].message();
+                  std::string::npos)
+            << results[i].message();
       } else {
         EXPECT_TRUE(results[i].ok() || results[i].code() == StatusCode::kUnavailable)
             << keys[i] << ": " << results[i].ToString();

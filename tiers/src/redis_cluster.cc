@@ -100,8 +100,7 @@ Status RedisClusterOptions::Validate() const {
     if (s.port == 0) return Status::InvalidArgument("seeds: port 0 of " + s.host);
   }
   if (pool_size < 1 || pool_size > 256) {
-    return Status::InvalidArgument("pool_size " + std::to_string(pool_size) +
-                                   " is not in 1..256");
+    return Status::InvalidArgument("pool_size " + std::to_string(pool_size) + " is not in 1..256");
   }
   if (connect_timeout.count() <= 0) return Status::InvalidArgument("connect_timeout must be > 0");
   if (io_timeout.count() <= 0) return Status::InvalidArgument("io_timeout must be > 0");
@@ -230,9 +229,9 @@ class RedisCluster::Impl {
   std::mutex refresh_mu_;  // one topology refresh at a time
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<RedisNode>> nodes_;  // every node seen; REQUIRES: mu_ held
-  std::vector<uint16_t> owner_;  // slot -> nodes_ index or kNoOwner; REQUIRES: mu_ held
-  bool have_map_ = false;        // REQUIRES: mu_ held
-  bool stale_ = true;            // REQUIRES: mu_ held
+  std::vector<uint16_t> owner_;     // slot -> nodes_ index or kNoOwner; REQUIRES: mu_ held
+  bool have_map_ = false;           // REQUIRES: mu_ held
+  bool stale_ = true;               // REQUIRES: mu_ held
   Clock::time_point last_refresh_;  // last attempt; REQUIRES: mu_ held
   std::string refresh_error_;       // why the last attempt failed; REQUIRES: mu_ held
 };
@@ -266,9 +265,12 @@ std::vector<RedisEndpoint> RedisCluster::Impl::Masters() const {
 
 RedisCluster::Counters RedisCluster::Impl::counters() const {
   constexpr auto r = std::memory_order_relaxed;
-  return Counters{counters_.moved.load(r),    counters_.ask.load(r),
-                  counters_.topology_refreshes.load(r), counters_.connects.load(r),
-                  counters_.connect_failures.load(r),   counters_.timeouts.load(r),
+  return Counters{counters_.moved.load(r),
+                  counters_.ask.load(r),
+                  counters_.topology_refreshes.load(r),
+                  counters_.connects.load(r),
+                  counters_.connect_failures.load(r),
+                  counters_.timeouts.load(r),
                   counters_.errors.load(r)};
 }
 
@@ -376,8 +378,8 @@ std::vector<RedisCluster::Impl::Group> RedisCluster::Impl::Route(std::span<Pendi
       }
       node = nodes_[owner_[slot]];
     }
-    auto g = std::find_if(groups.begin(), groups.end(),
-                          [&](const Group& x) { return x.node == node; });
+    auto g =
+        std::find_if(groups.begin(), groups.end(), [&](const Group& x) { return x.node == node; });
     if (g == groups.end()) g = groups.insert(groups.end(), Group{node, {}});
     g->items.push_back(std::move(p));
   }
@@ -466,8 +468,8 @@ void RedisCluster::Impl::OnError(RedisNode& node, const Pending& p, const redisR
     std::lock_guard lock(mu_);
     const uint16_t i = IndexLocked(redirect->target);
     if (i == kNoOwner) {
-      results[p.cmd] = Status::Unavailable(answered + ": more than " +
-                                           std::to_string(kMaxNodes) + " nodes seen");
+      results[p.cmd] = Status::Unavailable(answered + ": more than " + std::to_string(kMaxNodes) +
+                                           " nodes seen");
       return;
     }
     target = nodes_[i];

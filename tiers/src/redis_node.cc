@@ -145,8 +145,7 @@ Result<RedisConnection> RedisNode::Borrow() {
 
 Result<RedisConnection> RedisNode::Connect() {
   const timeval connect_tv = ToTimeval(options_.connect_timeout);
-  redisContext* ctx =
-      redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, connect_tv);
+  redisContext* ctx = redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, connect_tv);
   if (ctx != nullptr && ctx->err == 0 &&
       redisSetTimeout(ctx, ToTimeval(options_.io_timeout)) == REDIS_OK) {
     counters_->connects.fetch_add(1, std::memory_order_relaxed);

@@ -45,8 +45,7 @@ Result<uint16_t> ParsePort(std::string_view text) {
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (text.empty() || ec != std::errc() || ptr != end || value < 1 || value > 65535) {
-    return Status::InvalidArgument("port '" + std::string(text) +
-                                   "' is not a number in 1..65535");
+    return Status::InvalidArgument("port '" + std::string(text) + "' is not a number in 1..65535");
   }
   return static_cast<uint16_t>(value);
 }
@@ -73,9 +72,8 @@ Result<std::vector<SlotRange>> ParseClusterSlots(const redisReply& reply,
   std::vector<SlotRange> ranges;
   for (size_t i = 0; i < reply.elements; ++i) {
     const redisReply* e = reply.element != nullptr ? reply.element[i] : nullptr;
-    if (e == nullptr || e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
-        e->element == nullptr || e->element[0] == nullptr || e->element[1] == nullptr ||
-        e->element[2] == nullptr) {
+    if (e == nullptr || e->type != REDIS_REPLY_ARRAY || e->elements < 3 || e->element == nullptr ||
+        e->element[0] == nullptr || e->element[1] == nullptr || e->element[2] == nullptr) {
       return Bad(i, "not an array of first slot, last slot and master");
     }
     const redisReply& first = *e->element[0];
@@ -107,8 +105,7 @@ Result<Redirect> ParseRedirect(std::string_view error, const RedisEndpoint& from
   const std::string_view slot = rest.substr(0, space);
   unsigned value = 0;
   auto [ptr, ec] = std::from_chars(slot.data(), slot.data() + slot.size(), value);
-  if (slot.empty() || ec != std::errc() || ptr != slot.data() + slot.size() ||
-      value >= kNumSlots) {
+  if (slot.empty() || ec != std::errc() || ptr != slot.data() + slot.size() || value >= kNumSlots) {
     return Status::InvalidArgument("slot '" + std::string(slot) + "' is not in 0..16383");
   }
   r.slot = static_cast<uint16_t>(value);

@@ -30,7 +30,8 @@ namespace {
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-// What to send back for one command (its words); "" sends nothing; kClose closes the connection.
+// What to send back for one command (its words); "" sends nothing; kClose at the end closes
+// the connection after sending what is before it.
 using Script = std::function<std::string(const std::vector<std::string>& argv)>;
 const std::string kClose = "<close>";
 
@@ -93,12 +94,13 @@ class ScriptedServer {
           argv.emplace_back(reply->element[i]->str, reply->element[i]->len);
         }
         freeReplyObject(reply);
-        const std::string answer = script_(argv);
-        if (answer == kClose) {
-          open = false;
-        } else if (!answer.empty() && send(fd, answer.data(), answer.size(), MSG_NOSIGNAL) < 0) {
+        std::string answer = script_(argv);
+        const bool close_after = answer.ends_with(kClose);
+        if (close_after) answer.resize(answer.size() - kClose.size());
+        if (!answer.empty() && send(fd, answer.data(), answer.size(), MSG_NOSIGNAL) < 0) {
           open = false;
         }
+        if (close_after) open = false;
       }
     }
     redisReaderFree(reader);
@@ -226,6 +228,37 @@ TEST(RedisClusterBadAnswers, UnreachableSeedIsUnavailableAtOnceAndNotAnError) {
   const Status second = GetOne(**c, "k");
   ExpectUnavailable(second, "127.0.0.1:" + std::to_string(port), "reconnect_backoff");
   EXPECT_EQ((*c)->counters().connect_failures, 1u) << "the backoff holds the second attempt";
+}
+
+TEST(RedisClusterBadAnswers, ServerClosingMidBatchIsUnavailableNotSigpipe) {
+  // The server hangs up a pooled connection after answering on it; the next batch's first
+  // write fills the socket buffer, the server's RST follows, and the next write fails with
+  // EPIPE, which must not raise SIGPIPE (it ends a process that did not ignore it, as this
+  // test's does not). Also: the server hangs up while a batch is being written.
+  ScriptedServer server([](const std::vector<std::string>& argv) -> std::string {
+    if (argv.at(0) == "CLUSTER") return "-ERR This instance has cluster support disabled\r\n";
+    if (argv.at(0) == "GET") return "$-1\r\n" + kClose;
+    return kClose;
+  });
+  auto c = RedisCluster::Create(OptionsFor(server));
+  ASSERT_TRUE(c.ok());
+  std::vector<std::byte> buf(8);
+  RedisCluster::Get g{"k", buf, 0, {}};
+  (*c)->GetMany({&g, 1});
+  ASSERT_EQ(g.result.code(), StatusCode::kNotFound) << g.result.ToString();
+  std::this_thread::sleep_for(milliseconds(50));  // the server has closed the pooled connection
+  const std::vector<std::byte> value(1 << 20, std::byte{7});
+  std::vector<std::string> keys;
+  for (int i = 0; i < 32; ++i) keys.push_back("big/" + std::to_string(i));
+  std::vector<RedisCluster::Set> sets;
+  for (const auto& k : keys) sets.push_back({k, value, {}});
+  for (int round = 0; round < 3; ++round) {
+    (*c)->SetMany(sets);
+    for (const auto& s : sets) {
+      EXPECT_EQ(s.result.code(), StatusCode::kUnavailable) << s.result.ToString();
+    }
+  }
+  EXPECT_FALSE((*c)->cluster_mode());
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
 #include "redis_node.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <sys/time.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <optional>
 #include <utility>
 
 namespace kvtier::redis {
@@ -16,6 +19,43 @@ timeval ToTimeval(std::chrono::microseconds d) {
   tv.tv_usec = static_cast<suseconds_t>(d.count() % 1000000);
   return tv;
 }
+
+// Blocks SIGPIPE in this thread while it lives, and then discards one raised meanwhile
+// (hiredis writes with write(2): a write to a connection the server reset raises it, which
+// would end a process that does not ignore it). A SIGPIPE pending before is left alone.
+class SigpipeBlock {
+ public:
+  SigpipeBlock() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    was_pending_ = Pending();
+    blocked_ = pthread_sigmask(SIG_BLOCK, &pipe_, &old_) == 0;
+  }
+  ~SigpipeBlock() {
+    if (!blocked_) return;
+    const int saved_errno = errno;
+    if (!was_pending_ && Pending()) {
+      const timespec zero{0, 0};
+      while (sigtimedwait(&pipe_, nullptr, &zero) < 0 && errno == EINTR) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+    errno = saved_errno;
+  }
+  SigpipeBlock(const SigpipeBlock&) = delete;
+  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
+
+ private:
+  static bool Pending() {
+    sigset_t pending;
+    sigemptyset(&pending);
+    return sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+  }
+  sigset_t pipe_;
+  sigset_t old_;
+  bool was_pending_ = false;
+  bool blocked_ = false;
+};
 
 std::string Escaped(const char* s, size_t len) {
   constexpr size_t kMax = 64;
@@ -94,6 +134,9 @@ Status RedisConnection::ReadReply(Clock::time_point deadline, Reply* reply, bool
     const auto left =
         std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
     redisSetTimeout(ctx_, ToTimeval(left));
+    // Only a call with commands still to send writes.
+    std::optional<SigpipeBlock> block;
+    if (ctx_->obuf != nullptr && sdslen(ctx_->obuf) > 0) block.emplace();
     errno = 0;
     if (redisGetReply(ctx_, &r) != REDIS_OK) r = nullptr;
   }

@@ -64,7 +64,7 @@ class RedisConnection {
   // Sends what is queued and reads the next answer, waiting until `deadline`
   // at most. Error answers (REDIS_REPLY_ERROR) are OK here, in *reply. Errors:
   // UNAVAILABLE naming the node and the cause ("no answer within io_timeout"
-  // sets *timed_out); the connection is then broken.
+  // sets *timed_out); the connection is then broken. Raises no SIGPIPE.
   Status ReadReply(Clock::time_point deadline, Reply* reply, bool* timed_out);
 
  private:

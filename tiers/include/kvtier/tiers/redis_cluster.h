@@ -18,6 +18,8 @@
 // the node and cause in the message; the connection is dropped and made again
 // by a later call (no more often than reconnect_backoff per node). Nothing
 // fails at Create for an unreachable cluster: it is found when it comes up.
+// A write to a connection the server reset raises no SIGPIPE (it is blocked
+// in the calling thread around hiredis's writes, and discarded).
 //
 // Thread-safety: thread-safe. Each call borrows a connection per node from
 // that node's pool (pool_size connections), so calls from several threads run

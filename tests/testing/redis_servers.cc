@@ -204,21 +204,12 @@ Status RedisServers::StartNode(size_t i) {
       n.cluster_port = FreePort();
       if (n.port == 0 || n.cluster_port == 0 || n.port == n.cluster_port) continue;
     }
-    std::vector<std::string> argv = {RedisServerPath(),
-                                     "--port",
-                                     std::to_string(n.port),
-                                     "--bind",
-                                     ipv6_ ? "127.0.0.1 ::1" : "127.0.0.1",
-                                     "--dir",
-                                     n.dir.path(),
-                                     "--save",
-                                     "",
-                                     "--appendonly",
-                                     "no",
-                                     "--daemonize",
-                                     "no",
-                                     "--logfile",
-                                     n.dir.Sub("redis.log")};
+    std::vector<std::string> argv = {RedisServerPath(), "--port", std::to_string(n.port), "--bind",
+                                     ipv6_ ? "127.0.0.1 ::1" : "127.0.0.1", "--dir", n.dir.path(),
+                                     "--save", "", "--appendonly", "no", "--daemonize", "no",
+                                     "--logfile", n.dir.Sub("redis.log"),
+                                     // DEBUG SLEEP makes a node slow; from loopback only.
+                                     "--enable-debug-command", "local"};
     if (cluster_) {
       argv.insert(argv.end(), {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                                "--cluster-node-timeout", std::to_string(node_timeout_.count()),

@@ -1,7 +1,8 @@
 // RedisServers: real redis-server processes for tests (never linked into
 // production targets): one plain server, or a Redis Cluster of masters with
 // replicas, on free loopback ports, each node in its own temporary directory
-// with persistence off (--save '' --appendonly no).
+// with persistence off (--save '' --appendonly no) and DEBUG allowed from
+// loopback (DEBUG SLEEP <seconds> makes a node slow).
 //
 //   auto servers = RedisServers::StartCluster({});   // 3 masters, 1 replica each
 //   ASSERT_TRUE(servers.ok()) << servers.status().ToString();

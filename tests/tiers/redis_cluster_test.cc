@@ -289,6 +289,44 @@ TEST_F(RedisClusterTest, WrongTypeAnswerIsUnavailableNamingTheNode) {
       std::all_of(buf.begin(), buf.end(), [](std::byte b) { return b == std::byte{0x11}; }));
 }
 
+TEST_F(RedisClusterTest, SlowMasterTimesOutWhileTheOthersServe) {
+  std::vector<std::string> keys;
+  std::vector<Bytes> values;
+  for (int i = 0; i < 12; ++i) {
+    keys.push_back("slow/" + std::to_string(i));
+    values.push_back(RandomBytes(1000, static_cast<uint32_t>(i)));
+  }
+  SetAll(*client_, keys, values);
+  auto slow = servers_->MasterOfSlot(RedisCluster::KeySlot(keys[0]));
+  ASSERT_TRUE(slow.ok());
+  RedisClusterOptions o = OptionsFor(*servers_);
+  o.io_timeout = milliseconds(100);
+  auto client = MakeClient(o);
+  ASSERT_NE(client, nullptr);
+  ExpectAllRead(*client, keys, values);  // connections made and the map known before
+  // Half a second: well under the node timeout, so no failover starts.
+  std::thread sleeper([&] { (void)servers_->Run(*slow, {"DEBUG", "SLEEP", "0.5"}); });
+  std::this_thread::sleep_for(milliseconds(50));
+  const auto start = Clock::now();
+  std::vector<Bytes> got;
+  const auto results = GetAll(*client, keys, values, &got);
+  const auto elapsed = Clock::now() - start;
+  sleeper.join();
+  EXPECT_LT(elapsed, milliseconds(400)) << "one io_timeout for the slow node, not its sleep";
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto m = servers_->MasterOfSlot(RedisCluster::KeySlot(keys[i]));
+    ASSERT_TRUE(m.ok());
+    if (*m == *slow) {
+      EXPECT_EQ(results[i].code(), StatusCode::kUnavailable) << keys[i];
+      EXPECT_NE(results[i].message().find("io_timeout"), std::string::npos) << results[i].message();
+    } else {
+      EXPECT_TRUE(results[i].ok()) << keys[i] << ": " << results[i].ToString();
+    }
+  }
+  EXPECT_GE(client->counters().timeouts, 1u);
+  ExpectAllRead(*client, keys, values);  // the node is back; a new connection is made
+}
+
 TEST_F(RedisClusterTest, TwoClientsAndSeveralThreadsAtOnce) {
   RedisClusterOptions o = OptionsFor(*servers_);
   o.pool_size = 2;  // fewer connections than threads: some wait for one

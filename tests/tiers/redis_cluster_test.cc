@@ -407,6 +407,23 @@ TEST(RedisSingleServer, ReachesAnIpv6Address) {
   EXPECT_EQ(client->Masters()[0].ToString(), "[::1]:" + std::to_string((*s)->port(0)));
 }
 
+TEST(RedisSingleServer, PooledConnectionsTheServerClosedAreReplaced) {
+  auto s = RedisServers::StartSingle();
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto client = MakeClient(OptionsFor(**s));
+  ASSERT_NE(client, nullptr);
+  const std::vector<std::string> keys = {"kill/a", "kill/b"};
+  const std::vector<Bytes> values = {RandomBytes(5000, 1), RandomBytes(5000, 2)};
+  SetAll(*client, keys, values);
+  const uint64_t connects = client->counters().connects;
+  // The server closes every client connection but the one asking: our pooled ones.
+  auto killed = (*s)->Run(0, {"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"});
+  ASSERT_TRUE(killed.ok() && killed->integer >= 1) << killed->ToString();
+  ExpectAllRead(*client, keys, values);
+  EXPECT_GT(client->counters().connects, connects);
+  EXPECT_EQ(client->counters().errors, 0u);
+}
+
 TEST(RedisClusterMigration, KeysOfAMigratingSlotReadThroughAskThenMoved) {
   RedisServers::ClusterOptions co;
   co.replicas_per_master = 0;

@@ -207,8 +207,16 @@ class RedisCluster::Impl {
   void Install(const RedisNode& node, const Topology& topology);
   std::vector<Group> Route(std::span<Pending> pending, std::span<const Command> cmds,
                            std::vector<Status>& results);
+  // Sends the group's commands to its node and takes their answers; on a failure the
+  // unanswered ones get it.
   void RunOnNode(Group& group, std::span<const Command> cmds, const ReplyHandler& on_reply,
                  std::vector<Status>& results, std::vector<Pending>& next);
+  // One attempt of RunOnNode on `conn`: *answered counts the commands answered before an
+  // error (returned; *timed_out says whether it was io_timeout).
+  Status Exchange(redis::RedisConnection& conn, const Group& group, std::span<const Command> cmds,
+                  Clock::time_point deadline, const ReplyHandler& on_reply,
+                  std::vector<Status>& results, std::vector<Pending>& next, size_t* answered,
+                  bool* timed_out);
   void OnError(RedisNode& node, const Pending& p, const redisReply& reply,
                std::vector<Status>& results, std::vector<Pending>& next);
   void MarkStale() {
@@ -408,40 +416,55 @@ void RedisCluster::Impl::RunOnNode(Group& group, std::span<const Command> cmds,
                                    const ReplyHandler& on_reply, std::vector<Status>& results,
                                    std::vector<Pending>& next) {
   RedisNode& node = *group.node;
-  auto conn = node.Borrow();
-  if (!conn.ok()) {
-    for (const Pending& p : group.items) results[p.cmd] = conn.status();
-    MarkStale();
-    return;
-  }
-  static const char* kAsking[] = {"ASKING"};
-  static const size_t kAskingLen[] = {6};
-  for (const Pending& p : group.items) {
-    if (p.asking) conn->Append(1, kAsking, kAskingLen);
-    const Command& c = cmds[p.cmd];
-    conn->Append(c.argc, c.argv.data(), c.len.data());
-  }
   const auto deadline = Clock::now() + options_.io_timeout;
-  for (size_t k = 0; k < group.items.size(); ++k) {
-    const Pending& p = group.items[k];
-    Reply reply;
-    bool timed_out = false;
-    Status s = conn->ReadReply(deadline, &reply, &timed_out);
-    // ASKING's own answer came first; the command's answer says whether it worked.
-    if (s.ok() && p.asking) s = conn->ReadReply(deadline, &reply, &timed_out);
-    if (!s.ok()) {
-      if (timed_out) counters_.timeouts.fetch_add(1, std::memory_order_relaxed);
-      for (size_t j = k; j < group.items.size(); ++j) results[group.items[j].cmd] = s;
-      node.DropIdle();
+  for (int attempt = 0;; ++attempt) {
+    auto conn = node.Borrow();
+    if (!conn.ok()) {
+      for (const Pending& p : group.items) results[p.cmd] = conn.status();
       MarkStale();
       return;
     }
-    if (reply->type == REDIS_REPLY_ERROR) {
-      OnError(node, p, *reply, results, next);
-    } else {
-      results[p.cmd] = on_reply(p.cmd, *reply, node.name());
-    }
+    size_t answered = 0;
+    bool timed_out = false;
+    const Status s =
+        Exchange(*conn, group, cmds, deadline, on_reply, results, next, &answered, &timed_out);
+    if (s.ok()) return;
+    node.DropIdle();
+    // A pooled connection the server closed while it was idle fails before any answer:
+    // the batch goes once more, on a new connection (every command here is idempotent).
+    if (attempt == 0 && conn->reused() && answered == 0 && !timed_out) continue;
+    if (timed_out) counters_.timeouts.fetch_add(1, std::memory_order_relaxed);
+    for (size_t j = answered; j < group.items.size(); ++j) results[group.items[j].cmd] = s;
+    MarkStale();
+    return;
   }
+}
+
+Status RedisCluster::Impl::Exchange(redis::RedisConnection& conn, const Group& group,
+                                    std::span<const Command> cmds, Clock::time_point deadline,
+                                    const ReplyHandler& on_reply, std::vector<Status>& results,
+                                    std::vector<Pending>& next, size_t* answered, bool* timed_out) {
+  static const char* kAsking[] = {"ASKING"};
+  static const size_t kAskingLen[] = {6};
+  for (const Pending& p : group.items) {
+    if (p.asking) conn.Append(1, kAsking, kAskingLen);
+    const Command& c = cmds[p.cmd];
+    conn.Append(c.argc, c.argv.data(), c.len.data());
+  }
+  for (const Pending& p : group.items) {
+    Reply reply;
+    Status s = conn.ReadReply(deadline, &reply, timed_out);
+    // ASKING's own answer came first; the command's answer says whether it worked.
+    if (s.ok() && p.asking) s = conn.ReadReply(deadline, &reply, timed_out);
+    if (!s.ok()) return s;
+    if (reply->type == REDIS_REPLY_ERROR) {
+      OnError(*group.node, p, *reply, results, next);
+    } else {
+      results[p.cmd] = on_reply(p.cmd, *reply, group.node->name());
+    }
+    ++*answered;
+  }
+  return Status::Ok();
 }
 
 void RedisCluster::Impl::OnError(RedisNode& node, const Pending& p, const redisReply& reply,

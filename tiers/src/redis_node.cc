@@ -99,6 +99,7 @@ std::string DescribeReply(const redisReply& r) {
 RedisConnection::RedisConnection(RedisConnection&& other) noexcept
     : node_(std::exchange(other.node_, nullptr)),
       ctx_(std::exchange(other.ctx_, nullptr)),
+      reused_(other.reused_),
       broken_(other.broken_) {}
 
 RedisConnection& RedisConnection::operator=(RedisConnection&& other) noexcept {
@@ -106,6 +107,7 @@ RedisConnection& RedisConnection::operator=(RedisConnection&& other) noexcept {
     if (ctx_ != nullptr) node_->Return(ctx_, broken_);
     node_ = std::exchange(other.node_, nullptr);
     ctx_ = std::exchange(other.ctx_, nullptr);
+    reused_ = other.reused_;
     broken_ = other.broken_;
   }
   return *this;
@@ -174,7 +176,7 @@ Result<RedisConnection> RedisNode::Borrow() {
     if (!idle_.empty()) {
       redisContext* ctx = idle_.back();
       idle_.pop_back();
-      return RedisConnection(this, ctx);
+      return RedisConnection(this, ctx, /*reused=*/true);
     }
     if (failed_ && Clock::now() - failed_at_ < options_.reconnect_backoff) {
       return Status::Unavailable(name_ + ": not reconnecting within reconnect_backoff (" +
@@ -194,7 +196,7 @@ Result<RedisConnection> RedisNode::Connect() {
     counters_->connects.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard lock(mu_);
     failed_ = false;
-    return RedisConnection(this, ctx);
+    return RedisConnection(this, ctx, /*reused=*/false);
   }
   std::string why = ctx == nullptr ? "out of memory" : ctx->errstr;
   if (ctx != nullptr) redisFree(ctx);

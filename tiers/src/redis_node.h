@@ -53,7 +53,8 @@ class RedisNode;
 class RedisConnection {
  public:
   RedisConnection() = default;
-  RedisConnection(RedisNode* node, redisContext* ctx) : node_(node), ctx_(ctx) {}
+  RedisConnection(RedisNode* node, redisContext* ctx, bool reused)
+      : node_(node), ctx_(ctx), reused_(reused) {}
   RedisConnection(RedisConnection&& other) noexcept;
   RedisConnection& operator=(RedisConnection&& other) noexcept;
   ~RedisConnection();  // back to the pool, or closed when broken
@@ -66,10 +67,14 @@ class RedisConnection {
   // UNAVAILABLE naming the node and the cause ("no answer within io_timeout"
   // sets *timed_out); the connection is then broken. Raises no SIGPIPE.
   Status ReadReply(Clock::time_point deadline, Reply* reply, bool* timed_out);
+  // Whether it was idle in the pool before (the server may have closed it meanwhile);
+  // false for a connection made by this Borrow.
+  bool reused() const { return reused_; }
 
  private:
   RedisNode* node_ = nullptr;
   redisContext* ctx_ = nullptr;
+  bool reused_ = false;
   bool broken_ = false;
 };
 

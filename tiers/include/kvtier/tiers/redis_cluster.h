@@ -16,7 +16,10 @@
 // Failures never throw and never block past the timeouts: a node down, slow
 // (io_timeout) or answering an error gives that key's call UNAVAILABLE with
 // the node and cause in the message; the connection is dropped and made again
-// by a later call (no more often than reconnect_backoff per node). Nothing
+// by a later call (no more often than reconnect_backoff per node). A pooled
+// connection that fails before its first answer (the server closed it while it
+// was idle) is replaced at once and the node's batch sent once more (GET, SET,
+// EXISTS and DEL are idempotent). Nothing
 // fails at Create for an unreachable cluster: it is found when it comes up.
 // A write to a connection the server reset raises no SIGPIPE (it is blocked
 // in the calling thread around hiredis's writes, and discarded).

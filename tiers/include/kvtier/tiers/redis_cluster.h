@@ -6,12 +6,11 @@
 // (the known masters first, then the seeds and the other nodes seen); it is
 // asked again after a MOVED, a connection failure or a CLUSTERDOWN answer, at
 // most once per topology_refresh (a MOVED also moves its one slot in the map
-// at once). A key's slot is CRC16(key or its {hash tag})
-// mod 16384. A MOVED answer updates the map and retries at the new owner; an
-// ASK answer retries once at the node named, after ASKING; at most
-// max_redirects of either per key. Single-server mode: a seed whose CLUSTER
-// SLOTS answers "cluster support disabled" (or any error saying the server is
-// not a cluster) serves every key.
+// at once). A key's slot is CRC16(key or its {hash tag}) mod 16384. A MOVED
+// answer updates the map and retries at the new owner; an ASK answer retries
+// once at the node named, after ASKING; at most max_redirects of either per
+// key. Single-server mode: a seed whose CLUSTER SLOTS answers "cluster support
+// disabled" (or that does not know the CLUSTER command) serves every key.
 //
 // Failures never throw and never block past the timeouts: a node down, slow
 // (io_timeout) or answering an error gives that key's call UNAVAILABLE with
@@ -19,7 +18,9 @@
 // by a later call (no more often than reconnect_backoff per node). A pooled
 // connection that fails before its first answer (the server closed it while it
 // was idle) is replaced at once and the node's batch sent once more (GET, SET,
-// EXISTS and DEL are idempotent). Nothing
+// EXISTS and DEL are idempotent). A call takes at most its refresh (nodes asked
+// one after another, each within connect_timeout + io_timeout) plus, for each
+// node it reaches in each redirect round, connect_timeout + io_timeout. Nothing
 // fails at Create for an unreachable cluster: it is found when it comes up.
 // A write to a connection the server reset raises no SIGPIPE (it is blocked
 // in the calling thread around hiredis's writes, and discarded).

@@ -66,7 +66,7 @@ Result<DaemonStats> AdminClient::Stats() {
   s.lookup_chunks = r.lookup_chunks();
   s.unserved_hit_tokens = r.unserved_hit_tokens();
   const auto tier_tokens = [](const v1::TierTokens& t) {
-    return TierTokens{t.hbm(), t.dram(), t.nvme()};
+    return TierTokens{t.hbm(), t.dram(), t.nvme(), t.remote()};
   };
   for (const auto& m : r.models()) {
     s.models.push_back({m.model_id(), m.lookup_tokens(), tier_tokens(m.hit_tokens()),

@@ -26,6 +26,7 @@ ChunkLease& ChunkLease::operator=(ChunkLease&& other) noexcept {
     hbm_chunks = other.hbm_chunks;
     nvme_chunks = other.nvme_chunks;
     prefetched_chunks = other.prefetched_chunks;
+    remote_chunks = other.remote_chunks;
     lookup_time = other.lookup_time;
     fail_open = std::move(other.fail_open);
   }
@@ -152,6 +153,7 @@ Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const in
   const uint32_t n = resp.num_chunks();
   lease.nvme_chunks = std::min(n, resp.nvme_chunks());
   lease.prefetched_chunks = std::min(n, resp.prefetched_chunks());
+  lease.remote_chunks = std::min(n, resp.remote_chunks());
   return lease;
 }
 
@@ -184,6 +186,8 @@ Result<LoadResult> Client::Load(const NamespaceHandle& ns, std::span<const int32
   result.nvme_chunks = valid > dram_chunks ? valid - dram_chunks : 0;
   const uint32_t not_prefetched = n - lease.prefetched_chunks;
   result.prefetched_chunks = valid > not_prefetched ? valid - not_prefetched : 0;
+  const uint32_t not_remote = n - lease.remote_chunks;
+  result.remote_chunks = valid > not_remote ? valid - not_remote : 0;
   result.loaded_tokens = uint64_t{valid} * ns.spec.chunk_tokens;
   return result;
 }

@@ -136,6 +136,7 @@ Result<PrefetchTicket> Client::Prefetch(const NamespaceHandle& ns, std::span<con
   ticket.id = resp.ticket();
   ticket.total_chunks = resp.total_chunks();
   ticket.nvme_chunks = resp.nvme_chunks();
+  ticket.remote_chunks = resp.remote_chunks();
   ticket.ready_chunks = resp.ready_chunks();
   ticket.session_id = (*conn)->session_id;
   return ticket;

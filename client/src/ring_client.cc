@@ -185,6 +185,7 @@ std::optional<Status> RingClient::Lookup(const LookupArgs& args, Clock::time_poi
     resp->set_nvme_chunks(c.nvme_chunks);
     resp->set_prefetched_chunks(c.prefetched_chunks);
     resp->set_hbm_chunks(c.hbm_chunks);
+    resp->set_remote_chunks(c.remote_chunks);
     resp->mutable_chunks()->Reserve(static_cast<int>(c.location_count));
     for (uint32_t i = 0; i < c.location_count; ++i) {
       RingLocation loc;

@@ -124,6 +124,12 @@ void SealPayloadChecksum(std::byte* slot, const SlotLayout& layout) {
   std::memcpy(slot + offsetof(SlotHeader, header_checksum), &checksum, sizeof(checksum));
 }
 
+void RestampSlotSequence(std::byte* slot, const SlotLayout& layout, uint64_t sequence) {
+  std::memcpy(slot + offsetof(SlotHeader, sequence), &sequence, sizeof(sequence));
+  const uint32_t checksum = HeaderChecksum(slot, layout.chunk_tokens);
+  std::memcpy(slot + offsetof(SlotHeader, header_checksum), &checksum, sizeof(checksum));
+}
+
 Status VerifySlotPayload(const std::byte* slot, const SlotLayout& layout) {
   SlotHeader h;
   std::memcpy(&h, slot, sizeof(h));

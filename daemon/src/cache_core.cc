@@ -56,6 +56,13 @@ Status CacheCoreOptions::Validate() const {
                                      " is outside 100..86400000 (100 ms to 24 h)");
     }
   }
+  if (!remote.url.empty()) {
+    KVTIER_RETURN_IF_ERROR(remote.Validate());
+    if (nvme.paths.empty()) {
+      return Status::InvalidArgument("remote " + remote.url + " needs the NVMe tier (--nvme-path): "
+                                     "remote writes go with the NVMe writer's batches");
+    }
+  }
   return Status::Ok();
 }
 
@@ -96,8 +103,18 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
                    options.dram_bytes);
     }
   }
+  if (!options.remote.url.empty()) {
+    auto remote = RemoteTier::Open(options.remote);
+    if (!remote.ok()) return remote.status();
+    core->remote_ = std::move(remote).value();
+  }
   auto nvme = open_nvme();
   if (!nvme.ok()) return nvme.status();
+  if (core->remote_ && !*nvme) {
+    return Status::InvalidArgument("remote " + options.remote.url + " needs the NVMe tier "
+                                   "(--nvme-path): remote writes go with the NVMe writer's "
+                                   "batches");
+  }
   if (*nvme) {
     core->nvme_ = std::move(nvme).value();
     // Above every image NVMe holds: a lapsed reader's sequence can never match
@@ -108,7 +125,8 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
         NvmeWriter::Options{.policy = options.nvme_write_policy,
                             .write_back_buffer_bytes = options.write_back_buffer_bytes,
                             .write_through_wait = options.write_through_wait},
-        core->mu_, *core->dram_, *core->nvme_, *core->nvme_health_, core->namespaces_);
+        core->mu_, *core->dram_, *core->nvme_, *core->nvme_health_, core->namespaces_,
+        core->remote_.get());
     spdlog::info("NVMe tier: {} chunks indexed at start over {} path(s) of {} bytes",
                  core->nvme_->counters().chunks, options.nvme.paths.size(),
                  options.nvme.bytes_per_path);
@@ -116,7 +134,7 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
   CacheCore* self = core.get();
   core->promoter_ = std::make_unique<Promoter>(
       core->mu_, *core->dram_, core->nvme_.get(), core->nvme_health_.get(),
-      core->hbm_copier_.get(), core->work_cv_,
+      core->hbm_copier_.get(), core->remote_.get(), core->work_cv_,
       Promoter::Hooks{
           .live_namespace = [self](const NamespaceId& id) -> CoreNamespace* {
             auto it = self->ns_by_id_.find(id);
@@ -128,7 +146,16 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
           },
           .hold = [self](uint64_t session_id, uint64_t bytes) { self->Hold(session_id, bytes); },
           .drop = [self](uint64_t session_id, uint64_t bytes) { self->Drop(session_id, bytes); },
+          .take_sequences = [self](size_t n) {
+            const uint64_t first = self->next_sequence_;
+            self->next_sequence_ += n;
+            return first;
+          },
       });
+  if (core->remote_) {
+    spdlog::info("remote tier: {} (pool of {} connections per node, {} ms timeout)",
+                 options.remote.url, options.remote.pool_size, options.remote.timeout.count());
+  }
   if (core->nvme_ || core->hbm_) {
     core->StartWorkers();
     core->dram_->SetEvictionListener([self](uint32_t h) { self->OnDramEviction(h); });
@@ -293,6 +320,22 @@ size_t CacheCore::ContinuationRun(const std::vector<ChunkKey>& keys, size_t from
   return n;
 }
 
+size_t CacheCore::PromotionReach(const std::vector<ChunkKey>& keys, size_t from, size_t limit,
+                                  size_t run) const {
+  if (!remote_ || remote_->Degraded() || from >= limit) return run;
+  if (run == 0 && dram_->Find(keys[from]) != ChunkIndex::kNone) return 0;  // failed its check
+  return limit - from;
+}
+
+size_t CacheCore::LocalRun(const std::vector<ChunkKey>& keys, size_t limit) const {
+  size_t n = 0;
+  while (n < limit && (dram_->Find(keys[n]) != ChunkIndex::kNone ||
+                       (nvme_ && nvme_->Contains(keys[n])))) {
+    ++n;
+  }
+  return n;
+}
+
 void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* resp, Done done) {
   const auto started = std::chrono::steady_clock::now();
   auto prompt = PromptTokens(req.tokens, options_.max_prompt_tokens);
@@ -357,10 +400,12 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
     const Promotion& p = (*ticket)->second;
     tally.request = p.request;  // the Prefetch's request
     tally.prefetched_at.assign(hits.size(), false);
+    tally.remote_at.assign(hits.size(), false);
     for (size_t i = p.dram_at_start; i < std::min(hits.size(), p.ready.size()); ++i) {
       if (hits[i] == p.ready[i]) {
         ++tally.prefetched;
         tally.prefetched_at[i] = true;
+        tally.remote_at[i] = i < p.from_remote.size() && p.from_remote[i];
       }
     }
     for (uint32_t h : hits) dram_->Pin(h);
@@ -374,7 +419,12 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
   const size_t run = req.prefetch_ticket != 0
                          ? 0
                          : ContinuationRun(keys, hits.size(), tally.max_hits);
-  if (!req.acquire || run == 0) {
+  // Without a lease nothing is read: NVMe chunks are checked when read, and
+  // the remote tier is not asked (a Prefetch or a Lookup with acquire reads it).
+  const size_t reach = req.acquire && req.prefetch_ticket == 0
+                           ? PromotionReach(keys, hits.size(), tally.max_hits, run)
+                           : run;
+  if (!req.acquire || reach == 0) {
     // Without a lease nothing is read: NVMe chunks are checked when read.
     if (!req.acquire) tally.nvme_hits = run;
     if (req.acquire) {
@@ -389,8 +439,8 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
   p.session_id = req.session_id;
   p.expiry = clock_.Now() + options_.lease_ttl;
   p.ns = ns;
-  p.held_bytes = (hits.size() + run) * ns.layout.slot_bytes;
-  p.keys.assign(keys.begin(), keys.begin() + static_cast<ptrdiff_t>(hits.size() + run));
+  p.held_bytes = (hits.size() + reach) * ns.layout.slot_bytes;
+  p.keys.assign(keys.begin(), keys.begin() + static_cast<ptrdiff_t>(hits.size() + reach));
   p.tokens.assign(all.begin(), all.begin() + static_cast<ptrdiff_t>(p.keys.size() *
                                                                     ns.spec.chunk_tokens));
   for (uint32_t h : hits) dram_->Pin(h);
@@ -402,7 +452,9 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
       std::lock_guard relock(mu_);
       result = CheckSession(tally.session_id);
       if (result.ok()) {
+        // Remote chunks are in nvme_hits too (LookupResponse.remote_chunks).
         tally.nvme_hits = promoted.ready.size() - tally.dram_hits;
+        tally.remote_at = promoted.from_remote;
         GrantLookup(tally, ns, promoted.ready, resp);  // its pins become the lease's
       } else {
         for (uint32_t h : promoted.ready) dram_->Unpin(h);
@@ -435,6 +487,8 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
   resp->nvme_chunks = static_cast<uint32_t>(t.nvme_hits);
   resp->prefetched_chunks = static_cast<uint32_t>(t.prefetched);
   resp->hbm_chunks = static_cast<uint32_t>(hbm_hits);
+  resp->remote_chunks = static_cast<uint32_t>(
+      std::count(t.remote_at.begin(), t.remote_at.end(), true));
   if (t.hbm) hbm_copier_->Queue(hits);
   resp->cached_tokens = num_hits * ct;
   resp->lease_ttl_ms = static_cast<uint64_t>(options_.lease_ttl.count());

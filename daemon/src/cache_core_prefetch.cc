@@ -73,6 +73,17 @@ Status CacheCore::Prefetch(const core::PrefetchRequest& req, core::PrefetchRespo
     return Status::FailedPrecondition("to_hbm: the HBM tier is off (start kvtierd with "
                                       "--hbm-bytes)");
   }
+  // The remote tier, asked without mu_ held: which chunks past what DRAM and
+  // NVMe hold it has, so that the ticket promises only those.
+  size_t probe_from = 0, remote_present = 0;
+  if (remote_ && !remote_->Degraded()) {
+    {
+      std::lock_guard lock(mu_);
+      probe_from = LocalRun(keys, limit);
+    }
+    remote_present = remote_->PresentRun(
+        ns.id, std::span<const ChunkKey>(keys).subspan(probe_from, limit - probe_from));
+  }
   std::unique_lock lock(mu_);
   KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id));
   // A ticket holds at most what is left of the prefetch budget.
@@ -85,12 +96,19 @@ Status CacheCore::Prefetch(const core::PrefetchRequest& req, core::PrefetchRespo
   }
   std::vector<uint32_t> hits = DramPrefix(ns, keys, all, affordable);
   const size_t run = ContinuationRun(keys, hits.size(), affordable);
+  // The remote run counts when DRAM and NVMe still end where they did at the
+  // probe (else none: the ticket promises nothing it has not seen).
+  const size_t reach =
+      run + (hits.size() + run == probe_from
+                 ? std::min(remote_present, affordable - std::min(affordable, probe_from))
+                 : 0);
   resp->deadline_ms = deadline_ms;
   resp->ready_chunks = static_cast<uint32_t>(hits.size());
-  resp->total_chunks = static_cast<uint32_t>(hits.size() + run);
+  resp->total_chunks = static_cast<uint32_t>(hits.size() + reach);
   resp->nvme_chunks = static_cast<uint32_t>(run);
+  resp->remote_chunks = static_cast<uint32_t>(reach - run);
   std::string request = RequestLedger::Named(req.request_id);
-  if (hits.size() + run == 0) {
+  if (hits.size() + reach == 0) {
     ++(affordable == 0 && limit > 0 ? counters_.prefetches.over_budget
                                      : counters_.prefetches.nothing_cached);
     CountPrompt(request, ns, all.size(), keys.size());
@@ -100,8 +118,8 @@ Status CacheCore::Prefetch(const core::PrefetchRequest& req, core::PrefetchRespo
   p.session_id = req.session_id;
   p.expiry = clock_.Now() + std::chrono::milliseconds(deadline_ms);
   p.ns = ns;
-  p.held_bytes = (hits.size() + run) * ns.layout.slot_bytes;
-  p.keys.assign(keys.begin(), keys.begin() + static_cast<ptrdiff_t>(hits.size() + run));
+  p.held_bytes = (hits.size() + reach) * ns.layout.slot_bytes;
+  p.keys.assign(keys.begin(), keys.begin() + static_cast<ptrdiff_t>(hits.size() + reach));
   p.tokens.assign(all.begin(), all.begin() + static_cast<ptrdiff_t>(p.keys.size() *
                                                                     ns.spec.chunk_tokens));
   for (uint32_t h : hits) {
@@ -110,7 +128,7 @@ Status CacheCore::Prefetch(const core::PrefetchRequest& req, core::PrefetchRespo
   }
   p.ready = std::move(hits);
   p.dram_at_start = static_cast<uint32_t>(p.ready.size());
-  p.done = run == 0;
+  p.done = reach == 0;
   p.to_hbm = req.to_hbm;
   if (p.to_hbm) hbm_copier_->Queue(p.ready);
   const uint64_t ticket = next_id_++;
@@ -177,9 +195,13 @@ size_t CacheCore::WriteThroughBatches(size_t max_batches,
 }
 
 std::vector<std::string> CacheCore::DegradedTiers() const {
-  std::lock_guard lock(mu_);
-  if (NvmeDegraded()) return {"nvme"};
-  return {};
+  std::vector<std::string> degraded;
+  {
+    std::lock_guard lock(mu_);
+    if (NvmeDegraded()) degraded.push_back("nvme");
+  }
+  if (remote_ && remote_->Degraded()) degraded.push_back("remote");
+  return degraded;
 }
 
 }  // namespace kvtier

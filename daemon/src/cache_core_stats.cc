@@ -26,6 +26,7 @@ CacheCore::Leased& CacheCore::Leased::operator+=(const Leased& o) {
   hit_tokens += o.hit_tokens;
   hits += o.hits;
   nvme_hits += o.nvme_hits;
+  remote_hits += o.remote_hits;
   hbm_hits += o.hbm_hits;
   read_bytes += o.read_bytes;
   hbm_read_bytes += o.hbm_read_bytes;
@@ -48,6 +49,7 @@ void CacheCore::AddTierTokens(core::TierTokens& to, const LeaseCredit& c) {
   to.hbm += c.hbm_hits * c.chunk_tokens;
   to.dram += c.hits * c.chunk_tokens;
   to.nvme += c.nvme_hits * c.chunk_tokens;
+  to.remote += c.remote_hits * c.chunk_tokens;
 }
 
 CacheCore::LeaseCredit CacheCore::CountRequest(const LookupTally& t, const NamespaceState& ns,
@@ -71,7 +73,9 @@ CacheCore::LeaseCredit CacheCore::CountRequest(const LookupTally& t, const Names
   for (size_t i = fresh.from; i < fresh.to; ++i) {
     if (count_chunk_hits) dram_->AddHit(hits[i]);
     c.hit_tokens += ns.spec.chunk_tokens;
-    if (i >= t.dram_hits || (i < t.prefetched_at.size() && t.prefetched_at[i])) {
+    if (i < t.remote_at.size() && t.remote_at[i]) {
+      ++c.remote_hits;
+    } else if (i >= t.dram_hits || (i < t.prefetched_at.size() && t.prefetched_at[i])) {
       ++c.nvme_hits;
     } else if (hbm_ && hbm_->Find(dram_->Get(hits[i]).key) != ChunkIndex::kNone) {
       ++c.hbm_hits;
@@ -117,8 +121,8 @@ core::StatsResponse CacheCore::Stats() {
   core::TierStats& t = resp.tiers.emplace_back(SlotTierStats("dram", *dram_, smallest_slot));
   t.hits = all.hits - lost.hits;
   t.unserved_hits = lost.hits;
-  const uint64_t served = (all.hits + all.nvme_hits + all.hbm_hits) -
-                          (lost.hits + lost.nvme_hits + lost.hbm_hits);
+  const uint64_t served = (all.hits + all.nvme_hits + all.hbm_hits + all.remote_hits) -
+                          (lost.hits + lost.nvme_hits + lost.hbm_hits + lost.remote_hits);
   t.misses = counters_.lookup_chunks - std::min(counters_.lookup_chunks, served);
   t.read_bytes = all.read_bytes - lost.read_bytes;
   t.unserved_read_bytes = lost.read_bytes;
@@ -145,6 +149,21 @@ core::StatsResponse CacheCore::Stats() {
     nt.lost_writes = w.lost_writes;
     nt.throttled_writes = counters_.nvme_throttled_writes;
   }
+  if (remote_) {
+    const RemoteTierCounters r = remote_->counters();
+    core::TierStats& rt = resp.tiers.emplace_back();
+    rt.name = "remote";
+    rt.hits = all.remote_hits - lost.remote_hits;
+    rt.unserved_hits = lost.remote_hits;
+    rt.misses = r.misses;
+    rt.read_bytes = promoter_->counters().remote_read_bytes;
+    rt.write_bytes = r.write_bytes;
+    rt.corrupt_reads = r.corrupt_reads;
+    rt.io_errors = r.io_errors;
+    rt.degraded = remote_->Degraded();
+    rt.skipped_writes = r.skipped;
+    rt.lost_writes = r.failed_writes;
+  }
   resp.lookups = counters_.lookups;
   resp.ring_lookups = ring_lookups_.load(std::memory_order_relaxed);
   resp.ring_calls = ring_calls_.load(std::memory_order_relaxed);
@@ -158,7 +177,8 @@ core::StatsResponse CacheCore::Stats() {
     out.lookup_tokens = m.lookup_tokens;
     out.hit_tokens = {m.hit_tokens.hbm - m.unserved_hit_tokens.hbm,
                       m.hit_tokens.dram - m.unserved_hit_tokens.dram,
-                      m.hit_tokens.nvme - m.unserved_hit_tokens.nvme};
+                      m.hit_tokens.nvme - m.unserved_hit_tokens.nvme,
+                      m.hit_tokens.remote - m.unserved_hit_tokens.remote};
     out.unserved_hit_tokens = m.unserved_hit_tokens;
   }
   resp.prefetches = counters_.prefetches;

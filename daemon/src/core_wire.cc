@@ -46,6 +46,7 @@ void ToWire(const core::LookupResponse& from, v1::LookupResponse* to) {
   to->set_nvme_chunks(from.nvme_chunks);
   to->set_prefetched_chunks(from.prefetched_chunks);
   to->set_hbm_chunks(from.hbm_chunks);
+  to->set_remote_chunks(from.remote_chunks);
   to->mutable_chunks()->Reserve(static_cast<int>(from.chunks.size()));
   for (const core::ChunkLocation& c : from.chunks) ToWire(c, to->add_chunks());
 }
@@ -97,6 +98,7 @@ Status Run(CacheCore& core, const v1::PrefetchRequest& req, v1::PrefetchResponse
   resp->set_nvme_chunks(out.nvme_chunks);
   resp->set_ready_chunks(out.ready_chunks);
   resp->set_deadline_ms(out.deadline_ms);
+  resp->set_remote_chunks(out.remote_chunks);
   return st;
 }
 
@@ -229,6 +231,7 @@ void Run(CacheCore& core, v1::StatsResponse* resp) {
     w->set_hbm(t.hbm);
     w->set_dram(t.dram);
     w->set_nvme(t.nvme);
+    w->set_remote(t.remote);
   };
   for (const core::ModelStats& m : s.models) {
     v1::ModelStats* w = resp->add_models();

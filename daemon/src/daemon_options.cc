@@ -66,6 +66,8 @@ struct RawOptions {
   int64_t lease_ttl_ms = 0, reservation_ttl_ms = 0, drain_timeout_ms = 0;
   std::string hbm_bytes = "0", gpu_backend = "cuda";
   std::string metrics_address = "127.0.0.1:9400";
+  std::string remote;  // "" = no remote tier
+  int64_t remote_pool_size = 4, remote_timeout_ms = 200;
   int64_t gpu = 0;
   std::string config_path;            // --config, when given
   std::map<std::string, int> from_config;  // key -> its line (from 1), when no flag gave it
@@ -105,6 +107,39 @@ struct RawOptions {
     return st;
   }
 };
+
+// The remote tier's settings (opts.core.remote), checked. A remote tier needs NVMe.
+template <typename IgnoreIfGiven>
+Status ApplyRemote(const RawOptions& raw, uint64_t nvme_bytes, const IgnoreIfGiven& ignore_if_given,
+                   DaemonOptions* opts) {
+  if (raw.remote_pool_size < 1 || raw.remote_pool_size > 256) {
+    return Status::InvalidArgument(raw.Where("remote_pool_size") + " " +
+                                   std::to_string(raw.remote_pool_size) + " is outside 1..256");
+  }
+  if (raw.remote_timeout_ms < 1 || raw.remote_timeout_ms > 60'000) {
+    return Status::InvalidArgument(raw.Where("remote_timeout_ms") + " " +
+                                   std::to_string(raw.remote_timeout_ms) +
+                                   " is outside 1..60000");
+  }
+  if (raw.remote.empty()) {
+    for (const std::string key : {"remote_pool_size", "remote_timeout_ms"}) {
+      ignore_if_given(key, "remote", " is not set (no remote tier)");
+    }
+    return Status::Ok();
+  }
+  if (auto seeds = ParseRedisUrl(raw.remote); !seeds.ok()) {
+    return Status::InvalidArgument(raw.Where("remote") + ": " + seeds.status().message());
+  }
+  if (nvme_bytes == 0) {
+    return Status::InvalidArgument(raw.Where("remote") + " needs the NVMe tier, but " +
+                                   raw.Where("nvme_bytes") + " is 0 (remote writes go with the "
+                                   "NVMe writer's batches)");
+  }
+  opts->core.remote.url = raw.remote;
+  opts->core.remote.pool_size = static_cast<uint32_t>(raw.remote_pool_size);
+  opts->core.remote.timeout = std::chrono::milliseconds(raw.remote_timeout_ms);
+  return Status::Ok();
+}
 
 // Counts the YAML documents of `text` without building them. yaml-cpp 0.7's LoadAll never
 // returns on some malformed text (a stray ',': each document it yields is empty and reads
@@ -296,6 +331,13 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
       } else if (key == "nvme_workers") {
         expected = "an integer";
         dst->nvme_workers = kv.second.as<int64_t>();
+      } else if (key == "remote") {
+        expected = "a URL such as redis://host:6379,host2:6379";
+        dst->remote = kv.second.as<std::string>();
+      } else if (key == "remote_pool_size" || key == "remote_timeout_ms") {
+        expected = "an integer";
+        (key == "remote_pool_size" ? dst->remote_pool_size : dst->remote_timeout_ms) =
+            kv.second.as<int64_t>();
       } else if (key == "hbm_bytes") {
         expected = "a byte size such as 16GiB";
         dst->hbm_bytes = kv.second.as<std::string>();
@@ -319,7 +361,8 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
                                        "drain_timeout_ms, nvme_paths, nvme_bytes, "
                                        "nvme_queue_depth, nvme_workers, nvme_write_policy, "
                                        "selective_min_hits, hbm_bytes, gpu, gpu_backend, "
-                                       "dram_eviction, hbm_eviction, nvme_eviction)");
+                                       "dram_eviction, hbm_eviction, nvme_eviction, remote, "
+                                       "remote_pool_size, remote_timeout_ms)");
       }
     } catch (const YAML::Exception& e) {
       return Status::InvalidArgument("config " + path + ": key '" + key + "' must be " +
@@ -409,6 +452,15 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   app.add_option("--gpu", raw.gpu, "CUDA device ordinal of the HBM pool")->capture_default_str();
   app.add_option("--gpu-backend", raw.gpu_backend,
                  "cuda, or host: emulate the GPU with shared host memory (tests only)")
+      ->capture_default_str();
+  app.add_option("--remote", raw.remote,
+                 "remote tier shared by many kvtierd: redis://host:port[,host:port...] (a Redis "
+                 "Cluster's seeds, or one Redis/Valkey server); needs the NVMe tier. Default: off");
+  app.add_option("--remote-pool-size", raw.remote_pool_size,
+                 "connections kept per remote store node")
+      ->capture_default_str();
+  app.add_option("--remote-timeout-ms", raw.remote_timeout_ms,
+                 "longest wait for one remote store node's answers to a batch; past it, a miss")
       ->capture_default_str();
   bool rebuild_index = false;
   app.add_flag("--rebuild-index", rebuild_index,
@@ -554,6 +606,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   if (*nvme_bytes == 0 && *hbm_bytes == 0) {  // the I/O workers serve NVMe and HBM copies
     ignore_if_given("nvme_workers", "nvme_bytes", " 0 and hbm_bytes 0 leave the I/O workers idle");
   }
+  KVTIER_RETURN_IF_ERROR(ApplyRemote(raw, *nvme_bytes, ignore_if_given, &opts));
   for (const auto& [key, line] : raw.from_config) opts.from_config[key] = raw.Where(key);
   for (const CLI::Option* o : app.get_options()) {
     if (o->count() == 0 || o->get_lnames().empty()) continue;

@@ -37,6 +37,9 @@ std::vector<ConfigSetting> EffectiveConfig(const DaemonOptions& o) {
       {"nvme_eviction", EvictionPolicyName(c.nvme.eviction)},
       {"hbm_bytes", std::to_string(c.hbm.bytes)},
       {"gpu", std::to_string(c.hbm.device)},
+      {"remote", c.remote.url},
+      {"remote_pool_size", std::to_string(c.remote.pool_size)},
+      {"remote_timeout_ms", ms(c.remote.timeout)},
       {"gpu_backend", c.hbm.backend == HbmBackend::kHost ? "host" : "cuda"},
       {"rebuild_index", o.rebuild_index ? "true" : "false"},
   };

@@ -42,12 +42,14 @@ constexpr TierSeries kTierSeries[] = {
     // Not a counter: a later Lookup of the same engine request may serve chunks
     // counted here, and an unserved lease adds them back.
     {"misses", false, "dram: full chunks of the engine requests looked up that no tier served "
-                      "so far (goes down when a later lookup of a request serves them).",
+                      "so far (goes down when a later lookup of a request serves them); "
+                      "remote: images read that the store did not hold or that failed "
+                      "verification.",
      [](const TierStats& t) { return t.misses; }},
     {"evictions", true, "Chunks the tier evicted to make room.",
      [](const TierStats& t) { return t.evictions; }},
     {"read_bytes", true, "Payload bytes read from the tier (dram, hbm: leased to clients, "
-                         "unserved leases too; nvme: promoted into DRAM).",
+                         "unserved leases too; nvme, remote: promoted into DRAM).",
      [](const TierStats& t) { return t.read_bytes + t.unserved_read_bytes; }},
     {"unserved_read_bytes", true, "Of kvtier_tier_read_bytes_total, bytes of leases whose "
                                   "Lookup answer never reached the client.",
@@ -60,9 +62,11 @@ constexpr TierSeries kTierSeries[] = {
     {"corrupt_reads", true, "Reads that failed verification (counted as misses).",
      [](const TierStats& t) { return t.corrupt_reads; }},
     {"io_errors", true, "I/O operations that failed.", [](const TierStats& t) { return t.io_errors; }},
-    {"skipped_writes", true, "Chunks evicted from DRAM before their NVMe write.",
+    {"skipped_writes", true, "Chunks evicted from DRAM before their NVMe write (remote: "
+                           "images not written or read because the tier was degraded).",
      [](const TierStats& t) { return t.skipped_writes; }},
-    {"lost_writes", true, "NVMe writes that failed or were dropped at shutdown.",
+    {"lost_writes", true, "NVMe writes that failed or were dropped at shutdown (remote: "
+                        "images the store did not take).",
      [](const TierStats& t) { return t.lost_writes; }},
     {"throttled_writes", true, "Stores dropped because the NVMe writer was behind.",
      [](const TierStats& t) { return t.throttled_writes; }},
@@ -156,7 +160,7 @@ std::string LabelValue(std::string_view v) {
 }
 
 uint64_t OfTier(const core::TierTokens& t, std::string_view tier) {
-  return tier == "hbm" ? t.hbm : tier == "dram" ? t.dram : t.nvme;
+  return tier == "hbm" ? t.hbm : tier == "dram" ? t.dram : tier == "nvme" ? t.nvme : t.remote;
 }
 
 // Tokens by model (labels bounded by kMaxModelLabels) and prefetch outcomes.

@@ -23,8 +23,9 @@ Result<NvmeWritePolicy> ParseNvmeWritePolicy(const std::string& name) {
 }
 
 NvmeWriter::NvmeWriter(const Options& options, std::mutex& mu, DramTier& dram, NvmeTier& nvme,
-                       NvmeHealth& health, const CoreNamespaces& namespaces)
-    : options_(options), mu_(mu), dram_(dram), nvme_(nvme), health_(health),
+                       NvmeHealth& health, const CoreNamespaces& namespaces,
+                       RemoteTier* remote)
+    : options_(options), mu_(mu), dram_(dram), nvme_(nvme), health_(health), remote_(remote),
       namespaces_(namespaces) {}
 
 void NvmeWriter::Queue(uint32_t handle) {
@@ -147,6 +148,7 @@ size_t NvmeWriter::WriteDemotions() {
     LatencyTimer timer(write_latency_);
     return nvme_.Write(images);
   }();
+  if (remote_ != nullptr) remote_->WriteMany(images);
   std::lock_guard lock(mu_);
   health_.NoteWrite(stored.status(), "write-back", images.size());
   EndWrites(demoted.size());
@@ -255,6 +257,7 @@ void NvmeWriter::WriteBatch(const ThroughBatch& batch) {
   } catch (const std::exception& e) {  // std::bad_alloc from RocksDB: the batch is lost
     stored = Status::IOError(std::string("NVMe write: ") + e.what());
   }
+  if (remote_ != nullptr) remote_->WriteMany(batch.images);
   std::lock_guard lock(mu_);
   if (!batch.images.empty()) health_.NoteWrite(stored.status(), "write-through", batch.images.size());
   EndWrites(batch.images.size());

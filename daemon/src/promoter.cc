@@ -12,9 +12,10 @@ constexpr const char* kTicketGone = "taken over by a Lookup, expired or never gr
 }  // namespace
 
 Promoter::Promoter(std::mutex& mu, DramTier& dram, NvmeTier* nvme, NvmeHealth* health,
-                   HbmCopier* hbm, std::condition_variable& work_cv, Hooks hooks)
-    : mu_(mu), dram_(dram), nvme_(nvme), health_(health), hbm_(hbm), work_cv_(work_cv),
-      hooks_(std::move(hooks)) {}
+                   HbmCopier* hbm, RemoteTier* remote, std::condition_variable& work_cv,
+                   Hooks hooks)
+    : mu_(mu), dram_(dram), nvme_(nvme), health_(health), hbm_(hbm), remote_(remote),
+      work_cv_(work_cv), hooks_(std::move(hooks)) {}
 
 void Promoter::Start(uint64_t id, Promotion p) {
   p.started = std::chrono::steady_clock::now();
@@ -74,7 +75,16 @@ void Promoter::End(Table::iterator it) {
 void Promoter::Finish(std::unique_lock<std::mutex>& lock, Table::iterator it) {
   it->second.done = true;
   promotion_latency_.Observe(std::chrono::steady_clock::now() - it->second.started);
-  if (it->second.is_ticket()) return;  // a ticket: held until taken over or expired
+  if (it->second.is_ticket()) {  // held until taken over or expired: what became ready
+    Promotion& t = it->second;
+    const uint64_t unused = (t.keys.size() - t.ready.size()) * t.ns.layout.slot_bytes;
+    ticket_bytes_ -= unused;
+    t.held_bytes -= std::min(t.held_bytes, unused);
+    hooks_.drop(t.session_id, unused);
+    t.keys.resize(t.ready.size());
+    t.tokens.resize(t.keys.size() * t.ns.spec.chunk_tokens);
+    return;
+  }
   Promotion p = std::move(it->second);
   promotions_.erase(it);
   hooks_.drop(p.session_id, p.held_bytes);  // the lease its continuation grants holds them again
@@ -92,6 +102,38 @@ Result<Promoter::Table::iterator> Promoter::FindTicket(uint64_t ticket, uint64_t
   return it;
 }
 
+bool Promoter::JoinResident(Promotion& p, const CoreNamespace& ns) {
+  // Chunks in DRAM already (another request promoted or stored them) join at
+  // once if they pass the token check; one that fails ends the promotion
+  // (false: the read plan must not go past it).
+  while (p.ready.size() < p.keys.size()) {
+    const size_t i = p.ready.size();
+    const uint32_t h = dram_.Find(p.keys[i]);
+    if (h == ChunkIndex::kNone) return true;
+    if (!hooks_.token_check(ns, p.keys, p.tokens, i, h)) return false;
+    dram_.Pin(h);
+    p.ready.push_back(h);
+  }
+  return true;
+}
+
+Status Promoter::ReadRemote(std::span<NvmeTier::ReadRequest> reads, uint64_t first_sequence) {
+  std::vector<RemoteTier::ReadRequest> remote;
+  remote.reserve(reads.size());
+  for (const NvmeTier::ReadRequest& r : reads) remote.push_back({r.id, r.layout, r.buffer, {}});
+  {
+    LatencyTimer timer(remote_read_latency_);
+    remote_->ReadMany(remote);
+  }
+  for (size_t k = 0; k < reads.size(); ++k) {
+    reads[k].result = remote[k].result;
+    if (reads[k].result.ok()) {
+      RestampSlotSequence(reads[k].buffer.data(), *reads[k].layout, first_sequence + k);
+    }
+  }
+  return Status::Ok();  // each miss ends the promotion where it is
+}
+
 void Promoter::Step(uint64_t id) {
   constexpr size_t kBatch = 8;  // reads per step: a ticket's ready count grows batch by batch
   std::unique_lock lock(mu_);
@@ -105,19 +147,17 @@ void Promoter::Step(uint64_t id) {
     uint64_t slot_offset;
   };
   std::vector<Read> plan;
-  if (ns != nullptr && nvme_ != nullptr) {
-    // Chunks in DRAM already (another request promoted or stored them) join at
-    // once if they pass the token check; one that fails ends the promotion
-    // (the read plan below stops at a key in DRAM).
-    while (p.ready.size() < p.keys.size()) {
-      const size_t i = p.ready.size();
-      const uint32_t h = dram_.Find(p.keys[i]);
-      if (h == ChunkIndex::kNone || !hooks_.token_check(*ns, p.keys, p.tokens, i, h)) break;
-      dram_.Pin(h);
-      p.ready.push_back(h);
-    }
-    for (size_t i = p.ready.size(); i < p.keys.size() && plan.size() < kBatch; ++i) {
-      if (dram_.Find(p.keys[i]) != ChunkIndex::kNone || !nvme_->Contains(p.keys[i])) break;
+  bool from_remote = false;
+  if (ns != nullptr && (nvme_ != nullptr || remote_ != nullptr) && JoinResident(p, *ns) &&
+      p.ready.size() < p.keys.size()) {
+    // This batch's tier: NVMe while the next chunk is there, else the remote tier.
+    const size_t first = p.ready.size();
+    from_remote = nvme_ == nullptr || !nvme_->Contains(p.keys[first]);
+    for (size_t i = first; i < p.keys.size() && plan.size() < kBatch; ++i) {
+      if (from_remote && remote_ == nullptr) break;
+      if (dram_.Find(p.keys[i]) != ChunkIndex::kNone) break;
+      const bool on_nvme = nvme_ != nullptr && nvme_->Contains(p.keys[i]);
+      if (on_nvme == from_remote) break;  // one tier per batch
       // The ready chunks are pinned; room for the rest of this batch at once.
       const size_t room = std::min(p.keys.size(), i + kBatch - plan.size()) - i;
       auto offset = dram_.AllocateSlot(ns->ns_index, room);
@@ -149,14 +189,15 @@ void Promoter::Step(uint64_t id) {
                      {dram_.SlotAddress(plan[k].slot_offset), snap.layout.slot_bytes},
                      Status::Ok()});
   }
+  const uint64_t first_sequence = from_remote ? hooks_.take_sequences(plan.size()) : 0;
   lock.unlock();
-  const Status io = [&] {
+  const Status io = from_remote ? ReadRemote(reads, first_sequence) : [&] {
     LatencyTimer timer(nvme_read_latency_);
     return nvme_->ReadMany(reads);
   }();
   lock.lock();
   --ns->active_reservations;
-  health_->NoteIo(io.ok());
+  if (!from_remote) health_->NoteIo(io.ok());
   it = promotions_.find(id);
   Promotion* live = it == promotions_.end() ? nullptr : &it->second;
   // An admin eviction meanwhile may have removed what was read: keep none of it.
@@ -179,10 +220,15 @@ void Promoter::Step(uint64_t id) {
     }
     if (live != nullptr && live->ready.size() == plan[k].index) {
       dram_.Pin(h);
+      if (from_remote) {
+        live->from_remote.resize(live->ready.size() + 1);
+        live->from_remote.back() = true;
+      }
       live->ready.push_back(h);
     }
   }
-  counters_.read_bytes += promoted * snap.layout.payload_bytes;
+  (from_remote ? counters_.remote_read_bytes : counters_.read_bytes) +=
+      promoted * snap.layout.payload_bytes;
   if (is_ticket) counters_.prefetched_chunks += promoted;
   if (live == nullptr) return;
   if (live->to_hbm) hbm_->Queue(live->ready);

@@ -82,6 +82,7 @@ bool Answer(RingServer::Ring& ring, uint32_t slot, uint32_t seq, const Status& s
     c.nvme_chunks = resp->nvme_chunks;
     c.prefetched_chunks = resp->prefetched_chunks;
     c.hbm_chunks = resp->hbm_chunks;
+    c.remote_chunks = resp->remote_chunks;
     // max_chunks was bounded by kRingMaxLocations (DecodeLookup)
     c.location_count =
         static_cast<uint32_t>(std::min<size_t>(resp->chunks.size(), kRingMaxLocations));

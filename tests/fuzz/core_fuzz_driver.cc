@@ -610,9 +610,10 @@ void CoreFuzzDriver::CheckStats() {
   uint64_t model_lookup = 0, model_hit = 0, model_unserved = 0;
   for (const v1::ModelStats& m : s.models()) {
     model_lookup += m.lookup_tokens();
-    model_hit += m.hit_tokens().hbm() + m.hit_tokens().dram() + m.hit_tokens().nvme();
+    model_hit += m.hit_tokens().hbm() + m.hit_tokens().dram() + m.hit_tokens().nvme() +
+                 m.hit_tokens().remote();
     model_unserved += m.unserved_hit_tokens().hbm() + m.unserved_hit_tokens().dram() +
-                      m.unserved_hit_tokens().nvme();
+                      m.unserved_hit_tokens().nvme() + m.unserved_hit_tokens().remote();
   }
   FUZZ_CHECK(model_lookup == s.lookup_tokens(), "models' lookup tokens do not add up");
   FUZZ_CHECK(model_hit == s.hit_tokens(), "models' hit tokens do not add up");

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "campaign_util.h"
 #include "testing/daemon_process.h"
 
 namespace kvtier::testing {
@@ -47,16 +48,7 @@ class NvmeDaemonTest : public ::testing::Test {
     return json::parse(ReadFileOrEmpty(out), nullptr, false);
   }
 
-  static json Tier(DaemonProcess& d, const std::string& name) {
-    CommandResult r = d.Ctl({"--json", "stats"});
-    EXPECT_TRUE(r.ok()) << r.Describe();
-    json s = json::parse(r.out, nullptr, false);
-    if (s.is_discarded()) return json();
-    for (const auto& t : s["tiers"]) {
-      if (t["name"] == name) return t;
-    }
-    return json();
-  }
+  static json Tier(DaemonProcess& d, const std::string& name) { return TierOf(StatsOf(d), name); }
 
   static bool WaitForWriteThrough(DaemonProcess& d) {
     for (auto until = std::chrono::steady_clock::now() + 30s;

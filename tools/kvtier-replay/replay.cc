@@ -33,6 +33,8 @@ void Totals::Add(const Totals& o) {
   fail_open += o.fail_open;
   nvme_hit_tokens += o.nvme_hit_tokens;
   nvme_bytes_loaded += o.nvme_bytes_loaded;
+  remote_hit_tokens += o.remote_hit_tokens;
+  remote_bytes_loaded += o.remote_bytes_loaded;
   prefetch_nvme_chunks += o.prefetch_nvme_chunks;
   prefetch_ready_chunks += o.prefetch_ready_chunks;
   lookup_us.insert(lookup_us.end(), o.lookup_us.begin(), o.lookup_us.end());
@@ -142,8 +144,14 @@ bool RequestRunner::Run(const tools::TraceRequest& req, const std::string& reque
   const uint32_t dram_chunks = load->num_chunks - load->nvme_chunks - load->prefetched_chunks;
   const uint32_t nvme_verified = verified > dram_chunks ? verified - dram_chunks : 0;
   t.hit_tokens += uint64_t{verified} * chunk_tokens;
-  t.nvme_hit_tokens += uint64_t{nvme_verified} * chunk_tokens;
-  t.nvme_bytes_loaded += uint64_t{nvme_verified} * pb;
+  // Remote chunks (the last ones) are counted in nvme_chunks or prefetched_chunks too.
+  const uint32_t not_remote = load->num_chunks - load->remote_chunks;
+  const uint32_t remote_verified =
+      std::min(nvme_verified, verified > not_remote ? verified - not_remote : 0);
+  t.nvme_hit_tokens += uint64_t{nvme_verified - remote_verified} * chunk_tokens;
+  t.nvme_bytes_loaded += uint64_t{nvme_verified - remote_verified} * pb;
+  t.remote_hit_tokens += uint64_t{remote_verified} * chunk_tokens;
+  t.remote_bytes_loaded += uint64_t{remote_verified} * pb;
   t.prefetch_ready_chunks += std::min(verified, load->prefetched_chunks);
   t.chunks_loaded += verified;
   t.bytes_loaded += uint64_t{verified} * pb;

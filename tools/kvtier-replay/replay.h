@@ -30,6 +30,7 @@ struct Totals {
   uint64_t chunks_loaded = 0, chunks_stored = 0, chunks_dropped = 0, verify_errors = 0;
   uint64_t fail_open = 0;
   uint64_t nvme_hit_tokens = 0, nvme_bytes_loaded = 0;
+  uint64_t remote_hit_tokens = 0, remote_bytes_loaded = 0;  // not in nvme_*
   uint64_t prefetch_nvme_chunks = 0;   // NVMe chunks the prefetches set out to promote
   uint64_t prefetch_ready_chunks = 0;  // of those, ready in DRAM when the load came
   std::vector<double> lookup_us, load_us, store_us;

@@ -26,9 +26,11 @@ nlohmann::json SummaryJson(const Totals& t, const RunInfo& info) {
       {"token_hit_rate", t.HitRate()},
       {"tiers",
        {{"dram",
-         {{"hit_tokens", t.hit_tokens - t.nvme_hit_tokens},
-          {"bytes_loaded", t.bytes_loaded - t.nvme_bytes_loaded}}},
-        {"nvme", {{"hit_tokens", t.nvme_hit_tokens}, {"bytes_loaded", t.nvme_bytes_loaded}}}}},
+         {{"hit_tokens", t.hit_tokens - t.nvme_hit_tokens - t.remote_hit_tokens},
+          {"bytes_loaded", t.bytes_loaded - t.nvme_bytes_loaded - t.remote_bytes_loaded}}},
+        {"nvme", {{"hit_tokens", t.nvme_hit_tokens}, {"bytes_loaded", t.nvme_bytes_loaded}}},
+        {"remote",
+         {{"hit_tokens", t.remote_hit_tokens}, {"bytes_loaded", t.remote_bytes_loaded}}}}},
       {"prefetch",
        {{"policy", info.prefetch},
         {"schedule_delay_ms", info.schedule_delay_ms},
@@ -58,8 +60,12 @@ void PrintSummary(FILE* table, const Totals& t, const RunInfo& info) {
                info.model.c_str(), info.chunk_tokens);
   std::fprintf(table, "  %-22s %llu\n", "requests", u(t.requests));
   std::fprintf(table, "  %-22s %llu\n", "prompt tokens", u(t.prompt_tokens));
-  std::fprintf(table, "  %-22s %llu\n", "hit tokens (dram)", u(t.hit_tokens - t.nvme_hit_tokens));
+  std::fprintf(table, "  %-22s %llu\n", "hit tokens (dram)",
+               u(t.hit_tokens - t.nvme_hit_tokens - t.remote_hit_tokens));
   std::fprintf(table, "  %-22s %llu\n", "hit tokens (nvme)", u(t.nvme_hit_tokens));
+  if (t.remote_hit_tokens > 0) {
+    std::fprintf(table, "  %-22s %llu\n", "hit tokens (remote)", u(t.remote_hit_tokens));
+  }
   std::fprintf(table, "  %-22s %.4f\n", "token hit rate", t.HitRate());
   if (info.prefetch != "off") {
     std::fprintf(table, "  %-22s %llu of %llu NVMe chunks (%s, schedule delay %lld ms)\n",

@@ -41,11 +41,11 @@ json StatsJson(const DaemonStats& s) {
                      {"unserved_read_bytes", t.unserved_read_bytes}});
   }
   const auto tier_tokens = [](const TierTokens& t) {
-    return json{{"hbm", t.hbm}, {"dram", t.dram}, {"nvme", t.nvme}};
+    return json{{"hbm", t.hbm}, {"dram", t.dram}, {"nvme", t.nvme}, {"remote", t.remote}};
   };
   json models = json::array();
   for (const auto& m : s.models) {
-    const uint64_t hit = m.hit_tokens.hbm + m.hit_tokens.dram + m.hit_tokens.nvme;
+    const uint64_t hit = m.hit_tokens.total();
     models.push_back({{"model_id", m.model_id},
                       {"lookup_tokens", m.lookup_tokens},
                       {"hit_tokens", tier_tokens(m.hit_tokens)},
@@ -122,15 +122,17 @@ void PrintStats(const DaemonStats& s) {
                 static_cast<unsigned long long>(s.unserved_hit_tokens));
   }
   if (s.models.empty()) return;
-  std::printf("%-40s %14s %14s %14s %14s %8s\n", "model", "lookup_tokens", "hbm_hits",
-              "dram_hits", "nvme_hits", "hit_rate");
+  std::printf("%-40s %14s %14s %14s %14s %14s %8s\n", "model", "lookup_tokens", "hbm_hits",
+              "dram_hits", "nvme_hits", "remote_hits", "hit_rate");
   for (const auto& m : s.models) {
-    const uint64_t hit = m.hit_tokens.hbm + m.hit_tokens.dram + m.hit_tokens.nvme;
-    std::printf("%s %14llu %14llu %14llu %14llu %8.4f\n", tools::Cell(m.model_id, 40).c_str(),
+    const uint64_t hit = m.hit_tokens.total();
+    std::printf("%s %14llu %14llu %14llu %14llu %14llu %8.4f\n",
+                tools::Cell(m.model_id, 40).c_str(),
                 static_cast<unsigned long long>(m.lookup_tokens),
                 static_cast<unsigned long long>(m.hit_tokens.hbm),
                 static_cast<unsigned long long>(m.hit_tokens.dram),
                 static_cast<unsigned long long>(m.hit_tokens.nvme),
+                static_cast<unsigned long long>(m.hit_tokens.remote),
                 m.lookup_tokens ? double(hit) / m.lookup_tokens : 0.0);
   }
 }

@@ -51,6 +51,9 @@ struct TierTokens {
   uint64_t hbm = 0;
   uint64_t dram = 0;
   uint64_t nvme = 0;
+  uint64_t remote = 0;
+
+  uint64_t total() const { return hbm + dram + nvme + remote; }
 };
 
 // One model's tokens (its namespaces' model_id), once per engine request. The

@@ -83,6 +83,9 @@ struct LoadResult {
   uint32_t num_chunks = 0;
   uint32_t nvme_chunks = 0;    // of num_chunks, the trailing ones the daemon promoted from NVMe
   uint32_t prefetched_chunks = 0;  // of num_chunks, those a Prefetch promoted from NVMe in time
+  // Of num_chunks, the trailing ones the daemon read from the remote tier (by
+  // the Lookup or its Prefetch; counted in nvme_chunks or prefetched_chunks too).
+  uint32_t remote_chunks = 0;
   std::chrono::microseconds lookup_time{0};  // the Lookup-with-lease RPC alone
   Status fail_open;
 };
@@ -139,8 +142,9 @@ struct HbmPoolInfo {
 // is tied to the session it was issued on: after a reconnect, Load ignores it.
 struct PrefetchTicket {
   uint64_t id = 0;             // 0 when nothing is cached or the call failed open
-  uint32_t total_chunks = 0;   // cached prefix: the DRAM chunks, then the NVMe chunks
+  uint32_t total_chunks = 0;   // cached prefix: the DRAM chunks, the NVMe chunks, then the remote ones
   uint32_t nvme_chunks = 0;    // of total_chunks, those being promoted from NVMe
+  uint32_t remote_chunks = 0;  // of total_chunks, the last ones, being promoted from the remote tier
   uint32_t ready_chunks = 0;   // in DRAM at the call
   PrefetchOptions options;
   std::chrono::steady_clock::time_point wait_until;  // the latest a Load waits until
@@ -207,6 +211,7 @@ class ChunkLease {
   uint32_t hbm_chunks = 0;         // of num_chunks, those with an HBM copy
   uint32_t nvme_chunks = 0;        // of num_chunks, the trailing ones promoted from NVMe
   uint32_t prefetched_chunks = 0;  // of num_chunks, those a Prefetch promoted in time
+  uint32_t remote_chunks = 0;      // of num_chunks, the trailing ones read from the remote tier
   std::chrono::microseconds lookup_time{0};  // the Lookup-with-lease RPC
   Status fail_open;                // non-OK when the cache failed open (a miss)
 

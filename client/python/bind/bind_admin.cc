@@ -46,6 +46,7 @@ nb::dict TierTokensDict(const TierTokens& t) {
   d["hbm"] = t.hbm;
   d["dram"] = t.dram;
   d["nvme"] = t.nvme;
+  d["remote"] = t.remote;
   return d;
 }
 
@@ -128,7 +129,7 @@ void BindAdmin(nb::module_& m) {
           "sessions, active_leases, active_reservations, "
           "uptime_s, active_prefetches, prefetched_chunks, session_limited, lookup_chunks, "
           "unserved_hit_tokens, models (a list of dicts: model_id, lookup_tokens, hit_tokens "
-          "and unserved_hit_tokens as dicts of hbm, dram, nvme), prefetches (a dict of "
+          "and unserved_hit_tokens as dicts of hbm, dram, nvme, remote), prefetches (a dict of "
           "outcome -> count: nothing_cached, over_budget, used, used_early, expired, "
           "session_ended).\n\n"
           "Raises Unavailable or DeadlineExceeded when the daemon does not answer.")

@@ -78,6 +78,9 @@ void BindResults(nb::module_& m) {
               "Of num_chunks, the trailing ones the daemon promoted from NVMe.")
       .def_ro("prefetched_chunks", &LoadResult::prefetched_chunks,
               "Of num_chunks, those a prefetch promoted from NVMe in time.")
+      .def_ro("remote_chunks", &LoadResult::remote_chunks,
+              "Of num_chunks, the trailing ones the daemon read from the remote tier (counted "
+              "in nvme_chunks or prefetched_chunks too).")
       .def_prop_ro("lookup_us",
                    [](const LoadResult& r) { return static_cast<int64_t>(r.lookup_time.count()); },
                    "Microseconds of the Lookup-with-lease RPC.")
@@ -106,6 +109,8 @@ void BindResults(nb::module_& m) {
               "Chunks of the cached prefix: those in DRAM, then those on NVMe.")
       .def_ro("nvme_chunks", &PrefetchTicket::nvme_chunks,
               "Of total_chunks, those being promoted from NVMe.")
+      .def_ro("remote_chunks", &PrefetchTicket::remote_chunks,
+              "Of total_chunks, the last ones, being promoted from the remote tier.")
       .def_ro("ready_chunks", &PrefetchTicket::ready_chunks, "Chunks in DRAM at the call.")
       .def_prop_ro("policy", [](const PrefetchTicket& t) { return PrefetchPolicyName(t.options.policy); })
       .def_prop_ro("fail_open", [](const PrefetchTicket& t) { return FailOpenOf(t.fail_open); },
@@ -178,6 +183,7 @@ void BindResults(nb::module_& m) {
       .def_ro("nvme_chunks", &ChunkLease::nvme_chunks,
               "Of num_chunks, the trailing ones promoted from NVMe.")
       .def_ro("prefetched_chunks", &ChunkLease::prefetched_chunks)
+      .def_ro("remote_chunks", &ChunkLease::remote_chunks)
       .def_ro("hbm_chunks", &ChunkLease::hbm_chunks)
       .def_prop_ro("fail_open", [](const ChunkLease& l) { return FailOpenOf(l.fail_open); },
                    "None, or why the cache failed open (a miss): 'CODE: message'.");

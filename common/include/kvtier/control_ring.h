@@ -104,7 +104,8 @@ struct RingCompletion {
   uint64_t lease_id = 0;
   uint64_t lease_ttl_ms = 0;
   uint64_t cached_tokens = 0;
-  uint64_t pad = 0;
+  uint32_t remote_chunks = 0;
+  uint32_t pad = 0;
 };
 static_assert(sizeof(RingCompletion) == 64);
 

@@ -95,6 +95,11 @@ void InvalidateSlot(std::byte* slot);
 // fence first, so a payload copied before the call is covered.
 uint64_t SlotSequence(const std::byte* slot);
 
+// Gives the sealed image at `slot` a new sequence (and header checksum): an
+// image promoted from the remote tier, written by another daemon, gets one of
+// this daemon's. REQUIRES: the header was written by SealSlot.
+void RestampSlotSequence(std::byte* slot, const SlotLayout& layout, uint64_t sequence);
+
 // Checks the payload checksum stored in the header. Errors: DATA_LOSS, also
 // when the checksum is still pending.
 Status VerifySlotPayload(const std::byte* slot, const SlotLayout& layout);

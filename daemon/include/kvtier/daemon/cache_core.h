@@ -55,6 +55,7 @@
 #include "kvtier/tiers/dram_tier.h"
 #include "kvtier/tiers/hbm_tier.h"
 #include "kvtier/tiers/nvme_tier.h"
+#include "kvtier/tiers/remote_tier.h"
 
 namespace kvtier {
 
@@ -91,6 +92,9 @@ struct CacheCoreOptions {
   // HBM tier: off when `hbm.bytes` is 0 (the default). Its copies run on the
   // I/O workers (nvme_workers of them).
   HbmTierOptions hbm;
+  // Remote tier: off when `remote.url` is empty (the default). It needs the
+  // NVMe tier: its writes go with the NVMe writer's batches (same policy).
+  RemoteTierOptions remote;
   // Most DRAM slot bytes one session may hold at once: its leases, its prefetch
   // tickets and Lookup promotions, and its reservations (their slots and the
   // stored chunks they pin; expired ones until the session ends). Past it a
@@ -159,6 +163,8 @@ class CacheCore {
   // shutdown has still to write besides PendingNvmeWrites); 0 under the other policies.
   size_t WriteBackDramOnly() const;
   bool nvme_enabled() const { return nvme_ != nullptr; }
+  // The remote tier; nullptr when it is off. Set by Create and never changed.
+  const RemoteTier* remote() const { return remote_.get(); }
   // NvmeTier::PersistAccessTimes (nothing without NVMe). The daemon calls it
   // about once a second so that NVMe's LRU order survives a restart.
   void PersistNvmeAccessTimes();
@@ -241,7 +247,7 @@ class CacheCore {
   using NamespaceState = CoreNamespace;
   // Chunks leased, by tier (hits: DRAM), and their tokens and payload bytes.
   struct Leased {
-    uint64_t hit_tokens = 0, hits = 0, nvme_hits = 0, hbm_hits = 0;
+    uint64_t hit_tokens = 0, hits = 0, nvme_hits = 0, hbm_hits = 0, remote_hits = 0;
     uint64_t read_bytes = 0, hbm_read_bytes = 0;
     Leased& operator+=(const Leased& o);
   };
@@ -343,6 +349,14 @@ class CacheCore {
   // DRAM, in a row: what a promotion can make ready (it token-checks those in
   // DRAM). 0 without NVMe, or when keys[from] is in DRAM (it failed the check).
   size_t ContinuationRun(const std::vector<ChunkKey>& keys, size_t from, size_t limit) const;
+  // How many chunks from keys[from] on (below `limit`) a promotion tries to
+  // make ready: the ContinuationRun `run`, and with a remote tier (not
+  // degraded) every chunk up to `limit`, since only a read finds what it holds.
+  size_t PromotionReach(const std::vector<ChunkKey>& keys, size_t from, size_t limit,
+                        size_t run) const;
+  // REQUIRES: mu_ held. How many of keys[0, limit) are in DRAM or on NVMe, in
+  // a row from the first (no token check: where a remote probe starts).
+  size_t LocalRun(const std::vector<ChunkKey>& keys, size_t limit) const;
   // What a Lookup found, for its answer and the counters.
   struct LookupTally {
     std::chrono::steady_clock::time_point started;  // the Lookup came in
@@ -353,10 +367,11 @@ class CacheCore {
     size_t num_keys = 0;   // full chunks of the prompt
     size_t max_hits = 0;   // min(num_keys, max_chunks)
     size_t dram_hits = 0;
-    size_t nvme_hits = 0;
+    size_t nvme_hits = 0;    // promoted by this Lookup: from NVMe, or from remote (remote_at)
     size_t prefetched = 0;
     std::string request;                // RequestLedger key
-    std::vector<bool> prefetched_at;    // hit i was promoted from NVMe by the ticket
+    std::vector<bool> prefetched_at;    // hit i was promoted from NVMe or remote by the ticket
+    std::vector<bool> remote_at;        // hit i was read from the remote tier
   };
   // REQUIRES: mu_ held. Counts a Lookup in the token hit rate: the prompt at
   // the request's first sight, and the leased `hits` not yet credited to it.
@@ -402,6 +417,7 @@ class CacheCore {
   std::unique_ptr<HbmTier> hbm_;
   std::unique_ptr<HbmCopier> hbm_copier_;  // with hbm_, after it
   std::unique_ptr<NvmeTier> nvme_;  // thread-safe itself; lock order: mu_, then its own
+  std::unique_ptr<RemoteTier> remote_;  // thread-safe itself; no I/O on it under mu_
   // With nvme_ (both after it: they hold references to it). GUARDED_BY(mu_),
   // but for the writer's own locking (see NvmeWriter).
   std::unique_ptr<NvmeHealth> nvme_health_;

@@ -60,6 +60,7 @@ struct LookupResponse {
   uint32_t nvme_chunks = 0;
   uint32_t prefetched_chunks = 0;
   uint32_t hbm_chunks = 0;
+  uint32_t remote_chunks = 0;  // as LookupResponse.remote_chunks (kvtier.proto)
 };
 
 struct PrefetchRequest {
@@ -78,6 +79,7 @@ struct PrefetchResponse {
   uint32_t nvme_chunks = 0;
   uint32_t ready_chunks = 0;
   uint64_t deadline_ms = 0;
+  uint32_t remote_chunks = 0;
 };
 struct PrefetchStatusResponse {
   uint32_t ready_chunks = 0;
@@ -157,7 +159,7 @@ struct ListChunksResponse {
 };
 
 struct TierStats {
-  std::string name;  // hbm, dram, nvme
+  std::string name;  // hbm, dram, nvme, remote (its capacity and chunks: 0, not known here)
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;
   uint64_t capacity_chunks = 0;
@@ -186,6 +188,7 @@ struct TierTokens {
   uint64_t hbm = 0;
   uint64_t dram = 0;
   uint64_t nvme = 0;
+  uint64_t remote = 0;
 };
 // One model's token counts (its namespaces' model_id), once per engine request.
 struct ModelStats {

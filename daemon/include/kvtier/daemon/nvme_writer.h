@@ -7,6 +7,8 @@
 // the next one's copy). Write-back copies each DRAM victim's image out at
 // eviction (Demote), with its ancestors not yet on NVMe, and WriteOnce writes
 // those images instead. The daemon's NVMe worker calls WriteBatches in a loop.
+// With a remote tier, each batch of sealed images is also written there, after
+// NVMe (the same write policy; a failure there does not touch NVMe's).
 //
 // Thread-safety: it shares the DRAM tier's mutex with CacheCore (`mu`).
 // Methods marked "REQUIRES: mu held" are CacheCore's to call under it; the
@@ -34,6 +36,7 @@
 #include "kvtier/status.h"
 #include "kvtier/tiers/dram_tier.h"
 #include "kvtier/tiers/nvme_tier.h"
+#include "kvtier/tiers/remote_tier.h"
 #include "kvtier/tiers/staging_buffer.h"
 
 namespace kvtier {
@@ -70,8 +73,9 @@ class NvmeWriter {
   static constexpr uint64_t kBatchBytes = uint64_t{64} << 20;
 
   // Everything given must outlive the writer; `namespaces` is read under `mu`.
+  // `remote`: null without a remote tier.
   NvmeWriter(const Options& options, std::mutex& mu, DramTier& dram, NvmeTier& nvme,
-             NvmeHealth& health, const CoreNamespaces& namespaces);
+             NvmeHealth& health, const CoreNamespaces& namespaces, RemoteTier* remote);
 
   // REQUIRES: mu held. Queues resident chunk `handle` (write-through, selective).
   void Queue(uint32_t handle);
@@ -152,6 +156,7 @@ class NvmeWriter {
   DramTier& dram_;
   NvmeTier& nvme_;  // thread-safe itself; lock order: mu_, then its own
   NvmeHealth& health_;
+  RemoteTier* const remote_;  // thread-safe itself; called without mu_
   const CoreNamespaces& namespaces_;
 
   std::deque<PendingWrite> queue_;                        // GUARDED_BY(mu_)

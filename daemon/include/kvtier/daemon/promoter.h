@@ -1,11 +1,15 @@
-// Promoter: CacheCore's promotions of a cached prefix from NVMe into DRAM.
+// Promoter: CacheCore's promotions of a cached prefix from NVMe, or from the
+// remote tier, into DRAM.
 //
 // A promotion is a client's Prefetch ticket, or the promotion of a Lookup with
 // acquire (which completes that Lookup through its continuation). Its leading
 // chunks already in DRAM are pinned at the start; the core's I/O workers run
 // Step, which reads up to one batch of the rest into freshly allocated DRAM
 // slots (with the core's mutex dropped), checks each image, inserts and pins
-// it, and queues the promotion again until it is done. A ticket then holds its
+// it, and queues the promotion again until it is done. A batch reads NVMe
+// while the next chunk is there, else the remote tier (when on): a remote
+// image that verifies gets a fresh sequence; the first remote miss ends the
+// promotion. A ticket then holds its
 // chunks until a Lookup takes them over, its deadline passes or its session
 // ends; a Lookup's promotion leaves the table and runs its continuation.
 //
@@ -34,6 +38,7 @@
 #include "kvtier/status.h"
 #include "kvtier/tiers/dram_tier.h"
 #include "kvtier/tiers/nvme_tier.h"
+#include "kvtier/tiers/remote_tier.h"
 
 namespace kvtier {
 
@@ -47,6 +52,7 @@ class Promoter {
     std::vector<ChunkKey> keys;       // the cached prefix to make ready
     std::vector<int32_t> tokens;      // its tokens, keys.size() * chunk_tokens
     std::vector<uint32_t> ready;      // pinned DRAM handles of keys[0, ready.size())
+    std::vector<bool> from_remote;    // ready[i] was read from the remote tier (i < size())
     uint32_t dram_at_start = 0;       // of ready, how many were in DRAM at the start
     bool done = false;                // no more will become ready
     bool to_hbm = false;              // a ticket that also copies its ready chunks into HBM
@@ -63,6 +69,7 @@ class Promoter {
   struct Counters {
     uint64_t read_bytes = 0;         // payload bytes promoted from NVMe
     uint64_t prefetched_chunks = 0;  // of those, promoted for tickets
+    uint64_t remote_read_bytes = 0;  // payload bytes promoted from the remote tier
   };
   // What a promotion needs from the core, called with mu held.
   struct Hooks {
@@ -74,14 +81,16 @@ class Promoter {
         token_check;
     // Adds (hold) or takes back (drop) bytes held by a session.
     std::function<void(uint64_t session_id, uint64_t bytes)> hold, drop;
+    // The first of `n` fresh slot sequences (for images read from the remote tier).
+    std::function<uint64_t(size_t n)> take_sequences;
   };
 
   // Everything given must outlive the promoter. `nvme` and `health` are both
   // null (no NVMe tier: nothing is ever queued for Step) or both set; `hbm` is
   // null without an HBM tier (then no promotion has to_hbm). `work_cv` wakes
-  // the core's I/O workers.
+  // the core's I/O workers. `remote`: null without a remote tier.
   Promoter(std::mutex& mu, DramTier& dram, NvmeTier* nvme, NvmeHealth* health, HbmCopier* hbm,
-           std::condition_variable& work_cv, Hooks hooks);
+           RemoteTier* remote, std::condition_variable& work_cv, Hooks hooks);
 
   // REQUIRES: mu held. Starts promotion `id` (its `ready` already pinned);
   // queues it for a worker unless it is done.
@@ -115,6 +124,7 @@ class Promoter {
   // Promotions from Start to done, and their batches of NVMe reads (any thread).
   const LatencyHistogram& promotion_latency() const { return promotion_latency_; }
   const LatencyHistogram& nvme_read_latency() const { return nvme_read_latency_; }
+  const LatencyHistogram& remote_read_latency() const { return remote_read_latency_; }
 
  private:
   // Ends the tickets `pred` picks; returns how many.
@@ -123,12 +133,20 @@ class Promoter {
   // Marks it done; a Lookup's promotion leaves the table and its continuation
   // runs (with `lock` dropped).
   void Finish(std::unique_lock<std::mutex>& lock, Table::iterator it);
+  // REQUIRES: mu held. Pins and adds to `p.ready` the next chunks already in
+  // DRAM that pass the token check; false when one fails it (the promotion
+  // must stop there).
+  bool JoinResident(Promotion& p, const CoreNamespace& ns);
+  // REQUIRES: mu not held. ReadMany from the remote tier; each verified image
+  // gets sequence first_sequence + its index.
+  Status ReadRemote(std::span<NvmeTier::ReadRequest> reads, uint64_t first_sequence);
 
   std::mutex& mu_;
   DramTier& dram_;
   NvmeTier* const nvme_;
   NvmeHealth* const health_;
   HbmCopier* const hbm_;
+  RemoteTier* const remote_;
   std::condition_variable& work_cv_;
   const Hooks hooks_;
   Table promotions_;              // GUARDED_BY(mu_)
@@ -136,7 +154,7 @@ class Promoter {
   uint64_t ticket_bytes_ = 0;     // GUARDED_BY(mu_)
   uint64_t evict_generation_ = 0; // GUARDED_BY(mu_)
   Counters counters_;             // GUARDED_BY(mu_)
-  LatencyHistogram promotion_latency_, nvme_read_latency_;
+  LatencyHistogram promotion_latency_, nvme_read_latency_, remote_read_latency_;
 };
 
 }  // namespace kvtier

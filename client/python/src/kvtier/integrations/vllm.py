@@ -439,12 +439,16 @@ class KvtierConnector(KVConnectorBase_V1):
         ticket = self._tickets.get(request.request_id)
         if ticket is None:
             return {CacheHitSource.HOST: num_external_tokens}
-        # The prefix's DRAM chunks come first, then its NVMe chunks.
-        dram_end = (ticket.total_chunks - ticket.nvme_chunks) * self._chunk
+        # The prefix's DRAM chunks come first, then its NVMe chunks, then the
+        # remote tier's (vLLM counts a remote store as EXTERNAL_UNSPECIFIED).
+        disk_end = (ticket.total_chunks - ticket.remote_chunks) * self._chunk
+        dram_end = disk_end - ticket.nvme_chunks * self._chunk
         start = self._engine_tokens.get(request.request_id, 0)
         end = start + num_external_tokens
-        disk = max(0, end - max(dram_end, start))
-        sources = {CacheHitSource.HOST: num_external_tokens - disk, CacheHitSource.DISK: disk}
+        remote = max(0, end - max(disk_end, start))
+        disk = max(0, min(end, disk_end) - max(dram_end, start))
+        sources = {CacheHitSource.HOST: num_external_tokens - disk - remote,
+                   CacheHitSource.DISK: disk, CacheHitSource.EXTERNAL_UNSPECIFIED: remote}
         return {k: v for k, v in sources.items() if v > 0}
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",

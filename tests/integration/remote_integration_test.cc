@@ -1,0 +1,263 @@
+// The remote tier through real kvtierd processes ("nodes") sharing real Redis
+// servers: what node A stored, node B hits with every byte verified (the
+// replay's deterministic payloads); namespaces stay apart; a node restarting
+// empty loses nothing the cluster holds; a corrupt value is a counted miss; a
+// master killed mid-replay and a cluster stopped are misses, never errors or
+// wrong bytes.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "campaign_util.h"
+#include "testing/daemon_process.h"
+#include "testing/redis_servers.h"
+
+namespace kvtier::testing {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+class RemoteNodesTest : public ::testing::Test {
+ protected:
+  void StartCluster(int replicas = 1) {
+    auto s = RedisServers::StartCluster({.num_masters = 3, .replicas_per_master = replicas});
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    redis_ = std::move(s).value();
+  }
+
+  // Node `name`: its own socket, DRAM and NVMe directory, the shared store.
+  std::unique_ptr<DaemonProcess> Node(const std::string& name) {
+    std::filesystem::create_directories(dir_.Sub(name + "-nvme"));
+    DaemonProcess::Options o;
+    o.socket_path = dir_.Sub(name + ".sock");
+    o.dram_bytes = "32MiB";
+    o.extra_args = {"--nvme-path", dir_.Sub(name + "-nvme"), "--nvme-bytes", "128MiB",
+                    "--remote", redis_->Url(), "--remote-timeout-ms", "200"};
+    auto d = std::make_unique<DaemonProcess>(o);
+    const std::string error = d->Start();
+    EXPECT_EQ(error, "");
+    return error.empty() ? std::move(d) : nullptr;
+  }
+
+  json Replay(const std::string& node, const std::string& name,
+              const std::vector<std::string>& extra = {}, const std::string& deadline_ms = "5000") {
+    const std::string out = dir_.Sub(name + ".json");
+    std::vector<std::string> argv = {BinPath("kvtier-replay"), "--socket",
+                                     dir_.Sub(node + ".sock"), "--generate", "40", "--quiet",
+                                     "--deadline-ms", deadline_ms, "--json", out};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    CommandResult r = RunCommand(argv, 120s);
+    EXPECT_TRUE(r.ok()) << r.Describe();
+    return json::parse(ReadFileOrEmpty(out), nullptr, false);
+  }
+
+  static json Tier(DaemonProcess& d, const std::string& name) { return TierOf(StatsOf(d), name); }
+
+  // Until the node's NVMe writer, and with it its remote writes, is idle.
+  static void Flush(DaemonProcess& d) {
+    CommandResult r = d.Ctl({"flush", "--timeout", "30"});
+    ASSERT_TRUE(r.ok()) << r.Describe();
+  }
+
+  // The replay's verified hit tokens from the remote tier.
+  static uint64_t RemoteHitTokens(const json& replay) {
+    return replay["tiers"]["remote"]["hit_tokens"].get<uint64_t>();
+  }
+
+  TempDir dir_{"kvtier-remote-it"};
+  std::unique_ptr<RedisServers> redis_;
+};
+
+TEST_F(RemoteNodesTest, WhatNodeAStoredNodeBHitsEveryByteVerified) {
+  StartCluster();
+  auto a = Node("a");
+  auto b = Node("b");
+  ASSERT_TRUE(a && b);
+  const json first = Replay("a", "a");
+  ASSERT_FALSE(first.is_discarded());
+  Flush(*a);
+  EXPECT_GT(Tier(*a, "remote")["write_bytes"].get<uint64_t>(), 0u);
+  // Node B has never seen these prompts; without prefetch its loads promote
+  // from the remote tier, with prefetch its tickets do.
+  const json on_b = Replay("b", "b-load", {"--prefetch", "off"});
+  ASSERT_FALSE(on_b.is_discarded());
+  EXPECT_EQ(on_b["verify_errors"], 0);
+  EXPECT_EQ(on_b["fail_open"], 0);
+  EXPECT_GT(RemoteHitTokens(on_b), 0u);
+  EXPECT_GT(on_b["hit_tokens"].get<uint64_t>(), first["hit_tokens"].get<uint64_t>());
+  const json b_remote = Tier(*b, "remote");
+  EXPECT_GT(b_remote["hits"].get<uint64_t>(), 0u);
+  EXPECT_EQ(b_remote["corrupt_reads"], 0);
+  EXPECT_FALSE(b_remote["degraded"].get<bool>());
+
+  auto c = Node("c");
+  ASSERT_TRUE(c);
+  const json on_c = Replay("c", "c-prefetch", {"--prefetch", "wait_complete"});
+  ASSERT_FALSE(on_c.is_discarded());
+  EXPECT_EQ(on_c["verify_errors"], 0);
+  EXPECT_GT(RemoteHitTokens(on_c), 0u);
+  EXPECT_GT(on_c["prefetch"]["ready_in_time_chunks"].get<uint64_t>(), 0u);
+}
+
+TEST_F(RemoteNodesTest, NamespacesStayApartAcrossNodes) {
+  StartCluster(0);
+  auto a = Node("a");
+  auto b = Node("b");
+  ASSERT_TRUE(a && b);
+  Replay("a", "a", {"--chunk-tokens", "64"});
+  Flush(*a);
+  // The same prompts in another namespace (another chunk size): nothing of A's is B's.
+  const json other = Replay("b", "b", {"--chunk-tokens", "32"});
+  ASSERT_FALSE(other.is_discarded());
+  EXPECT_EQ(RemoteHitTokens(other), 0u);
+  EXPECT_EQ(Tier(*b, "remote")["hits"], 0);
+}
+
+TEST_F(RemoteNodesTest, ANodeRestartingEmptyLosesNothingTheClusterHolds) {
+  StartCluster(0);
+  auto a = Node("a");
+  ASSERT_TRUE(a);
+  const json first = Replay("a", "first");
+  Flush(*a);
+  a->Kill9();
+  std::filesystem::remove_all(dir_.Sub("a-nvme"));  // its own tiers start empty
+  a = Node("a");
+  ASSERT_TRUE(a);
+  const json again = Replay("a", "again", {"--prefetch", "off"});
+  ASSERT_FALSE(again.is_discarded());
+  EXPECT_EQ(again["verify_errors"], 0);
+  EXPECT_GT(RemoteHitTokens(again), 0u);
+  EXPECT_GT(again["hit_tokens"].get<uint64_t>(), first["hit_tokens"].get<uint64_t>());
+}
+
+TEST_F(RemoteNodesTest, AValueCorruptedBehindItsBackIsACountedMiss) {
+  StartCluster(0);
+  auto a = Node("a");
+  auto b = Node("b");
+  ASSERT_TRUE(a && b);
+  Replay("a", "a");
+  Flush(*a);
+  // Flip one byte near the end (the payload) of every image on every master.
+  size_t corrupted = 0;
+  for (size_t m = 0; m < 3; ++m) {
+    auto keys = redis_->Run(m, {"KEYS", "kvtier:*"});
+    ASSERT_TRUE(keys.ok()) << keys.status().ToString();
+    for (const RedisValue& k : keys->elements) {
+      auto v = redis_->Run(m, {"GET", k.str});
+      ASSERT_TRUE(v.ok() && !v->str.empty());
+      std::string value = v->str;
+      value[value.size() - 7] ^= 0x20;
+      ASSERT_TRUE(redis_->Run(m, {"SET", k.str, value}).ok());
+      ++corrupted;
+    }
+  }
+  ASSERT_GT(corrupted, 0u);
+  const json on_b = Replay("b", "b", {"--prefetch", "off"});
+  ASSERT_FALSE(on_b.is_discarded());
+  EXPECT_EQ(on_b["verify_errors"], 0);
+  EXPECT_EQ(RemoteHitTokens(on_b), 0u);
+  EXPECT_GT(Tier(*b, "remote")["corrupt_reads"].get<uint64_t>(), 0u);
+}
+
+TEST_F(RemoteNodesTest, AStoppedClusterIsMissesWithinTheDeadline) {
+  StartCluster(0);
+  auto a = Node("a");
+  ASSERT_TRUE(a);
+  redis_->StopAll();
+  const auto t0 = std::chrono::steady_clock::now();
+  const json run = Replay("a", "down", {}, "100");
+  ASSERT_FALSE(run.is_discarded());
+  EXPECT_EQ(run["verify_errors"], 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 60s);
+  const json remote = Tier(*a, "remote");
+  EXPECT_TRUE(remote["degraded"].get<bool>());
+  EXPECT_GT(remote["io_errors"].get<uint64_t>(), 0u);
+  // The node's own tiers kept serving.
+  EXPECT_GT(run["hit_tokens"].get<uint64_t>(), 0u);
+}
+
+TEST_F(RemoteNodesTest, AMasterKilledMidReplayGivesMissesThenHitsAfterFailover) {
+  StartCluster(1);
+  auto a = Node("a");
+  auto b = Node("b");
+  ASSERT_TRUE(a && b);
+  Replay("a", "a");
+  Flush(*a);
+  ASSERT_TRUE(redis_->WaitForReplicas(10s).ok());
+  // Node B replays while master 0 dies.
+  ChildProcess replay;
+  std::string error;
+  ASSERT_TRUE(replay.Spawn({BinPath("kvtier-replay"), "--socket", dir_.Sub("b.sock"),
+                            "--generate", "40", "--quiet", "--prefetch", "off", "--deadline-ms",
+                            "5000", "--json", dir_.Sub("b-mid.json")},
+                           dir_.Sub("b-mid.out"), dir_.Sub("b-mid.err"), &error))
+      << error;
+  std::this_thread::sleep_for(50ms);
+  redis_->Kill(0);
+  auto exit = replay.Wait(120s);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_TRUE(exit->exited && exit->exit_code == 0) << ReadFileOrEmpty(dir_.Sub("b-mid.err"));
+  const json mid = json::parse(ReadFileOrEmpty(dir_.Sub("b-mid.json")), nullptr, false);
+  ASSERT_FALSE(mid.is_discarded());
+  EXPECT_EQ(mid["verify_errors"], 0);
+  const json b_remote = Tier(*b, "remote");
+  std::printf("mid-replay: %s remote hit tokens, remote tier %s\n",
+              mid["tiers"]["remote"]["hit_tokens"].dump().c_str(), b_remote.dump().c_str());
+  auto promoted = redis_->WaitForFailover(0, 30s);
+  ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
+  // A fresh node C finds what A wrote, master 0's share too, on its replica.
+  auto c = Node("c");
+  ASSERT_TRUE(c);
+  bool hits = false;
+  for (int i = 0; i < 10 && !hits; ++i) {  // the node may still probe a degraded store
+    const json after = Replay("c", "c-" + std::to_string(i), {"--prefetch", "off"});
+    ASSERT_FALSE(after.is_discarded());
+    EXPECT_EQ(after["verify_errors"], 0);
+    hits = RemoteHitTokens(after) > 0;
+    if (!hits) std::this_thread::sleep_for(1s);
+  }
+  EXPECT_TRUE(hits);
+}
+
+TEST_F(RemoteNodesTest, OneServerNotAClusterServesTwoNodes) {
+  auto s = RedisServers::StartSingle();
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  redis_ = std::move(s).value();
+  auto a = Node("a");
+  auto b = Node("b");
+  ASSERT_TRUE(a && b);
+  Replay("a", "a");
+  Flush(*a);
+  const json on_b = Replay("b", "b", {"--prefetch", "off"});
+  ASSERT_FALSE(on_b.is_discarded());
+  EXPECT_EQ(on_b["verify_errors"], 0);
+  EXPECT_GT(RemoteHitTokens(on_b), 0u);
+}
+
+TEST_F(RemoteNodesTest, ARemoteWithoutNvmeOrWithABadUrlIsAStartError) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--remote", "redis://127.0.0.1:1", "--nvme-bytes", "0"},
+        std::vector<std::string>{"--remote", "http://127.0.0.1:6379", "--nvme-path", dir_.path()},
+        std::vector<std::string>{"--remote", "redis://127.0.0.1:99999", "--nvme-path",
+                                 dir_.path()},
+        std::vector<std::string>{"--remote", "redis://127.0.0.1:6379", "--nvme-path",
+                                 dir_.path(), "--remote-pool-size", "0"}}) {
+    std::vector<std::string> argv = {BinPath("kvtierd"), "--socket", dir_.Sub("bad.sock"),
+                                     "--metrics-address", "off"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    CommandResult r = RunCommand(argv, 20s);
+    EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 2) << r.Describe();
+    EXPECT_NE(r.err.find("remote"), std::string::npos) << r.Describe();
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::testing

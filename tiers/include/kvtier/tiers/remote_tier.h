@@ -1,0 +1,130 @@
+// RemoteTier: slot images in a store shared by many daemons (a Redis Cluster
+// or one Redis/Valkey server, through RedisCluster), below NVMe.
+//
+// An image is stored whole (header, tokens, payload; no padding) under
+// ImageKey(namespace digest, chunk key), sealed with its payload checksum. The
+// store is shared and not trusted (DESIGN.md, Threat model): every read is
+// verified before it counts as a hit (its length, then header, namespace, key,
+// parent and tokens against what the lookup asked for, header checksum and
+// payload checksum); a mismatch is a miss, counted in corrupt_reads, and the
+// value is left alone (another daemon may own it). Redis's own maxmemory
+// policy evicts (README: "Several nodes").
+//
+// Failures are misses, never errors: a store down, slow or full answers
+// UNAVAILABLE per image. A batch fails when no image of it got an answer (one
+// dead master of a cluster fails only its own keys; io_errors counts every
+// batch with an unanswered image). After kDegradedAfter failed batches in a row the
+// tier is degraded: calls then skip the store (at once, so lookups do not wait
+// on its timeouts), but for one probe per probe_interval, until one succeeds.
+//
+// kvtierd's CacheCore drives it: its NVMe writer also writes each batch here,
+// its Promoter reads a prefix's continuation here after NVMe's.
+//
+// Thread-safety: thread-safe; calls from several threads run in parallel.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvtier/slot_image.h"
+#include "kvtier/status.h"
+#include "kvtier/tiers/nvme_tier.h"
+#include "kvtier/tiers/redis_cluster.h"
+
+namespace kvtier {
+
+struct RemoteTierOptions {
+  // "redis://host:port[,host:port...]": seeds of a cluster, or one server.
+  // Empty: the tier is off. Default: off.
+  std::string url;
+  // Connections per store node. Range 1..256. Default: 4.
+  uint32_t pool_size = 4;
+  // Longest wait for one node's answers to a batch (and to connect): a batch
+  // of the NVMe writer may hold 64 MiB of images. Range 1..60,000 ms. Default: 200 ms.
+  std::chrono::milliseconds timeout{200};
+  // A TTL on each image, in seconds; 0: none (maxmemory evicts). Default: 0.
+  uint32_t expire_seconds = 0;
+  // While degraded, least time between two probes of the store. Default: 1 s.
+  std::chrono::milliseconds probe_interval{1000};
+
+  Status Validate() const;  // INVALID_ARGUMENT naming the field
+};
+
+struct RemoteTierCounters {
+  uint64_t hits = 0;           // images read and verified
+  uint64_t misses = 0;         // images the store did not hold
+  uint64_t corrupt_reads = 0;  // images that failed verification (a miss each)
+  uint64_t read_bytes = 0;     // payload bytes of the verified images
+  uint64_t writes = 0;         // images stored
+  uint64_t write_bytes = 0;    // their payload bytes
+  uint64_t failed_writes = 0;  // images the store did not take
+  uint64_t io_errors = 0;      // batches with an image the store did not answer for (a node
+                               // down, slow or full, an error answer)
+  uint64_t skipped = 0;        // images not asked for or written because the tier was degraded
+};
+
+class RemoteTier {
+ public:
+  static constexpr uint32_t kDegradedAfter = 3;
+
+  // Checks the options and parses the URL; connects to nothing yet (a store
+  // not up at start is found when it comes up). Errors: INVALID_ARGUMENT.
+  static Result<std::unique_ptr<RemoteTier>> Open(const RemoteTierOptions& options);
+  ~RemoteTier();
+
+  // "kvtier:" + 32 hex digits of the namespace digest + ":" + 32 of the chunk
+  // key (no braces: images spread over the cluster's slots).
+  static std::string ImageKey(const NamespaceId& ns, const ChunkKey& key);
+
+  // One read of ReadMany.
+  struct ReadRequest {
+    SlotIdentity id;
+    const SlotLayout* layout = nullptr;
+    std::span<std::byte> buffer;  // at least layout->slot_bytes
+    Status result;  // OK (a verified image), NOT_FOUND, DATA_LOSS, UNAVAILABLE
+  };
+  // Reads and verifies each image (pipelined, one batch per store node).
+  void ReadMany(std::span<ReadRequest> requests);
+
+  // Stores sealed images (NvmeImage: exactly the slot bytes, payload checksum
+  // sealed); returns how many the store took.
+  size_t WriteMany(std::span<const NvmeImage> images);
+
+  // How many of `keys` (a prompt's chunks in order) the store holds, in a row
+  // from the first (not verified: a later read may still miss); 0 while degraded.
+  size_t PresentRun(const NamespaceId& ns, std::span<const ChunkKey> keys);
+
+  // Deletes images (admin eviction). Errors: UNAVAILABLE when any delete failed.
+  Status Remove(const NamespaceId& ns, std::span<const ChunkKey> keys);
+
+  bool Degraded() const;
+  RemoteTierCounters counters() const;
+  // The store's nodes now known ("host:port" each) and whether it is a cluster.
+  std::vector<std::string> Nodes() const;
+  bool cluster_mode() const { return store_->cluster_mode(); }
+  const RemoteTierOptions& options() const { return options_; }
+
+ private:
+  RemoteTier(const RemoteTierOptions& options, std::unique_ptr<RedisCluster> store);
+  // Whether a batch may go to the store now: not degraded, or a probe is due.
+  bool MayCall();
+  // Notes how a batch went: `answered` (some image got an answer: the store
+  // is up) and `whole` (every image did).
+  void NoteBatch(bool answered, bool whole);
+
+  const RemoteTierOptions options_;
+  std::unique_ptr<RedisCluster> store_;
+  mutable std::mutex mu_;
+  RemoteTierCounters counters_;                        // GUARDED_BY(mu_)
+  uint32_t failure_streak_ = 0;                        // GUARDED_BY(mu_)
+  std::chrono::steady_clock::time_point last_probe_;   // GUARDED_BY(mu_)
+};
+
+}  // namespace kvtier

@@ -1,0 +1,228 @@
+#include "kvtier/tiers/remote_tier.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+
+namespace kvtier {
+namespace {
+
+// The image's length in the store: header (with tokens) and payload.
+uint64_t StoredBytes(const SlotLayout& layout) { return layout.header_bytes + layout.payload_bytes; }
+
+// What a sealed image says of itself: its header and payload bytes.
+uint64_t StoredBytes(std::span<const std::byte> image) {
+  SlotHeader h;
+  std::memcpy(&h, image.data(), sizeof(h));
+  return uint64_t{h.header_bytes} + h.payload_bytes;
+}
+
+}  // namespace
+
+Status RemoteTierOptions::Validate() const {
+  if (url.empty()) return Status::InvalidArgument("remote: the URL is empty");
+  if (pool_size < 1 || pool_size > 256) {
+    return Status::InvalidArgument("remote_pool_size " + std::to_string(pool_size) +
+                                   " is out of range 1..256");
+  }
+  if (timeout.count() < 1 || timeout.count() > 60'000) {
+    return Status::InvalidArgument("remote_timeout_ms " + std::to_string(timeout.count()) +
+                                   " is out of range 1..60000");
+  }
+  if (probe_interval.count() < 1) {
+    return Status::InvalidArgument("remote probe_interval must be positive");
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOptions& options) {
+  KVTIER_RETURN_IF_ERROR(options.Validate());
+  auto seeds = ParseRedisUrl(options.url);
+  if (!seeds.ok()) return seeds.status();
+  RedisClusterOptions store_options;
+  store_options.seeds = std::move(*seeds);
+  store_options.pool_size = options.pool_size;
+  store_options.io_timeout = options.timeout;
+  store_options.connect_timeout = options.timeout;
+  auto store = RedisCluster::Create(store_options);
+  if (!store.ok()) return store.status();
+  return std::unique_ptr<RemoteTier>(new RemoteTier(options, std::move(*store)));
+}
+
+RemoteTier::RemoteTier(const RemoteTierOptions& options, std::unique_ptr<RedisCluster> store)
+    : options_(options), store_(std::move(store)) {}
+
+RemoteTier::~RemoteTier() = default;
+
+std::string RemoteTier::ImageKey(const NamespaceId& ns, const ChunkKey& key) {
+  return "kvtier:" + ns.ToHex() + ":" + key.ToHex();
+}
+
+bool RemoteTier::MayCall() {
+  std::lock_guard lock(mu_);
+  if (failure_streak_ < kDegradedAfter) return true;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_probe_ < options_.probe_interval) return false;
+  last_probe_ = now;  // this batch is the probe
+  return true;
+}
+
+void RemoteTier::NoteBatch(bool answered, bool whole) {
+  std::lock_guard lock(mu_);
+  const bool was_degraded = failure_streak_ >= kDegradedAfter;
+  if (!whole) ++counters_.io_errors;
+  if (answered) {
+    failure_streak_ = 0;
+  } else if (++failure_streak_ == kDegradedAfter) {
+    last_probe_ = std::chrono::steady_clock::now();
+  }
+  const bool degraded = failure_streak_ >= kDegradedAfter;
+  if (was_degraded == degraded) return;
+  if (degraded) {
+    spdlog::error("remote tier degraded: {} batches failed in a row ({}); lookups miss it, "
+                  "probing every {} ms", kDegradedAfter, options_.url,
+                  options_.probe_interval.count());
+  } else {
+    spdlog::info("remote tier answers again; no longer degraded");
+  }
+}
+
+bool RemoteTier::Degraded() const {
+  std::lock_guard lock(mu_);
+  return failure_streak_ >= kDegradedAfter;
+}
+
+RemoteTierCounters RemoteTier::counters() const {
+  std::lock_guard lock(mu_);
+  return counters_;
+}
+
+std::vector<std::string> RemoteTier::Nodes() const {
+  std::vector<std::string> nodes;
+  for (const RedisEndpoint& e : store_->Masters()) nodes.push_back(e.ToString());
+  return nodes;
+}
+
+void RemoteTier::ReadMany(std::span<ReadRequest> requests) {
+  if (requests.empty()) return;
+  if (!MayCall()) {
+    for (ReadRequest& r : requests) r.result = Status::Unavailable("remote tier degraded");
+    std::lock_guard lock(mu_);
+    counters_.skipped += requests.size();
+    return;
+  }
+  std::vector<std::string> keys;
+  std::vector<RedisCluster::Get> gets;
+  keys.reserve(requests.size());
+  gets.reserve(requests.size());
+  for (const ReadRequest& r : requests) keys.push_back(ImageKey(r.id.ns, r.id.key));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    gets.push_back({keys[i], requests[i].buffer.first(requests[i].layout->slot_bytes), 0, {}});
+  }
+  store_->GetMany(gets);
+  size_t unavailable = 0;
+  RemoteTierCounters add;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ReadRequest& r = requests[i];
+    const RedisCluster::Get& g = gets[i];
+    r.result = g.result;
+    if (g.result.code() == StatusCode::kNotFound) {
+      ++add.misses;
+      continue;
+    }
+    if (g.result.code() == StatusCode::kUnavailable) {
+      ++unavailable;
+      continue;
+    }
+    if (g.result.ok() && g.bytes != StoredBytes(*r.layout)) {
+      r.result = Status::DataLoss("remote image of " + std::to_string(g.bytes) +
+                                  " bytes, expected " + std::to_string(StoredBytes(*r.layout)));
+    }
+    if (r.result.ok()) {
+      r.result = VerifySlotHeader(r.buffer.data(), *r.layout, r.id, /*check_header_checksum=*/true);
+    }
+    if (r.result.ok()) r.result = VerifySlotPayload(r.buffer.data(), *r.layout);
+    if (r.result.ok()) {
+      ++add.hits;
+      add.read_bytes += r.layout->payload_bytes;
+      continue;
+    }
+    ++add.corrupt_reads;
+    ++add.misses;
+    spdlog::warn("remote image {} failed verification (a miss): {}", keys[i],
+                 r.result.message());
+  }
+  NoteBatch(unavailable < requests.size(), unavailable == 0);
+  std::lock_guard lock(mu_);
+  counters_.hits += add.hits;
+  counters_.misses += add.misses;
+  counters_.corrupt_reads += add.corrupt_reads;
+  counters_.read_bytes += add.read_bytes;
+}
+
+size_t RemoteTier::WriteMany(std::span<const NvmeImage> images) {
+  if (images.empty()) return 0;
+  if (!MayCall()) {
+    std::lock_guard lock(mu_);
+    counters_.skipped += images.size();
+    return 0;
+  }
+  std::vector<std::string> keys;
+  std::vector<RedisCluster::Set> sets;
+  keys.reserve(images.size());
+  sets.reserve(images.size());
+  for (const NvmeImage& image : images) keys.push_back(ImageKey(image.ns, image.key));
+  for (size_t i = 0; i < images.size(); ++i) {
+    sets.push_back({keys[i], images[i].image.first(StoredBytes(images[i].image)), {}});
+  }
+  store_->SetMany(sets, options_.expire_seconds);
+  size_t stored = 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < sets.size(); ++i) {
+    if (!sets[i].result.ok()) continue;
+    ++stored;
+    SlotHeader h;
+    std::memcpy(&h, images[i].image.data(), sizeof(h));
+    bytes += h.payload_bytes;
+  }
+  NoteBatch(stored > 0, stored == images.size());
+  std::lock_guard lock(mu_);
+  counters_.writes += stored;
+  counters_.write_bytes += bytes;
+  counters_.failed_writes += images.size() - stored;
+  return stored;
+}
+
+size_t RemoteTier::PresentRun(const NamespaceId& ns, std::span<const ChunkKey> keys) {
+  if (keys.empty() || !MayCall()) return 0;
+  std::vector<std::string> names;
+  std::vector<RedisCluster::Exists> exists;
+  names.reserve(keys.size());
+  exists.reserve(keys.size());
+  for (const ChunkKey& key : keys) names.push_back(ImageKey(ns, key));
+  for (const std::string& name : names) exists.push_back({name, false, {}});
+  store_->ExistsMany(exists);
+  size_t run = 0;
+  size_t answered = 0;
+  for (const RedisCluster::Exists& e : exists) answered += e.result.ok();
+  while (run < exists.size() && exists[run].result.ok() && exists[run].found) ++run;
+  NoteBatch(answered > 0, answered == exists.size());
+  return run;
+}
+
+Status RemoteTier::Remove(const NamespaceId& ns, std::span<const ChunkKey> keys) {
+  if (keys.empty()) return Status::Ok();
+  std::vector<std::string> names;
+  std::vector<RedisCluster::Del> dels;
+  names.reserve(keys.size());
+  dels.reserve(keys.size());
+  for (const ChunkKey& key : keys) names.push_back(ImageKey(ns, key));
+  for (const std::string& name : names) dels.push_back({name, {}});
+  store_->DelMany(dels);
+  for (const RedisCluster::Del& d : dels) {
+    if (!d.result.ok()) return d.result;
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvtier

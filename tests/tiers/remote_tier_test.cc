@@ -160,6 +160,23 @@ TEST_F(RemoteTierTest, AStoreDownIsAMissThenDegradedUntilAProbeFindsItBack) {
   for (const Status& st : ReadAll(*tier, chain)) EXPECT_TRUE(st.ok()) << st.ToString();
 }
 
+TEST_F(RemoteTierTest, AFullStoreLosesTheWritesButIsNotDegradedAndKeepsServingReads) {
+  auto tier = Open(servers_->Url());
+  ASSERT_NE(tier, nullptr);
+  const Chain stored(Spec(16), 5, 2);
+  ASSERT_EQ(tier->WriteMany(stored.Images()), 2u);
+  // Full: maxmemory below what it holds, and no eviction.
+  ASSERT_TRUE(servers_->Run(0, {"CONFIG", "SET", "maxmemory-policy", "noeviction"}).ok());
+  ASSERT_TRUE(servers_->Run(0, {"CONFIG", "SET", "maxmemory", "1"}).ok());
+  const Chain more(Spec(16), 6, 2);
+  for (uint32_t i = 0; i < 2 * RemoteTier::kDegradedAfter; ++i) {
+    EXPECT_EQ(tier->WriteMany(more.Images()), 0u);
+  }
+  EXPECT_EQ(tier->counters().failed_writes, 4u * RemoteTier::kDegradedAfter);
+  EXPECT_FALSE(tier->Degraded());
+  for (const Status& st : ReadAll(*tier, stored)) EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
 TEST(RemoteTierOptionsTest, BadSettingsAreNamed) {
   RemoteTierOptions o;
   o.url = "http://localhost:6379";

@@ -357,7 +357,9 @@ void RedisCluster::Impl::OnError(RedisNode& node, const Pending& p, const redisR
   const std::string answered = node.name() + ": answered " + redis::DescribeReply(reply);
   if (!redis::IsRedirect(e)) {
     if (StartsWith(e, "CLUSTERDOWN") || StartsWith(e, "TRYAGAIN")) MarkStale();
-    results[p.cmd] = Status::Unavailable(answered);
+    // A full server (maxmemory with noeviction) is up: it still serves reads.
+    results[p.cmd] = StartsWith(e, "OOM") ? Status::ResourceExhausted(answered)
+                                          : Status::Unavailable(answered);
     return;
   }
   auto redirect = redis::ParseRedirect(e, node.endpoint());

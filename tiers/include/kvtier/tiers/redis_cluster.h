@@ -96,8 +96,8 @@ class RedisCluster {
   // nodes are asked one after another. Every entry's result is set.
   void GetMany(std::span<Get> gets);
 
-  // One SET (`expire_seconds` 0: no TTL). result: OK, or UNAVAILABLE (also
-  // for an OOM answer from a full server under maxmemory noeviction).
+  // One SET (`expire_seconds` 0: no TTL). result: OK, RESOURCE_EXHAUSTED (an
+  // OOM answer: a full server under maxmemory noeviction, still up), or UNAVAILABLE.
   struct Set {
     std::string_view key;
     std::span<const std::byte> value;

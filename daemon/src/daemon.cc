@@ -107,6 +107,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
                                 CacheCore::NvmeOpener(open_nvme));
   if (!core.ok()) return core.status();
   d->core_ = std::move(core).value();
+  KVTIER_RETURN_IF_ERROR(d->StartEvents());
   KVTIER_RETURN_IF_ERROR(d->StartArenaSocket());
   auto ring_fd = ListenUnix(RingSocketPath(options.socket_path), d->SocketMode(), d->SocketGroup());
   if (!ring_fd.ok()) return ring_fd.status();
@@ -406,8 +407,8 @@ Status Daemon::StartMetrics() {
   auto address = ParseMetricsAddress(options_.metrics_address);  // checked when parsed
   if (!address.ok()) return address.status();
   if (address->off()) return Status::Ok();
-  auto m = MetricsServer::Start(*address, [core = core_.get()] {
-    return PrometheusText(core->Stats(), core->ReadLatencies());
+  auto m = MetricsServer::Start(*address, [core = core_.get(), events = events_.get()] {
+    return PrometheusText(core->Stats(), core->ReadLatencies()) + KvEventMetricsText(events);
   });
   if (!m.ok()) {
     if (!options_.metrics_default) {
@@ -421,6 +422,28 @@ Status Daemon::StartMetrics() {
   }
   metrics_ = std::move(m).value();
   spdlog::info("Prometheus metrics on http://{}:{}/metrics", address->host, metrics_->port());
+  return Status::Ok();
+}
+
+Status Daemon::StartEvents() {
+  if (options_.events_address.empty()) return Status::Ok();
+  KvEventPublisherOptions events;
+  events.address = options_.events_address;
+  events.replay_address = options_.events_replay_address;
+  auto p = KvEventPublisher::Create(events);
+  if (!p.ok()) {
+    const bool replay = !options_.events_replay_address.empty() &&
+                        p.status().message().rfind(
+                            "cannot bind " + options_.events_replay_address + ":", 0) == 0;
+    return Status(p.status().code(),
+                  options_.Where(replay ? "events_replay_address" : "events_address") + ": " +
+                      p.status().message());
+  }
+  events_ = std::move(p).value();
+  core_->SetKvEventSink(events_.get());
+  spdlog::info("KV events on {}{}", events_->address(),
+               events_->replay_address().empty() ? ""
+                                                 : " (replay on " + events_->replay_address() + ")");
   return Status::Ok();
 }
 

@@ -68,6 +68,7 @@ struct RawOptions {
   std::string metrics_address = "127.0.0.1:9400";
   std::string remote;  // "" = no remote tier
   int64_t remote_pool_size = 4, remote_timeout_ms = 200;
+  std::string events_address, events_replay_address;
   int64_t gpu = 0;
   std::string config_path;            // --config, when given
   std::map<std::string, int> from_config;  // key -> its line (from 1), when no flag gave it
@@ -203,6 +204,12 @@ Status CheckForm(const std::string& key, const RawOptions& r) {
     if (auto a = ParseMetricsAddress(r.metrics_address); !a.ok()) {
       return Status::InvalidArgument(r.Where(key) + " " + a.status().message());
     }
+  } else if (key == "events_address" || key == "events_replay_address") {
+    const std::string& a = key == "events_address" ? r.events_address : r.events_replay_address;
+    if (a.empty()) return Status::Ok();
+    if (Status st = CheckKvEventsAddress(a); !st.ok()) {
+      return Status::InvalidArgument(r.Where(key) + " " + st.message());
+    }
   } else if (key == "log_level") {
     if (Status st = CheckLogLevel(r.log_level); !st.ok()) {
       return Status(st.code(), r.Where(key) + ": " + st.message());
@@ -305,6 +312,10 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
         dst->socket_group = kv.second.as<std::string>();
       } else if (key == "metrics_address") {
         dst->metrics_address = kv.second.as<std::string>();
+      } else if (key == "events_address") {
+        dst->events_address = kv.second.as<std::string>();
+      } else if (key == "events_replay_address") {
+        dst->events_replay_address = kv.second.as<std::string>();
       } else if (key == "log_level") {
         dst->log_level = kv.second.as<std::string>();
       } else if (key == "dram_bytes") {
@@ -355,7 +366,8 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
                                        : dst->drain_timeout_ms) = kv.second.as<int64_t>();
       } else {
         return Status::InvalidArgument("config " + path + ": unknown key '" + key +
-                                       "' (socket, socket_group, metrics_address, log_level, "
+                                       "' (socket, socket_group, metrics_address, events_address, "
+                                       "events_replay_address, log_level, "
                                        "dram_bytes, session_max_bytes, lease_ttl_ms, "
                                        "reservation_ttl_ms, "
                                        "drain_timeout_ms, nvme_paths, nvme_bytes, "
@@ -408,6 +420,11 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
                  "Prometheus /metrics over HTTP: HOST:PORT ([::1]:PORT for IPv6; port 0: any "
                  "free one), or off")
       ->capture_default_str();
+  app.add_option("--events-address", raw.events_address,
+                 "publish KV events (vLLM's schema, msgpack over ZMQ PUB) on this endpoint: "
+                 "tcp://HOST:PORT or ipc://PATH. Default: off");
+  app.add_option("--events-replay-address", raw.events_replay_address,
+                 "serve the last 10,000 event batches for replay (ZMQ ROUTER) on this endpoint");
   app.add_option("--log-level", raw.log_level, "trace|debug|info|warn|error|critical|off")
       ->capture_default_str();
   app.add_option("--lease-ttl-ms", raw.lease_ttl_ms, "a read lease ends by itself after this")
@@ -489,6 +506,15 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   const CLI::Option* metrics_flag = app.get_option_no_throw("--metrics-address");
   opts.metrics_default = raw.from_config.count("metrics_address") == 0 &&
                          (metrics_flag == nullptr || metrics_flag->count() == 0);
+  for (const char* key : {"events_address", "events_replay_address"}) {
+    KVTIER_RETURN_IF_ERROR(CheckForm(key, raw));
+  }
+  if (raw.events_address.empty() && !raw.events_replay_address.empty()) {
+    return Status::InvalidArgument(raw.Where("events_replay_address") +
+                                   " needs --events-address (events are off without it)");
+  }
+  opts.events_address = raw.events_address;
+  opts.events_replay_address = raw.events_replay_address;
   opts.socket_group = raw.socket_group;
   opts.log_level = raw.log_level;
   KVTIER_RETURN_IF_ERROR(CheckDramFitsMemory(*dram, raw.Where("dram_bytes")));

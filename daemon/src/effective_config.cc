@@ -22,6 +22,8 @@ std::vector<ConfigSetting> EffectiveConfig(const DaemonOptions& o) {
       {"dram_bytes", std::to_string(c.dram_bytes)},
       {"session_max_bytes", std::to_string(c.SessionMaxBytes())},
       {"metrics_address", o.metrics_address},
+      {"events_address", o.events_address},
+      {"events_replay_address", o.events_replay_address},
       {"log_level", o.log_level},
       {"lease_ttl_ms", ms(c.lease_ttl)},
       {"reservation_ttl_ms", ms(c.reservation_ttl)},

@@ -322,6 +322,7 @@ void NvmeTier::UnpinLocked(uint32_t h) {
 
 void NvmeTier::EraseLocked(uint32_t h) {
   const ChunkEntry e = chunks_.Get(h);
+  if (on_residency_) on_residency_(e.key, e.parent, ns_[h], {});
   policy_->OnRemove(h);
   if (e.parent != ns_[h]) {
     if (uint32_t ph = chunks_.Find(e.parent); ph != ChunkIndex::kNone) {
@@ -484,6 +485,7 @@ Result<size_t> NvmeTier::Write(std::span<const NvmeImage> images) {
   for (const Planned& p : planned) {
     const NvmeImage& img = *p.image;
     IndexLocked(img.key, img.parent, img.ns, p.loc, img.image.size());
+    if (on_residency_) on_residency_(img.key, img.parent, img.ns, img.image);
     if (img.parent != img.ns) {
       if (uint32_t ph = chunks_.Find(img.parent); ph != ChunkIndex::kNone) {
         ++chunks_.Get(ph).resident_children;

@@ -172,6 +172,7 @@ uint32_t SlotTier::Insert(const ChunkKey& key, const ChunkKey& parent, const Chu
   if (parent_handle != ChunkIndex::kNone) ++index_.Get(parent_handle).resident_children;
   policy_->OnInsert(handle, ns_slot_bytes_[ns_index], key.lo);
   ++ns_chunks_[ns_index];
+  if (on_residency_) on_residency_(handle, true);
   return handle;
 }
 
@@ -200,6 +201,7 @@ uint64_t SlotTier::AgeSeconds(uint32_t handle) const {
 }
 
 void SlotTier::Remove(uint32_t handle) {
+  if (on_residency_) on_residency_(handle, false);
   const SlotEntry e = index_.Get(handle);
   policy_->OnRemove(handle);
   if (const uint32_t p = e.parent; p != SlotEntry::kNoParent) {

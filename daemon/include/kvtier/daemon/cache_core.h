@@ -43,6 +43,7 @@
 #include "kvtier/daemon/core_calls.h"
 #include "kvtier/daemon/core_namespace.h"
 #include "kvtier/daemon/hbm_copier.h"
+#include "kvtier/daemon/kv_event_publisher.h"
 #include "kvtier/daemon/nvme_health.h"
 #include "kvtier/daemon/nvme_writer.h"
 #include "kvtier/daemon/promoter.h"
@@ -238,6 +239,13 @@ class CacheCore {
   // until its session ends, since a live writer may still be writing them.
   // Called periodically by the daemon; tests call it after advancing the clock.
   void ExpireNow();
+
+  // KV events (kv_event_publisher.h): from this call on, every chunk that
+  // becomes resident in a tier or leaves one is told to `sink`, first an
+  // AllBlocksCleared (chunks already on NVMe at start are not told). nullptr
+  // turns them off (the default). Call it before serving; `sink` must outlive
+  // the core or be unset first. Defined in cache_core_events.cc.
+  void SetKvEventSink(KvEventSink* sink);
 
   const Arena& arena() const { return dram_->arena(); }
   uint64_t epoch() const { return dram_->arena().epoch(); }
@@ -452,6 +460,17 @@ class CacheCore {
   Counters counters_;                                                 // GUARDED_BY(mu_)
   std::vector<ModelCounters> models_;                                 // GUARDED_BY(mu_)
   std::unordered_map<std::string, uint32_t> model_index_;             // GUARDED_BY(mu_)
+  // KV events (cache_core_events.cc): the tiers' residency listeners.
+  // REQUIRES: mu_ held (tier is dram_ or hbm_).
+  void OnSlotResidency(const SlotTier& tier, KvMedium medium, uint32_t handle, bool resident);
+  // Under NVMe's lock, with or without mu_.
+  void OnNvmeResidency(const ChunkKey& key, const ChunkKey& parent, const NamespaceId& ns,
+                       std::span<const std::byte> image);
+  KvEventSink* events_ = nullptr;  // set before serving
+  // Namespaces seen to be engine-keyed (their chunks carry no token ids), for
+  // OnNvmeResidency, which cannot read namespaces_. A leaf lock.
+  std::mutex engine_keyed_mu_;
+  std::unordered_set<NamespaceId, ChunkKeyHash> engine_keyed_;  // GUARDED_BY(engine_keyed_mu_)
   std::atomic<uint64_t> ring_lookups_{0};
   std::atomic<uint64_t> ring_calls_{0};
   const Clock::TimePoint started_ = std::chrono::steady_clock::now();

@@ -66,6 +66,8 @@ class Daemon {
   void SweepLoop();
   // /metrics on options_.metrics_address (nothing when off).
   Status StartMetrics();
+  // KV events on options_.events_address (nothing when it is "").
+  Status StartEvents();
   void NvmeLoop();  // write-through worker
   // Shutdown's NVMe drain, bounded by drain_timeout and `abort`: the chunks
   // left unwritten because it was cut short.
@@ -77,6 +79,8 @@ class Daemon {
   gid_t socket_gid_ = static_cast<gid_t>(-1);  // --socket-group, looked up once  // holds the lock: the socket files are ours
   int arena_listen_fd_ = -1;
   int grpc_listen_fd_ = -1;
+  // Before core_, so destroyed after it: the core tells it events until it goes.
+  std::unique_ptr<KvEventPublisher> events_;  // nullptr when off
   std::unique_ptr<CacheCore> core_;
   std::unique_ptr<RingServer> ring_server_;  // the control ring; stopped before core_ goes
   std::unique_ptr<KvCacheService> kv_service_;

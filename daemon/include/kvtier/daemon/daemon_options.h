@@ -47,6 +47,13 @@ struct DaemonOptions {
   // metrics (with a warning) when the port is taken, e.g. by a second kvtierd;
   // an address given that cannot be listened on refuses the start.
   bool metrics_default = true;
+  // KV events (kv_event_publisher.h): the ZMQ PUB endpoint kvtierd binds,
+  // tcp://HOST:PORT or ipc://PATH (CheckKvEventsAddress); "" for none.
+  // Default: "".
+  std::string events_address;
+  // Their replay ROUTER endpoint, same forms; "" for none. Needs
+  // events_address. Default: "".
+  std::string events_replay_address;
   // Settings given that have no effect (an NVMe setting with the NVMe tier
   // off, a config file that sets nothing), each naming its flag, or its
   // config file and line: kvtierd logs them at start.

@@ -155,6 +155,17 @@ class NvmeTier {
   // chunk's write time is its first access time. Errors: IO_ERROR.
   Status PersistAccessTimes();
 
+  // Told of each chunk that becomes resident here (a Write, once its index
+  // record is durable; `image` is its slot image, header and token ids first)
+  // and of each that leaves (eviction, admin removal, a failed verification;
+  // `image` empty), under the tier's lock: it must be quick and must not call
+  // the tier. Chunks found at Open are not told. Set it before the tier is
+  // used. Default: none.
+  using ResidencyListener =
+      std::function<void(const ChunkKey& key, const ChunkKey& parent, const NamespaceId& ns,
+                         std::span<const std::byte> image)>;
+  void SetResidencyListener(ResidencyListener listener) { on_residency_ = std::move(listener); }
+
   bool Contains(const ChunkKey& key) const;
   // The chunk `key`, or nullopt when it is not here.
   std::optional<NvmeChunkInfo> Info(const ChunkKey& key) const;
@@ -206,6 +217,7 @@ class NvmeTier {
   uint64_t max_sequence_ = 0;                            // GUARDED_BY(mu_)
   // Chunks read since the last PersistAccessTimes -> unix ms. GUARDED_BY(mu_)
   std::unordered_map<ChunkKey, uint64_t, ChunkKeyHash> dirty_access_;
+  ResidencyListener on_residency_;  // set before use; called under mu_
 };
 
 }  // namespace kvtier

@@ -99,6 +99,12 @@ class SlotTier {
   // NVMe, and drops its HBM copy (HBM stays a subset of DRAM).
   using EvictionListener = std::function<void(uint32_t handle)>;
   void SetEvictionListener(EvictionListener listener) { on_evict_ = std::move(listener); }
+  // Called with each chunk just after Insert makes it resident (`resident`
+  // true) and just before it leaves, by eviction or removal (false; its slot
+  // still holds its image): the daemon publishes KV events from it. It must
+  // not call back into the tier. Default: none.
+  using ResidencyListener = std::function<void(uint32_t handle, bool resident)>;
+  void SetResidencyListener(ResidencyListener listener) { on_residency_ = std::move(listener); }
 
   // A chunk waiting for its NVMe write is evicted only when nothing else can
   // be (then its write is skipped). Holds nest.
@@ -166,6 +172,7 @@ class SlotTier {
   std::vector<uint32_t> stored_s_;
   const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   EvictionListener on_evict_;
+  ResidencyListener on_residency_;
 };
 
 }  // namespace kvtier

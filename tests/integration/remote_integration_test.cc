@@ -34,13 +34,17 @@ class RemoteNodesTest : public ::testing::Test {
   }
 
   // Node `name`: its own socket, DRAM and NVMe directory, the shared store.
-  std::unique_ptr<DaemonProcess> Node(const std::string& name) {
+  std::unique_ptr<DaemonProcess> Node(const std::string& name, bool events = false) {
     std::filesystem::create_directories(dir_.Sub(name + "-nvme"));
     DaemonProcess::Options o;
     o.socket_path = dir_.Sub(name + ".sock");
     o.dram_bytes = "32MiB";
     o.extra_args = {"--nvme-path", dir_.Sub(name + "-nvme"), "--nvme-bytes", "128MiB",
                     "--remote", redis_->Url(), "--remote-timeout-ms", "200"};
+    if (events) {
+      o.extra_args.insert(o.extra_args.end(),
+                          {"--events-address", "ipc://" + dir_.Sub(name + ".events")});
+    }
     auto d = std::make_unique<DaemonProcess>(o);
     const std::string error = d->Start();
     EXPECT_EQ(error, "");
@@ -240,6 +244,62 @@ TEST_F(RemoteNodesTest, OneServerNotAClusterServesTwoNodes) {
   ASSERT_FALSE(on_b.is_discarded());
   EXPECT_EQ(on_b["verify_errors"], 0);
   EXPECT_GT(RemoteHitTokens(on_b), 0u);
+}
+
+TEST_F(RemoteNodesTest, AReplayAcrossNodesRoutedByTheirEventsKeepsConversationsLocal) {
+  auto s = RedisServers::StartSingle();
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  redis_ = std::move(s).value();
+  json runs[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string route = i == 0 ? "round_robin" : "prefix";
+    // Fresh nodes and an empty store for each route.
+    ASSERT_TRUE(redis_->Run(0, {"FLUSHALL"}).ok());
+    auto a = Node(route + "-a", true);
+    auto b = Node(route + "-b", true);
+    ASSERT_TRUE(a && b);
+    const std::string out = dir_.Sub(route + ".json");
+    CommandResult r = RunCommand({BinPath("kvtier-replay"), "--nodes",
+                                  dir_.Sub(route + "-a.sock") + "," + dir_.Sub(route + "-b.sock"),
+                                  "--route", route, "--generate", "120", "--quiet",
+                                  "--deadline-ms", "5000", "--json", out},
+                                 120s);
+    ASSERT_TRUE(r.ok()) << r.Describe();
+    runs[i] = json::parse(ReadFileOrEmpty(out), nullptr, false);
+    ASSERT_FALSE(runs[i].is_discarded());
+    ASSERT_EQ(runs[i]["nodes"].size(), 2u);
+    EXPECT_EQ(runs[i]["total"]["verify_errors"], 0);
+    for (const json& n : runs[i]["nodes"]) EXPECT_GT(n["requests"].get<uint64_t>(), 0u) << route;
+  }
+  const json& rr = runs[0];
+  const json& prefix = runs[1];
+  // Round robin sends a conversation's next turn to the other node, which
+  // finds the earlier turns in the remote tier; the prefix router sends it
+  // where the events showed its chunks.
+  EXPECT_GT(rr["total"]["tiers"]["remote"]["hit_tokens"].get<uint64_t>(), 0u);
+  EXPECT_GT(prefix["router"]["events"].get<uint64_t>(), 0u);
+  EXPECT_GT(prefix["router"]["routed_by_prefix"].get<uint64_t>(), 0u);
+  EXPECT_LT(prefix["total"]["tiers"]["remote"]["hit_tokens"].get<uint64_t>(),
+            rr["total"]["tiers"]["remote"]["hit_tokens"].get<uint64_t>());
+}
+
+TEST_F(RemoteNodesTest, PrefixRoutingWithoutEventsOrBadNodesIsAUsageError) {
+  auto s = RedisServers::StartSingle();
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  redis_ = std::move(s).value();
+  auto a = Node("a");  // no --events-address
+  ASSERT_TRUE(a);
+  CommandResult r = RunCommand({BinPath("kvtier-replay"), "--nodes", dir_.Sub("a.sock"),
+                                "--route", "prefix", "--generate", "5", "--quiet"},
+                               30s);
+  EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 2) << r.Describe();
+  EXPECT_NE(r.err.find("--events-address"), std::string::npos) << r.Describe();
+  for (const std::string& nodes : {dir_.Sub("a.sock") + ",", dir_.Sub("a.sock") + "," +
+                                                              dir_.Sub("a.sock")}) {
+    r = RunCommand({BinPath("kvtier-replay"), "--nodes", nodes, "--generate", "5", "--quiet"}, 30s);
+    EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 2) << r.Describe();
+    EXPECT_NE(r.err.find("--nodes"), std::string::npos) << r.Describe();
+  }
 }
 
 TEST_F(RemoteNodesTest, ARemoteWithoutNvmeOrWithABadUrlIsAStartError) {

@@ -28,6 +28,7 @@
 #include "kvtier/logging.h"
 #include "kvtier/socket_path.h"
 #include "kvtier/tools/cli_words.h"
+#include "nodes.h"
 #include "kvtier/tools/trace.h"
 #include "rate.h"
 #include "replay.h"
@@ -60,17 +61,6 @@ int CheckWritable(const std::string& flag, const std::string& path) {
 }
 
 // NVMe bytes (read, written) from the daemon's counters: nullopt when Stats fails.
-using Counters = std::optional<std::pair<uint64_t, uint64_t>>;
-Counters NvmeCounters(kvtier::AdminClient* admin) {
-  if (admin == nullptr) return std::nullopt;
-  auto s = admin->Stats();
-  if (!s.ok()) return std::nullopt;
-  for (const auto& tier : s->tiers) {
-    if (tier.name == "nvme") return std::pair{tier.read_bytes, tier.write_bytes};
-  }
-  return std::pair<uint64_t, uint64_t>{0, 0};  // DRAM only: no NVMe bytes
-}
-
 // kvtierd beside this executable.
 std::string DefaultKvtierd() {
   std::error_code ec;
@@ -89,6 +79,8 @@ int main(int argc, char** argv) {
   int64_t deadline_ms = 100;
   bool quiet = false, progress_flag = false, at_rate = false, no_plot = false;
   kvtier::replay::RateOptions rate;
+  std::string nodes_text;
+  kvtier::replay::NodesOptions nodes;
   CLI::App app{"kvtier-replay: replay a Mooncake-format trace through kvtierd with real bytes",
                "kvtier-replay"};
   auto* socket_opt =
@@ -136,12 +128,25 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1e-3, 1e9))
       ->needs(rate_opt)
       ->capture_default_str();
+  auto* nodes_opt =
+      app.add_option("--nodes", nodes_text,
+                     "sock1,sock2,...: replay across these kvtierd (nodes sharing a remote tier), "
+                     "each request to one node by --route")
+          ->excludes(socket_opt)
+          ->excludes(rate_opt);
+  app.add_option("--route", nodes.route,
+                 "with --nodes: round_robin, or prefix (to the node whose KV events show the "
+                 "longest cached prefix; each kvtierd needs --events-address)")
+      ->check(CLI::IsMember({"round_robin", "prefix"}))
+      ->needs(nodes_opt)
+      ->capture_default_str();
   auto* sweep_opt =
       app.add_option("--sweep", sweep_text,
                      "dram=A,B,...[,nvme=X,Y,...]: byte sizes (1536MiB, 2GiB, bytes) as for "
                      "kvtierd --dram-bytes/--nvme-bytes; a fresh kvtierd a point")
           ->excludes(socket_opt)
-          ->excludes(json_opt);
+          ->excludes(json_opt)
+          ->excludes(nodes_opt);
   app.add_option("--csv", csv_path, "with --sweep: the CSV to write (a row a point)")
       ->needs(sweep_opt);
   app.add_option("--png", png_path, "with --sweep: the plot (default: the CSV's name, .png)")
@@ -242,25 +247,37 @@ int main(int argc, char** argv) {
     return kvtier::replay::RunSweep(ro, *sweep, so, trace, replay);
   }
 
+  if (!nodes_text.empty()) {
+    auto sockets = kvtier::replay::ParseNodes(nodes_text);
+    if (!sockets.ok()) {
+      std::fprintf(stderr, "kvtier-replay: %s\n", sockets.status().message().c_str());
+      return 2;
+    }
+    nodes.sockets = std::move(sockets).value();
+    kvtier::replay::RunInfo info;
+    info.trace = trace_name;
+    info.model = ro.model;
+    info.chunk_tokens = ro.chunk_tokens;
+    info.prefetch = ro.prefetch;
+    info.schedule_delay_ms = ro.schedule_delay_ms;
+    return kvtier::replay::RunNodes(ro, nodes, trace, info, show_progress, json_path);
+  }
+
   // NVMe bytes moved during the replay, from the daemon's counters: unknown
   // (null) when either Stats call fails, e.g. a daemon that stopped meanwhile.
   const std::string where = ro.socket_path.empty() ? kvtier::DefaultSocketPath() : ro.socket_path;
   auto admin = kvtier::AdminClient::Connect(
       where, std::max<std::chrono::milliseconds>(ro.deadline, std::chrono::seconds(1)));
   kvtier::AdminClient* const admin_ptr = admin.ok() ? admin->get() : nullptr;
-  const Counters nvme_before = NvmeCounters(admin_ptr);
+  const kvtier::replay::NvmeBytes nvme_before = kvtier::replay::NvmeCounters(admin_ptr);
   Totals t;
   Progress progress(trace.size(), show_progress, "");
   const auto start = std::chrono::steady_clock::now();
   if (int rc = replay(ro, trace, progress, t); rc != 0) return rc;
   kvtier::replay::RunInfo info;
   info.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const Counters nvme_after = NvmeCounters(admin_ptr);
-  if (nvme_before && nvme_after && nvme_after->first >= nvme_before->first &&
-      nvme_after->second >= nvme_before->second) {  // a daemon restart would reset them
-    info.nvme_bytes_read = nvme_after->first - nvme_before->first;
-    info.nvme_bytes_written = nvme_after->second - nvme_before->second;
-  }
+  const kvtier::replay::NvmeBytes nvme_after = kvtier::replay::NvmeCounters(admin_ptr);
+  kvtier::replay::SetNvmeBytes(nvme_before, nvme_after, info);
   info.trace = trace_name;
   info.model = ro.model;
   info.chunk_tokens = ro.chunk_tokens;
@@ -270,15 +287,6 @@ int main(int argc, char** argv) {
   info.speedup = rate.speedup;
   const nlohmann::json j = kvtier::replay::SummaryJson(t, info);
   kvtier::replay::PrintSummary(json_path == "-" ? stderr : stdout, t, info);
-  if (json_path == "-") {
-    std::printf("%s\n", j.dump(2).c_str());
-  } else if (!json_path.empty()) {
-    std::ofstream out(json_path);
-    out << j.dump(2) << "\n";
-    if (!out) {
-      std::fprintf(stderr, "kvtier-replay: cannot write %s\n", json_path.c_str());
-      return 1;
-    }
-  }
+  if (int rc = kvtier::replay::WriteJson(json_path, j); rc != 0) return rc;
   return t.verify_errors == 0 ? 0 : 3;
 }

@@ -89,6 +89,10 @@ std::unique_ptr<RequestRunner> RequestRunner::Create(const ReplayOptions& option
       new RequestRunner(options, std::move(client).value(), *ns, spec->num_layers));
 }
 
+std::vector<ChunkKey> RequestRunner::ChunkKeysOf(const tools::TraceRequest& req) const {
+  return Client::ChunkKeys(ns_, tools::SynthesizePrompt(req.hash_ids, req.input_length));
+}
+
 bool RequestRunner::Run(const tools::TraceRequest& req, const std::string& request_id, Totals& t) {
   const bool prefetching = options_.prefetch != "off";
   const uint32_t chunk_tokens = options_.chunk_tokens;

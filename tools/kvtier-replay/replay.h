@@ -57,6 +57,8 @@ class RequestRunner {
   // Runs `req` under `request_id` (unique per daemon), adding to `t`. false
   // (with the message printed) when a call failed.
   bool Run(const tools::TraceRequest& req, const std::string& request_id, Totals& t);
+  // The chunk keys of `req`'s prompt in this runner's namespace (what Run looks up).
+  std::vector<ChunkKey> ChunkKeysOf(const tools::TraceRequest& req) const;
 
  private:
   RequestRunner(const ReplayOptions& options, std::unique_ptr<Client> client, NamespaceHandle ns,

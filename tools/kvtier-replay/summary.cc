@@ -1,5 +1,7 @@
 #include "summary.h"
 
+#include <fstream>
+
 #include "kvtier/tools/percentiles.h"
 
 namespace kvtier::replay {
@@ -97,6 +99,37 @@ void PrintSummary(FILE* table, const Totals& t, const RunInfo& info) {
                  Percentile(t.start_lag_us, 99));
   }
   std::fprintf(table, "  %-22s %.1f s\n", "wall", info.wall_s);
+}
+
+int WriteJson(const std::string& path, const nlohmann::json& j) {
+  if (path == "-") {
+    std::printf("%s\n", j.dump(2).c_str());
+  } else if (!path.empty()) {
+    std::ofstream out(path);
+    out << j.dump(2) << "\n";
+    if (!out) {
+      std::fprintf(stderr, "kvtier-replay: cannot write %s\n", path.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+NvmeBytes NvmeCounters(AdminClient* admin) {
+  if (admin == nullptr) return std::nullopt;
+  auto s = admin->Stats();
+  if (!s.ok()) return std::nullopt;
+  for (const auto& tier : s->tiers) {
+    if (tier.name == "nvme") return std::pair{tier.read_bytes, tier.write_bytes};
+  }
+  return std::pair<uint64_t, uint64_t>{0, 0};  // DRAM only: no NVMe bytes
+}
+
+void SetNvmeBytes(const NvmeBytes& before, const NvmeBytes& after, RunInfo& info) {
+  if (before && after && after->first >= before->first && after->second >= before->second) {
+    info.nvme_bytes_read = after->first - before->first;
+    info.nvme_bytes_written = after->second - before->second;
+  }
 }
 
 }  // namespace kvtier::replay

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "kvtier/admin_client.h"
 #include "replay.h"
 
 namespace kvtier::replay {
@@ -27,5 +28,16 @@ nlohmann::json SummaryJson(const Totals& t, const RunInfo& info);
 
 // The table, titled "kvtier-replay summary (...)", onto `out`.
 void PrintSummary(FILE* out, const Totals& t, const RunInfo& info);
+
+// The NVMe tier's read and written bytes from `admin`'s Stats: {0, 0} without
+// an NVMe tier; nullopt when `admin` is null or Stats fails.
+using NvmeBytes = std::optional<std::pair<uint64_t, uint64_t>>;
+NvmeBytes NvmeCounters(AdminClient* admin);
+// Sets info.nvme_bytes_read/written from two samples (unset unless both are
+// known and neither went back, as after a daemon restart).
+void SetNvmeBytes(const NvmeBytes& before, const NvmeBytes& after, RunInfo& info);
+
+// `j` to `path` ("-": stdout; "": nowhere). 0, or 1 (printed) when it cannot be written.
+int WriteJson(const std::string& path, const nlohmann::json& j);
 
 }  // namespace kvtier::replay

@@ -4,6 +4,7 @@
 // listing; a late subscriber sees a gap and the replay socket fills it.
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -191,6 +192,27 @@ TEST_F(KvEventsTest, StoresEvictionsAndAdminEvictRebuildTheDaemonsIndex) {
       EXPECT_EQ(r.events[i].block_hashes, m.batch.events[i].block_hashes);
     }
   }
+  // kvtierctl events prints the same events, one JSON line each, from the replay on.
+  std::vector<std::string> want;
+  for (const auto& m : *replay) {
+    for (const KvEvent& e : m.batch.events) {
+      want.push_back(std::string(KvEventTypeName(e.type)) +
+                     (e.block_hashes.empty() ? "" : " " + e.block_hashes[0].ToHex()));
+    }
+  }
+  CommandResult ctl =
+      daemon.Ctl({"--json", "events", "--from", "0", "--count", std::to_string(want.size())});
+  ASSERT_TRUE(ctl.ok()) << ctl.Describe();
+  std::vector<std::string> got;
+  std::istringstream lines(ctl.out);
+  for (std::string line; std::getline(lines, line);) {
+    json j = json::parse(line, nullptr, false);
+    ASSERT_FALSE(j.is_discarded() || j.contains("gap")) << line;
+    got.push_back(j["type"].get<std::string>() +
+                  (j.contains("block_hashes") ? " " + j["block_hashes"][0].get<std::string>() : ""));
+  }
+  EXPECT_EQ(got, want);
+
   auto tail = sub_->Replay(first + 1, 5s);
   ASSERT_TRUE(tail.ok()) << tail.status().ToString();
   ASSERT_EQ(tail->size(), messages_.size() - 1);

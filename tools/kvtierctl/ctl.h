@@ -60,6 +60,17 @@ int RunLs(AdminClient& admin, const std::string& socket_path, bool as_json, cons
           const std::vector<int32_t>& tokens, uint32_t limit);
 int RunConfig(AdminClient& admin, const std::string& socket_path, bool as_json);
 
+// events.cc: prints kvtierd's KV events live, one line each (JSON lines with
+// `as_json`), and each gap in their sequence numbers (refilled from the
+// replay socket when it can be). Without `address`, asks `admin` for the
+// daemon's events_address and events_replay_address.
+struct EventsArgs {
+  std::string address, replay_address;  // "" : the daemon's
+  uint64_t count = 0;                   // stop after N events; 0: until interrupted
+  std::optional<uint64_t> from;         // first replay the buffered batches from this sequence
+};
+int RunEvents(AdminClient* admin, const std::string& socket_path, bool as_json, EventsArgs args);
+
 // completion.cc: a completion script for `shell` ("bash" or "zsh") made from
 // `app`'s subcommands and options (so that it follows the CLI).
 std::string CompletionScript(const CLI::App& app, const std::string& shell);

@@ -4,6 +4,7 @@
 //     ls [--namespace ID [--tokens 1,2,3 | --tokens-file F.json] [--limit N]]
 //     evict (--all | --namespace ID [--tokens 1,2,3 | --tokens-file F.json])
 //     flush [--timeout SECONDS] | completion bash|zsh
+//     events [--address A] [--replay-address R] [--from SEQ] [--count N]
 // Human tables by default, --json for scripts. Exit codes: 0 OK (health:
 // serving), 1 daemon unreachable, refusing or not serving (flush: not drained),
 // 2 usage error. The commands live beside this file (ctl.h).
@@ -109,6 +110,18 @@ int main(int argc, char** argv) {
   ctl::AddScopeOptions(evict, &evict_scope_args, "every chunk of this namespace (its id)",
                        "with --namespace: evict the prompts beginning with these token ids "
                        "(comma-separated)");
+  auto* events = app.add_subcommand(
+      "events", "print kvtierd's KV events live (vLLM's schema), one line each, and gaps");
+  ctl::EventsArgs events_args;
+  uint64_t events_from = 0;
+  events->add_option("--address", events_args.address,
+                     "the events endpoint (default: the daemon's events_address)");
+  events->add_option("--replay-address", events_args.replay_address,
+                     "the replay endpoint (default: the daemon's events_replay_address)");
+  auto* from_opt = events->add_option("--from", events_from,
+                                      "first print the buffered batches from this sequence number");
+  events->add_option("--count", events_args.count, "stop after N events")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -162,7 +175,11 @@ int main(int argc, char** argv) {
     if (*tokens) ls_prefix = std::move(**tokens);
   }
 
+  if (from_opt->count() > 0) events_args.from = events_from;
   auto fail = [&](const kvtier::Status& st) { return ctl::Fail(socket_path, as_json, st); };
+  if (events->parsed() && !events_args.address.empty()) {  // needs no daemon
+    return ctl::RunEvents(nullptr, socket_path, as_json, events_args);
+  }
   auto admin_or = kvtier::AdminClient::Connect(socket_path, std::chrono::milliseconds(timeout_ms));
   if (!admin_or.ok()) return fail(admin_or.status());  // a path that is no socket, say
   auto& admin = *admin_or;
@@ -189,6 +206,8 @@ int main(int argc, char** argv) {
     return ctl::RunFlush(*admin, socket_path, as_json, flush_s);
   } else if (config->parsed()) {
     return ctl::RunConfig(*admin, socket_path, as_json);
+  } else if (events->parsed()) {
+    return ctl::RunEvents(admin.get(), socket_path, as_json, events_args);
   }
   return 0;
 }

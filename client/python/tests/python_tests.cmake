@@ -11,7 +11,8 @@ set(_kvtier_py_tests ${CMAKE_CURRENT_SOURCE_DIR}/tests)
 add_test(NAME python_sdk
   COMMAND ${KVTIER_VENV_ROOT}/base/bin/python -m pytest -q -p no:cacheprovider
           ${_kvtier_py_tests}/test_client.py ${_kvtier_py_tests}/test_layerwise.py
-          ${_kvtier_py_tests}/test_metrics.py ${_kvtier_py_tests}/test_grafana.py)
+          ${_kvtier_py_tests}/test_metrics.py ${_kvtier_py_tests}/test_grafana.py
+          ${_kvtier_py_tests}/test_kv_events.py)
 # The package's types: the generated stubs, errors.py and __init__.py under mypy --strict.
 add_test(NAME python_typing
   COMMAND ${KVTIER_VENV_ROOT}/base/bin/python -m mypy --strict --no-incremental

@@ -7,11 +7,11 @@
 #include <set>
 #include <thread>
 #include <unordered_map>
-#include <zmq.hpp>
-#include <zmq_addon.hpp>
+#include <optional>
 
 #include "kvtier/admin_client.h"
 #include "kvtier/kv_event.h"
+#include "kvtier/tools/kv_event_subscriber.h"
 
 namespace kvtier::replay {
 namespace {
@@ -19,34 +19,37 @@ namespace {
 // The chunks each node holds in any tier, from the nodes' KV events alone.
 class EventIndex {
  public:
-  // Subscribes to each address (every topic). Errors: INVALID_ARGUMENT for an
-  // address ZMQ refuses.
-  static Result<std::unique_ptr<EventIndex>> Connect(const std::vector<std::string>& addresses) {
-    auto index = std::unique_ptr<EventIndex>(new EventIndex(addresses.size()));
-    for (const std::string& a : addresses) {
-      zmq::socket_t& s = index->subs_.emplace_back(index->context_, zmq::socket_type::sub);
-      try {
-        s.set(zmq::sockopt::subscribe, "");
-        s.connect(a);
-      } catch (const zmq::error_t& e) {
-        return Status::InvalidArgument("events address " + a + ": " + e.what());
-      }
+  struct Endpoints {
+    std::string events, replay;  // replay "": none
+  };
+  // Subscribes to each node's events; where a node has a replay endpoint, its
+  // buffered batches are read first (what it held before the replay started).
+  static Result<std::unique_ptr<EventIndex>> Connect(const std::vector<Endpoints>& nodes) {
+    auto index = std::unique_ptr<EventIndex>(new EventIndex(nodes.size()));
+    for (size_t node = 0; node < nodes.size(); ++node) {
+      const std::string replay =
+          nodes[node].replay.empty() ? "" : tools::ConnectableAddress(nodes[node].replay);
+      auto sub = tools::KvEventSubscriber::Connect(
+          tools::ConnectableAddress(nodes[node].events), replay);
+      if (!sub.ok()) return sub.status();
+      index->subs_.push_back(std::move(sub).value());
+      if (replay.empty()) continue;
+      auto earlier = index->subs_.back()->Replay(0, std::chrono::seconds(5));
+      if (!earlier.ok()) return earlier.status();
+      for (const auto& m : *earlier) index->Apply(node, m);
     }
     return index;
   }
 
-  // Applies every batch that has come in; waits up to `wait` for the first.
-  void Drain(std::chrono::milliseconds wait) {
-    std::vector<zmq::pollitem_t> items;
-    for (zmq::socket_t& s : subs_) items.push_back({s.handle(), 0, ZMQ_POLLIN, 0});
-    zmq::poll(items, wait);
+  // Applies every batch that has come in, first waiting up to `wait` for one
+  // from node `expect` (the node that served the last request).
+  void Drain(size_t expect, std::chrono::milliseconds wait) {
     for (size_t node = 0; node < subs_.size(); ++node) {
-      for (;;) {
-        std::vector<zmq::message_t> parts;
-        auto got = zmq::recv_multipart(subs_[node], std::back_inserter(parts),
-                                       zmq::recv_flags::dontwait);
-        if (!got) break;
-        if (parts.size() == 3) Apply(node, parts[1].to_string_view(), parts[2].to_string_view());
+      for (auto timeout = node == expect ? wait : std::chrono::milliseconds(0);;
+           timeout = std::chrono::milliseconds(0)) {
+        auto next = subs_[node]->Next(timeout);
+        if (!next.ok() || !next->has_value()) break;  // a malformed batch only costs precision
+        Apply(node, **next);
       }
     }
   }
@@ -62,17 +65,14 @@ class EventIndex {
   uint64_t gaps() const { return gaps_; }
 
  private:
-  explicit EventIndex(size_t nodes) : held_(nodes), last_seq_(nodes, 0) {}
+  explicit EventIndex(size_t nodes) : held_(nodes), last_seq_(nodes) {}
 
-  void Apply(size_t node, std::string_view seq_bytes, std::string_view payload) {
-    if (auto seq = KvEventSequenceFrom(seq_bytes)) {
-      if (last_seq_[node] != 0 && *seq > last_seq_[node] + 1) ++gaps_;
-      last_seq_[node] = *seq;
-    }
-    auto batch = DecodeKvEventBatch(payload);
-    if (!batch.ok()) return;  // counted as nothing: the router only loses precision
+  void Apply(size_t node, const tools::KvEventSubscriber::Message& m) {
+    if (last_seq_[node] && m.seq <= *last_seq_[node]) return;  // seen (replay, then live)
+    if (last_seq_[node] && m.seq > *last_seq_[node] + 1) ++gaps_;
+    last_seq_[node] = m.seq;
     auto& held = held_[node];
-    for (const KvEvent& e : batch->events) {
+    for (const KvEvent& e : m.batch.events) {
       ++events_;
       const auto bit = static_cast<uint8_t>(1u << static_cast<unsigned>(e.medium));
       switch (e.type) {
@@ -92,19 +92,19 @@ class EventIndex {
     }
   }
 
-  zmq::context_t context_;
-  std::vector<zmq::socket_t> subs_;
+  std::vector<std::unique_ptr<tools::KvEventSubscriber>> subs_;
   // Per node: chunk key -> the media (bits of KvMedium) holding it.
   std::vector<std::unordered_map<ChunkKey, uint8_t, ChunkKeyHash>> held_;
-  std::vector<uint64_t> last_seq_;
+  std::vector<std::optional<uint64_t>> last_seq_;
   uint64_t events_ = 0, gaps_ = 0;
 };
 
 // Each node's --events-address, from its effective config. Prints and sets
 // *exit_code when one has none or cannot be asked.
-std::vector<std::string> EventAddresses(const ReplayOptions& options,
-                                        const std::vector<std::string>& sockets, int* exit_code) {
-  std::vector<std::string> addresses;
+std::vector<EventIndex::Endpoints> EventAddresses(const ReplayOptions& options,
+                                                  const std::vector<std::string>& sockets,
+                                                  int* exit_code) {
+  std::vector<EventIndex::Endpoints> addresses;
   for (const std::string& socket : sockets) {
     auto admin = AdminClient::Connect(
         socket, std::max<std::chrono::milliseconds>(options.deadline, std::chrono::seconds(1)));
@@ -115,11 +115,12 @@ std::vector<std::string> EventAddresses(const ReplayOptions& options,
       *exit_code = 1;
       return {};
     }
-    std::string address;
+    EventIndex::Endpoints address;
     for (const DaemonSetting& s : *config) {
-      if (s.key == "events_address") address = s.value;
+      if (s.key == "events_address") address.events = s.value;
+      if (s.key == "events_replay_address") address.replay = s.value;
     }
-    if (address.empty()) {
+    if (address.events.empty()) {
       std::fprintf(stderr,
                    "kvtier-replay: --route prefix reads the nodes' KV events, but node %s has no "
                    "--events-address\n",
@@ -154,6 +155,7 @@ Result<std::vector<std::string>> ParseNodes(const std::string& text) {
 int ReplayNodes(const ReplayOptions& options, const NodesOptions& nodes,
                 std::span<const tools::TraceRequest> trace, Progress& progress,
                 NodesResult& result) {
+  constexpr uint64_t kLoadSlack = 8;
   int exit_code = 0;
   std::vector<std::unique_ptr<RequestRunner>> runners;
   for (const std::string& socket : nodes.sockets) {
@@ -164,7 +166,8 @@ int ReplayNodes(const ReplayOptions& options, const NodesOptions& nodes,
   }
   std::unique_ptr<EventIndex> index;
   if (nodes.route == "prefix") {
-    const std::vector<std::string> addresses = EventAddresses(options, nodes.sockets, &exit_code);
+    const std::vector<EventIndex::Endpoints> addresses =
+        EventAddresses(options, nodes.sockets, &exit_code);
     if (exit_code != 0) return exit_code;
     auto connected = EventIndex::Connect(addresses);
     if (!connected.ok()) {
@@ -172,23 +175,31 @@ int ReplayNodes(const ReplayOptions& options, const NodesOptions& nodes,
       return 2;
     }
     index = std::move(connected).value();
-    // A subscription takes effect a moment after connect; events before it are not seen.
-    index->Drain(std::chrono::milliseconds(200));
+    // A subscription takes effect a moment after connect; events before it are
+    // not seen (but for what a node's replay endpoint gave).
+    index->Drain(0, std::chrono::milliseconds(200));
   }
   const size_t n = nodes.sockets.size();
   result.nodes.assign(n, Totals{});
   result.requests.assign(n, 0);
   const std::string run_id = NewRunId();
   Totals all;
+  size_t last = 0;
   for (size_t i = 0; i < trace.size(); ++i) {
     size_t pick = i % n;
     if (index) {
-      // Stores of the request before this one publish within a few ms.
-      index->Drain(std::chrono::milliseconds(2));
+      // The last request's stores publish within a few ms (kvtierd batches every 5 ms).
+      index->Drain(last, std::chrono::milliseconds(6));
       const std::vector<ChunkKey> keys = runners[0]->ChunkKeysOf(trace[i]);
+      // Only nodes not far ahead of the least loaded compete: else a prefix
+      // every prompt shares (a system prompt) would draw every request to one node.
+      const uint64_t least = *std::min_element(result.requests.begin(), result.requests.end());
+      const uint64_t bound = least + std::max<uint64_t>(kLoadSlack, least / 4);
       size_t best = 0;
-      pick = 0;
+      pick = std::min_element(result.requests.begin(), result.requests.end()) -
+             result.requests.begin();
       for (size_t node = 0; node < n; ++node) {
+        if (result.requests[node] > bound) continue;
         const size_t run = index->HeldRun(node, keys);
         if (run > best || (run == best && result.requests[node] < result.requests[pick])) {
           best = run;
@@ -201,12 +212,13 @@ int ReplayNodes(const ReplayOptions& options, const NodesOptions& nodes,
     if (!runners[pick]->Run(trace[i], run_id + std::to_string(i), t)) return 1;
     result.nodes[pick].Add(t);
     ++result.requests[pick];
+    last = pick;
     all.Add(t);
     progress.Update(i + 1, all.HitRate());
   }
   progress.Finish();
   if (index) {
-    index->Drain(std::chrono::milliseconds(0));
+    index->Drain(last, std::chrono::milliseconds(0));
     result.events = index->events();
     result.event_gaps = index->gaps();
   }

@@ -3,10 +3,12 @@
 //   round_robin  request i to node i mod N;
 //   prefix       to the node whose KV events (kvtierd --events-address) say
 //                it holds the longest leading run of the request's chunks, in
-//                any tier; ties and misses go to the node that has served the
-//                fewest requests. The events are what a cache-aware router
-//                built for vLLM's stream would see: the router reads no other
-//                state of the nodes.
+//                any tier, among the nodes at most max(8, a quarter) requests
+//                ahead of the least loaded one (so that a prefix all prompts
+//                share does not draw every request to one node); ties and
+//                misses go to the least loaded. The events are what a
+//                cache-aware router built for vLLM's stream would see: the
+//                router reads no other state of the nodes.
 // Closed loop: one request at a time, in trace order.
 #pragma once
 

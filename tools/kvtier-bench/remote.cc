@@ -51,14 +51,23 @@ std::string InfoField(const redisReply& info, const std::string& field) {
   return text.substr(from, text.find_first_of("\r\n", from) - from);
 }
 
+class OwnStore;
+OwnStore* live_store = nullptr;  // the one started, for the atexit hook (Die exits)
+
 // The store the benchmark starts: redis-server processes on loopback, in a directory of
-// their own (a cluster node writes its nodes.conf), stopped and removed by the destructor.
+// their own (a cluster node writes its nodes.conf), stopped and removed by Stop(): by the
+// destructor, or at exit when the benchmark dies first.
 class OwnStore {
  public:
   OwnStore(const std::string& binary, bool single) {
     std::string made = std::filesystem::temp_directory_path().string() + "/kvtier-bench-remote.XXXXXX";
     if (mkdtemp(made.data()) == nullptr) Die("mkdtemp: " + std::string(std::strerror(errno)));
     dir_ = made;
+    live_store = this;
+    static const bool hooked = std::atexit([] {
+      if (live_store != nullptr) live_store->Stop();
+    }) == 0;
+    (void)hooked;
     const int n = single ? 1 : kMasters;
     std::vector<int> bus_ports;
     for (int i = 0; i < n; ++i) {
@@ -78,10 +87,12 @@ class OwnStore {
     }
     if (!single) FormCluster(bus_ports);
   }
-  ~OwnStore() {
+  ~OwnStore() { Stop(); }
+  void Stop() {
     nodes_.clear();  // each stopped and reaped first
     std::error_code ignored;
     std::filesystem::remove_all(dir_, ignored);
+    live_store = nullptr;
   }
   OwnStore(const OwnStore&) = delete;
   OwnStore& operator=(const OwnStore&) = delete;

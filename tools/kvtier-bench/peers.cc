@@ -63,7 +63,9 @@ class RedisPeer {
       std::memcpy(out.data() + i * each, r->str, each);
     }
   }
-  void FlushAll() { RedisReplyPtr r(static_cast<redisReply*>(redisCommand(ctx_.get(), "FLUSHALL SYNC"))); }
+  void FlushAll() {
+    RedisReplyPtr r(static_cast<redisReply*>(redisCommand(ctx_.get(), "FLUSHALL SYNC")));
+  }
 
  private:
   RedisPeer(std::unique_ptr<RedisProcess> process, RedisContextPtr ctx)

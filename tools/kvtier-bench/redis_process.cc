@@ -54,9 +54,11 @@ std::unique_ptr<RedisProcess> RedisProcess::Start(const std::string& binary,
   // Nothing is written there (no snapshots, no append-only file), but Redis wants one.
   const std::string dir = std::filesystem::temp_directory_path().string();
   const int port = FreeLoopbackPort();
-  std::vector<std::string> argv = {binary, "--port", std::to_string(port), "--bind",
-                                   "127.0.0.1", "--save", "", "--appendonly", "no",
-                                   "--dir", dir, "--loglevel", "warning"};
+  std::vector<std::string> argv = {binary, "--port", std::to_string(port), "--bind", "127.0.0.1"};
+  for (const char* a : {"--save", "", "--appendonly", "no", "--loglevel", "warning"}) {
+    argv.emplace_back(a);
+  }
+  argv.insert(argv.end(), {"--dir", dir});
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   std::vector<char*> args;  // built before fork(): the child only execs
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -82,7 +84,7 @@ std::unique_ptr<RedisProcess> RedisProcess::Start(const std::string& binary,
     if (waitpid(pid, &status, WNOHANG) == pid) {
       process->pid_ = -1;
       *why = binary + (!WIFEXITED(status) ? " was killed at start (signal " +
-                                               std::to_string(WTERMSIG(status)) + ")"
+                                                std::to_string(WTERMSIG(status)) + ")"
                        : WEXITSTATUS(status) == 127
                            ? " could not be run (not found, or not executable)"
                            : " exited at start with code " + std::to_string(WEXITSTATUS(status)));

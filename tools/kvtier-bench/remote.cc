@@ -53,6 +53,7 @@ std::string InfoField(const redisReply& info, const std::string& field) {
 
 class OwnStore;
 OwnStore* live_store = nullptr;  // the one started, for the atexit hook (Die exits)
+void StopLiveStore();
 
 // The store the benchmark starts: redis-server processes on loopback, in a directory of
 // their own (a cluster node writes its nodes.conf), stopped and removed by Stop(): by the
@@ -60,13 +61,12 @@ OwnStore* live_store = nullptr;  // the one started, for the atexit hook (Die ex
 class OwnStore {
  public:
   OwnStore(const std::string& binary, bool single) {
-    std::string made = std::filesystem::temp_directory_path().string() + "/kvtier-bench-remote.XXXXXX";
+    std::string made =
+        std::filesystem::temp_directory_path().string() + "/kvtier-bench-remote.XXXXXX";
     if (mkdtemp(made.data()) == nullptr) Die("mkdtemp: " + std::string(std::strerror(errno)));
     dir_ = made;
     live_store = this;
-    static const bool hooked = std::atexit([] {
-      if (live_store != nullptr) live_store->Stop();
-    }) == 0;
+    static const bool hooked = std::atexit(StopLiveStore) == 0;
     (void)hooked;
     const int n = single ? 1 : kMasters;
     std::vector<int> bus_ports;
@@ -74,14 +74,16 @@ class OwnStore {
       std::vector<std::string> args = {"--dir", dir_};
       if (!single) {
         bus_ports.push_back(FreeLoopbackPort());
-        args.insert(args.end(), {"--cluster-enabled", "yes", "--cluster-config-file",
-                                 dir_ + "/nodes-" + std::to_string(i) + ".conf", "--cluster-port",
-                                 std::to_string(bus_ports.back()), "--cluster-node-timeout", "5000"});
+        args.insert(args.end(),
+                    {"--cluster-enabled", "yes", "--cluster-config-file",
+                     dir_ + "/nodes-" + std::to_string(i) + ".conf", "--cluster-port",
+                     std::to_string(bus_ports.back()), "--cluster-node-timeout", "5000"});
       }
       std::string why;
       nodes_.push_back(RedisProcess::Start(binary, args, &why));
       if (nodes_.back() == nullptr) {
-        Die("the store: " + why + "; install redis-server (make deps does), pass --redis-server "
+        Die("the store: " + why +
+            "; install redis-server (make deps does), pass --redis-server "
             "PATH, or --remote URL for a store of your own");
       }
     }
@@ -114,11 +116,13 @@ class OwnStore {
       c.push_back(ConnectRedisOrDie("127.0.0.1", nodes_[i]->port(), "the store"));
       const int first = static_cast<int>(i) * kNumSlots / kMasters;
       const int last = (static_cast<int>(i) + 1) * kNumSlots / kMasters - 1;
-      RunOrDie(c[i].get(), {"CLUSTER", "ADDSLOTSRANGE", std::to_string(first), std::to_string(last)},
+      RunOrDie(c[i].get(),
+               {"CLUSTER", "ADDSLOTSRANGE", std::to_string(first), std::to_string(last)},
                "the store");
       if (i > 0) {
-        RunOrDie(c[0].get(), {"CLUSTER", "MEET", "127.0.0.1", std::to_string(nodes_[i]->port()),
-                              std::to_string(bus_ports[i])},
+        RunOrDie(c[0].get(),
+                 {"CLUSTER", "MEET", "127.0.0.1", std::to_string(nodes_[i]->port()),
+                  std::to_string(bus_ports[i])},
                  "the store");
       }
     }
@@ -139,6 +143,10 @@ class OwnStore {
   std::string dir_;
   std::vector<std::unique_ptr<RedisProcess>> nodes_;
 };
+
+void StopLiveStore() {
+  if (live_store != nullptr) live_store->Stop();
+}
 
 // The baseline: one hiredis connection per master, the slot map read once (CLUSTER SLOTS
 // on the first seed; a server without cluster support serves every slot).
@@ -181,7 +189,9 @@ class Hiredis {
   // Index lists of `keys` per master, masters in order.
   std::vector<std::vector<size_t>> ByNode(const std::vector<std::string>& keys) const {
     std::vector<std::vector<size_t>> by(masters_.size());
-    for (size_t i = 0; i < keys.size(); ++i) by[owner_[RedisCluster::KeySlot(keys[i])]].push_back(i);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      by[owner_[RedisCluster::KeySlot(keys[i])]].push_back(i);
+    }
     return by;
   }
 
@@ -192,7 +202,8 @@ class Hiredis {
     for (size_t m = 0; m < masters_.size(); ++m) {
       redisContext* c = masters_[m].get();
       for (size_t i : by_node[m]) {
-        const char* argv[] = {"SET", keys[i].data(), reinterpret_cast<const char*>(values[i].data())};
+        const char* argv[] = {"SET", keys[i].data(),
+                              reinterpret_cast<const char*>(values[i].data())};
         const size_t lens[] = {3, keys[i].size(), values[i].size()};
         redisAppendCommandArgv(c, 3, argv, lens);
       }
@@ -340,8 +351,7 @@ void TierRound(RemoteTier& tier, Round& r, Times* t) {
   t->verify_s.push_back(Seconds(v1 - v0));
 }
 
-void HiredisRound(Hiredis& h, const std::vector<std::vector<size_t>>& by_node, Round& r,
-                  Times* t) {
+void HiredisRound(Hiredis& h, const std::vector<std::vector<size_t>>& by_node, Round& r, Times* t) {
   r.ClearReads();
   const auto t0 = Clock::now();
   h.Set(by_node, r.names, r.values);
@@ -367,19 +377,22 @@ int RunRemote(const RemoteOptions& o) {
   tier_options.url = url;
   tier_options.timeout = kTierTimeout;
   auto tier = Must(RemoteTier::Open(tier_options), "the remote tier");
-  std::printf("kvtier-bench remote: the remote tier vs pipelined hiredis on the same store, "
-              "%d rounds per size (after one warm-up), every byte read back checked\n",
-              o.iterations);
-  std::printf("  store: %s (%s, %zu master%s, %s)\n", url.c_str(),
-              own ? (o.single ? "one redis-server started here" : "a Redis Cluster started here")
-                  : "given",
-              hiredis.num_masters(), hiredis.num_masters() == 1 ? "" : "s",
-              own ? "no persistence" : "FLUSHALL between rounds");
-  std::printf("  kvtier: RemoteTier::WriteMany of the round's sealed images, then ReadMany into "
-              "buffers, each image verified (pool %u, timeout %lld ms)\n",
-              tier_options.pool_size, static_cast<long long>(kTierTimeout.count()));
-  std::printf("  hiredis: SET then GET of the same bytes under the same keys, one pipeline per "
-              "node, nodes one after another, each value copied out of its reply\n");
+  std::printf(
+      "kvtier-bench remote: the remote tier vs pipelined hiredis on the same store, "
+      "%d rounds per size (after one warm-up), every byte read back checked\n",
+      o.iterations);
+  std::printf(
+      "  store: %s (%s, %zu master%s, %s)\n", url.c_str(),
+      own ? (o.single ? "one redis-server started here" : "a Redis Cluster started here") : "given",
+      hiredis.num_masters(), hiredis.num_masters() == 1 ? "" : "s",
+      own ? "no persistence" : "FLUSHALL between rounds");
+  std::printf(
+      "  kvtier: RemoteTier::WriteMany of the round's sealed images, then ReadMany into "
+      "buffers, each image verified (pool %u, timeout %lld ms)\n",
+      tier_options.pool_size, static_cast<long long>(kTierTimeout.count()));
+  std::printf(
+      "  hiredis: SET then GET of the same bytes under the same keys, one pipeline per "
+      "node, nodes one after another, each value copied out of its reply\n");
   std::printf("%-9s %6s %9s %9s %6s %9s %9s %6s %7s\n", "payload", "images", "put kvt", "put hir",
               "ratio", "get kvt", "get hir", "ratio", "verify");
   uint64_t seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
@@ -413,9 +426,10 @@ int RunRemote(const RemoteOptions& o) {
                 hg / kg, 100 * kv_verify / kg);
     std::fflush(stdout);
   }
-  std::printf("(GB/s = 1e9 bytes/s of images, header with tokens and payload, over the median "
-              "round; ratio = kvtier / hiredis; goal >= 0.8; verify = the tier's checks of the "
-              "images read, timed apart, as a share of its median get)\n");
+  std::printf(
+      "(GB/s = 1e9 bytes/s of images, header with tokens and payload, over the median "
+      "round; ratio = kvtier / hiredis; goal >= 0.8; verify = the tier's checks of the "
+      "images read, timed apart, as a share of its median get)\n");
   return 0;
 }
 

@@ -20,8 +20,8 @@ struct RemoteOptions {
   // master). Empty: start one here. Default: empty.
   std::string url;
   std::string redis_server = "redis-server";  // the binary (PATH is searched)
-  bool single = false;   // start one plain server instead of a 3-master cluster
-  int iterations = 9;    // measured rounds per size (one more, first, is a warm-up)
+  bool single = false;  // start one plain server instead of a 3-master cluster
+  int iterations = 9;   // measured rounds per size (one more, first, is a warm-up)
   // Images per round; 0: 64, 32 and 16 for 256 KiB, 1 MiB and 4 MiB (16-64 MiB a round).
   int num_chunks = 0;
 };

@@ -44,6 +44,9 @@ echo
 # Put + get through the SDK beside Redis on loopback (started and stopped by the benchmark).
 "$BIN/kvtier-bench" --socket "$WORK/dram.sock" peers
 echo
+# The remote tier vs pipelined hiredis on a 3-master Redis Cluster it starts on loopback.
+"$BIN/kvtier-bench" remote
+echo
 # Making room in a full tier of long prefix chains (in process, no daemon).
 "$BIN/kvtier-bench" evict
 echo

@@ -3,7 +3,7 @@
 // replay's deterministic payloads); namespaces stay apart; a node restarting
 // empty loses nothing the cluster holds; a corrupt value is a counted miss; a
 // master killed mid-replay and a cluster stopped are misses, never errors or
-// wrong bytes.
+// wrong bytes. And kvtier-bench remote, the remote tier's benchmark, runs end to end.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -317,6 +317,32 @@ TEST_F(RemoteNodesTest, ARemoteWithoutNvmeOrWithABadUrlIsAStartError) {
     EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 2) << r.Describe();
     EXPECT_NE(r.err.find("remote"), std::string::npos) << r.Describe();
   }
+}
+
+// kvtier-bench remote (issue 13's benchmark), end to end with one image per round: on the
+// 3-master cluster and the one server it starts itself, and on a store it is given. Each
+// run checks every byte it reads back, and exits 1 when anything is not.
+TEST_F(RemoteNodesTest, TheRemoteBenchmarkRunsOnItsOwnClusterAndOnAGivenStore) {
+  auto given = RedisServers::StartSingle();
+  ASSERT_TRUE(given.ok()) << given.status().ToString();
+  for (const std::vector<std::string>& store :
+       {std::vector<std::string>{}, std::vector<std::string>{"--single"},
+        std::vector<std::string>{"--remote", (*given)->Url()}}) {
+    std::vector<std::string> argv = {BinPath("kvtier-bench"), "remote", "--chunks", "1",
+                                     "--iterations", "1"};
+    argv.insert(argv.end(), store.begin(), store.end());
+    const CommandResult r = RunCommand(argv, 120s);
+    EXPECT_TRUE(r.ok()) << r.Describe();
+    for (const char* row : {"256.0 KiB      1", "1.0 MiB        1", "4.0 MiB        1"}) {
+      EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.Describe();
+    }
+    EXPECT_NE(r.out.find(store.empty() ? "3 masters" : "1 master,"), std::string::npos)
+        << r.Describe();
+  }
+  // --single starts a store, --remote names one: not both.
+  const CommandResult both = RunCommand({BinPath("kvtier-bench"), "remote", "--single",
+                                         "--remote", (*given)->Url()}, 30s);
+  EXPECT_TRUE(both.exit.exited && both.exit.exit_code == 2) << both.Describe();
 }
 
 }  // namespace

@@ -14,6 +14,9 @@
 //   kvtier-bench peers   put + get of 256 KiB, 1 MiB, 4 MiB values through the SDK and
 //                        through Redis and Mooncake Store started on loopback, in one
 //                        run (peers.h).
+//   kvtier-bench remote  put + get of 256 KiB, 1 MiB, 4 MiB slot images through the remote
+//                        tier vs pipelined hiredis SET/GET on the same Redis Cluster, in
+//                        process; the cluster started here or given (remote.h).
 //   kvtier-bench evict   making room in a full tier of long prefix chains, in process:
 //                        ns per store that evicts vs one into free space (evict.h).
 //   kvtier-bench restart time from starting kvtierd to serving with N chunks on
@@ -42,6 +45,7 @@
 #include "evict.h"
 #include "nvme.h"
 #include "peers.h"
+#include "remote.h"
 #include "scale.h"
 #include "kvtier/logging.h"
 #include "kvtier/admin_client.h"
@@ -438,6 +442,20 @@ int main(int argc, char** argv) {
   peers->add_option("--chunks", peers_options.num_chunks, "values per round")
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();
+  kvtier::bench::RemoteOptions remote_options;
+  auto* remote = app.add_subcommand("remote", "remote tier put + get vs hiredis, same cluster");
+  remote->add_option("--remote", remote_options.url,
+                     "redis://host:port[,...] of a store to use (flushed!); default: start a "
+                     "3-master cluster on loopback");
+  remote->add_flag("--single", remote_options.single, "start one plain redis-server instead");
+  remote->add_option("--redis-server", remote_options.redis_server, "redis-server binary")
+      ->capture_default_str();
+  remote->add_option("--iterations", remote_options.iterations, "measured rounds per size")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  remote->add_option("--chunks", remote_options.num_chunks,
+                     "images per round (default 64, 32, 16 for 256 KiB, 1 MiB, 4 MiB)")
+      ->check(CLI::Range(1, 1 << 16));
   uint64_t evict_chunks = 262144, evict_chain = 256;
   auto* evict = app.add_subcommand("evict", "making room in a full tier of long prefix chains");
   evict->add_option("--chunks", evict_chunks, "slots in the tier")
@@ -466,6 +484,13 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;  // --help exits 0; usage errors exit 2
   }
   if (evict->parsed()) return kvtier::bench::RunEvict(evict_chunks, evict_chain);
+  if (remote->parsed()) {
+    if (!remote_options.url.empty() && remote_options.single) {
+      std::fprintf(stderr, "kvtier-bench: remote: --single starts a store; --remote names one\n");
+      return 2;
+    }
+    return kvtier::bench::RunRemote(remote_options);
+  }
   if (restart->parsed()) return RunRestart(restart_kvtierd, restart_dir, restart_chunks);
   if (nvme->parsed()) {
     auto bytes = kvtier::ParseBytes(nvme_file_bytes);

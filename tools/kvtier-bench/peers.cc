@@ -2,14 +2,7 @@
 // SDK and through peers started here on loopback, side by side in one run (peers.h).
 #include "peers.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
 #include <hiredis/hiredis.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -19,10 +12,10 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
-#include <thread>
 #include <utility>
 
 #include "bench_common.h"
+#include "redis_process.h"
 #include "kvtier/tools/percentiles.h"
 #include "kvtier/slot_image.h"
 #include "kvtier/units.h"
@@ -32,90 +25,16 @@ namespace {
 
 using tools::Percentile;
 
-// A loopback TCP port free at the moment of asking (the kernel's choice for port 0).
-int FreeLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) Die(std::string("socket: ") + std::strerror(errno));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    Die(std::string("bind a loopback port: ") + std::strerror(errno));
-  }
-  const int port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
-
-struct RedisReplyFree {
-  void operator()(redisReply* r) const { freeReplyObject(r); }
-};
-using Reply = std::unique_ptr<redisReply, RedisReplyFree>;
-
 // redis-server on 127.0.0.1, without persistence, for the benchmark's lifetime; and one
 // hiredis connection to it.
 class RedisPeer {
  public:
   // nullopt (with `why`) when redis-server cannot be started.
   static std::optional<RedisPeer> Start(const std::string& binary, std::string* why) {
-    // Nothing is written there (no snapshots, no append-only file), but Redis wants one.
-    const std::string dir = std::filesystem::temp_directory_path().string();
-    const int port = FreeLoopbackPort();
-    const std::vector<std::string> argv = {binary, "--port", std::to_string(port), "--bind",
-                                           "127.0.0.1", "--save", "", "--appendonly", "no",
-                                           "--dir", dir, "--loglevel", "warning"};
-    std::vector<char*> args;  // built before fork(): the child only execs
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    const pid_t parent = getpid();
-    const pid_t pid = fork();
-    if (pid == 0) {
-      // Stopped with the benchmark, even when it exits early (and if it already has).
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (getppid() != parent) _exit(1);
-      if (const int null = open("/dev/null", O_WRONLY); null >= 0) dup2(null, STDOUT_FILENO);
-      execvp(args[0], args.data());
-      _exit(127);
-    }
-    RedisPeer peer(pid);
-    const auto t0 = Clock::now();
-    while (Seconds(Clock::now() - t0) < 10) {
-      int status = 0;
-      if (waitpid(pid, &status, WNOHANG) == pid) {
-        peer.pid_ = -1;
-        *why = binary + (!WIFEXITED(status) ? " was killed at start (signal " +
-                                                 std::to_string(WTERMSIG(status)) + ")"
-                         : WEXITSTATUS(status) == 127
-                             ? " could not be run (not found, or not executable)"
-                             : " exited at start with code " + std::to_string(WEXITSTATUS(status)));
-        return std::nullopt;
-      }
-      redisContext* c = redisConnect("127.0.0.1", port);
-      if (c != nullptr && c->err == 0) {
-        Reply pong(static_cast<redisReply*>(redisCommand(c, "PING")));
-        if (pong && pong->type == REDIS_REPLY_STATUS) {
-          peer.ctx_.reset(c);
-          return peer;
-        }
-      }
-      if (c != nullptr) redisFree(c);
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    *why = binary + " did not answer PING within 10 s";
-    return std::nullopt;
-  }
-
-  RedisPeer(RedisPeer&& o) noexcept : pid_(std::exchange(o.pid_, -1)), ctx_(std::move(o.ctx_)) {}
-  RedisPeer& operator=(RedisPeer&&) = delete;
-  ~RedisPeer() {
-    ctx_.reset();
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      int status = 0;
-      waitpid(pid_, &status, 0);
-    }
+    auto process = RedisProcess::Start(binary, {}, why);
+    if (process == nullptr) return std::nullopt;
+    RedisContextPtr ctx = ConnectRedisOrDie("127.0.0.1", process->port(), "Redis");
+    return RedisPeer(std::move(process), std::move(ctx));
   }
 
   // Pipelined SET of each value under `keys`; exits unless every reply is OK.
@@ -126,7 +45,7 @@ class RedisPeer {
                          values.data() + i * each, each);
     }
     for (size_t i = 0; i < keys.size(); ++i) {
-      Reply r = Next();
+      RedisReplyPtr r = Next();
       if (r->type != REDIS_REPLY_STATUS) {
         Die("redis SET " + keys[i] + " failed" +
             (r->type == REDIS_REPLY_ERROR ? ": " + std::string(r->str, r->len) : std::string()));
@@ -139,28 +58,28 @@ class RedisPeer {
     const size_t each = out.size() / keys.size();
     for (const auto& k : keys) redisAppendCommand(ctx_.get(), "GET %b", k.data(), k.size());
     for (size_t i = 0; i < keys.size(); ++i) {
-      Reply r = Next();
+      RedisReplyPtr r = Next();
       if (r->type != REDIS_REPLY_STRING || r->len != each) Die("redis GET " + keys[i] + " failed");
       std::memcpy(out.data() + i * each, r->str, each);
     }
   }
-  void FlushAll() { Reply r(static_cast<redisReply*>(redisCommand(ctx_.get(), "FLUSHALL SYNC"))); }
+  void FlushAll() {
+    RedisReplyPtr r(static_cast<redisReply*>(redisCommand(ctx_.get(), "FLUSHALL SYNC")));
+  }
 
  private:
-  explicit RedisPeer(pid_t pid) : pid_(pid) {}
-  Reply Next() {
+  RedisPeer(std::unique_ptr<RedisProcess> process, RedisContextPtr ctx)
+      : process_(std::move(process)), ctx_(std::move(ctx)) {}
+  RedisReplyPtr Next() {
     void* r = nullptr;
     if (redisGetReply(ctx_.get(), &r) != REDIS_OK || r == nullptr) {
       Die(std::string("redis: ") + ctx_->errstr);
     }
-    return Reply(static_cast<redisReply*>(r));
+    return RedisReplyPtr(static_cast<redisReply*>(r));
   }
 
-  struct ContextFree {
-    void operator()(redisContext* c) const { redisFree(c); }
-  };
-  pid_t pid_ = -1;
-  std::unique_ptr<redisContext, ContextFree> ctx_;
+  std::unique_ptr<RedisProcess> process_;
+  RedisContextPtr ctx_;  // declared after process_: closed before the server stops
 };
 
 struct PutGet {

@@ -327,6 +327,42 @@ size_t CacheCore::PromotionReach(const std::vector<ChunkKey>& keys, size_t from,
   return limit - from;
 }
 
+bool CacheCore::ProbeRemote(LookupTally& tally, const NamespaceState& ns,
+                            const std::vector<ChunkKey>& keys, std::vector<uint32_t>& hits,
+                            size_t run, core::LookupResponse* resp, Done& done) {
+  const size_t from = hits.size() + run;
+  if (!remote_ || remote_->Degraded() || from >= tally.max_hits ||
+      dram_->Find(keys[from]) != ChunkIndex::kNone) {
+    return false;
+  }
+  // The DRAM hits stay pinned while mu_ is dropped, so their handles hold.
+  for (uint32_t h : hits) dram_->Pin(h);
+  tally.nvme_hits = run;
+  remote_probes_.push_back(
+      [this, tally, ns, resp, hits, done = std::move(done),
+       tail = std::vector<ChunkKey>(keys.begin() + static_cast<ptrdiff_t>(from),
+                                    keys.begin() + static_cast<ptrdiff_t>(tally.max_hits))]() mutable {
+        const size_t present = remote_->PresentRun(ns.id, tail);
+        Status result;
+        {
+          std::lock_guard relock(mu_);
+          result = CheckSession(tally.session_id);
+          if (result.ok()) {
+            // Remote chunks count in nvme_chunks too (LookupResponse.remote_chunks).
+            tally.remote_at.assign(tally.dram_hits + tally.nvme_hits + present, false);
+            std::fill(tally.remote_at.end() - static_cast<ptrdiff_t>(present),
+                      tally.remote_at.end(), true);
+            tally.nvme_hits += present;
+            GrantLookup(tally, ns, hits, resp);
+          }
+          for (uint32_t h : hits) dram_->Unpin(h);
+        }
+        done(result);
+      });
+  work_cv_.notify_one();
+  return true;
+}
+
 size_t CacheCore::LocalRun(const std::vector<ChunkKey>& keys, size_t limit) const {
   size_t n = 0;
   while (n < limit && (dram_->Find(keys[n]) != ChunkIndex::kNone ||
@@ -420,10 +456,11 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
                          ? 0
                          : ContinuationRun(keys, hits.size(), tally.max_hits);
   // Without a lease nothing is read: NVMe chunks are checked when read, and
-  // the remote tier is not asked (a Prefetch or a Lookup with acquire reads it).
+  // the remote tier is asked what it holds (ProbeRemote), not read.
   const size_t reach = req.acquire && req.prefetch_ticket == 0
                            ? PromotionReach(keys, hits.size(), tally.max_hits, run)
                            : run;
+  if (!req.acquire && ProbeRemote(tally, ns, keys, hits, run, resp, done)) return;
   if (!req.acquire || reach == 0) {
     // Without a lease nothing is read: NVMe chunks are checked when read.
     if (!req.acquire) tally.nvme_hits = run;

@@ -37,11 +37,20 @@ void CacheCore::WorkerLoop() {
   std::unique_lock lock(mu_);
   for (;;) {
     work_cv_.wait(lock, [&] {
-      return stopping_ || promoter_->HasWork() || (hbm_copier_ && hbm_copier_->Pending() > 0);
+      return stopping_ || promoter_->HasWork() || !remote_probes_.empty() ||
+             (hbm_copier_ && hbm_copier_->Pending() > 0);
     });
     if (const std::optional<uint64_t> id = promoter_->NextWork()) {
       lock.unlock();
       promoter_->Step(*id);
+      lock.lock();
+      continue;
+    }
+    if (!remote_probes_.empty()) {  // answered even when stopping: a Lookup waits on each
+      std::function<void()> probe = std::move(remote_probes_.front());
+      remote_probes_.pop_front();
+      lock.unlock();
+      probe();
       lock.lock();
       continue;
     }

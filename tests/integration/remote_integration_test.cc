@@ -16,6 +16,10 @@
 #include <vector>
 
 #include "campaign_util.h"
+#include "kvtier/client.h"
+#include "kvtier/tools/model_presets.h"
+#include "kvtier/tools/synthetic_kv.h"
+#include "kvtier/tools/trace.h"
 #include "testing/daemon_process.h"
 #include "testing/redis_servers.h"
 
@@ -27,6 +31,12 @@ using namespace std::chrono_literals;
 
 class RemoteNodesTest : public ::testing::Test {
  protected:
+  void StartSingle() {
+    auto s = RedisServers::StartSingle();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    redis_ = std::move(s).value();
+  }
+
   void StartCluster(int replicas = 1) {
     auto s = RedisServers::StartCluster({.num_masters = 3, .replicas_per_master = replicas});
     ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -109,6 +119,37 @@ TEST_F(RemoteNodesTest, WhatNodeAStoredNodeBHitsEveryByteVerified) {
   EXPECT_EQ(on_c["verify_errors"], 0);
   EXPECT_GT(RemoteHitTokens(on_c), 0u);
   EXPECT_GT(on_c["prefetch"]["ready_in_time_chunks"].get<uint64_t>(), 0u);
+}
+
+TEST_F(RemoteNodesTest, ALookupWithoutLeaseCountsWhatTheRemoteTierHolds) {
+  StartSingle();
+  auto a = Node("a");
+  auto b = Node("b");
+  ASSERT_TRUE(a && b);
+  Replay("a", "a");  // the generator's requests, as below
+  Flush(*a);
+  // What SGLang's batch_exists asks: a Lookup without lease, on node B that
+  // never saw the prompt. Its answer counts the chunks the remote tier holds.
+  ClientOptions o;
+  o.socket_path = dir_.Sub("b.sock");
+  o.deadline = std::chrono::seconds(5);
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok() && (*client)->connected());
+  auto spec = tools::ModelPreset("tiny", 256);
+  ASSERT_TRUE(spec.ok());
+  auto ns = (*client)->OpenNamespace(*spec);
+  ASSERT_TRUE(ns.ok()) << ns.status().ToString();
+  const auto trace = tools::GenerateMultiTurnTrace(40, 42);
+  uint64_t found = 0, full = 0;
+  for (const auto& req : trace) {
+    const std::vector<int32_t> tokens = tools::SynthesizePrompt(req.hash_ids, req.input_length);
+    auto lookup = (*client)->Lookup(*ns, tokens);
+    ASSERT_TRUE(lookup.ok() && lookup->fail_open.ok());
+    found += lookup->num_chunks;
+    full += tokens.size() / 256;
+  }
+  EXPECT_GT(found, full / 2) << found << " of " << full << " chunks";
+  EXPECT_EQ(Tier(*b, "dram")["chunks"], 0);  // nothing was read: the answer came from the store
 }
 
 TEST_F(RemoteNodesTest, NamespacesStayApartAcrossNodes) {
@@ -232,9 +273,7 @@ TEST_F(RemoteNodesTest, AMasterKilledMidReplayGivesMissesThenHitsAfterFailover) 
 }
 
 TEST_F(RemoteNodesTest, OneServerNotAClusterServesTwoNodes) {
-  auto s = RedisServers::StartSingle();
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
-  redis_ = std::move(s).value();
+  StartSingle();
   auto a = Node("a");
   auto b = Node("b");
   ASSERT_TRUE(a && b);
@@ -247,9 +286,7 @@ TEST_F(RemoteNodesTest, OneServerNotAClusterServesTwoNodes) {
 }
 
 TEST_F(RemoteNodesTest, AReplayAcrossNodesRoutedByTheirEventsKeepsConversationsLocal) {
-  auto s = RedisServers::StartSingle();
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
-  redis_ = std::move(s).value();
+  StartSingle();
   json runs[2];
   for (int i = 0; i < 2; ++i) {
     const std::string route = i == 0 ? "round_robin" : "prefix";
@@ -284,9 +321,7 @@ TEST_F(RemoteNodesTest, AReplayAcrossNodesRoutedByTheirEventsKeepsConversationsL
 }
 
 TEST_F(RemoteNodesTest, PrefixRoutingWithoutEventsOrBadNodesIsAUsageError) {
-  auto s = RedisServers::StartSingle();
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
-  redis_ = std::move(s).value();
+  StartSingle();
   auto a = Node("a");  // no --events-address
   ASSERT_TRUE(a);
   CommandResult r = RunCommand({BinPath("kvtier-replay"), "--nodes", dir_.Sub("a.sock"),

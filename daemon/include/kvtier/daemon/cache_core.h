@@ -381,6 +381,14 @@ class CacheCore {
     std::vector<bool> prefetched_at;    // hit i was promoted from NVMe or remote by the ticket
     std::vector<bool> remote_at;        // hit i was read from the remote tier
   };
+  // REQUIRES: mu_ held. A Lookup without lease whose cached run (`hits`, then
+  // `run` on NVMe) ends before tally.max_hits, with a remote tier not degraded:
+  // queues an I/O worker to ask the remote tier which chunks past it it holds
+  // (EXISTS, no read), which then answers the Lookup through `done`; true when
+  // queued (`done` taken). The caller's thread never waits on the network.
+  bool ProbeRemote(LookupTally& tally, const NamespaceState& ns, const std::vector<ChunkKey>& keys,
+                   std::vector<uint32_t>& hits, size_t run, core::LookupResponse* resp,
+                   Done& done);
   // REQUIRES: mu_ held. Counts a Lookup in the token hit rate: the prompt at
   // the request's first sight, and the leased `hits` not yet credited to it.
   LeaseCredit CountRequest(const LookupTally& tally, const NamespaceState& ns,
@@ -431,6 +439,9 @@ class CacheCore {
   std::unique_ptr<NvmeHealth> nvme_health_;
   std::unique_ptr<NvmeWriter> nvme_writer_;
   std::unique_ptr<Promoter> promoter_;  // after the tiers and hbm_copier_ it uses
+  // Lookups without lease waiting for the remote tier's answer (ProbeRemote);
+  // the I/O workers run them.
+  std::deque<std::function<void()>> remote_probes_;  // GUARDED_BY(mu_)
   bool stopping_ = false;                                             // GUARDED_BY(mu_)
   std::vector<std::thread> workers_;  // joined by ~CacheCore, before any member goes
   struct SessionInfo {

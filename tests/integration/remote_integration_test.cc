@@ -44,7 +44,8 @@ class RemoteNodesTest : public ::testing::Test {
   }
 
   // Node `name`: its own socket, DRAM and NVMe directory, the shared store.
-  std::unique_ptr<DaemonProcess> Node(const std::string& name, bool events = false) {
+  std::unique_ptr<DaemonProcess> Node(const std::string& name, bool events = false,
+                                      const std::vector<std::string>& more = {}) {
     std::filesystem::create_directories(dir_.Sub(name + "-nvme"));
     DaemonProcess::Options o;
     o.socket_path = dir_.Sub(name + ".sock");
@@ -55,6 +56,7 @@ class RemoteNodesTest : public ::testing::Test {
       o.extra_args.insert(o.extra_args.end(),
                           {"--events-address", "ipc://" + dir_.Sub(name + ".events")});
     }
+    o.extra_args.insert(o.extra_args.end(), more.begin(), more.end());
     auto d = std::make_unique<DaemonProcess>(o);
     const std::string error = d->Start();
     EXPECT_EQ(error, "");
@@ -150,6 +152,22 @@ TEST_F(RemoteNodesTest, ALookupWithoutLeaseCountsWhatTheRemoteTierHolds) {
   }
   EXPECT_GT(found, full / 2) << found << " of " << full << " chunks";
   EXPECT_EQ(Tier(*b, "dram")["chunks"], 0);  // nothing was read: the answer came from the store
+}
+
+TEST_F(RemoteNodesTest, UnderWriteBackWhatAStoppedNodeFlushedIsAHitOnAnother) {
+  StartSingle();
+  auto a = Node("a", false, {"--nvme-write-policy", "write_back"});
+  ASSERT_TRUE(a);
+  Replay("a", "a");
+  // Write-back writes at eviction and at a clean stop: then NVMe and the store get it all.
+  const ExitInfo stopped = a->Stop();
+  EXPECT_TRUE(stopped.exited && stopped.exit_code == 0) << stopped.ToString();
+  auto b = Node("b");
+  ASSERT_TRUE(b);
+  const json on_b = Replay("b", "b", {"--prefetch", "off"});
+  ASSERT_FALSE(on_b.is_discarded());
+  EXPECT_EQ(on_b["verify_errors"], 0);
+  EXPECT_GT(RemoteHitTokens(on_b), 0u);
 }
 
 TEST_F(RemoteNodesTest, NamespacesStayApartAcrossNodes) {

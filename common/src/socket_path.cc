@@ -1,8 +1,13 @@
 #include "kvtier/socket_path.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 namespace kvtier {
 
@@ -24,6 +29,18 @@ Status CheckSocketPath(const std::string& path) {
     return Status::InvalidArgument(path + " is not a socket (is kvtierd's --socket elsewhere?)");
   }
   return Status::Ok();
+}
+
+bool UnixSocketListening(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return false;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (probe < 0) return false;
+  const bool live = connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(probe);
+  return live;
 }
 
 }  // namespace kvtier

@@ -25,6 +25,7 @@
 #include "kvtier/daemon/metrics.h"
 #include "kvtier/logging.h"
 #include "kvtier/proto/transport_args.h"
+#include "kvtier/socket_path.h"
 #include "kvtier/units.h"
 #include "peer_listener.h"
 #include "ring_server.h"
@@ -217,13 +218,7 @@ Status Daemon::PrepareSocketDir() {
       return Status::FailedPrecondition(p + " exists and is not a socket; refusing to replace it");
     }
     // A socket someone still listens on belongs to a live program, not to a dead daemon.
-    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, p.c_str(), std::min(p.size() + 1, sizeof(addr.sun_path) - 1));
-    const bool live = probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    if (probe >= 0) close(probe);
-    if (live) {
+    if (UnixSocketListening(p)) {
       return Status::FailedPrecondition("another program is listening on " + p +
                                         "; refusing to replace it");
     }

@@ -1,5 +1,7 @@
 #include "kvtier/daemon/kv_event_publisher.h"
 
+#include <arpa/inet.h>
+#include <net/if.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -12,6 +14,7 @@
 #include <zmq_addon.hpp>
 
 #include "kvtier/logging.h"
+#include "kvtier/socket_path.h"
 
 namespace kvtier {
 
@@ -27,7 +30,15 @@ namespace {
 
 // Binds `socket` to `address`; returns the endpoint bound (ZMQ_LAST_ENDPOINT).
 Result<std::string> Bind(zmq::socket_t& socket, const std::string& address) {
+  // ZMQ replaces an ipc:// socket file unasked, even one a live process listens
+  // on (another kvtierd's events stream would go dead without a word).
+  if (address.rfind("ipc://", 0) == 0 && UnixSocketListening(address.substr(6))) {
+    return Status::FailedPrecondition("cannot bind " + address +
+                                      ": in use (another program listens on it)");
+  }
   try {
+    // tcp://[::1]:PORT needs it; an IPv4 address bound with it shows as ::ffff:a.b.c.d.
+    if (address.rfind("tcp://[", 0) == 0) socket.set(zmq::sockopt::ipv6, 1);
     socket.bind(address);
     return socket.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
@@ -206,7 +217,8 @@ namespace kvtier {
 Status CheckKvEventsAddress(const std::string& address) {
   const auto bad = [&](const std::string& why) {
     return Status::InvalidArgument("'" + address + "' " + why +
-                                   " (give tcp://HOST:PORT, HOST an address or *, or ipc://PATH)");
+                                   " (give tcp://HOST:PORT, HOST an IPv4 address, [IPv6 address], "
+                                   "* or an interface name, or ipc://PATH)");
   };
   if (address.rfind("ipc://", 0) == 0) {
     return address.size() > 6 ? Status::Ok() : bad("names no path");
@@ -219,7 +231,21 @@ Status CheckKvEventsAddress(const std::string& address) {
       port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) > 65535) {
     return bad("has a port that is not 0..65535");
   }
-  return Status::Ok();
+  // ZMQ binds to an address or an interface, never to a name it would have to look up.
+  const std::string host = address.substr(6, colon - 6);
+  if (host == "*") return Status::Ok();
+  in_addr v4{};
+  in6_addr v6{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return Status::Ok();
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']' &&
+      inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &v6) == 1) {
+    return Status::Ok();
+  }
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) return bad("has an IPv6 HOST without [ ]");
+  if (!host.empty() && if_nametoindex(host.c_str()) != 0) return Status::Ok();  // "eth0"
+  return bad("has HOST '" + host +
+             "', which is not an address, * or a network interface of this machine (a host "
+             "name is not looked up: give its address)");
 }
 
 std::string KvEventMetricsText(const KvEventPublisher* publisher) {

@@ -221,7 +221,8 @@ TEST_F(KvEventsTest, StoresEvictionsAndAdminEvictRebuildTheDaemonsIndex) {
 
 TEST_F(DaemonTest, BadEventsAddressIsAUsageErrorNamingTheFlag) {
   for (const std::string bad : {"localhost:5557", "tcp://127.0.0.1", "tcp://127.0.0.1:99999",
-                                "ipc://", "udp://1.2.3.4:5"}) {
+                                "ipc://", "udp://1.2.3.4:5", "tcp://localhost:5557",
+                                "tcp://::1:5557"}) {
     CommandResult r = RunCommand({BinPath("kvtierd"), "--socket", socket_, "--nvme-bytes", "0",
                                   "--metrics-address", "off", "--events-address", bad},
                                  20s);
@@ -242,6 +243,48 @@ TEST_F(DaemonTest, BadEventsAddressIsAUsageErrorNamingTheFlag) {
   EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 1) << r.Describe();
   EXPECT_NE(r.err.find("cannot start: --events-address: cannot bind"), std::string::npos)
       << r.Describe();
+}
+
+TEST_F(DaemonTest, KvtierctlEventsUsageErrorsExit2NamingWhatIsWrong) {
+  const std::string ep = "ipc://" + dir_.Sub("none");
+  for (const auto& [args, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--address", ep, "--replay-address", ep + "r", "--from", "-1"}, "--from"},
+           {{"--address", ep, "--count", "abc"}, "abc"},
+           {{"--address", "bogus"}, "cannot connect to bogus"},
+           {{"--address", ""}, "--address is empty"},
+           {{"--address", ep, "--replay-address", ""}, "--replay-address is empty"}}) {
+    std::vector<std::string> argv = {BinPath("kvtierctl"), "--socket", socket_, "events"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    CommandResult r = RunCommand(argv, 10s);  // none waits for events
+    EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 2) << r.Describe();
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.Describe();
+    EXPECT_EQ(r.err.find("not in range"), std::string::npos) << r.Describe();
+  }
+}
+
+TEST_F(KvEventsTest, ASecondDaemonOnTheSameEventsEndpointIsRefused) {
+  DaemonProcess first(Opts({"--events-address", events_, "--events-replay-address", replay_}));
+  ASSERT_EQ(first.Start(), "");
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--events-address", events_}, {"--events-replay-address", replay_}}) {
+    std::vector<std::string> argv = {BinPath("kvtierd"), "--socket", dir_.Sub("second.sock"),
+                                     "--nvme-bytes", "0", "--metrics-address", "off",
+                                     "--events-address",
+                                     flag == "--events-address" ? value : "ipc://" + dir_.Sub("e2"),
+                                     "--events-replay-address",
+                                     flag == "--events-replay-address" ? value
+                                                                       : "ipc://" + dir_.Sub("r2")};
+    CommandResult r = RunCommand(argv, 20s);
+    EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 1) << r.Describe();
+    EXPECT_NE(r.err.find(flag + ": cannot bind " + value + ": in use"), std::string::npos)
+        << r.Describe();
+  }
+  // The first daemon's stream is still live: a subscriber sees its batches.
+  auto sub = KvEventSubscriber::Connect(events_, replay_);
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  auto replay = (*sub)->Replay(0, 5s);
+  ASSERT_TRUE(replay.ok()) << replay.status().ToString();
+  EXPECT_FALSE(replay->empty()) << "no AllBlocksCleared batch from the first daemon";
 }
 
 }  // namespace

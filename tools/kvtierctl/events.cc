@@ -128,9 +128,9 @@ int RunEvents(AdminClient* admin, const std::string& socket_path, bool as_json,
     return 2;
   }
   auto sub = KvEventSubscriber::Connect(args.address, args.replay_address);
-  if (!sub.ok()) {
+  if (!sub.ok()) {  // a malformed endpoint (ZMQ connects in the background): a usage error
     std::fprintf(stderr, "kvtierctl events: %s\n", sub.status().message().c_str());
-    return 1;
+    return sub.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
   }
   EventPrinter printer(**sub, as_json, !args.replay_address.empty(), args.count);
   if (args.from) {

@@ -114,13 +114,17 @@ int main(int argc, char** argv) {
       "events", "print kvtierd's KV events live (vLLM's schema), one line each, and gaps");
   ctl::EventsArgs events_args;
   uint64_t events_from = 0;
-  events->add_option("--address", events_args.address,
-                     "the events endpoint (default: the daemon's events_address)");
-  events->add_option("--replay-address", events_args.replay_address,
-                     "the replay endpoint (default: the daemon's events_replay_address)");
+  auto* address_opt = events->add_option(
+      "--address", events_args.address, "the events endpoint (default: the daemon's events_address)");
+  auto* replay_opt = events->add_option(
+      "--replay-address", events_args.replay_address,
+      "the replay endpoint (default: the daemon's events_replay_address)");
+  // kCount first: CLI11's Range alone calls "abc" out of range.
   auto* from_opt = events->add_option("--from", events_from,
-                                      "first print the buffered batches from this sequence number");
+                                      "first print the buffered batches from this sequence number")
+                       ->check(kvtier::tools::kCount);
   events->add_option("--count", events_args.count, "stop after N events")
+      ->check(kvtier::tools::kCount)
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
   try {
     app.parse(argc, argv);
@@ -175,6 +179,14 @@ int main(int argc, char** argv) {
     if (*tokens) ls_prefix = std::move(**tokens);
   }
 
+  if (events->parsed()) {
+    for (const CLI::Option* o : {address_opt, replay_opt}) {
+      if (o->count() > 0 && o->as<std::string>().empty()) {
+        return usage("events", o->get_name() + " is empty: give an endpoint, or leave it out "
+                                               "for the daemon's");
+      }
+    }
+  }
   if (from_opt->count() > 0) events_args.from = events_from;
   auto fail = [&](const kvtier::Status& st) { return ctl::Fail(socket_path, as_json, st); };
   if (events->parsed() && !events_args.address.empty()) {  // needs no daemon

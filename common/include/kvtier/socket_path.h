@@ -16,4 +16,8 @@ std::string DefaultSocketPath();
 // daemon may start later). Errors: INVALID_ARGUMENT naming the path.
 Status CheckSocketPath(const std::string& path);
 
+// Whether a program listens on the Unix stream socket at `path` (a connect
+// succeeds): a socket file left by a dead process does not.
+bool UnixSocketListening(const std::string& path);
+
 }  // namespace kvtier

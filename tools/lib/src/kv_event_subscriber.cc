@@ -50,11 +50,13 @@ Result<std::unique_ptr<KvEventSubscriber>> KvEventSubscriber::Connect(
   auto s = std::make_unique<Sockets>();
   try {
     s->sub.set(zmq::sockopt::linger, 0);
+    s->sub.set(zmq::sockopt::ipv6, 1);  // tcp://[::1]:PORT
     s->sub.set(zmq::sockopt::subscribe, "");
     s->sub.connect(ConnectableAddress(address));
     if (!replay_address.empty()) {
       s->replay.emplace(s->context, zmq::socket_type::dealer);
       s->replay->set(zmq::sockopt::linger, 0);
+      s->replay->set(zmq::sockopt::ipv6, 1);
       s->replay->connect(ConnectableAddress(replay_address));
     }
   } catch (const zmq::error_t& e) {

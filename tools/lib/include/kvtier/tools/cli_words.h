@@ -27,10 +27,14 @@ inline bool ReportUnplacedWord(const CLI::App& app, const char* tool) {
 
 // For an unsigned count option: refuses a negative value (an unsigned type
 // would take "-5" as 2^64 - 5) with "-5 is negative: give a count of 0 or
-// more", where CLI::NonNegativeNumber prints the range 0 to DBL_MAX in full.
+// more", where CLI::NonNegativeNumber prints the range 0 to DBL_MAX in full,
+// and a word ("abc is not a whole number", where CLI::Range says "not in range").
 inline const CLI::Validator kCount(
     [](std::string& value) -> std::string {
       if (value.starts_with("-")) return value + " is negative: give a count of 0 or more";
+      if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos) {
+        return "'" + value + "' is not a whole number";
+      }
       return "";
     },
     "COUNT");

@@ -151,10 +151,27 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
             self->next_sequence_ += n;
             return first;
           },
+          // Write-through keeps every DRAM chunk on NVMe too: a remote hit's
+          // as well, so that what this node stores past it (NVMe holds no
+          // chunk without its parent) reaches its NVMe. Not written back to
+          // the remote tier, which has it.
+          .remote_promoted = [self](uint32_t h) {
+            if (self->options_.nvme_write_policy == NvmeWritePolicy::kWriteThrough) {
+              self->nvme_writer_->Queue(h, /*to_remote=*/false);
+            }
+          },
       });
   if (core->remote_) {
     spdlog::info("remote tier: {} (pool of {} connections per node, {} ms timeout)",
                  options.remote.url, options.remote.pool_size, options.remote.timeout.count());
+    if (Status st = core->remote_->Probe(); !st.ok()) {
+      spdlog::warn("remote tier: the store does not answer at start ({}); its lookups and "
+                   "writes miss until it does", st.message());
+    } else {
+      spdlog::info("remote tier: {} answers ({} node(s) own slots)",
+                   core->remote_->cluster_mode() ? "the cluster" : "the server",
+                   core->remote_->Nodes().size());
+    }
   }
   if (core->nvme_ || core->hbm_) {
     core->StartWorkers();

@@ -111,8 +111,8 @@ struct RawOptions {
 
 // The remote tier's settings (opts.core.remote), checked. A remote tier needs NVMe.
 template <typename IgnoreIfGiven>
-Status ApplyRemote(const RawOptions& raw, uint64_t nvme_bytes, const IgnoreIfGiven& ignore_if_given,
-                   DaemonOptions* opts) {
+Status ApplyRemote(const RawOptions& raw, uint64_t nvme_bytes, bool remote_given,
+                   const IgnoreIfGiven& ignore_if_given, DaemonOptions* opts) {
   if (raw.remote_pool_size < 1 || raw.remote_pool_size > 256) {
     return Status::InvalidArgument(raw.Where("remote_pool_size") + " " +
                                    std::to_string(raw.remote_pool_size) + " is outside 1..256");
@@ -121,6 +121,10 @@ Status ApplyRemote(const RawOptions& raw, uint64_t nvme_bytes, const IgnoreIfGiv
     return Status::InvalidArgument(raw.Where("remote_timeout_ms") + " " +
                                    std::to_string(raw.remote_timeout_ms) +
                                    " is outside 1..60000");
+  }
+  if (raw.remote.empty() && remote_given) {  // a variable that expanded to nothing, say
+    return Status::InvalidArgument(raw.Where("remote") + " is empty: give redis://host:port, or "
+                                   "leave it out for no remote tier");
   }
   if (raw.remote.empty()) {
     for (const std::string key : {"remote_pool_size", "remote_timeout_ms"}) {
@@ -146,6 +150,19 @@ Status ApplyRemote(const RawOptions& raw, uint64_t nvme_bytes, const IgnoreIfGiv
 // returns on some malformed text (a stray ',': each document it yields is empty and reads
 // nothing; jbeder/yaml-cpp#1040) and grows memory until the process is killed, so a
 // document that starts where the previous one did is an error here. Throws YAML::Exception.
+// An error at `line` (from 1) of config `path`: "config FILE:LINE: what", the
+// form every config error with a line takes (as RawOptions::Where).
+Status ConfigError(const std::string& path, int line, const std::string& what) {
+  return Status::InvalidArgument("config " + path + ":" + std::to_string(line) + ": " + what);
+}
+
+// yaml-cpp's own error, at its mark when it has one.
+Status ConfigError(const std::string& path, const YAML::Exception& e) {
+  if (e.mark.is_null()) return Status::InvalidArgument("config " + path + ": " + e.msg);
+  return ConfigError(path, e.mark.line + 1,
+                     e.msg + " (column " + std::to_string(e.mark.column + 1) + ")");
+}
+
 Result<size_t> CountYamlDocuments(const std::string& path, const std::string& text) {
   struct Starts : YAML::EventHandler {
     std::optional<YAML::Mark> start;
@@ -170,9 +187,8 @@ Result<size_t> CountYamlDocuments(const std::string& path, const std::string& te
     Starts doc;
     if (!parser.HandleNextDocument(doc)) break;
     if (doc.start && last_start == doc.start->pos) {
-      return Status::InvalidArgument("config " + path + ": not valid YAML at line " +
-                                     std::to_string(doc.start->line + 1) + ", column " +
-                                     std::to_string(doc.start->column + 1));
+      return ConfigError(path, doc.start->line + 1,
+                         "not valid YAML (column " + std::to_string(doc.start->column + 1) + ")");
     }
     last_start = doc.start ? std::optional<int>(doc.start->pos) : std::nullopt;
     ++docs;
@@ -236,7 +252,7 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
     }
     root = YAML::Load(text.str());
   } catch (const YAML::Exception& e) {
-    return Status::InvalidArgument("config " + path + ": " + e.what());
+    return ConfigError(path, e);
   }
   if (root.IsNull() || (root.IsMap() && root.size() == 0)) {
     raw->config_empty = true;
@@ -246,25 +262,22 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
   std::set<std::string> seen;
   for (const auto& kv : root) {
     if (!kv.first.IsScalar()) {  // as<std::string> would throw
-      return Status::InvalidArgument("config " + path + ": the key at line " +
-                                     std::to_string(kv.first.Mark().line + 1) +
-                                     " is not a name (a list, a map or empty)");
+      return ConfigError(path, kv.first.Mark().line + 1,
+                         "a key that is not a name (a list, a map or empty)");
     }
     const std::string key = kv.first.as<std::string>();
     if (!seen.insert(key).second) {  // yaml-cpp keeps the last one silently
-      return Status::InvalidArgument("config " + path + ": key '" + key + "' appears twice (line " +
-                                     std::to_string(kv.first.Mark().line + 1) + ")");
+      return ConfigError(path, kv.first.Mark().line + 1, "key '" + key + "' appears twice");
     }
     const CLI::Option* given = app.get_option_no_throw(DaemonOptions::FlagOf(key));
     const bool flag_given = given != nullptr && given->count() > 0;
     RawOptions* dst = flag_given ? &overridden : raw;
     dst->from_config[key] = kv.first.Mark().line + 1;
     const char* expected = "a string";
+    const int line = kv.first.Mark().line + 1;
     if (key == "nvme_paths") {  // a list of directories, or one
-      const std::string line = std::to_string(kv.first.Mark().line + 1);
       if (kv.second.IsNull()) {  // as<std::string> reads it as the text "null"
-        return Status::InvalidArgument("config " + path + ": key 'nvme_paths' needs a value (line " +
-                                       line + ")");
+        return ConfigError(path, line, "key 'nvme_paths' needs a value");
       }
       try {
         dst->nvme_paths.clear();
@@ -281,29 +294,23 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
           add(kv.second);
         }
         if (empty_at > 0) {
-          return Status::InvalidArgument("config " + path + ":" + std::to_string(empty_at) +
-                                         ": nvme_paths gives an empty path: name a directory");
+          return ConfigError(path, empty_at, "nvme_paths gives an empty path: name a directory");
         }
         if (dst->nvme_paths.empty()) {
-          return Status::InvalidArgument("config " + path + ": nvme_paths is empty (give "
-                                         "nvme_bytes: 0 to turn the NVMe tier off)");
+          return ConfigError(path, line, "nvme_paths is empty (give nvme_bytes: 0 to turn the "
+                                         "NVMe tier off)");
         }
         dst->nvme_paths_from_config = true;
       } catch (const YAML::Exception& e) {
-        return Status::InvalidArgument("config " + path + ": key 'nvme_paths' must be a directory "
-                                       "or a list of directories (line " + line + ")");
+        return ConfigError(path, line,
+                           "key 'nvme_paths' must be a directory or a list of directories");
       }
       continue;
     }
     if (!kv.second.IsScalar()) {
-      const std::string line = std::to_string(kv.first.Mark().line + 1);
-      if (kv.second.IsNull()) {
-        return Status::InvalidArgument("config " + path + ": key '" + key + "' needs a value (line " +
-                                       line + ")");
-      }
-      return Status::InvalidArgument("config " + path + ": key '" + key + "' takes one value, not " +
-                                     (kv.second.IsSequence() ? "a list" : "a map") + " (line " +
-                                     line + ")");
+      if (kv.second.IsNull()) return ConfigError(path, line, "key '" + key + "' needs a value");
+      return ConfigError(path, line, "key '" + key + "' takes one value, not " +
+                                         (kv.second.IsSequence() ? "a list" : "a map"));
     }
     try {
       if (key == "socket") {
@@ -365,7 +372,7 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
          : key == "reservation_ttl_ms" ? dst->reservation_ttl_ms
                                        : dst->drain_timeout_ms) = kv.second.as<int64_t>();
       } else {
-        return Status::InvalidArgument("config " + path + ": unknown key '" + key +
+        return ConfigError(path, line, "unknown key '" + key +
                                        "' (socket, socket_group, metrics_address, events_address, "
                                        "events_replay_address, log_level, "
                                        "dram_bytes, session_max_bytes, lease_ttl_ms, "
@@ -377,9 +384,8 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
                                        "remote_pool_size, remote_timeout_ms)");
       }
     } catch (const YAML::Exception& e) {
-      return Status::InvalidArgument("config " + path + ": key '" + key + "' must be " +
-                                     expected + " (line " + std::to_string(e.mark.line + 1) +
-                                     ")");
+      return ConfigError(path, e.mark.is_null() ? line : e.mark.line + 1,
+                         "key '" + key + "' must be " + expected);
     }
   }
   for (const auto& [key, line] : overridden.from_config) {
@@ -472,7 +478,8 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
       ->capture_default_str();
   app.add_option("--remote", raw.remote,
                  "remote tier shared by many kvtierd: redis://host:port[,host:port...] (a Redis "
-                 "Cluster's seeds, or one Redis/Valkey server); needs the NVMe tier. Default: off");
+                 "Cluster's seeds, or one Redis/Valkey server; port 6379 when left out); needs "
+                 "the NVMe tier. Default: off");
   app.add_option("--remote-pool-size", raw.remote_pool_size,
                  "connections kept per remote store node")
       ->capture_default_str();
@@ -632,7 +639,11 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   if (*nvme_bytes == 0 && *hbm_bytes == 0) {  // the I/O workers serve NVMe and HBM copies
     ignore_if_given("nvme_workers", "nvme_bytes", " 0 and hbm_bytes 0 leave the I/O workers idle");
   }
-  KVTIER_RETURN_IF_ERROR(ApplyRemote(raw, *nvme_bytes, ignore_if_given, &opts));
+  const CLI::Option* remote_flag = app.get_option_no_throw("--remote");
+  KVTIER_RETURN_IF_ERROR(ApplyRemote(
+      raw, *nvme_bytes, (remote_flag != nullptr && remote_flag->count() > 0) ||
+                            raw.from_config.count("remote") > 0,
+      ignore_if_given, &opts));
   for (const auto& [key, line] : raw.from_config) opts.from_config[key] = raw.Where(key);
   for (const CLI::Option* o : app.get_options()) {
     if (o->count() == 0 || o->get_lnames().empty()) continue;

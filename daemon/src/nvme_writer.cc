@@ -28,11 +28,12 @@ NvmeWriter::NvmeWriter(const Options& options, std::mutex& mu, DramTier& dram, N
     : options_(options), mu_(mu), dram_(dram), nvme_(nvme), health_(health), remote_(remote),
       namespaces_(namespaces) {}
 
-void NvmeWriter::Queue(uint32_t handle) {
+void NvmeWriter::Queue(uint32_t handle, bool to_remote) {
   const SlotEntry& e = dram_.Get(handle);
   dram_.HoldForWrite(handle);  // evicted before its write only when nothing else can be
   const uint64_t slot_bytes = namespaces_[e.ns_index]->layout.slot_bytes;
-  queue_.push_back({e.key, SlotSequence(dram_.SlotAddress(e.slot_offset)), slot_bytes});
+  queue_.push_back(
+      {e.key, SlotSequence(dram_.SlotAddress(e.slot_offset)), slot_bytes, to_remote});
   queue_bytes_ += slot_bytes;
 }
 
@@ -168,6 +169,7 @@ std::optional<NvmeWriter::ThroughBatch> NvmeWriter::TakeAndCopy(StagingBuffer& s
     NamespaceId ns;
     SlotLayout layout;
     const std::byte* slot;
+    bool to_remote;
   };
   std::vector<Item> items;
   try {
@@ -202,7 +204,7 @@ std::optional<NvmeWriter::ThroughBatch> NvmeWriter::TakeAndCopy(StagingBuffer& s
       const SlotEntry& e = dram_.Get(h);
       const CoreNamespace& ns = *namespaces_[e.ns_index];
       items.push_back({h, w.key, dram_.ParentKey(h), ns.id, ns.layout,
-                       dram_.SlotAddress(e.slot_offset)});
+                       dram_.SlotAddress(e.slot_offset), w.to_remote});
       batch_bytes += ns.layout.slot_bytes;
     }
     in_flight_ += items.size();
@@ -215,6 +217,7 @@ std::optional<NvmeWriter::ThroughBatch> NvmeWriter::TakeAndCopy(StagingBuffer& s
     copy = staging.Reserve(staging_bytes);  // grows it the first time, or for larger slots
     batch.images.reserve(items.size());
     batch.layouts.reserve(items.size());
+    if (remote_ != nullptr) batch.remote_images.reserve(items.size());
   } catch (const std::bad_alloc&) {  // the chunks stay in DRAM, not written: lost writes
     spdlog::warn("NVMe writer: no memory for a {}-byte staging buffer: {} chunks not written",
                  staging_bytes, items.size());
@@ -230,6 +233,7 @@ std::optional<NvmeWriter::ThroughBatch> NvmeWriter::TakeAndCopy(StagingBuffer& s
     progress_cv_.notify_all();
     batch.images.clear();
     batch.layouts.clear();
+    batch.remote_images.clear();
     return batch;
   }
   for (const Item& it : items) {
@@ -237,6 +241,7 @@ std::optional<NvmeWriter::ThroughBatch> NvmeWriter::TakeAndCopy(StagingBuffer& s
     SealPayloadChecksum(copy, it.layout);
     batch.images.push_back({it.key, it.parent, it.ns, {copy, it.layout.slot_bytes}});
     batch.layouts.push_back(it.layout);
+    if (remote_ != nullptr && it.to_remote) batch.remote_images.push_back(batch.images.back());
     copy += it.layout.slot_bytes;  // slot sizes are multiples of 4096: each copy stays aligned
   }
   {  // Copied: DRAM may evict them now; the copies go to NVMe.
@@ -257,7 +262,7 @@ void NvmeWriter::WriteBatch(const ThroughBatch& batch) {
   } catch (const std::exception& e) {  // std::bad_alloc from RocksDB: the batch is lost
     stored = Status::IOError(std::string("NVMe write: ") + e.what());
   }
-  if (remote_ != nullptr) remote_->WriteMany(batch.images);
+  if (!batch.remote_images.empty()) remote_->WriteMany(batch.remote_images);
   std::lock_guard lock(mu_);
   if (!batch.images.empty()) health_.NoteWrite(stored.status(), "write-through", batch.images.size());
   EndWrites(batch.images.size());

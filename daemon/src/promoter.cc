@@ -209,6 +209,7 @@ void Promoter::Step(uint64_t id) {
       h = dram_.Insert(keys[k], parents[k], snap.id, ns->ns_index, plan[k].slot_offset);
       if (h != ChunkIndex::kNone) {
         ++promoted;
+        if (from_remote) hooks_.remote_promoted(h);
       } else if ((h = dram_.Find(keys[k])) != ChunkIndex::kNone) {
         dram_.FreeSlot(ns->ns_index, plan[k].slot_offset);  // promoted by another meanwhile
       }

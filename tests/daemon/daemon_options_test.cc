@@ -180,8 +180,7 @@ TEST_F(DaemonOptionsTest, AConfigYamlCppCannotReadToItsEndIsRefused) {
   for (const char* text : {",", "&&,", "dram_bytes: 64MiB\n...\n,\n"}) {
     const std::string cfg = WriteConfig(text);
     const std::string error = ErrorOf({"--config", cfg});
-    EXPECT_TRUE(Names(error, cfg)) << text << ": " << error;
-    EXPECT_TRUE(Names(error, "line")) << text << ": " << error;
+    EXPECT_TRUE(Names(error, "config " + cfg + ":")) << text << ": " << error;
   }
 }
 
@@ -192,8 +191,8 @@ TEST_F(DaemonOptionsTest, AKeyThatIsNotANameIsAnErrorNotACrash) {
        {"? [dram_bytes]\n: 64MiB\n", "{[1]: 2}\n", "{{a: 1}: 2}\n", "? \n: 1\n"}) {
     const std::string cfg = WriteConfig(text);
     const std::string error = ErrorOf({"--config", cfg});
-    EXPECT_TRUE(Names(error, cfg)) << text << ": " << error;
-    EXPECT_TRUE(Names(error, "line")) << text << ": " << error;
+    EXPECT_TRUE(Names(error, "config " + cfg + ":")) << text << ": " << error;
+    EXPECT_TRUE(Names(error, "not a name")) << text << ": " << error;
   }
 }
 
@@ -267,11 +266,24 @@ TEST_F(DaemonOptionsTest, ConfigValueOfTheWrongTypeNamesTheKey) {
   EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("lease_ttl_ms: soon\n")}), "lease_ttl_ms"));
   EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("dram_bytes: [1, 2]\n")}), "dram_bytes"));
   // A list or a map is not a missing value: the error says which it got, and where.
-  EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("dram_bytes: [1, 2]\n")}),
-                    "takes one value, not a list (line 1)"));
-  EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("log_level: info\nsocket: {a: 1}\n")}),
-                    "'socket' takes one value, not a map (line 2)"));
-  EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("dram_bytes:\n")}), "needs a value (line 1)"));
+  // Every config error with a line says it as FILE:LINE (as the checks of values do).
+  std::string cfg = WriteConfig("dram_bytes: [1, 2]\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}),
+                    "config " + cfg + ":1: key 'dram_bytes' takes one value, not a list"));
+  cfg = WriteConfig("log_level: info\nsocket: {a: 1}\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}),
+                    "config " + cfg + ":2: key 'socket' takes one value, not a map"));
+  cfg = WriteConfig("dram_bytes:\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), "config " + cfg + ":1: key 'dram_bytes' needs a value"));
+  cfg = WriteConfig("log_level: info\nlease_ttl_ms: soon\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), "config " + cfg + ":2: key 'lease_ttl_ms' must be"));
+  cfg = WriteConfig("log_level: info\nlog_level: warn\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), "config " + cfg + ":2: key 'log_level' appears twice"));
+  cfg = WriteConfig("log_level: info\ndram_size: 1GiB\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), "config " + cfg + ":2: unknown key 'dram_size'"));
+  cfg = WriteConfig("log_level: info\ndram_bytes: [64MiB\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), "config " + cfg + ":"));
+  EXPECT_FALSE(Names(ErrorOf({"--config", cfg}), "yaml-cpp: error at line"));
 }
 
 TEST_F(DaemonOptionsTest, BadDramBytesInConfigIsRejected) {
@@ -298,10 +310,11 @@ TEST_F(DaemonOptionsTest, AnEmptyOrNullNvmePathIsAnError) {
   const std::string empty = WriteConfig("nvme_bytes: 1GiB\nnvme_paths: [\"\"]\n");
   EXPECT_TRUE(Names(ErrorOf({"--config", empty}), "config " + empty + ":2: nvme_paths gives an "
                                                   "empty path"));
-  EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("nvme_paths:\n")}),
-                    "key 'nvme_paths' needs a value (line 1)"));
-  EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("log_level: info\nnvme_paths: [~]\n")}),
-                    "must be a directory or a list of directories (line 2)"));
+  std::string cfg = WriteConfig("nvme_paths:\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), cfg + ":1: key 'nvme_paths' needs a value"));
+  cfg = WriteConfig("log_level: info\nnvme_paths: [~]\n");
+  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}),
+                    cfg + ":2: key 'nvme_paths' must be a directory or a list of directories"));
 }
 
 TEST_F(DaemonOptionsTest, MissingConfigFileIsAnError) {

@@ -63,11 +63,14 @@ class RemoteNodesTest : public ::testing::Test {
     return error.empty() ? std::move(d) : nullptr;
   }
 
+  // The synthetic multi-turn trace's first `requests` requests (the first N
+  // of any longer run are the same).
   json Replay(const std::string& node, const std::string& name,
-              const std::vector<std::string>& extra = {}, const std::string& deadline_ms = "5000") {
+              const std::vector<std::string>& extra = {}, const std::string& deadline_ms = "5000",
+              const std::string& requests = "40") {
     const std::string out = dir_.Sub(name + ".json");
     std::vector<std::string> argv = {BinPath("kvtier-replay"), "--socket",
-                                     dir_.Sub(node + ".sock"), "--generate", "40", "--quiet",
+                                     dir_.Sub(node + ".sock"), "--generate", requests, "--quiet",
                                      "--deadline-ms", deadline_ms, "--json", out};
     argv.insert(argv.end(), extra.begin(), extra.end());
     CommandResult r = RunCommand(argv, 120s);
@@ -121,6 +124,40 @@ TEST_F(RemoteNodesTest, WhatNodeAStoredNodeBHitsEveryByteVerified) {
   EXPECT_EQ(on_c["verify_errors"], 0);
   EXPECT_GT(RemoteHitTokens(on_c), 0u);
   EXPECT_GT(on_c["prefetch"]["ready_in_time_chunks"].get<uint64_t>(), 0u);
+}
+
+TEST_F(RemoteNodesTest, WhatANodeStoresPastARemoteHitReachesItsOwnNvme) {
+  StartCluster(0);
+  auto a = Node("a");
+  auto b = Node("b");
+  ASSERT_TRUE(a && b);
+  ASSERT_FALSE(Replay("a", "a", {}, "5000", "20").is_discarded());
+  Flush(*a);
+  // The next 20 requests go on with a's conversations: their prefixes are
+  // remote hits on b, the turns past them b's own stores (under write-through,
+  // to b's NVMe: NVMe holds no chunk without its parent, so the promoted
+  // prefix goes there too, and not back to the remote tier).
+  const json on_b = Replay("b", "b", {"--prefetch", "off"}, "5000", "40");
+  ASSERT_FALSE(on_b.is_discarded());
+  EXPECT_EQ(on_b["verify_errors"], 0);
+  EXPECT_GT(RemoteHitTokens(on_b), 0u);
+  Flush(*b);
+  const json nvme = Tier(*b, "nvme"), remote = Tier(*b, "remote");
+  EXPECT_EQ(nvme["lost_writes"], 0) << nvme.dump();
+  EXPECT_GT(remote["write_bytes"].get<uint64_t>(), 0u);
+  EXPECT_LT(remote["write_bytes"].get<uint64_t>(), nvme["write_bytes"].get<uint64_t>());
+  // And b, restarted with its NVMe and the cluster stopped, hits what it stored.
+  b->Stop();
+  redis_->StopAll();
+  b = Node("b");
+  ASSERT_TRUE(b);
+  const json again = Replay("b", "b-again", {"--prefetch", "off"}, "5000", "40");
+  ASSERT_FALSE(again.is_discarded());
+  EXPECT_EQ(again["verify_errors"], 0);
+  // Everything the first run hit (remote or local) was in b's DRAM, so on its NVMe.
+  EXPECT_EQ(RemoteHitTokens(again), 0u);
+  EXPECT_GT(again["tiers"]["nvme"]["hit_tokens"].get<uint64_t>(), 0u);
+  EXPECT_GE(again["hit_tokens"].get<uint64_t>(), on_b["hit_tokens"].get<uint64_t>());
 }
 
 TEST_F(RemoteNodesTest, ALookupWithoutLeaseCountsWhatTheRemoteTierHolds) {
@@ -362,7 +399,10 @@ TEST_F(RemoteNodesTest, ARemoteWithoutNvmeOrWithABadUrlIsAStartError) {
         std::vector<std::string>{"--remote", "redis://127.0.0.1:99999", "--nvme-path",
                                  dir_.path()},
         std::vector<std::string>{"--remote", "redis://127.0.0.1:6379", "--nvme-path",
-                                 dir_.path(), "--remote-pool-size", "0"}}) {
+                                 dir_.path(), "--remote-pool-size", "0"},
+        std::vector<std::string>{"--remote", "", "--nvme-path", dir_.path()},
+        std::vector<std::string>{"--remote", "redis://127.0.0.1:6379,", "--nvme-path",
+                                 dir_.path()}}) {
     std::vector<std::string> argv = {BinPath("kvtierd"), "--socket", dir_.Sub("bad.sock"),
                                      "--metrics-address", "off"};
     argv.insert(argv.end(), args.begin(), args.end());

@@ -111,7 +111,8 @@ TEST(ParseRedisUrl, RejectsBadInputsNamingTheProblem) {
       {"h:1", "scheme"},
       {"redis://", "empty host"},
       {"redis://:6379", "empty host"},
-      {"redis://a:1,,b:2", "empty host"},
+      {"redis://a:1,,b:2", "host 2 of 'redis://a:1,,b:2': empty host"},
+      {"redis://a:1,", "host 2 of 'redis://a:1,': empty host"},
       {"redis://h:0", "port '0'"},
       {"redis://h:65536", "port '65536'"},
       {"redis://h:x1", "port 'x1'"},
@@ -274,14 +275,14 @@ TEST_F(RedisClusterTest, SetWithExpireSetsATtl) {
   EXPECT_LE(ttl->integer, 100);
 }
 
-TEST_F(RedisClusterTest, WrongTypeAnswerIsUnavailableNamingTheNode) {
+TEST_F(RedisClusterTest, WrongTypeAnswerIsDataLossNamingTheNode) {
   auto m = servers_->MasterOfSlot(RedisCluster::KeySlot("odd/list"));
   ASSERT_TRUE(m.ok());
   ASSERT_TRUE(servers_->Run(*m, {"RPUSH", "odd/list", "x"}).ok());
   Bytes buf(16, std::byte{0x11});
   RedisCluster::Get g{"odd/list", buf, 0, {}};
   client_->GetMany({&g, 1});
-  EXPECT_EQ(g.result.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(g.result.code(), StatusCode::kDataLoss);  // the node is up: not a failure of it
   EXPECT_NE(g.result.message().find(servers_->endpoint(*m).ToString()), std::string::npos)
       << g.result.message();
   EXPECT_NE(g.result.message().find("WRONGTYPE"), std::string::npos) << g.result.message();

@@ -358,8 +358,10 @@ void RedisCluster::Impl::OnError(RedisNode& node, const Pending& p, const redisR
   if (!redis::IsRedirect(e)) {
     if (StartsWith(e, "CLUSTERDOWN") || StartsWith(e, "TRYAGAIN")) MarkStale();
     // A full server (maxmemory with noeviction) is up: it still serves reads.
-    results[p.cmd] = StartsWith(e, "OOM") ? Status::ResourceExhausted(answered)
-                                          : Status::Unavailable(answered);
+    // A key of another type is there, and not what was asked for.
+    results[p.cmd] = StartsWith(e, "OOM")         ? Status::ResourceExhausted(answered)
+                     : StartsWith(e, "WRONGTYPE") ? Status::DataLoss(answered)
+                                                  : Status::Unavailable(answered);
     return;
   }
   auto redirect = redis::ParseRedirect(e, node.endpoint());

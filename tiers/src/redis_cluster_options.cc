@@ -76,7 +76,10 @@ Result<std::vector<RedisEndpoint>> ParseRedisUrl(std::string_view url) {
   while (true) {
     const size_t comma = rest.find(',');
     auto ep = ParseUrlHost(rest.substr(0, comma));
-    if (!ep.ok()) return ep.status();
+    if (!ep.ok()) {
+      return Status::InvalidArgument("host " + std::to_string(seeds.size() + 1) + " of '" +
+                                     std::string(url) + "': " + ep.status().message());
+    }
     seeds.push_back(std::move(ep).value());
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);

@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "kvtier/logging.h"
+
 namespace kvtier {
 namespace {
 
@@ -50,9 +52,45 @@ Result<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOptions& op
 }
 
 RemoteTier::RemoteTier(const RemoteTierOptions& options, std::unique_ptr<RedisCluster> store)
-    : options_(options), store_(std::move(store)) {}
+    : options_(options), store_(std::move(store)), prober_([this] { ProbeLoop(); }) {}
 
-RemoteTier::~RemoteTier() = default;
+RemoteTier::~RemoteTier() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  probe_cv_.notify_all();
+  prober_.join();
+}
+
+Status RemoteTier::Probe() {
+  // Keys of 16 hash tags: slots spread over a cluster's masters, one answer is enough.
+  std::vector<std::string> names;
+  std::vector<RedisCluster::Exists> exists;
+  for (int i = 0; i < 16; ++i) names.push_back("kvtier:probe:{" + std::to_string(i) + "}");
+  for (const std::string& name : names) exists.push_back({name, false, {}});
+  store_->ExistsMany(exists);
+  for (const RedisCluster::Exists& e : exists) {
+    if (e.result.ok()) return Status::Ok();
+  }
+  return exists.front().result;
+}
+
+void RemoteTier::ProbeLoop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    probe_cv_.wait(lock, [&] { return stopping_ || failure_streak_ >= kDegradedAfter; });
+    if (probe_cv_.wait_for(lock, options_.probe_interval, [&] { return stopping_; })) return;
+    if (failure_streak_ < kDegradedAfter) continue;  // a call's batch found it back meanwhile
+    lock.unlock();
+    const bool answered = Probe().ok();
+    lock.lock();
+    if (answered && failure_streak_ >= kDegradedAfter) {
+      failure_streak_ = 0;
+      spdlog::info("remote tier answers again; no longer degraded");
+    }
+  }
+}
 
 std::string RemoteTier::ImageKey(const NamespaceId& ns, const ChunkKey& key) {
   return "kvtier:" + ns.ToHex() + ":" + key.ToHex();
@@ -60,30 +98,19 @@ std::string RemoteTier::ImageKey(const NamespaceId& ns, const ChunkKey& key) {
 
 bool RemoteTier::MayCall() {
   std::lock_guard lock(mu_);
-  if (failure_streak_ < kDegradedAfter) return true;
-  const auto now = std::chrono::steady_clock::now();
-  if (now - last_probe_ < options_.probe_interval) return false;
-  last_probe_ = now;  // this batch is the probe
-  return true;
+  return failure_streak_ < kDegradedAfter;
 }
 
 void RemoteTier::NoteBatch(bool answered, bool whole) {
   std::lock_guard lock(mu_);
-  const bool was_degraded = failure_streak_ >= kDegradedAfter;
   if (!whole) ++counters_.io_errors;
   if (answered) {
     failure_streak_ = 0;
   } else if (++failure_streak_ == kDegradedAfter) {
-    last_probe_ = std::chrono::steady_clock::now();
-  }
-  const bool degraded = failure_streak_ >= kDegradedAfter;
-  if (was_degraded == degraded) return;
-  if (degraded) {
     spdlog::error("remote tier degraded: {} batches failed in a row ({}); lookups miss it, "
                   "probing every {} ms", kDegradedAfter, options_.url,
                   options_.probe_interval.count());
-  } else {
-    spdlog::info("remote tier answers again; no longer degraded");
+    probe_cv_.notify_all();
   }
 }
 
@@ -149,8 +176,10 @@ void RemoteTier::ReadMany(std::span<ReadRequest> requests) {
     }
     ++add.corrupt_reads;
     ++add.misses;
-    spdlog::warn("remote image {} failed verification (a miss): {}", keys[i],
-                 r.result.message());
+    if (auto held = corrupt_log_.Admit()) {
+      spdlog::warn("remote image {} failed verification (a miss): {}{}", keys[i],
+                   r.result.message(), HeldBack(*held));
+    }
   }
   NoteBatch(unavailable < requests.size(), unavailable == 0);
   std::lock_guard lock(mu_);

@@ -8,7 +8,8 @@
 // eviction (Demote), with its ancestors not yet on NVMe, and WriteOnce writes
 // those images instead. The daemon's NVMe worker calls WriteBatches in a loop.
 // With a remote tier, each batch of sealed images is also written there, after
-// NVMe (the same write policy; a failure there does not touch NVMe's).
+// NVMe (the same write policy; a failure there does not touch NVMe's), but for
+// the chunks promoted from it, which write-through queues for NVMe alone.
 //
 // Thread-safety: it shares the DRAM tier's mutex with CacheCore (`mu`).
 // Methods marked "REQUIRES: mu held" are CacheCore's to call under it; the
@@ -77,8 +78,10 @@ class NvmeWriter {
   NvmeWriter(const Options& options, std::mutex& mu, DramTier& dram, NvmeTier& nvme,
              NvmeHealth& health, const CoreNamespaces& namespaces, RemoteTier* remote);
 
-  // REQUIRES: mu held. Queues resident chunk `handle` (write-through, selective).
-  void Queue(uint32_t handle);
+  // REQUIRES: mu held. Queues resident chunk `handle` (write-through,
+  // selective); `to_remote`: to the remote tier as well (not for a chunk read
+  // from there).
+  void Queue(uint32_t handle, bool to_remote = true);
   // REQUIRES: mu held by `lock`. Write-through backpressure: waits, with mu
   // dropped, up to write_through_wait while the queued writes and `incoming`
   // (the slot bytes a store may add) fill over half the arena (a store bigger
@@ -126,6 +129,7 @@ class NvmeWriter {
     ChunkKey key;
     uint64_t sequence = 0;  // the slot's sequence when queued: the same chunk, not a re-store
     uint64_t slot_bytes = 0;
+    bool to_remote = true;
   };
   struct Demotion {
     ChunkKey key, parent;
@@ -138,6 +142,7 @@ class NvmeWriter {
     size_t taken = 0;               // queue entries it took (skipped ones too)
     std::vector<NvmeImage> images;  // into the staging buffer
     std::vector<SlotLayout> layouts;  // of each image
+    std::vector<NvmeImage> remote_images;  // those the remote tier gets too
   };
   size_t WriteDemotions();
   // Takes up to one batch from the queue and copies and seals it into

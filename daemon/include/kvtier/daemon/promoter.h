@@ -83,6 +83,8 @@ class Promoter {
     std::function<void(uint64_t session_id, uint64_t bytes)> hold, drop;
     // The first of `n` fresh slot sequences (for images read from the remote tier).
     std::function<uint64_t(size_t n)> take_sequences;
+    // DRAM chunk `h` was just promoted from the remote tier (not on NVMe).
+    std::function<void(uint32_t h)> remote_promoted;
   };
 
   // Everything given must outlive the promoter. `nvme` and `health` are both

@@ -84,8 +84,9 @@ class RedisCluster {
 
   // One GET: `dst` receives the value. result: OK (bytes = its size), NOT_FOUND
   // (no such key), DATA_LOSS (the value is longer than dst: bytes = its size,
-  // nothing written to dst), UNAVAILABLE (node down, timeout, too many
-  // redirects, an error answer or one of the wrong type).
+  // nothing written to dst; or the key holds another type: WRONGTYPE),
+  // UNAVAILABLE (node down, timeout, too many redirects, another error answer,
+  // or an answer of the wrong type).
   struct Get {
     std::string_view key;
     std::span<std::byte> dst;

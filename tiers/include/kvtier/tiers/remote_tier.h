@@ -15,7 +15,8 @@
 // dead master of a cluster fails only its own keys; io_errors counts every
 // batch with an unanswered image). After kDegradedAfter failed batches in a row the
 // tier is degraded: calls then skip the store (at once, so lookups do not wait
-// on its timeouts), but for one probe per probe_interval, until one succeeds.
+// on its timeouts), while a thread of its own probes it every probe_interval
+// until it answers.
 //
 // kvtierd's CacheCore drives it: its NVMe writer also writes each batch here,
 // its Promoter reads a prefix's continuation here after NVMe's.
@@ -25,14 +26,17 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
+#include "kvtier/logging.h"
 #include "kvtier/slot_image.h"
 #include "kvtier/status.h"
 #include "kvtier/tiers/nvme_tier.h"
@@ -104,6 +108,11 @@ class RemoteTier {
   // Deletes images (admin eviction). Errors: UNAVAILABLE when any delete failed.
   Status Remove(const NamespaceId& ns, std::span<const ChunkKey> keys);
 
+  // Whether the store answers now: OK when any of a few keys spread over its
+  // slots gets an answer (an EXISTS each), else UNAVAILABLE saying why (for
+  // a warning at start; the counters are not touched).
+  Status Probe();
+
   bool Degraded() const;
   RemoteTierCounters counters() const;
   // The store's nodes now known ("host:port" each) and whether it is a cluster.
@@ -113,8 +122,10 @@ class RemoteTier {
 
  private:
   RemoteTier(const RemoteTierOptions& options, std::unique_ptr<RedisCluster> store);
-  // Whether a batch may go to the store now: not degraded, or a probe is due.
+  // Whether a batch may go to the store now: not degraded.
   bool MayCall();
+  // The prober thread: while degraded, Probe every probe_interval.
+  void ProbeLoop();
   // Notes how a batch went: `answered` (some image got an answer: the store
   // is up) and `whole` (every image did).
   void NoteBatch(bool answered, bool whole);
@@ -124,7 +135,10 @@ class RemoteTier {
   mutable std::mutex mu_;
   RemoteTierCounters counters_;                        // GUARDED_BY(mu_)
   uint32_t failure_streak_ = 0;                        // GUARDED_BY(mu_)
-  std::chrono::steady_clock::time_point last_probe_;   // GUARDED_BY(mu_)
+  bool stopping_ = false;                              // GUARDED_BY(mu_)
+  std::condition_variable probe_cv_;  // degraded, or stopping
+  LogLimiter corrupt_log_;            // one verification warning per 10 s
+  std::thread prober_;                // last: started once the rest is built
 };
 
 }  // namespace kvtier

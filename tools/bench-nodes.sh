@@ -6,13 +6,14 @@
 # run (kvtier-replay --nodes) and a summary line per run.
 #
 #   tools/bench-nodes.sh [BIN] [REQUESTS]      default: build/bin, 3000
-#   NODE_DRAM=256MiB NODE_NVME=512MiB tools/bench-nodes.sh
+#   NODE_DRAM=256MiB NODE_NVME=512MiB NODES="1 2 4" tools/bench-nodes.sh
 set -euo pipefail
-BIN=${1:-build/bin}
+BIN=${1:-$(dirname "$0")/../build/bin}
 REQUESTS=${2:-3000}
 NODE_DRAM=${NODE_DRAM:-256MiB}
 NODE_NVME=${NODE_NVME:-512MiB}
-TRACE=${TRACE:-data/traces/conversation_trace.jsonl}
+NODES=${NODES:-1 2 4}  # the node counts to run
+TRACE=${TRACE:-$(dirname "$0")/../data/traces/conversation_trace.jsonl}  # from any directory
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/kvtier-nodes.XXXXXX")  # not tmpfs: NVMe files need O_DIRECT
 REDIS_PIDS=()
 NODE_PIDS=()
@@ -66,7 +67,7 @@ start_node() {  # start_node NAME
 echo "kvtier multi-node replay: $REQUESTS requests of $TRACE; per node DRAM $NODE_DRAM, NVMe $NODE_NVME;"
 echo "one Redis Cluster of 3 masters on loopback ($URL)"
 SUMMARY=()
-for n in 1 2 4; do
+for n in $NODES; do
   for route in round_robin prefix; do
     [ "$n" = 1 ] && [ "$route" = prefix ] && continue  # one node: nothing to route
     for port in "${PORTS[@]}"; do redis-cli -p "$port" flushall >/dev/null; done

@@ -6,6 +6,8 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -145,11 +147,9 @@ size_t NvmeWriter::WriteDemotions() {
     SealPayloadChecksum(d.image.get(), d.layout);
     images.push_back({d.key, d.parent, d.ns, {d.image.get(), d.layout.slot_bytes}});
   }
-  Result<size_t> stored = [&] {
-    LatencyTimer timer(write_latency_);
-    return nvme_.Write(images);
-  }();
-  if (remote_ != nullptr) remote_->WriteMany(images);
+  const Result<size_t> stored =
+      WriteTiers(images, remote_ != nullptr ? std::span<const NvmeImage>(images)
+                                            : std::span<const NvmeImage>());
   std::lock_guard lock(mu_);
   health_.NoteWrite(stored.status(), "write-back", images.size());
   EndWrites(demoted.size());
@@ -252,17 +252,41 @@ std::optional<NvmeWriter::ThroughBatch> NvmeWriter::TakeAndCopy(StagingBuffer& s
   return batch;
 }
 
-void NvmeWriter::WriteBatch(const ThroughBatch& batch) {
+Result<size_t> NvmeWriter::WriteTiers(std::span<const NvmeImage> images,
+                                      std::span<const NvmeImage> remote) {
+  const auto write_remote = [&] {
+    try {
+      remote_->WriteMany(remote);
+    } catch (const std::exception& e) {  // std::bad_alloc: the images are not stored there
+      spdlog::warn("remote tier: a batch of {} images not written: {}", remote.size(), e.what());
+    }
+  };
+  std::thread remote_write;
+  if (!remote.empty()) {
+    try {
+      remote_write = std::thread(write_remote);
+    } catch (const std::system_error&) {  // no thread to be had: after NVMe's, as before
+    }
+  }
   Result<size_t> stored = size_t{0};
   try {
-    if (!batch.images.empty()) {
+    if (!images.empty()) {
       LatencyTimer timer(write_latency_);
-      stored = nvme_.Write(batch.images);
+      stored = nvme_.Write(images);
     }
   } catch (const std::exception& e) {  // std::bad_alloc from RocksDB: the batch is lost
     stored = Status::IOError(std::string("NVMe write: ") + e.what());
   }
-  if (!batch.remote_images.empty()) remote_->WriteMany(batch.remote_images);
+  if (remote_write.joinable()) {
+    remote_write.join();
+  } else if (!remote.empty()) {
+    write_remote();
+  }
+  return stored;
+}
+
+void NvmeWriter::WriteBatch(const ThroughBatch& batch) {
+  const Result<size_t> stored = WriteTiers(batch.images, batch.remote_images);
   std::lock_guard lock(mu_);
   if (!batch.images.empty()) health_.NoteWrite(stored.status(), "write-through", batch.images.size());
   EndWrites(batch.images.size());

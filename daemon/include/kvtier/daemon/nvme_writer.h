@@ -7,9 +7,10 @@
 // the next one's copy). Write-back copies each DRAM victim's image out at
 // eviction (Demote), with its ancestors not yet on NVMe, and WriteOnce writes
 // those images instead. The daemon's NVMe worker calls WriteBatches in a loop.
-// With a remote tier, each batch of sealed images is also written there, after
-// NVMe (the same write policy; a failure there does not touch NVMe's), but for
-// the chunks promoted from it, which write-through queues for NVMe alone.
+// With a remote tier, each batch of sealed images is also written there, beside
+// the NVMe write (the same write policy; a failure there does not touch
+// NVMe's), but for the chunks promoted from it, which write-through queues for
+// NVMe alone.
 //
 // Thread-safety: it shares the DRAM tier's mutex with CacheCore (`mu`).
 // Methods marked "REQUIRES: mu held" are CacheCore's to call under it; the
@@ -27,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -151,6 +153,9 @@ class NvmeWriter {
   std::optional<ThroughBatch> TakeAndCopy(StagingBuffer& staging);
   // Writes a batch TakeAndCopy made and counts it (takes mu after the write).
   void WriteBatch(const ThroughBatch& batch);
+  // Writes `images` to NVMe and, at the same time on a thread of its own,
+  // `remote` to the remote tier; returns NVMe's result once both are done.
+  Result<size_t> WriteTiers(std::span<const NvmeImage> images, std::span<const NvmeImage> remote);
   // REQUIRES: mu held. Counts a chunk a write batch took: written or lost.
   void CountWritten(const ChunkKey& key, const SlotLayout& layout);
   // REQUIRES: mu held. Ends `n` writes in flight.

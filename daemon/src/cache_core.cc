@@ -164,9 +164,9 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
   if (core->remote_) {
     spdlog::info("remote tier: {} (pool of {} connections per node, {} ms timeout)",
                  options.remote.url, options.remote.pool_size, options.remote.timeout.count());
-    if (Status st = core->remote_->Probe(); !st.ok()) {
-      spdlog::warn("remote tier: the store does not answer at start ({}); its lookups and "
-                   "writes miss until it does", st.message());
+    if (Status st = core->remote_->CheckAtStart(); !st.ok()) {
+      spdlog::warn("remote tier: the store does not answer at start ({}); the tier starts "
+                   "degraded (misses, no waits) and is probed once a second", st.message());
     } else {
       spdlog::info("remote tier: {} answers ({} node(s) own slots)",
                    core->remote_->cluster_mode() ? "the cluster" : "the server",

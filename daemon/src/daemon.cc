@@ -117,7 +117,14 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
 
   d->kv_service_ = std::make_unique<KvCacheService>(*d->core_);
   d->peer_book_ = std::make_unique<PeerBook>();
-  d->admin_service_ = std::make_unique<AdminService>(*d->core_, EffectiveConfig(options),
+  // The events endpoints as bound (port 0 becomes the port taken): kvtierctl
+  // events and kvtier-replay's router connect to what `config` says.
+  DaemonOptions effective = options;
+  if (d->events_) {
+    effective.events_address = d->events_->address();
+    effective.events_replay_address = d->events_->replay_address();
+  }
+  d->admin_service_ = std::make_unique<AdminService>(*d->core_, EffectiveConfig(effective),
                                                      d->peer_book_.get());
   grpc::ServerBuilder builder;  // no listening port: AcceptLoop hands it checked connections
   builder.RegisterService(d->kv_service_.get());

@@ -109,31 +109,20 @@ struct RawOptions {
   }
 };
 
+Status CheckForm(const std::string& key, const RawOptions& r);
+
 // The remote tier's settings (opts.core.remote), checked. A remote tier needs NVMe.
 template <typename IgnoreIfGiven>
 Status ApplyRemote(const RawOptions& raw, uint64_t nvme_bytes, bool remote_given,
                    const IgnoreIfGiven& ignore_if_given, DaemonOptions* opts) {
-  if (raw.remote_pool_size < 1 || raw.remote_pool_size > 256) {
-    return Status::InvalidArgument(raw.Where("remote_pool_size") + " " +
-                                   std::to_string(raw.remote_pool_size) + " is outside 1..256");
-  }
-  if (raw.remote_timeout_ms < 1 || raw.remote_timeout_ms > 60'000) {
-    return Status::InvalidArgument(raw.Where("remote_timeout_ms") + " " +
-                                   std::to_string(raw.remote_timeout_ms) +
-                                   " is outside 1..60000");
-  }
-  if (raw.remote.empty() && remote_given) {  // a variable that expanded to nothing, say
-    return Status::InvalidArgument(raw.Where("remote") + " is empty: give redis://host:port, or "
-                                   "leave it out for no remote tier");
-  }
+  KVTIER_RETURN_IF_ERROR(CheckForm("remote_pool_size", raw));
+  KVTIER_RETURN_IF_ERROR(CheckForm("remote_timeout_ms", raw));
+  if (remote_given) KVTIER_RETURN_IF_ERROR(CheckForm("remote", raw));
   if (raw.remote.empty()) {
     for (const std::string key : {"remote_pool_size", "remote_timeout_ms"}) {
       ignore_if_given(key, "remote", " is not set (no remote tier)");
     }
     return Status::Ok();
-  }
-  if (auto seeds = ParseRedisUrl(raw.remote); !seeds.ok()) {
-    return Status::InvalidArgument(raw.Where("remote") + ": " + seeds.status().message());
   }
   if (nvme_bytes == 0) {
     return Status::InvalidArgument(raw.Where("remote") + " needs the NVMe tier, but " +
@@ -229,6 +218,22 @@ Status CheckForm(const std::string& key, const RawOptions& r) {
   } else if (key == "log_level") {
     if (Status st = CheckLogLevel(r.log_level); !st.ok()) {
       return Status(st.code(), r.Where(key) + ": " + st.message());
+    }
+  } else if (key == "remote") {  // given: empty is a variable that expanded to nothing, say
+    if (r.remote.empty()) {
+      return Status::InvalidArgument(r.Where(key) + " is empty: give redis://host:port, or "
+                                     "leave it out for no remote tier");
+    }
+    if (auto seeds = ParseRedisUrl(r.remote); !seeds.ok()) {
+      return Status::InvalidArgument(r.Where(key) + ": " + seeds.status().message());
+    }
+  } else if (key == "remote_pool_size" || key == "remote_timeout_ms") {
+    const bool pool = key == "remote_pool_size";
+    const int64_t v = pool ? r.remote_pool_size : r.remote_timeout_ms;
+    const int64_t most = pool ? 256 : 60'000;
+    if (v < 1 || v > most) {
+      return Status::InvalidArgument(r.Where(key) + " " + std::to_string(v) + " is outside 1.." +
+                                     std::to_string(most));
     }
   }
   return Status::Ok();

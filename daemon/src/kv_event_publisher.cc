@@ -242,6 +242,10 @@ Status CheckKvEventsAddress(const std::string& address) {
     return Status::Ok();
   }
   if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) return bad("has an IPv6 HOST without [ ]");
+  if (!host.empty() && host.front() == '[') {
+    return host.back() == ']' ? bad("has '" + host + "', which is not an IPv6 address")
+                              : bad("has no ']' after its IPv6 address");
+  }
   if (!host.empty() && if_nametoindex(host.c_str()) != 0) return Status::Ok();  // "eth0"
   return bad("has HOST '" + host +
              "', which is not an address, * or a network interface of this machine (a host "

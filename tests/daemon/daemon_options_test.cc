@@ -440,6 +440,13 @@ TEST_F(DaemonOptionsTest, ABadValueInTheConfigFileIsAnErrorEvenWhenAFlagOverride
       {"gpu_backend: cpu\n", "--gpu-backend", "host", ":1: gpu_backend"},
       {"log_level: loud\n", "--log-level", "info", ":1: log_level"},
       {"nvme_paths: {a: b}\n", "--nvme-path", "/tmp", "key 'nvme_paths' must be a directory"},
+      {"remote: http://x\n", "--remote", "redis://127.0.0.1:6379", ":1: remote: "},
+      {"remote: \"redis://h:1,\"\n", "--remote", "redis://127.0.0.1:6379", ":1: remote: host 2"},
+      {"remote: \"\"\n", "--remote", "redis://127.0.0.1:6379", ":1: remote is empty"},
+      {"remote_pool_size: 0\n", "--remote-pool-size", "4", ":1: remote_pool_size 0 is outside"},
+      {"remote_timeout_ms: 0\n", "--remote-timeout-ms", "200", ":1: remote_timeout_ms 0"},
+      {"events_address: tcp://localhost:1\n", "--events-address", "ipc:///tmp/e",
+       ":1: events_address 'tcp://localhost:1'"},
   };
   for (const Case& c : cases) {
     const std::string cfg = WriteConfig(c.yaml);

@@ -142,6 +142,9 @@ TEST(KvEventPublisher, AnAddressThatCannotBeBoundIsRefused) {
   EXPECT_NE(name.message().find("HOST 'localhost'"), std::string::npos) << name.ToString();
   EXPECT_NE(CheckKvEventsAddress("tcp://::1:5557").message().find("without [ ]"),
             std::string::npos);
+  EXPECT_NE(CheckKvEventsAddress("tcp://[::1:5557").message().find("no ']'"), std::string::npos);
+  EXPECT_NE(CheckKvEventsAddress("tcp://[x]:5557").message().find("'[x]', which is not an IPv6"),
+            std::string::npos);
 }
 
 TEST(KvEventPublisher, AnIpcEndpointALivePublisherHoldsIsRefusedAndKeepsServing) {

@@ -251,6 +251,8 @@ TEST_F(DaemonTest, KvtierctlEventsUsageErrorsExit2NamingWhatIsWrong) {
            {{"--address", ep, "--replay-address", ep + "r", "--from", "-1"}, "--from"},
            {{"--address", ep, "--count", "abc"}, "abc"},
            {{"--address", "bogus"}, "cannot connect to bogus"},
+           {{"--address", ep, "--replay-address", "bogus", "--from", "0"},
+            "cannot connect to bogus"},
            {{"--address", ""}, "--address is empty"},
            {{"--address", ep, "--replay-address", ""}, "--replay-address is empty"}}) {
     std::vector<std::string> argv = {BinPath("kvtierctl"), "--socket", socket_, "events"};
@@ -260,6 +262,21 @@ TEST_F(DaemonTest, KvtierctlEventsUsageErrorsExit2NamingWhatIsWrong) {
     EXPECT_NE(r.err.find(says), std::string::npos) << r.Describe();
     EXPECT_EQ(r.err.find("not in range"), std::string::npos) << r.Describe();
   }
+}
+
+// Port 0 takes any free port: kvtierctl config, and so kvtierctl events and
+// kvtier-replay's router, give the ports taken (they said ":0" before).
+TEST_F(KvEventsTest, EndpointsOnPortZeroAreFoundThroughTheDaemonsConfig) {
+  DaemonProcess daemon(Opts({"--events-address", "tcp://127.0.0.1:0", "--events-replay-address",
+                             "tcp://127.0.0.1:0"}));
+  ASSERT_EQ(daemon.Start(), "");
+  CommandResult config = daemon.Ctl({"--json", "config"});
+  ASSERT_TRUE(config.ok()) << config.Describe();
+  EXPECT_EQ(config.out.find("127.0.0.1:0\""), std::string::npos) << config.out;
+  // The AllBlocksCleared of the daemon's start, from the replay endpoint.
+  CommandResult events = daemon.Ctl({"--json", "events", "--from", "0", "--count", "1"});
+  ASSERT_TRUE(events.ok()) << events.Describe();
+  EXPECT_NE(events.out.find("AllBlocksCleared"), std::string::npos) << events.Describe();
 }
 
 TEST_F(KvEventsTest, ASecondDaemonOnTheSameEventsEndpointIsRefused) {

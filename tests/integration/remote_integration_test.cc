@@ -384,8 +384,8 @@ TEST_F(RemoteNodesTest, PrefixRoutingWithoutEventsOrBadNodesIsAUsageError) {
                                30s);
   EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 2) << r.Describe();
   EXPECT_NE(r.err.find("--events-address"), std::string::npos) << r.Describe();
-  for (const std::string& nodes : {dir_.Sub("a.sock") + ",", dir_.Sub("a.sock") + "," +
-                                                              dir_.Sub("a.sock")}) {
+  for (const std::string& nodes : {dir_.Sub("a.sock") + ",", std::string(),
+                                   dir_.Sub("a.sock") + "," + dir_.Sub("a.sock")}) {
     r = RunCommand({BinPath("kvtier-replay"), "--nodes", nodes, "--generate", "5", "--quiet"}, 30s);
     EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 2) << r.Describe();
     EXPECT_NE(r.err.find("--nodes"), std::string::npos) << r.Describe();

@@ -168,6 +168,32 @@ TEST_F(RemoteTierTest, AStoreDownIsAMissThenDegradedUntilAProbeFindsItBack) {
   for (const Status& st : ReadAll(*tier, chain)) EXPECT_TRUE(st.ok()) << st.ToString();
 }
 
+TEST_F(RemoteTierTest, AStoreDownAtStartStartsDegradedWithoutWaitingOnIt) {
+  servers_->StopAll();
+  RemoteTierOptions o;
+  o.url = servers_->Url();
+  o.timeout = 2000ms;  // long: a call that went to the store would show
+  o.probe_interval = 100ms;
+  auto tier = RemoteTier::Open(o);
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  EXPECT_FALSE((*tier)->Degraded());  // Open connects to nothing
+  EXPECT_EQ((*tier)->CheckAtStart().code(), StatusCode::kUnavailable);
+  EXPECT_TRUE((*tier)->Degraded());
+  const Chain chain(Spec(16), 5, 2);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const Status& st : ReadAll(**tier, chain)) EXPECT_FALSE(st.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 100ms);
+  ASSERT_TRUE(servers_->RestartStopped().ok());
+  bool back = false;
+  for (auto until = std::chrono::steady_clock::now() + 10s;
+       !back && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(50ms);
+    back = !(*tier)->Degraded();
+  }
+  EXPECT_TRUE(back);
+  EXPECT_EQ((*tier)->WriteMany(chain.Images()), 2u);
+}
+
 TEST_F(RemoteTierTest, AFullStoreLosesTheWritesButIsNotDegradedAndKeepsServingReads) {
   auto tier = Open(servers_->Url());
   ASSERT_NE(tier, nullptr);

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kvtier/logging.h"
@@ -76,6 +77,15 @@ Status RemoteTier::Probe() {
   return exists.front().result;
 }
 
+Status RemoteTier::CheckAtStart() {
+  Status st = Probe();
+  if (st.ok()) return st;
+  std::lock_guard lock(mu_);
+  failure_streak_ = std::max(failure_streak_, kDegradedAfter);
+  probe_cv_.notify_all();
+  return st;
+}
+
 void RemoteTier::ProbeLoop() {
   std::unique_lock lock(mu_);
   for (;;) {
@@ -101,9 +111,15 @@ bool RemoteTier::MayCall() {
   return failure_streak_ < kDegradedAfter;
 }
 
-void RemoteTier::NoteBatch(bool answered, bool whole) {
+void RemoteTier::NoteBatch(bool answered, bool whole, const Status& example) {
   std::lock_guard lock(mu_);
   if (!whole) ++counters_.io_errors;
+  if (answered && !whole) {  // a node down or slow, the others answering
+    if (auto held = partial_log_.Admit()) {
+      spdlog::warn("remote tier: a batch had images no store node answered for (a miss each): "
+                   "{}{}", example.message(), HeldBack(*held));
+    }
+  }
   if (answered) {
     failure_streak_ = 0;
   } else if (++failure_streak_ == kDegradedAfter) {
@@ -148,6 +164,7 @@ void RemoteTier::ReadMany(std::span<ReadRequest> requests) {
   }
   store_->GetMany(gets);
   size_t unavailable = 0;
+  Status first_unavailable;
   RemoteTierCounters add;
   for (size_t i = 0; i < requests.size(); ++i) {
     ReadRequest& r = requests[i];
@@ -158,7 +175,7 @@ void RemoteTier::ReadMany(std::span<ReadRequest> requests) {
       continue;
     }
     if (g.result.code() == StatusCode::kUnavailable) {
-      ++unavailable;
+      if (unavailable++ == 0) first_unavailable = g.result;
       continue;
     }
     if (g.result.ok() && g.bytes != StoredBytes(*r.layout)) {
@@ -181,7 +198,7 @@ void RemoteTier::ReadMany(std::span<ReadRequest> requests) {
                    r.result.message(), HeldBack(*held));
     }
   }
-  NoteBatch(unavailable < requests.size(), unavailable == 0);
+  NoteBatch(unavailable < requests.size(), unavailable == 0, first_unavailable);
   std::lock_guard lock(mu_);
   counters_.hits += add.hits;
   counters_.misses += add.misses;
@@ -207,8 +224,12 @@ size_t RemoteTier::WriteMany(std::span<const NvmeImage> images) {
   store_->SetMany(sets, options_.expire_seconds);
   size_t stored = 0, full = 0;
   uint64_t bytes = 0;
+  Status first_unavailable;
   for (size_t i = 0; i < sets.size(); ++i) {
     full += sets[i].result.code() == StatusCode::kResourceExhausted;
+    if (sets[i].result.code() == StatusCode::kUnavailable && first_unavailable.ok()) {
+      first_unavailable = sets[i].result;
+    }
     if (!sets[i].result.ok()) continue;
     ++stored;
     SlotHeader h;
@@ -216,7 +237,14 @@ size_t RemoteTier::WriteMany(std::span<const NvmeImage> images) {
     bytes += h.payload_bytes;
   }
   // A full store answers (its reads go on): not a failure towards degraded.
-  NoteBatch(stored + full > 0, stored + full == images.size());
+  if (full > 0) {
+    if (auto held = full_log_.Admit()) {
+      spdlog::warn("remote tier: the store is full and refused {} of {} images (OOM: give it "
+                   "maxmemory-policy allkeys-lru, README \"Several nodes\"){}", full,
+                   images.size(), HeldBack(*held));
+    }
+  }
+  NoteBatch(stored + full > 0, stored + full == images.size(), first_unavailable);
   std::lock_guard lock(mu_);
   counters_.writes += stored;
   counters_.write_bytes += bytes;
@@ -235,25 +263,14 @@ size_t RemoteTier::PresentRun(const NamespaceId& ns, std::span<const ChunkKey> k
   store_->ExistsMany(exists);
   size_t run = 0;
   size_t answered = 0;
-  for (const RedisCluster::Exists& e : exists) answered += e.result.ok();
-  while (run < exists.size() && exists[run].result.ok() && exists[run].found) ++run;
-  NoteBatch(answered > 0, answered == exists.size());
-  return run;
-}
-
-Status RemoteTier::Remove(const NamespaceId& ns, std::span<const ChunkKey> keys) {
-  if (keys.empty()) return Status::Ok();
-  std::vector<std::string> names;
-  std::vector<RedisCluster::Del> dels;
-  names.reserve(keys.size());
-  dels.reserve(keys.size());
-  for (const ChunkKey& key : keys) names.push_back(ImageKey(ns, key));
-  for (const std::string& name : names) dels.push_back({name, {}});
-  store_->DelMany(dels);
-  for (const RedisCluster::Del& d : dels) {
-    if (!d.result.ok()) return d.result;
+  Status first_unavailable;
+  for (const RedisCluster::Exists& e : exists) {
+    answered += e.result.ok();
+    if (!e.result.ok() && first_unavailable.ok()) first_unavailable = e.result;
   }
-  return Status::Ok();
+  while (run < exists.size() && exists[run].result.ok() && exists[run].found) ++run;
+  NoteBatch(answered > 0, answered == exists.size(), first_unavailable);
+  return run;
 }
 
 }  // namespace kvtier

@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
     return kvtier::replay::RunSweep(ro, *sweep, so, trace, replay);
   }
 
-  if (!nodes_text.empty()) {
+  if (nodes_opt->count() > 0) {  // "" too: ParseNodes names it, not the default socket
     auto sockets = kvtier::replay::ParseNodes(nodes_text);
     if (!sockets.ok()) {
       std::fprintf(stderr, "kvtier-replay: %s\n", sockets.status().message().c_str());

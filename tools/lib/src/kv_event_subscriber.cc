@@ -48,6 +48,7 @@ Result<KvEventSubscriber::Message> Parse(const zmq::message_t* frames, size_t n)
 Result<std::unique_ptr<KvEventSubscriber>> KvEventSubscriber::Connect(
     const std::string& address, const std::string& replay_address) {
   auto s = std::make_unique<Sockets>();
+  std::string connecting = address;  // named in the error
   try {
     s->sub.set(zmq::sockopt::linger, 0);
     s->sub.set(zmq::sockopt::ipv6, 1);  // tcp://[::1]:PORT
@@ -57,10 +58,12 @@ Result<std::unique_ptr<KvEventSubscriber>> KvEventSubscriber::Connect(
       s->replay.emplace(s->context, zmq::socket_type::dealer);
       s->replay->set(zmq::sockopt::linger, 0);
       s->replay->set(zmq::sockopt::ipv6, 1);
+      connecting = replay_address;
       s->replay->connect(ConnectableAddress(replay_address));
     }
   } catch (const zmq::error_t& e) {
-    return Status::InvalidArgument("cannot connect to " + address + ": " + e.what());
+    return Status::InvalidArgument("cannot connect to " + connecting + ": " + e.what() +
+                                   " (give tcp://HOST:PORT or ipc://PATH)");
   }
   return std::unique_ptr<KvEventSubscriber>(new KvEventSubscriber(std::move(s)));
 }

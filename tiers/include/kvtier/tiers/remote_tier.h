@@ -105,13 +105,13 @@ class RemoteTier {
   // from the first (not verified: a later read may still miss); 0 while degraded.
   size_t PresentRun(const NamespaceId& ns, std::span<const ChunkKey> keys);
 
-  // Deletes images (admin eviction). Errors: UNAVAILABLE when any delete failed.
-  Status Remove(const NamespaceId& ns, std::span<const ChunkKey> keys);
-
   // Whether the store answers now: OK when any of a few keys spread over its
   // slots gets an answer (an EXISTS each), else UNAVAILABLE saying why (for
   // a warning at start; the counters are not touched).
   Status Probe();
+  // Probe at start: a store that does not answer starts the tier degraded
+  // (calls skip it; the prober finds it when it comes up). Returns Probe's.
+  Status CheckAtStart();
 
   bool Degraded() const;
   RemoteTierCounters counters() const;
@@ -127,8 +127,8 @@ class RemoteTier {
   // The prober thread: while degraded, Probe every probe_interval.
   void ProbeLoop();
   // Notes how a batch went: `answered` (some image got an answer: the store
-  // is up) and `whole` (every image did).
-  void NoteBatch(bool answered, bool whole);
+  // is up) and `whole` (every image did; else `example` says why one did not).
+  void NoteBatch(bool answered, bool whole, const Status& example);
 
   const RemoteTierOptions options_;
   std::unique_ptr<RedisCluster> store_;
@@ -138,6 +138,8 @@ class RemoteTier {
   bool stopping_ = false;                              // GUARDED_BY(mu_)
   std::condition_variable probe_cv_;  // degraded, or stopping
   LogLimiter corrupt_log_;            // one verification warning per 10 s
+  LogLimiter partial_log_;            // batches with unanswered images, one per 10 s
+  LogLimiter full_log_;               // OOM refusals, one per 10 s
   std::thread prober_;                // last: started once the rest is built
 };
 

@@ -25,13 +25,13 @@ inline bool ReportUnplacedWord(const CLI::App& app, const char* tool) {
   return true;
 }
 
-// For an unsigned count option: refuses a negative value (an unsigned type
-// would take "-5" as 2^64 - 5) with "-5 is negative: give a count of 0 or
-// more", where CLI::NonNegativeNumber prints the range 0 to DBL_MAX in full,
-// and a word ("abc is not a whole number", where CLI::Range says "not in range").
+// For an unsigned option (a count, a sequence number): refuses a negative
+// value (an unsigned type would take "-5" as 2^64 - 5) with "-5 is negative",
+// where CLI::NonNegativeNumber prints the range 0 to DBL_MAX in full, and a
+// word ("abc is not a whole number", where CLI::Range says "not in range").
 inline const CLI::Validator kCount(
     [](std::string& value) -> std::string {
-      if (value.starts_with("-")) return value + " is negative: give a count of 0 or more";
+      if (value.starts_with("-")) return value + " is negative: give a whole number";
       if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos) {
         return "'" + value + "' is not a whole number";
       }

@@ -262,6 +262,13 @@ TEST_F(DaemonTest, KvtierctlEventsUsageErrorsExit2NamingWhatIsWrong) {
     EXPECT_NE(r.err.find(says), std::string::npos) << r.Describe();
     EXPECT_EQ(r.err.find("not in range"), std::string::npos) << r.Describe();
   }
+  // Well formed, but nothing listens on the replay endpoint: an error within
+  // the replay's 5 s, not a wait without end.
+  CommandResult r = RunCommand({BinPath("kvtierctl"), "--socket", socket_, "events", "--address",
+                                ep, "--replay-address", ep + "r", "--from", "0"},
+                               20s);
+  EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 1) << r.Describe();
+  EXPECT_NE(r.err.find("end marker did not come within 5000 ms"), std::string::npos) << r.Describe();
 }
 
 // Port 0 takes any free port: kvtierctl config, and so kvtierctl events and

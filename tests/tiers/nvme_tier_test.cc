@@ -4,17 +4,18 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
-#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "kvtier/tiers/io_uring_file_device.h"
@@ -324,6 +325,43 @@ TEST_F(NvmeTierTest, TwoReadsOfOneCorruptChunkAtOnceDropItOnce) {
     EXPECT_TRUE((*tier)->Read(d.Id(i), layout_, buf.span()).ok()) << i;  // (reads pass alone now)
   }
   EXPECT_TRUE((*tier)->Read(c.Id(0), layout_, buf.span()).ok());
+}
+
+// A start must leave room for the index beside the slot files: on a 56 MiB file system with
+// 32 MiB of slots, the index once filled the disk and kvtierd could not start again. The file
+// system's free bytes come through the hook, wrapped to report less than there is.
+TEST_F(NvmeTierTest, StartIsRefusedWhenTheSlotFileAndTheIndexHeadroomDoNotFit) {
+  constexpr uint64_t kBytes = 32 << 20;
+  const uint64_t needed = kBytes + NvmeIndex::HeadroomBytes(kBytes);
+  NvmeTierOptions o;
+  o.paths = {dir_.string()};
+  o.bytes_per_path = kBytes;
+  o.queue_depth = 8;
+  uint64_t reported = needed - 4096;
+  o.free_bytes = [&reported](const std::string& dir) -> Result<uint64_t> {
+    struct statvfs vfs {};
+    if (statvfs(dir.c_str(), &vfs) != 0) return Status::FromErrno(errno, "statvfs " + dir);
+    return std::min<uint64_t>(reported, uint64_t{vfs.f_bavail} * vfs.f_frsize);
+  };
+  auto refused = NvmeTier::Open(o);
+  ASSERT_FALSE(refused.ok()) << "the index's headroom did not fit, yet the tier opened";
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  const std::string& msg = refused.status().message();
+  EXPECT_NE(msg.find(dir_.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::to_string(needed)), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::to_string(reported)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("index"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(dir_ / "kvtier-slots.dat")) << "a refused start left its slot file";
+  EXPECT_FALSE(fs::exists(dir_ / "index")) << "a refused start left its index";
+
+  reported = needed;  // exactly enough
+  auto tier = NvmeTier::Open(o);
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  tier->reset();
+  // A restart counts the slot file and the index already there as the space they hold.
+  reported = NvmeIndex::HeadroomBytes(kBytes);
+  auto again = NvmeTier::Open(o);
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
 }
 
 TEST_F(NvmeTierTest, LostIndexIsRebuiltFromSlotHeaders) {

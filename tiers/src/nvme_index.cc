@@ -174,9 +174,15 @@ Result<std::unique_ptr<NvmeIndex>> NvmeIndex::Open(const std::string& dir, rocks
   options.info_log = std::make_shared<SpdlogRocksLogger>(dir);
   options.create_if_missing = true;
   options.paranoid_checks = true;
-  // A small memtable bounds the log a crash restart replays (16 MiB, about
-  // 200,000 records). Default: 64 MiB.
-  options.write_buffer_size = 16 << 20;
+  // The index shares its disk with slot files sized to fill it, so what it takes is bounded
+  // (HeadroomBytes counts on these): a 2 MiB memtable (about 25,000 records; RocksDB's
+  // default is 64 MiB), a log of at most 4 MiB before a flush is forced, a manifest rolled
+  // over at 4 MiB, and nothing preallocated (RocksDB otherwise reserves 1.1 memtables of log
+  // and 4 MiB of manifest at open: 21 MB on a disk that had room for no more).
+  options.write_buffer_size = 2 << 20;
+  options.max_total_wal_size = 4 << 20;
+  options.max_manifest_file_size = 4 << 20;
+  options.allow_fallocate = false;
   // Made here so that RocksDB does not log a missing directory as an error.
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);  // a failure is RocksDB's to report

@@ -1,17 +1,18 @@
 #include "kvtier/tiers/nvme_tier.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <unordered_map>
 
-#include "kvtier/units.h"
-
 #include "kvtier/tiers/io_uring_file_device.h"
+#include "kvtier/units.h"
 
 namespace kvtier {
 
@@ -30,6 +31,83 @@ uint64_t UnixMs() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());
+}
+
+// Bytes the file system has allocated to `path` (a file, or a directory's files), as df counts.
+uint64_t AllocatedBytes(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  uint64_t bytes = 0;
+  const auto add = [&bytes](const fs::path& p) {
+    if (struct stat st{}; stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+  };
+  if (!fs::is_directory(path, ec)) {
+    add(path);
+    return bytes;
+  }
+  for (fs::recursive_directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    add(it->path());
+  }
+  return bytes;
+}
+
+Result<uint64_t> StatvfsFreeBytes(const std::string& dir) {
+  struct statvfs vfs {};
+  if (statvfs(dir.c_str(), &vfs) != 0) return Status::FromErrno(errno, "statvfs " + dir);
+  return uint64_t{vfs.f_bavail} * vfs.f_frsize;
+}
+
+// Refuses a start whose file systems cannot hold what the tier will take there: the slot
+// files' bytes not yet allocated, and the index's headroom less what it holds already.
+// Directories that do not exist are left to the opens after it to report.
+Status CheckFreeSpace(const NvmeTierOptions& o, const std::filesystem::path& index_dir) {
+  namespace fs = std::filesystem;
+  struct Need {
+    std::string dir;  // the first directory of the file system named
+    uint64_t slot_bytes = 0, index_bytes = 0;
+  };
+  std::vector<std::pair<dev_t, Need>> needs;  // one per file system, in the order first met
+  const auto need_at = [&needs](const fs::path& dir) -> Need* {
+    struct stat st {};
+    if (stat(dir.c_str(), &st) != 0) return nullptr;
+    for (auto& [dev, need] : needs) {
+      if (dev == st.st_dev) return &need;
+    }
+    return &needs.emplace_back(st.st_dev, Need{dir.string()}).second;
+  };
+  for (const std::string& path : o.paths) {
+    const uint64_t have = AllocatedBytes(fs::path(path) / "kvtier-slots.dat");
+    if (Need* n = need_at(path))
+      n->slot_bytes += o.bytes_per_path > have ? o.bytes_per_path - have : 0;
+  }
+  // The index's directory may not exist yet: it lands on its nearest existing parent's disk.
+  fs::path index_disk = index_dir;
+  std::error_code ec;
+  while (!fs::exists(index_disk, ec) && index_disk.has_parent_path() &&
+         index_disk.parent_path() != index_disk) {
+    index_disk = index_disk.parent_path();
+  }
+  const uint64_t headroom = NvmeIndex::HeadroomBytes(o.bytes_per_path * o.paths.size());
+  const uint64_t index_has = AllocatedBytes(index_dir);
+  if (Need* n = need_at(index_disk))
+    n->index_bytes += headroom > index_has ? headroom - index_has : 0;
+  for (const auto& [dev, n] : needs) {
+    const uint64_t needed = n.slot_bytes + n.index_bytes;
+    if (needed == 0) continue;
+    auto free_bytes = o.free_bytes ? o.free_bytes(n.dir) : StatvfsFreeBytes(n.dir);
+    if (!free_bytes.ok()) return free_bytes.status();
+    if (*free_bytes >= needed) continue;
+    return Status::InvalidArgument(
+        "NVMe path " + n.dir + " has " + std::to_string(*free_bytes) + " bytes free (" +
+        FormatBytes(*free_bytes) + "), fewer than the " + std::to_string(needed) + " (" +
+        FormatBytes(needed) + ") the NVMe tier needs there: " + std::to_string(n.slot_bytes) +
+        " for slot files (--nvme-bytes) and " + std::to_string(n.index_bytes) +
+        " headroom for the NVMe index " + index_dir.string() +
+        " (its log, flushes and records); free space there or give a smaller --nvme-bytes");
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -60,6 +138,9 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options)
     for (const fs::path& p : created) fs::remove_all(p, ec);
     return st;
   };
+  const fs::path index_dir = options.index_dir.empty() ? fs::path(options.paths[0]) / "index"
+                                                       : fs::path(options.index_dir);
+  KVTIER_RETURN_IF_ERROR(CheckFreeSpace(options, index_dir));
   for (const std::string& path : options.paths) {
     const fs::path file = fs::path(path) / "kvtier-slots.dat";
     std::error_code ec;
@@ -70,8 +151,6 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options)
     any_slot_file_existed |= existed;
     devices.push_back(std::move(d).value());
   }
-  const fs::path index_dir =
-      options.index_dir.empty() ? fs::path(options.paths[0]) / "index" : fs::path(options.index_dir);
   std::error_code ec;
   if (!fs::exists(index_dir, ec)) {
     created.push_back(index_dir);

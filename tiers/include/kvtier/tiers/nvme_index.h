@@ -61,6 +61,16 @@ class NvmeIndex {
                                                  rocksdb::Env* env = nullptr);
   ~NvmeIndex();
 
+  // Disk space the index needs on its file system for an NVMe tier of `nvme_bytes` (all slot
+  // files together): its write-ahead log (at most 4 MiB before a flush is
+  // forced), a memtable flush (2 MiB) and its manifest, 8 MiB together, plus 1/64 of
+  // `nvme_bytes` for its records and their compaction (two copies of ~128 bytes a record,
+  // slots of 16 KiB or more). Nothing of it is preallocated; kvtierd checks at start that it
+  // is free beside the slot files.
+  static uint64_t HeadroomBytes(uint64_t nvme_bytes) {
+    return (uint64_t{8} << 20) + nvme_bytes / 64;
+  }
+
   // Adds or replaces records in one synced write batch. Errors: IO_ERROR.
   Status Put(std::span<const NvmeRecord> records);
   // Removes records (and their access times) in one write batch.

@@ -48,6 +48,9 @@ struct NvmeTierOptions {
   std::string index_dir;
   // Which chunk goes when the files are full. Default: leaf-first LRU.
   EvictionPolicyKind eviction = EvictionPolicyKind::kLru;
+  // Bytes free for kvtierd on the file system of directory `dir` (statvfs f_bavail x f_frsize).
+  // Tests wrap it to report a fuller disk. Default: empty = statvfs.
+  std::function<Result<uint64_t>(const std::string& dir)> free_bytes;
 };
 
 struct NvmeTierCounters {
@@ -80,6 +83,9 @@ class NvmeTier {
  public:
   // Opens the files and the index (see IoUringFileDevice::Open and
   // NvmeIndex::Open for the start-up errors) and rebuilds the in-memory index.
+  // First checks each file system's free bytes (options.free_bytes): INVALID_ARGUMENT naming
+  // the directory, the bytes needed and free, when the slot files' bytes not yet allocated
+  // plus the index's headroom (NvmeIndex::HeadroomBytes, less what the index holds) do not fit.
   static Result<std::unique_ptr<NvmeTier>> Open(const NvmeTierOptions& options);
   // Rebuilds the durable index by scanning every device's slot headers (for
   // `kvtierd --rebuild-index` when the RocksDB files are missing or corrupt):

@@ -117,7 +117,7 @@ bool Promoter::JoinResident(Promotion& p, const CoreNamespace& ns) {
   return true;
 }
 
-Status Promoter::ReadRemote(std::span<NvmeTier::ReadRequest> reads, uint64_t first_sequence) {
+Status Promoter::ReadRemote(std::span<NvmeTier::ReadRequest> reads) {
   std::vector<RemoteTier::ReadRequest> remote;
   remote.reserve(reads.size());
   for (const NvmeTier::ReadRequest& r : reads) remote.push_back({r.id, r.layout, r.buffer, {}});
@@ -125,12 +125,7 @@ Status Promoter::ReadRemote(std::span<NvmeTier::ReadRequest> reads, uint64_t fir
     LatencyTimer timer(remote_read_latency_);
     remote_->ReadMany(remote);
   }
-  for (size_t k = 0; k < reads.size(); ++k) {
-    reads[k].result = remote[k].result;
-    if (reads[k].result.ok()) {
-      RestampSlotSequence(reads[k].buffer.data(), *reads[k].layout, first_sequence + k);
-    }
-  }
+  for (size_t k = 0; k < reads.size(); ++k) reads[k].result = remote[k].result;
   return Status::Ok();  // each miss ends the promotion where it is
 }
 
@@ -189,12 +184,20 @@ void Promoter::Step(uint64_t id) {
                      {dram_.SlotAddress(plan[k].slot_offset), snap.layout.slot_bytes},
                      Status::Ok()});
   }
-  const uint64_t first_sequence = from_remote ? hooks_.take_sequences(plan.size()) : 0;
+  // Every promoted image gets a sequence of its own, wherever it was read from: one that kept
+  // the sequence it was stored with would show a slot that held it, then another chunk, then
+  // it again, as unchanged to a reader whose lease lapsed meanwhile.
+  const uint64_t first_sequence = hooks_.take_sequences(plan.size());
   lock.unlock();
-  const Status io = from_remote ? ReadRemote(reads, first_sequence) : [&] {
+  const Status io = from_remote ? ReadRemote(reads) : [&] {
     LatencyTimer timer(nvme_read_latency_);
     return nvme_->ReadMany(reads);
   }();
+  for (size_t k = 0; k < reads.size(); ++k) {
+    if (io.ok() && reads[k].result.ok()) {
+      RestampSlotSequence(reads[k].buffer.data(), *reads[k].layout, first_sequence + k);
+    }
+  }
   lock.lock();
   --ns->active_reservations;
   if (!from_remote) health_->NoteIo(io.ok());

@@ -196,6 +196,36 @@ TEST_F(CacheCoreNvmeTest, APromotedImageNeverCarriesASequenceThisRunHandedOut) {
   EXPECT_TRUE(LeasedBytesMatch(a, lease_a));
 }
 
+// Issue 32, item 5: an image promoted from NVMe kept the sequence it was stored with, so a slot
+// that held a, then b, then a again (promoted) showed a's first sequence to a reader whose
+// lease on a lapsed and whose copy spanned b. Every promotion gets a fresh sequence.
+TEST_F(CacheCoreNvmeTest, ASlotThatHoldsAThenBThenAPromotedAgainShowsANewSequence) {
+  StartWithNvme(/*dram_slots=*/1, /*good_writes=*/1000);
+  const auto a = Tokens(4), b = Tokens(4, 100);
+  ASSERT_EQ(Store(a), 1u);
+  while (core_->WriteThroughOnce() > 0) {
+  }
+  const v1::LookupResponse first = Lookup(a, true);
+  ASSERT_EQ(first.num_chunks(), 1u);
+  const uint64_t seq_a = first.chunks(0).sequence();
+  ASSERT_NE(seq_a, 0u);
+  clock_.Advance(std::chrono::seconds(2));  // the lease on a lapses; its reader is still copying
+  core_->ExpireNow();
+  ASSERT_EQ(Store(b), 1u);  // into a's slot
+  while (core_->WriteThroughOnce() > 0) {
+  }
+  const v1::LookupResponse again = Lookup(a, true);  // a promoted from NVMe into the slot
+  ASSERT_EQ(again.num_chunks(), 1u);
+  ASSERT_EQ(again.nvme_chunks(), 1u);
+  ASSERT_EQ(again.chunks(0).payload_offset(), first.chunks(0).payload_offset());
+  // What a's stalled reader checks after its copy, which spanned b: the sequence in the slot.
+  const std::byte* slot = client_arena_->base() + first.chunks(0).payload_offset() - kHeaderBytes;
+  EXPECT_NE(SlotSequence(slot), seq_a) << "the lapsed reader of a would take bytes it copied "
+                                          "partly from b as a's";
+  EXPECT_EQ(SlotSequence(slot), again.chunks(0).sequence());
+  EXPECT_TRUE(LeasedBytesMatch(a, again));
+}
+
 // Issue 10, item 2: a Lookup with acquire or a Prefetch whose DRAM prefix
 // stopped at a chunk failing the token check used to count that chunk into
 // the NVMe continuation, and the promotion leased it unchecked.

@@ -7,9 +7,9 @@
 // Step, which reads up to one batch of the rest into freshly allocated DRAM
 // slots (with the core's mutex dropped), checks each image, inserts and pins
 // it, and queues the promotion again until it is done. A batch reads NVMe
-// while the next chunk is there, else the remote tier (when on): a remote
-// image that verifies gets a fresh sequence; the first remote miss ends the
-// promotion. A ticket then holds its
+// while the next chunk is there, else the remote tier (when on); every image
+// read, from either, gets a fresh sequence (DESIGN.md: the lapsed-lease check);
+// the first remote miss ends the promotion. A ticket then holds its
 // chunks until a Lookup takes them over, its deadline passes or its session
 // ends; a Lookup's promotion leaves the table and runs its continuation.
 //
@@ -81,7 +81,8 @@ class Promoter {
         token_check;
     // Adds (hold) or takes back (drop) bytes held by a session.
     std::function<void(uint64_t session_id, uint64_t bytes)> hold, drop;
-    // The first of `n` fresh slot sequences (for images read from the remote tier).
+    // The first of `n` fresh slot sequences: every promoted image, from NVMe or the remote
+    // tier, gets one.
     std::function<uint64_t(size_t n)> take_sequences;
     // DRAM chunk `h` was just promoted from the remote tier (not on NVMe).
     std::function<void(uint32_t h)> remote_promoted;
@@ -139,9 +140,8 @@ class Promoter {
   // DRAM that pass the token check; false when one fails it (the promotion
   // must stop there).
   bool JoinResident(Promotion& p, const CoreNamespace& ns);
-  // REQUIRES: mu not held. ReadMany from the remote tier; each verified image
-  // gets sequence first_sequence + its index.
-  Status ReadRemote(std::span<NvmeTier::ReadRequest> reads, uint64_t first_sequence);
+  // REQUIRES: mu not held. ReadMany from the remote tier (each image verified).
+  Status ReadRemote(std::span<NvmeTier::ReadRequest> reads);
 
   std::mutex& mu_;
   DramTier& dram_;

@@ -16,11 +16,13 @@ what this engine computed, what another engine stored, or nothing.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
+from safetensors.torch import save_file
 from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig, KVTransferConfig,
                          ModelConfig, SchedulerConfig, VllmConfig)
 from vllm.distributed.kv_events import EventBatch, EventPublisher, KVCacheEvent
@@ -48,9 +50,13 @@ LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
 init_none_hash(sha256)
 
 
-def write_tiny_model(directory: Path) -> str:
-    """A Llama config small enough for ModelConfig (no weights are ever loaded)."""
+def write_tiny_model(directory: Path, seed: int = 0) -> str:
+    """A Llama config small enough for ModelConfig, and a stand-in weight file (the connector
+    fingerprints the weights; this engine never loads them). Another seed: other weights."""
     directory.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    save_file({"model.embed_tokens.weight": torch.randn(64, 64, generator=gen)},
+              str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
         "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": KV_HEADS,
@@ -171,13 +177,32 @@ class Engine:
         self._running: dict[str, _Running] = {}
         self._hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
 
+    def request(self, req_id: str, tokens: list[int], max_tokens: int = 1,
+                cache_salt: Optional[str] = None, **kw: Any) -> Request:
+        """A vLLM Request as the engine makes it (kw: mm_features, lora_request)."""
+        return Request(request_id=req_id, prompt_token_ids=list(tokens),
+                       sampling_params=SamplingParams(max_tokens=max_tokens),
+                       pooling_params=None, block_hasher=self._hasher, cache_salt=cache_salt,
+                       **kw)
+
     def add(self, req_id: str, tokens: list[int], max_tokens: int = 1,
-            cache_salt: Optional[str] = None) -> Request:
-        request = Request(request_id=req_id, prompt_token_ids=list(tokens),
-                          sampling_params=SamplingParams(max_tokens=max_tokens),
-                          pooling_params=None, block_hasher=self._hasher, cache_salt=cache_salt)
+            cache_salt: Optional[str] = None, **kw: Any) -> Request:
+        request = self.request(req_id, tokens, max_tokens, cache_salt, **kw)
         self.scheduler.add_request(request)
         return request
+
+    def matched(self, request: Request) -> int:
+        """What the scheduler-side connector promises for a new request (asked again while it
+        answers None, as vLLM's scheduler does each step)."""
+        connector = self.scheduler.connector
+        assert connector is not None
+        for _ in range(200):
+            n, _async = connector.get_num_new_matched_tokens(request, 0)
+            if n is not None:
+                connector.request_finished(request, [])
+                return n
+            time.sleep(0.01)
+        raise AssertionError("the connector never answered")
 
     def step(self, *, kill_before_load: Optional[Callable[[], None]] = None,
              kill_before_commit: Optional[Callable[[], None]] = None) -> StepResult:

@@ -5,11 +5,17 @@ KV cache events the scheduler publishes for what the workers stored."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from vllm.distributed.kv_events import BlockStored, KVCacheEvent
+from vllm.lora.request import LoRARequest
+from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from vllm.v1.core.kv_cache_utils import ExternalBlockHash, maybe_convert_block_hash
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.outputs import KVConnectorOutput
@@ -413,3 +419,104 @@ def test_kv_events_of_two_workers_are_kept_per_step(
     connector.update_connector_output(merged([], [e2]))  # e2 on rank 1 only, a step later
     assert list(connector.take_events()) == [e1]
     assert list(connector.take_events()) == []
+
+
+# ------------------------------------------------------------ what a chunk's key must hold
+
+IMAGE_TOKEN = 7  # the placeholder id a multimodal processor repeats where an image goes
+
+
+def image(identifier: str, offset: int, length: int) -> "MultiModalFeatureSpec":
+    """An image item as vLLM's input processor hands it to the scheduler (its content hash in
+    ``identifier``; the pixels are not needed by the scheduler)."""
+    return MultiModalFeatureSpec(data=None, modality="image", identifier=identifier,
+                                 mm_position=PlaceholderRange(offset=offset, length=length))
+
+
+def test_a_multimodal_prompt_is_keyed_on_its_images_not_their_placeholder_ids(
+        kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine]) -> None:
+    """Issue 32 item 2. A prompt's image is a run of one placeholder id whatever the picture:
+    keyed on ids alone, a text prompt holding those ids, or the same text with another image,
+    would hit the KV computed for the first image. Chunks that hold any part of an image are
+    keyed on the image's content hash too; the chunks before the first image are shared."""
+    tokens = prompt(40, 4 * CHUNK + 5)
+    tokens[40:80] = [IMAGE_TOKEN] * 40  # chunks 1 and 2 hold the image (chunk 32 tokens)
+    a = make(engines, model_dir, kvtierd)
+    a.add("text", tokens)  # stored under the plain ids: four full chunks
+    a.step()
+    assert dram_chunks(kvtierd) == 4
+
+    b = make(engines, model_dir, kvtierd)
+    cat = b.request("cat", tokens, mm_features=[image("sha-of-cat", 40, 40)])
+    assert b.matched(cat) == CHUNK, "an image request hit KV stored for placeholder ids"
+    assert b.matched(b.request("plain", tokens)) == 4 * CHUNK  # the text itself still hits
+
+
+def test_multimodal_keys_are_one_to_one_in_the_images_and_their_places(
+        kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine]) -> None:
+    """The key ids of chunks with an image depend on the image and its offset; other chunks
+    keep the prompt's ids; no key id of an image chunk is a vocabulary id."""
+    a = make(engines, model_dir, kvtierd)
+    c = scheduler_connector(a)
+    tokens = prompt(41, 4 * CHUNK)
+    tokens[40:80] = [IMAGE_TOKEN] * 40
+    cat = c._key_tokens(tokens, [image("sha-of-cat", 40, 40)])
+    dog = c._key_tokens(tokens, [image("sha-of-dog", 40, 40)])
+    moved = c._key_tokens(tokens, [image("sha-of-cat", 41, 39)])
+    assert cat[:CHUNK] == dog[:CHUNK] == tokens[:CHUNK]
+    assert cat[3 * CHUNK:] == tokens[3 * CHUNK:]
+    assert all(t < 0 for t in cat[CHUNK:3 * CHUNK])
+    assert cat[CHUNK:2 * CHUNK] != dog[CHUNK:2 * CHUNK]
+    assert cat[2 * CHUNK:3 * CHUNK] != dog[2 * CHUNK:3 * CHUNK]
+    assert cat[CHUNK:3 * CHUNK] != moved[CHUNK:3 * CHUNK]
+    assert cat == c._key_tokens(tokens, [image("sha-of-cat", 40, 40)])  # deterministic
+
+
+def test_a_request_with_prompt_embeddings_runs_without_kvtier(
+        kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine]) -> None:
+    """Prompt embeddings have no ids to key on (vLLM fills prompt_token_ids with zeros): such a
+    request must neither hit nor be stored."""
+    tokens = [0] * (2 * CHUNK + 1)
+    a = make(engines, model_dir, kvtierd)
+    a.add("zeros", tokens)
+    a.step()
+    assert dram_chunks(kvtierd) == 2
+    embeds = a.request("embeds", tokens)
+    embeds.prompt_embeds = torch.zeros(len(tokens), 8)
+    assert a.matched(embeds) == 0
+
+
+def write_adapter(directory: Path, seed: int) -> str:
+    """A LoRA adapter folder as PEFT writes one (a config and its weights)."""
+    directory.mkdir(parents=True)
+    (directory / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16}))
+    g = torch.Generator().manual_seed(seed)
+    save_file({"lora_A": torch.randn(8, 64, generator=g)},
+              str(directory / "adapter_model.safetensors"))
+    return str(directory)
+
+
+def test_a_lora_name_pointed_at_other_weights_does_not_reuse_their_kv(
+        kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine],
+        tmp_path: Path) -> None:
+    """The KV of a LoRA request depends on the adapter's weights, not its name: a name that an
+    operator re-points at a new adapter (or another engine serves with other weights) must
+    miss; the same adapter copied elsewhere under the same name hits."""
+    v1 = write_adapter(tmp_path / "v1", seed=1)
+    v2 = write_adapter(tmp_path / "v2", seed=2)
+    v1_copy = tmp_path / "v1-copy"
+    shutil.copytree(v1, v1_copy)
+    tokens = prompt(42, 2 * CHUNK + 3)
+    a = make(engines, model_dir, kvtierd)
+    a.add("a", tokens, lora_request=LoRARequest("support", 1, v1))
+    a.step()
+    assert dram_chunks(kvtierd) == 2
+
+    b = make(engines, model_dir, kvtierd)
+    assert b.matched(b.request("same", tokens, lora_request=LoRARequest("support", 1, v1))) \
+        == 2 * CHUNK
+    assert b.matched(b.request("copy", tokens,
+                               lora_request=LoRARequest("support", 3, str(v1_copy)))) == 2 * CHUNK
+    assert b.matched(b.request("repointed", tokens,
+                               lora_request=LoRARequest("support", 2, v2))) == 0
+    assert b.matched(b.request("base", tokens)) == 0

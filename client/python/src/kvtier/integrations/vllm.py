@@ -15,6 +15,14 @@ Enable it with::
 - ``chunk_tokens``: tokens per kvtier chunk; a multiple of vLLM's block size. Default: 256.
 - ``model_id``: the model name in the namespace; engines share KV only when it matches.
   Default: ``--model`` as given to vLLM.
+- ``weights_fingerprint``: ``"auto"`` appends a fingerprint of the model's weights and config
+  files (``kvtier.integrations._weights``: names, sizes, config and safetensors headers, and
+  sampled bytes of every weight file) to the model id, so that two engines serving different
+  weights under one name never share KV, while byte-identical copies anywhere do. ``"off"``
+  keys on ``model_id`` alone (the operator vouches that every engine using it serves the same
+  weights); any other string is used as the fingerprint as it is (a release tag, say). When
+  ``"auto"`` finds no weight file (a model vLLM did not load from a local folder or the Hugging
+  Face cache), the engine refuses to start with kvtier, naming the model. Default: ``"auto"``.
 - ``prefetch_deadline_ms``: how long the daemon holds a queued request's prefetched prefix
   in DRAM. Default: 2000.
 - ``gpu_backend``: ``"cuda"``, ``"host"`` (emulation: CPU tensors) or ``"auto"`` (by the
@@ -74,6 +82,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
@@ -105,6 +114,7 @@ from vllm.v1.outputs import KVConnectorOutput
 
 import kvtier
 from kvtier.integrations._names import namespace_text
+from kvtier.integrations._weights import weights_fingerprint
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -130,6 +140,7 @@ class _Settings:
     model_id: str = ""
     prefetch_deadline_ms: int = 2000
     gpu_backend: str = "auto"
+    weights_fingerprint: str = "auto"
 
     @classmethod
     def parse(cls, extra: dict[str, Any], default_model: str) -> "_Settings":
@@ -146,6 +157,9 @@ class _Settings:
         if s.gpu_backend not in ("auto", "cuda", "host"):
             raise ValueError(f"kvtier: gpu_backend must be auto, cuda or host, "
                              f"not {s.gpu_backend!r}")
+        if not isinstance(s.weights_fingerprint, str) or not s.weights_fingerprint:
+            raise ValueError(f"kvtier: weights_fingerprint must be auto, off or a non-empty "
+                             f"string, not {s.weights_fingerprint!r}")
         s.model_id = s.model_id or default_model
         return s
 
@@ -158,7 +172,7 @@ class _LoadSpec:
     engine_tokens: int    # the engine's own prefix-cache hit (already in its blocks)
     promised_tokens: int  # engine_tokens + what get_num_new_matched_tokens promised
     cache_salt: Optional[str]
-    lora_name: Optional[str]
+    lora_key: Optional[str]  # the namespace's LoRA field (see _lora_key)
 
 
 @dataclass
@@ -168,7 +182,9 @@ class _StoredBlocks:
 
     block_hashes: list[ExternalBlockHash]  # chunk_tokens / block_size per saved chunk
     parent_block_hash: Optional[ExternalBlockHash]  # of the block before; None at token 0
+    token_ids: list[int]  # the prompt's own ids of the saved chunks (not kvtier's key ids)
     lora_id: Optional[int]
+    lora_name: Optional[str]
     session_id: Optional[str]
 
 
@@ -179,7 +195,7 @@ class _SaveSpec:
     block_ids: list[int]
     first_chunk: int      # chunks before it were saved by earlier steps
     cache_salt: Optional[str]
-    lora_name: Optional[str]
+    lora_key: Optional[str]
     stored_blocks: Optional[_StoredBlocks] = None  # None: KV cache events off
 
 
@@ -192,7 +208,7 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
 
 
 _STAT_KEYS = ("loaded_tokens", "load_error_blocks", "stored_tokens", "already_stored_tokens",
-              "dropped_chunks", "fail_open_calls")
+              "dropped_chunks", "unsafe_chunks", "fail_open_calls")
 
 
 @dataclass
@@ -259,11 +275,11 @@ class KvtierKVEvents(KVConnectorKVEvents):
 class _Tracker:
     """Scheduler-side state of one running request."""
 
-    token_ids: list[int]
+    token_ids: list[int]  # kvtier's key ids of the prompt (see _key_tokens)
     block_ids: list[int]
     saved_chunks: int
     cache_salt: Optional[str]
-    lora_name: Optional[str]
+    lora_key: Optional[str]
 
 
 def _request_tag(request_id: str) -> str:
@@ -271,6 +287,25 @@ def _request_tag(request_id: str) -> str:
     vLLM's own id, or its SHA-256 when a client-supplied id is longer."""
     raw = request_id.encode()
     return request_id if len(raw) <= 256 else hashlib.sha256(raw).hexdigest()
+
+
+def _model_id(vllm_config: "VllmConfig", settings: _Settings) -> str:
+    """The namespace's model id: model_id, with the weights' fingerprint unless it is off."""
+    fingerprint = settings.weights_fingerprint
+    if fingerprint == "off":
+        return namespace_text(settings.model_id)
+    if fingerprint == "auto":
+        config = vllm_config.model_config
+        model = config.model if config is not None else ""
+        found = weights_fingerprint(model, getattr(config, "revision", None))
+        if found is None:
+            raise ValueError(
+                f"kvtier: no weight files of model {model!r} found (neither a folder nor in the "
+                "Hugging Face cache) to fingerprint, so engines serving other weights under "
+                "this name could share its KV; set kv_connector_extra_config "
+                "weights_fingerprint to a string naming these weights, or to \"off\"")
+        fingerprint = found
+    return namespace_text(f"{settings.model_id}@weights:{fingerprint}")
 
 
 def _namespace_spec(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
@@ -289,7 +324,7 @@ def _namespace_spec(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
                          f"vLLM's block size {block_size}")
     cache_dtype = str(vllm_config.cache_config.cache_dtype)
     kv_dtype: Any = cache_dtype if cache_dtype.startswith("fp8") else spec.dtype
-    args: dict[str, Any] = dict(model_id=settings.model_id,
+    args: dict[str, Any] = dict(model_id=_model_id(vllm_config, settings),
                                 num_layers=len(groups[0].layer_names), kv_dtype=kv_dtype,
                                 chunk_tokens=settings.chunk_tokens)
     if isinstance(spec, MLAAttentionSpec):
@@ -354,6 +389,8 @@ class KvtierConnector(KVConnectorBase_V1):
         self._engine_tokens: dict[str, int] = {}
         self._pending_loads: dict[str, tuple[int, int]] = {}
         self._request_keys: dict[str, tuple[Optional[str], Optional[str]]] = {}
+        self._request_tokens: dict[str, list[int]] = {}  # kvtier's key ids (_key_tokens)
+        self._lora_keys: dict[tuple[str, str], str] = {}  # (name, path) -> _lora_key
         self._trackers: dict[str, _Tracker] = {}
         # KV cache events (empty unless enabled): the requests, for their block hashes, at the
         # granularity vLLM hashes them; the events every worker reported, until take_events.
@@ -369,7 +406,12 @@ class KvtierConnector(KVConnectorBase_V1):
         self._store_stream: Optional[kvtier.Stream] = None
         self._host_compute_stream: Optional[kvtier.Stream] = None
         self._wrapped_streams: dict[int, kvtier.Stream] = {}
-        self._loaders: list[kvtier.LayerwiseLoader] = []
+        self._loaders: list[tuple[_LoadSpec, kvtier.LayerwiseLoader]] = []
+        # Per request of this step: the first token whose KV is not known good in the engine's
+        # blocks (a load that delivered less than promised, or a copy that failed). Nothing
+        # from there on is stored, neither the blocks whose load failed nor what this step
+        # computed on top of them (vLLM recomputes both in a later step, and stores them then).
+        self._bad_from: dict[str, int] = {}
         self._storers: Optional[list[tuple[_SaveSpec, kvtier.LayerwiseStorer]]] = None
         self._load_errors: set[int] = set()
         self._stats = KvtierConnectorStats()
@@ -382,10 +424,10 @@ class KvtierConnector(KVConnectorBase_V1):
     # ---------------------------------------------------------------- shared
 
     def _namespace(self, cache_salt: Optional[str],
-                   lora_name: Optional[str]) -> Optional[kvtier.Namespace]:
+                   lora_key: Optional[str]) -> Optional[kvtier.Namespace]:
         """The namespace of a salt and LoRA adapter; None when the daemon refuses it (e.g. it
         holds too many namespaces): those requests run without the cache."""
-        key = (namespace_text(cache_salt), namespace_text(lora_name))
+        key = (namespace_text(cache_salt), namespace_text(lora_key))
         if key in self._namespaces:
             return self._namespaces[key]
         ns: Optional[kvtier.Namespace] = None
@@ -397,10 +439,46 @@ class KvtierConnector(KVConnectorBase_V1):
         self._namespaces[key] = ns
         return ns
 
-    @staticmethod
-    def _lora_name(request: "Request") -> Optional[str]:
+    def _lora_key(self, request: "Request") -> Optional[str]:
+        """The namespace's LoRA field of a request: the adapter's name and the fingerprint of
+        its weights (its path when they cannot be read), so that a name re-pointed at other
+        weights never reuses the KV of the old ones (vLLM's own block hashes take the path)."""
         lora = getattr(request, "lora_request", None)
-        return getattr(lora, "lora_name", None) if lora is not None else None
+        if lora is None:
+            return None
+        name, path = str(lora.lora_name), str(getattr(lora, "lora_path", "") or "")
+        key = self._lora_keys.get((name, path))
+        if key is None:
+            fingerprint = weights_fingerprint(path) if path else None
+            key = f"{name}@weights:{fingerprint}" if fingerprint else f"{name}@path:{path}"
+            self._lora_keys[(name, path)] = key
+        return key
+
+    def _key_tokens(self, prompt_token_ids: Optional[list[int]],
+                    mm_features: Optional[list[Any]]) -> list[int]:
+        """The ids kvtier keys a prompt's chunks on. Without multimodal items, the prompt's own.
+        A chunk that holds any part of an image, audio or video item has every id replaced: a
+        placeholder id is the same whatever the content, so the ids alone would give two
+        requests with the same text and other images the same keys. Each id of such a chunk
+        becomes ``-1 - ((id ^ w) & 0x7FFFFFFF)`` with w a word of the SHA-256 of the content
+        hashes (vLLM's ``identifier``, as its own block hasher mixes in) and offsets of the
+        items in the chunk: negative, so never a vocabulary id, and one-to-one for given items.
+        """
+        tokens = list(prompt_token_ids or [])
+        if not mm_features:
+            return tokens
+        items: dict[int, list[str]] = {}
+        for feature in mm_features:
+            offset, length = feature.mm_position.offset, feature.mm_position.length
+            if length <= 0:
+                continue
+            for c in range(offset // self._chunk, (offset + length - 1) // self._chunk + 1):
+                items.setdefault(c, []).append(f"{feature.identifier}@{offset}+{length}")
+        for c, names in items.items():
+            words = struct.unpack("<8I", hashlib.sha256("\0".join(names).encode()).digest())
+            for i in range(c * self._chunk, min((c + 1) * self._chunk, len(tokens))):
+                tokens[i] = -1 - ((tokens[i] ^ words[i % 8]) & 0x7FFFFFFF)
+        return tokens
 
     def shutdown(self) -> None:
         self._client.close()
@@ -409,9 +487,12 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def get_num_new_matched_tokens(self, request: "Request",
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
-        tokens = request.prompt_token_ids or []
         rid = request.request_id
-        self._request_keys[rid] = (request.cache_salt, self._lora_name(request))
+        if getattr(request, "prompt_embeds", None) is not None:
+            return 0, False  # no ids to key on: such requests run without kvtier
+        tokens = self._key_tokens(request.prompt_token_ids, request.mm_features)
+        self._request_tokens[rid] = tokens
+        self._request_keys[rid] = (request.cache_salt, self._lora_key(request))
         if self._events_enabled:
             self._event_requests[rid] = request
         ns = self._namespace(*self._request_keys[rid])
@@ -462,9 +543,13 @@ class KvtierConnector(KVConnectorBase_V1):
         scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             rid = new.req_id
-            salt, lora = self._request_keys.get(rid, (None, None))
-            tracker = _Tracker(list(new.prompt_token_ids or []), list(new.block_ids[0]), 0,
-                               salt, lora)
+            if rid not in self._request_keys:
+                continue  # not looked up: prompt embeddings, or a request kvtier never saw
+            salt, lora = self._request_keys[rid]
+            tokens = self._request_tokens.get(rid)
+            if tokens is None:
+                tokens = self._key_tokens(new.prompt_token_ids, new.mm_features)
+            tracker = _Tracker(tokens, list(new.block_ids[0]), 0, salt, lora)
             self._trackers[rid] = tracker
             self._add_load(meta, rid, tracker)
             self._add_save(meta, rid, tracker, new.num_computed_tokens + scheduled.get(rid, 0))
@@ -478,6 +563,11 @@ class KvtierConnector(KVConnectorBase_V1):
                 tracker.block_ids = list(new_blocks[0]) if new_blocks else []
             elif new_blocks:
                 tracker.block_ids.extend(new_blocks[0])
+            # vLLM moves num_computed_tokens back when it recomputes (a load failed, or the
+            # request was preempted): a chunk counts as saved only while the engine still
+            # holds what was computed of it, so the recomputed chunks are saved again.
+            tracker.saved_chunks = min(tracker.saved_chunks,
+                                       cached.num_computed_tokens[i] // self._chunk)
             self._add_load(meta, rid, tracker)
             self._add_save(meta, rid, tracker, cached.num_computed_tokens[i] + scheduled.get(rid, 0))
         for rid in scheduler_output.finished_req_ids:
@@ -489,7 +579,7 @@ class KvtierConnector(KVConnectorBase_V1):
         plan = self._pending_loads.pop(rid, None)
         if plan is not None:
             meta.loads.append(_LoadSpec(rid, tracker.token_ids, list(tracker.block_ids), plan[0],
-                                        plan[1], tracker.cache_salt, tracker.lora_name))
+                                        plan[1], tracker.cache_salt, tracker.lora_key))
 
     def _add_save(self, meta: KvtierConnectorMetadata, rid: str, tracker: _Tracker,
                   computed_tokens: int) -> None:
@@ -497,7 +587,7 @@ class KvtierConnector(KVConnectorBase_V1):
         if full_chunks > tracker.saved_chunks:
             meta.saves.append(_SaveSpec(rid, tracker.token_ids[:full_chunks * self._chunk],
                                         list(tracker.block_ids), tracker.saved_chunks,
-                                        tracker.cache_salt, tracker.lora_name,
+                                        tracker.cache_salt, tracker.lora_key,
                                         self._stored_blocks(rid, tracker.saved_chunks,
                                                             full_chunks)))
             tracker.saved_chunks = full_chunks
@@ -526,7 +616,10 @@ class KvtierConnector(KVConnectorBase_V1):
         return _StoredBlocks(
             block_hashes=[maybe_convert_block_hash(h) for h in hashes[first:end]],
             parent_block_hash=maybe_convert_block_hash(hashes[first - 1]) if first > 0 else None,
+            token_ids=list(request.prompt_token_ids or [])[first_chunk * self._chunk:
+                                                           end_chunk * self._chunk],
             lora_id=lora.adapter_id if lora is not None else None,
+            lora_name=lora.lora_name if lora is not None else None,
             session_id=request.session_id)
 
     def _forget(self, rid: str) -> None:
@@ -534,6 +627,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._engine_tokens.pop(rid, None)
         self._pending_loads.pop(rid, None)
         self._request_keys.pop(rid, None)
+        self._request_tokens.pop(rid, None)
         self._trackers.pop(rid, None)
         self._event_requests.pop(rid, None)
 
@@ -604,7 +698,7 @@ class KvtierConnector(KVConnectorBase_V1):
         for spec in meta.loads:
             assert self._arena is not None and self._cache is not None
             assert self._runtime is not None and self._load_stream is not None
-            ns = self._namespace(spec.cache_salt, spec.lora_name)
+            ns = self._namespace(spec.cache_salt, spec.lora_key)
             # The engine's own prefix-cache blocks are left alone (-1), also inside the first
             # chunk copied when its hit does not end on a chunk boundary.
             owned = spec.engine_tokens // self._block_size
@@ -622,13 +716,14 @@ class KvtierConnector(KVConnectorBase_V1):
                 delivered = 0
             else:
                 if loader is not None:
-                    self._loaders.append(loader)
+                    self._loaders.append((spec, loader))
             if delivered < spec.promised_tokens:
                 # The prefix shrank since the scheduler counted it: recompute the rest.
-                lost = self._block_range(spec.block_ids, max(delivered, spec.engine_tokens),
-                                         spec.promised_tokens)
+                good = max(delivered, spec.engine_tokens)
+                lost = self._block_range(spec.block_ids, good, spec.promised_tokens)
                 self._load_errors |= lost
                 self._stats.data["load_error_blocks"] += len(lost)
+                self._mark_bad(spec.req_id, good)
             self._stats.data["loaded_tokens"] += max(
                 0, min(delivered, spec.promised_tokens) - spec.engine_tokens)
 
@@ -637,7 +732,7 @@ class KvtierConnector(KVConnectorBase_V1):
             return
         layer = self._layer_index[layer_name]
         stream = self._compute_stream()
-        for loader in self._loaders:
+        for _, loader in self._loaders:
             loader.wait_layer(layer, stream)
         if self._host_compute_stream is not None:
             assert self._runtime is not None
@@ -656,13 +751,29 @@ class KvtierConnector(KVConnectorBase_V1):
         for _, storer in self._storers:
             storer.layer_done(layer, stream)
 
+    def _mark_bad(self, req_id: str, first_bad_token: int) -> None:
+        """Records that this step's KV of `req_id` is not known good from first_bad_token on
+        (rounded down to vLLM's block)."""
+        first = (first_bad_token // self._block_size) * self._block_size
+        self._bad_from[req_id] = min(first, self._bad_from.get(req_id, first))
+
     def _start_save(self, spec: _SaveSpec) -> None:
         assert self._storers is not None and self._arena is not None
         assert self._cache is not None and self._runtime is not None
         assert self._store_stream is not None
-        ns = self._namespace(spec.cache_salt, spec.lora_name)
+        ns = self._namespace(spec.cache_salt, spec.lora_key)
         if ns is None:
             return
+        bad_from = self._bad_from.get(spec.req_id)
+        if bad_from is not None:
+            # Only the chunks before the first block whose load failed (see _bad_from).
+            good_chunks = bad_from // self._chunk
+            self._stats.data["unsafe_chunks"] += max(
+                0, len(spec.token_ids) // self._chunk - max(good_chunks, spec.first_chunk))
+            if good_chunks <= spec.first_chunk:
+                return
+            spec = dataclasses.replace(spec, token_ids=spec.token_ids[:good_chunks * self._chunk],
+                                       stored_blocks=None)
         storer = kvtier.LayerwiseStorer(self._client, ns, self._arena, self._cache, self._runtime)
         try:
             if storer.start(spec.token_ids, spec.block_ids, self._store_stream,
@@ -678,12 +789,23 @@ class KvtierConnector(KVConnectorBase_V1):
             # Every worker reports on a step with saves, even with no event of its own, so
             # that the scheduler counts every worker (vLLM's executor skips a None).
             self._stored_events = []
-        for loader in self._loaders:
+        for load, loader in self._loaders:
             failed = loader.finish()
             self._load_errors.update(failed)
             self._stats.data["load_error_blocks"] += len(failed)
+            positions = [i for i, b in enumerate(load.block_ids) if b in set(failed)]
+            if positions:
+                self._mark_bad(load.req_id, min(positions) * self._block_size)
         self._loaders = []
         for spec, storer in self._storers or []:
+            bad_from = self._bad_from.get(spec.req_id)
+            if bad_from is not None and bad_from < len(spec.token_ids):
+                # A copy failed after the storer started: its chunks from there on hold stale
+                # KV. Not finished, the storer aborts its reservation when it is dropped
+                # (below, once its copies are done).
+                self._stats.data["unsafe_chunks"] += (
+                    len(spec.token_ids) // self._chunk - spec.first_chunk)
+                continue
             result = storer.finish()
             self._stats.data["stored_tokens"] += result.stored_chunks * self._chunk
             self._stats.data["already_stored_tokens"] += (
@@ -700,15 +822,17 @@ class KvtierConnector(KVConnectorBase_V1):
                     and result.being_written_chunks == 0 and result.stored_chunks > 0):
                 self._stored_events.append(self._block_stored(spec, spec.stored_blocks))
         self._storers = None
+        self._bad_from.clear()
 
     def _block_stored(self, spec: _SaveSpec, blocks: _StoredBlocks) -> BlockStored:
         """The BlockStored of a committed save: the chunks from spec.first_chunk on (see the
         module docstring). Identical on every worker, so vLLM's aggregator can count it."""
         return BlockStored(block_hashes=list(blocks.block_hashes),
                            parent_block_hash=blocks.parent_block_hash,
-                           token_ids=spec.token_ids[spec.first_chunk * self._chunk:],
+                           token_ids=blocks.token_ids[:len(spec.token_ids)
+                                                      - spec.first_chunk * self._chunk],
                            block_size=self._block_size, lora_id=blocks.lora_id,
-                           medium=MEDIUM_CPU, lora_name=spec.lora_name, group_idx=0,
+                           medium=MEDIUM_CPU, lora_name=blocks.lora_name, group_idx=0,
                            session_id=blocks.session_id)
 
     def get_kv_connector_kv_cache_events(self) -> Optional[KVConnectorKVEvents]:

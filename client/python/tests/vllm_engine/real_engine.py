@@ -1,0 +1,96 @@
+"""A real vLLM engine as a child process of a test (engine_driver.py), driven over JSON lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+DRIVER = Path(__file__).with_name("engine_driver.py")
+START_TIMEOUT_S = 600.0  # about 55 s alone on 2 cores; more beside a parallel ctest
+CALL_TIMEOUT_S = 300.0
+
+
+class RealEngine:
+    """One engine process. Its log is kept in `log_path`. Not thread-safe."""
+
+    def __init__(self, model: str, log_path: Path, kvtier_socket: str = "",
+                 extra: Optional[dict[str, Any]] = None, num_blocks: int = 0,
+                 max_batched_tokens: int = 128) -> None:
+        self.log_path = log_path
+        args = [sys.executable, str(DRIVER), "--model", model,
+                "--max-batched-tokens", str(max_batched_tokens)]
+        if kvtier_socket:
+            args += ["--kvtier-socket", kvtier_socket, "--extra", json.dumps(extra or {})]
+        if num_blocks:
+            args += ["--num-blocks", str(num_blocks)]
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._log, env=dict(os.environ))
+
+    def wait_ready(self) -> "RealEngine":
+        self._read(START_TIMEOUT_S)
+        return self
+
+    def _read(self, timeout_s: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"the engine did not answer in {timeout_s} s; its log:\n"
+                                     + self.log_tail())
+            ready, _, _ = select.select([self.proc.stdout], [], [], min(left, 1.0))
+            if ready:
+                line = self.proc.stdout.readline()
+                if not line:
+                    raise AssertionError(f"the engine exited ({self.proc.wait()}); its log:\n"
+                                         + self.log_tail())
+                answer = json.loads(line)
+                if "error" in answer:
+                    raise AssertionError(answer["error"])
+                return dict(answer)
+
+    def call(self, command: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(command) + "\n").encode())
+        self.proc.stdin.flush()
+        return self._read(CALL_TIMEOUT_S)
+
+    def generate(self, requests: list[dict[str, Any]], reset: bool = True) -> dict[str, Any]:
+        """Greedy outputs of `requests` ({"prompt", "max_tokens", "salt"}) in one batch."""
+        return self.call({"op": "generate", "requests": requests, "reset": reset})
+
+    def one(self, prompt: list[int], max_tokens: int = 12,
+            salt: Optional[str] = None) -> tuple[list[int], int]:
+        """The greedy output of one prompt and its num_cached_tokens (vLLM's prefix cache
+        emptied first, so those came from kvtier)."""
+        out = self.generate([{"prompt": prompt, "max_tokens": max_tokens, "salt": salt}])
+        first = out["outputs"][0]
+        return first["tokens"], first["num_cached_tokens"]
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(b'{"op": "quit"}\n')
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self._log.close()

@@ -34,8 +34,10 @@ constexpr size_t kMaxRings = 1024;
 // serves as many rings as one futex_waitv sleeps on.
 const size_t kPollers = std::max(1u, std::thread::hardware_concurrency() / 2);
 constexpr size_t kRingsPerPoller = kRingWaitAnyMax - 1;  // and the poller's own wake word
-// Threads running ReserveWrite, CommitWrite, AbortWrite and PrefetchStatus.
-constexpr int kWorkers = 2;
+// Threads running ReserveWrites (each may wait for the NVMe writer), and those
+// running CommitWrite, AbortWrite and PrefetchStatus (none waits).
+constexpr size_t kReserveWorkers = 4;
+constexpr size_t kQuickWorkers = 2;
 
 }  // namespace
 
@@ -146,8 +148,11 @@ struct RingServer::Poller {
 };
 
 RingServer::RingServer(CacheCore& core, int listen_fd, PeerPolicy peers)
-    : core_(core), listen_fd_(listen_fd), peers_(peers) {
-  for (int i = 0; i < kWorkers; ++i) workers_.emplace_back([this] { Work(); });
+    : core_(core),
+      listen_fd_(listen_fd),
+      peers_(peers),
+      reserves_(kReserveWorkers, /*one_per_key=*/true),
+      quick_(kQuickWorkers, /*one_per_key=*/false) {
   accept_thread_ = std::thread([this] { AcceptLoop(); });
 }
 
@@ -168,12 +173,8 @@ void RingServer::Stop() {
     RingFutexWake(p->wake);
     p->thread.join();  // it closes its rings on the way out
   }
-  {
-    std::lock_guard lock(jobs_mu_);
-    workers_stop_ = true;
-  }
-  jobs_cv_.notify_all();
-  for (auto& w : workers_) w.join();  // after answering what the pollers handed them
+  reserves_.Stop();  // each after answering what the pollers handed it
+  quick_.Stop();
 }
 
 void RingServer::AcceptLoop() {
@@ -470,10 +471,12 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
     case RingOp::kAbortWrite:
     case RingOp::kPrefetchStatus:
       // Off the poller: a ReserveWrite may wait for the NVMe writer
-      // (write-through backpressure), which must not hold up other rings.
-      return Defer([this, ring, slot, call = std::move(*call), session, epoch] {
-        RunMessageOp(ring, slot, call, session, epoch);
-      });
+      // (write-through backpressure), which must not hold up other rings,
+      // nor any other session's call.
+      return (call->op == RingOp::kReserveWrite ? reserves_ : quick_)
+          .Defer(session, [this, ring, slot, call = std::move(*call), session, epoch] {
+            RunMessageOp(ring, slot, call, session, epoch);
+          });
   }
   auto resp = std::make_shared<core::LookupResponse>();
   // The core outlives its I/O workers, which may run this after Stop().
@@ -533,25 +536,49 @@ void RingServer::RunMessageOp(const std::shared_ptr<Ring>& ring, uint32_t slot, 
   }
 }
 
-void RingServer::Defer(std::function<void()> job) {
-  {
-    std::lock_guard lock(jobs_mu_);
-    jobs_.push_back(std::move(job));
-  }
-  jobs_cv_.notify_one();
+RingServer::Workers::Workers(size_t threads, bool one_per_key) : one_per_key_(one_per_key) {
+  for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { Work(); });
 }
 
-void RingServer::Work() {
+void RingServer::Workers::Defer(uint64_t key, std::function<void()> job) {
+  {
+    std::lock_guard lock(mu_);
+    jobs_.emplace_back(key, std::move(job));
+  }
+  cv_.notify_all();  // not one: the woken worker may find only a busy session's job
+}
+
+void RingServer::Workers::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    if (stop_ && threads_.empty()) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+void RingServer::Workers::Work() {
+  std::unique_lock lock(mu_);
   for (;;) {
-    std::function<void()> job;
-    {
-      std::unique_lock lock(jobs_mu_);
-      jobs_cv_.wait(lock, [&] { return !jobs_.empty() || workers_stop_; });
-      if (jobs_.empty()) return;  // stopping, and every call taken is answered
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
-    }
+    auto next = jobs_.end();
+    cv_.wait(lock, [&] {
+      next = std::find_if(jobs_.begin(), jobs_.end(), [&](const auto& j) {
+        return !one_per_key_ || running_.count(j.first) == 0;
+      });
+      return next != jobs_.end() || (stop_ && jobs_.empty());
+    });
+    if (next == jobs_.end()) return;  // stopping, and every call taken is answered
+    const uint64_t key = next->first;
+    std::function<void()> job = std::move(next->second);
+    jobs_.erase(next);
+    ++running_[key];
+    lock.unlock();
     job();
+    lock.lock();
+    if (--running_[key] == 0) running_.erase(key);
+    if (one_per_key_) cv_.notify_all();  // that session's next job may run now
   }
 }
 

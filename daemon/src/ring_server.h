@@ -8,9 +8,13 @@
 // once (futex_waitv). A thread per ring would put more spinners than cores on
 // a small machine, where they take turns burning each other's time. A Lookup
 // that promotes from NVMe is answered later by the core's I/O worker.
-// ReserveWrite, CommitWrite, AbortWrite and PrefetchStatus run on two worker
-// threads: a ReserveWrite may wait for the NVMe writer (write-through
-// backpressure), and the pollers' other rings must not wait with it.
+// ReserveWrite, CommitWrite, AbortWrite and PrefetchStatus run off the pollers,
+// on workers: a ReserveWrite may wait for the NVMe writer (write-through
+// backpressure), and the pollers' other rings must not wait with it. That wait
+// delays no other call: ReserveWrites have workers of their own, each running
+// at most one session's (a session's next waits for it, another session's
+// takes another worker), and CommitWrite, AbortWrite and PrefetchStatus,
+// which never wait, run on two more.
 // A ring whose queue indexes make no sense is no longer served (its client's
 // calls time out and fail open, as with a daemon that stopped reading); a
 // ring whose session ended is torn down within 100 ms.
@@ -66,10 +70,28 @@ class RingServer {
   // Runs ReserveWrite to PrefetchStatus (their v1 messages) and answers.
   void RunMessageOp(const std::shared_ptr<Ring>& ring, uint32_t slot, const RingCall& call,
                     uint64_t session, uint64_t epoch);
-  // Hands `job` to a worker.
-  void Defer(std::function<void()> job);
-  void Work();  // a worker's loop
   void ReapEnded();
+
+  // Threads running jobs in order, each job for a session (`key`). With
+  // `one_per_key`, no two jobs of one session run at once: a worker takes the
+  // first job whose session has none running.
+  class Workers {
+   public:
+    Workers(size_t threads, bool one_per_key);
+    void Defer(uint64_t key, std::function<void()> job);
+    // Runs what is queued, then joins the threads (idempotent).
+    void Stop();
+
+   private:
+    void Work();
+    const bool one_per_key_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::pair<uint64_t, std::function<void()>>> jobs_;  // GUARDED_BY(mu_)
+    std::unordered_map<uint64_t, size_t> running_;                 // GUARDED_BY(mu_)
+    bool stop_ = false;                                            // GUARDED_BY(mu_)
+    std::vector<std::thread> threads_;
+  };
 
   CacheCore& core_;
   const int listen_fd_;
@@ -79,11 +101,8 @@ class RingServer {
   std::mutex mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Ring>> rings_;  // by session; GUARDED_BY(mu_)
   std::vector<std::unique_ptr<Poller>> pollers_;               // GUARDED_BY(mu_)
-  std::mutex jobs_mu_;
-  std::condition_variable jobs_cv_;
-  std::deque<std::function<void()>> jobs_;  // GUARDED_BY(jobs_mu_)
-  bool workers_stop_ = false;               // GUARDED_BY(jobs_mu_)
-  std::vector<std::thread> workers_;
+  Workers reserves_;  // ReserveWrite
+  Workers quick_;     // CommitWrite, AbortWrite, PrefetchStatus
 };
 
 }  // namespace kvtier

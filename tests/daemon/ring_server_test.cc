@@ -128,6 +128,64 @@ TEST_F(RingServerTest, AReserveWaitingForTheNvmeWriterHoldsUpNoLookup) {
   EXPECT_EQ(resp.outcomes(0), v1::NVME_BEHIND);
 }
 
+// Issue 32, item 8: ReserveWrites of one session waiting for the NVMe writer
+// delay no other session's CommitWrite (nor its ReserveWrite). With both ring
+// workers shared, two such waits held them both: other clients' commits
+// queued for the whole wait, passed their deadlines and, given up, were
+// aborted: stores lost to one busy client or plain NVMe lag.
+TEST_F(RingServerTest, ReservesWaitingForTheNvmeWriterDelayNoOtherSessionsCommit) {
+  write_through_wait_ = 1500ms;
+  StartWithNvme(/*dram_slots=*/8, /*good_writes=*/1000);
+  StartServer();
+  const uint64_t other = core_->OpenSession("other", 2);
+  {
+    v1::OpenNamespaceRequest req;
+    req.set_session_id(other);
+    *req.mutable_spec() = TinyProtoSpec();
+    v1::OpenNamespaceResponse resp;
+    ASSERT_TRUE(wire::Run(*core_, req, &resp).ok());
+  }
+  // The other session's chunk, reserved and written, waiting for its commit.
+  const auto theirs_prompt = Tokens(4, 900);
+  const v1::ReserveWriteResponse reserved = Reserve(theirs_prompt, other);
+  ASSERT_NE(reserved.reservation_id(), 0u);
+  WritePayloads(theirs_prompt, reserved);
+  ASSERT_EQ(Store(Tokens(16)), 4u);  // half the arena waits for the writer, which never runs
+
+  RingMemory mine = RingOf(session_);
+  RingMemory theirs = RingOf(other);
+  std::vector<uint32_t> waiting;
+  for (uint32_t slot : {0u, 1u, 2u}) {  // more waits than there used to be workers
+    const std::string reserve =
+        ReserveRequest(Tokens(8, 500 + 100 * slot), session_).SerializeAsString();
+    std::memcpy(mine.data(slot).data(), reserve.data(), reserve.size());
+    RingSubmission r;
+    r.op = static_cast<uint32_t>(RingOp::kReserveWrite);
+    r.message_bytes = static_cast<uint32_t>(reserve.size());
+    waiting.push_back(Submit(mine, slot, r));
+  }
+  std::this_thread::sleep_for(50ms);  // the ReserveWrites are waiting for the writer now
+
+  v1::CommitWriteRequest commit;
+  commit.set_reservation_id(reserved.reservation_id());
+  const std::string message = commit.SerializeAsString();
+  std::memcpy(theirs.data(0).data(), message.data(), message.size());
+  RingSubmission e;
+  e.op = static_cast<uint32_t>(RingOp::kCommitWrite);
+  e.message_bytes = static_cast<uint32_t>(message.size());
+  const uint32_t seq = Submit(theirs, 0, e);
+  ASSERT_TRUE(Answered(theirs, 0, seq, 500ms))
+      << "another session's CommitWrite waited behind this session's ReserveWrites";
+  RingCompletion c;
+  std::memcpy(&c, &theirs.slot(0).completion, sizeof(c));
+  EXPECT_EQ(c.code, 0);
+  EXPECT_EQ(mine.slot(0).done.load() == waiting[0], false) << "the ReserveWrite did not wait";
+  EXPECT_EQ(Lookup(theirs_prompt, /*acquire=*/false, other).num_chunks(), 1u);
+  for (uint32_t slot : {0u, 1u, 2u}) {
+    ASSERT_TRUE(Answered(mine, slot, waiting[slot], 8000ms)) << "slot " << slot;
+  }
+}
+
 double CpuSeconds() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);

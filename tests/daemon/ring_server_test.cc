@@ -66,6 +66,17 @@ class RingServerTest : public CacheCoreNvmeTest {
     return false;
   }
 
+  // A second session ("other"), with the test's namespace open.
+  uint64_t OpenOtherSession() {
+    const uint64_t other = core_->OpenSession("other", 2);
+    v1::OpenNamespaceRequest req;
+    req.set_session_id(other);
+    *req.mutable_spec() = TinyProtoSpec();
+    v1::OpenNamespaceResponse resp;
+    EXPECT_TRUE(wire::Run(*core_, req, &resp).ok());
+    return other;
+  }
+
   std::string socket_;
   std::unique_ptr<RingServer> server_;
 };
@@ -79,14 +90,7 @@ TEST_F(RingServerTest, AReserveWaitingForTheNvmeWriterHoldsUpNoLookup) {
   StartWithNvme(/*dram_slots=*/4, /*good_writes=*/1000);
   ASSERT_EQ(Store(Tokens(16)), 4u);  // the whole arena waits for the writer, which never runs
   StartServer();
-  const uint64_t other = core_->OpenSession("other", 2);
-  {
-    v1::OpenNamespaceRequest req;
-    req.set_session_id(other);
-    *req.mutable_spec() = TinyProtoSpec();
-    v1::OpenNamespaceResponse resp;
-    ASSERT_TRUE(wire::Run(*core_, req, &resp).ok());
-  }
+  const uint64_t other = OpenOtherSession();
   RingMemory mine = RingOf(session_);
   RingMemory theirs = RingOf(other);
 
@@ -137,14 +141,7 @@ TEST_F(RingServerTest, ReservesWaitingForTheNvmeWriterDelayNoOtherSessionsCommit
   write_through_wait_ = 1500ms;
   StartWithNvme(/*dram_slots=*/8, /*good_writes=*/1000);
   StartServer();
-  const uint64_t other = core_->OpenSession("other", 2);
-  {
-    v1::OpenNamespaceRequest req;
-    req.set_session_id(other);
-    *req.mutable_spec() = TinyProtoSpec();
-    v1::OpenNamespaceResponse resp;
-    ASSERT_TRUE(wire::Run(*core_, req, &resp).ok());
-  }
+  const uint64_t other = OpenOtherSession();
   // The other session's chunk, reserved and written, waiting for its commit.
   const auto theirs_prompt = Tokens(4, 900);
   const v1::ReserveWriteResponse reserved = Reserve(theirs_prompt, other);

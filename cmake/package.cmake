@@ -33,6 +33,6 @@ else()
   # kvtier-bench and libkvtier.so on Debian 12 (bookworm).
   set(CPACK_DEBIAN_PACKAGE_DEPENDS "libc6, libstdc++6, libgcc-s1, libgrpc++1.51, libgrpc29, \
 libprotobuf32, libabsl20220623, libspdlog1.10, libfmt9, libxxhash0, librocksdb7.8, liburing2, \
-libyaml-cpp0.7, libcpp-httplib0.11, libhiredis0.14, libzmq5")
+libyaml-cpp0.7, libcpp-httplib0.11, libhiredis0.14, libzmq5, libsodium23")
 endif()
 include(CPack)

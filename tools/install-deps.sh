@@ -27,6 +27,7 @@ PACKAGES=(
   zsh  # kvtierctl completion zsh is checked with zsh -n
   redis-server libhiredis-dev  # the remote tier (RedisCluster), its tests, kvtier-bench peers
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev  # KV events (--events-address)
+  libsodium-dev  # the remote tier's keyed MAC (--remote-key-file)
   python3 python3-dev python3-venv
   clang libclang-rt-14-dev llvm-14  # libFuzzer and llvm-symbolizer (make fuzz, fuzz-smoke)
 )

@@ -151,6 +151,13 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
   if (core->remote_) {
     spdlog::info("remote tier: {} (pool of {} connections per node, {} ms timeout)",
                  options.remote.url, options.remote.pool_size, options.remote.timeout.count());
+    if (options.remote.mac_key.empty()) {
+      spdlog::warn("remote tier: images carry no MAC (no --remote-key-file): whoever can write "
+                   "to the store can plant KV that kvtierd serves; trust it, or give every "
+                   "kvtierd of the store the same key file");
+    } else {
+      spdlog::info("remote tier: images carry a keyed MAC (BLAKE2b-256)");
+    }
     if (Status st = core->remote_->CheckAtStart(); !st.ok()) {
       spdlog::warn("remote tier: the store does not answer at start ({}); the tier starts "
                    "degraded (misses, no waits) and is probed once a second", st.message());

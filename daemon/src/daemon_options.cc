@@ -1,11 +1,17 @@
 #include "kvtier/daemon/daemon_options.h"
 
+#include <sys/stat.h>
 #include <sys/sysinfo.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -67,6 +73,7 @@ struct RawOptions {
   std::string hbm_bytes = "0", gpu_backend = "cuda";
   std::string metrics_address = "127.0.0.1:9400";
   std::string remote;  // "" = no remote tier
+  std::string remote_key_file;  // "" = no MAC on remote images
   int64_t remote_pool_size = 4, remote_timeout_ms = 200;
   std::string events_address, events_replay_address;
   int64_t gpu = 0;
@@ -111,6 +118,43 @@ struct RawOptions {
 
 Status CheckForm(const std::string& key, const RawOptions& r);
 
+// The remote tier's MAC key from `path`: kMacKeyBytes raw bytes, or as many hex
+// digit pairs (a newline after them allowed). A secret: a file others may read
+// or write is refused.
+Result<std::string> ReadRemoteKeyFile(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) {
+    return Status::InvalidArgument(path + " cannot be read: " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(path + " is not a regular file");
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return Status::InvalidArgument(path + " holds a secret but has mode " + mode +
+                                   ": others may read or write it (chmod 600 it)");
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) return Status::InvalidArgument(path + " cannot be read");
+  constexpr size_t kKey = RemoteTierOptions::kMacKeyBytes;
+  if (text.size() == kKey) return text;
+  std::string hex = text;
+  if (!hex.empty() && hex.back() == '\n') hex.pop_back();
+  if (hex.size() == 2 * kKey && std::all_of(hex.begin(), hex.end(), [](char c) {
+        return std::isxdigit(static_cast<unsigned char>(c)) != 0;
+      })) {
+    std::string key(kKey, '\0');
+    for (size_t i = 0; i < kKey; ++i) {
+      key[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+    }
+    return key;
+  }
+  return Status::InvalidArgument(path + " holds " + std::to_string(text.size()) +
+                                 " bytes: the key must be " + std::to_string(kKey) +
+                                 " bytes, raw or as " + std::to_string(2 * kKey) +
+                                 " hex digits (make one with: head -c 32 /dev/urandom > FILE)");
+}
+
 // The remote tier's settings (opts.core.remote), checked. A remote tier needs NVMe.
 template <typename IgnoreIfGiven>
 Status ApplyRemote(const RawOptions& raw, uint64_t nvme_bytes, bool remote_given,
@@ -119,7 +163,7 @@ Status ApplyRemote(const RawOptions& raw, uint64_t nvme_bytes, bool remote_given
   KVTIER_RETURN_IF_ERROR(CheckForm("remote_timeout_ms", raw));
   if (remote_given) KVTIER_RETURN_IF_ERROR(CheckForm("remote", raw));
   if (raw.remote.empty()) {
-    for (const std::string key : {"remote_pool_size", "remote_timeout_ms"}) {
+    for (const std::string key : {"remote_pool_size", "remote_timeout_ms", "remote_key_file"}) {
       ignore_if_given(key, "remote", " is not set (no remote tier)");
     }
     return Status::Ok();
@@ -132,6 +176,15 @@ Status ApplyRemote(const RawOptions& raw, uint64_t nvme_bytes, bool remote_given
   opts->core.remote.url = raw.remote;
   opts->core.remote.pool_size = static_cast<uint32_t>(raw.remote_pool_size);
   opts->core.remote.timeout = std::chrono::milliseconds(raw.remote_timeout_ms);
+  if (!raw.remote_key_file.empty()) {
+    auto key = ReadRemoteKeyFile(raw.remote_key_file);
+    if (!key.ok()) {
+      return Status(key.status().code(), raw.Where("remote_key_file") + ": " +
+                                             key.status().message());
+    }
+    opts->core.remote.mac_key = std::move(key).value();
+    opts->remote_key_file = raw.remote_key_file;
+  }
   return Status::Ok();
 }
 
@@ -357,6 +410,9 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
       } else if (key == "remote") {
         expected = "a URL such as redis://host:6379,host2:6379";
         dst->remote = kv.second.as<std::string>();
+      } else if (key == "remote_key_file") {
+        expected = "a file path";
+        dst->remote_key_file = kv.second.as<std::string>();
       } else if (key == "remote_pool_size" || key == "remote_timeout_ms") {
         expected = "an integer";
         (key == "remote_pool_size" ? dst->remote_pool_size : dst->remote_timeout_ms) =
@@ -386,7 +442,7 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
                                        "nvme_queue_depth, nvme_workers, nvme_write_policy, "
                                        "selective_min_hits, hbm_bytes, gpu, gpu_backend, "
                                        "dram_eviction, hbm_eviction, nvme_eviction, remote, "
-                                       "remote_pool_size, remote_timeout_ms)");
+                                       "remote_pool_size, remote_timeout_ms, remote_key_file)");
       }
     } catch (const YAML::Exception& e) {
       return ConfigError(path, e.mark.is_null() ? line : e.mark.line + 1,
@@ -491,6 +547,10 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   app.add_option("--remote-timeout-ms", raw.remote_timeout_ms,
                  "longest wait for one remote store node's answers to a batch; past it, a miss")
       ->capture_default_str();
+  app.add_option("--remote-key-file", raw.remote_key_file,
+                 "the remote images' MAC key, shared by the store's kvtierd: a file of 32 bytes "
+                 "(raw, or 64 hex digits), mode 0600. Without it the store must be trusted: "
+                 "whoever can write to it can plant images. Default: none");
   bool rebuild_index = false;
   app.add_flag("--rebuild-index", rebuild_index,
                "rebuild the NVMe index from the slot headers before serving");

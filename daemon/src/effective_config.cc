@@ -42,6 +42,7 @@ std::vector<ConfigSetting> EffectiveConfig(const DaemonOptions& o) {
       {"remote", c.remote.url},
       {"remote_pool_size", std::to_string(c.remote.pool_size)},
       {"remote_timeout_ms", ms(c.remote.timeout)},
+      {"remote_key_file", o.remote_key_file},
       {"gpu_backend", c.hbm.backend == HbmBackend::kHost ? "host" : "cuda"},
       {"rebuild_index", o.rebuild_index ? "true" : "false"},
   };

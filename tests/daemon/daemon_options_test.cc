@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <exception>
@@ -462,6 +463,59 @@ TEST_F(DaemonOptionsTest, ABadValueInTheConfigFileIsAnErrorEvenWhenAFlagOverride
   EXPECT_EQ(r->core.dram_bytes, uint64_t{64} << 20);
   const std::string both = WriteConfig("dram_bytes: 4 gigs\n");
   EXPECT_TRUE(Names(ErrorOf({"--config", both, "--dram-bytes", "4 megs"}), "--dram-bytes"));
+}
+
+// Issue 32, item 7: the remote tier's MAC key comes from a file of 32 bytes
+// (raw, or 64 hex digits), which only its owner may read; anything else is
+// refused naming the file and what is wrong with it.
+TEST_F(DaemonOptionsTest, TheRemoteKeyFileIsReadAndABadOneIsRefusedNamingIt) {
+  const auto key_file = [&](const std::string& name, const std::string& bytes, mode_t mode) {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path, std::ios::binary) << bytes;
+    EXPECT_EQ(chmod(path.c_str(), mode), 0);
+    return path;
+  };
+  const std::string raw(32, '\x5a');
+  const std::vector<std::string> base = {"--remote", "redis://127.0.0.1:6379", "--nvme-bytes",
+                                         "64MiB", "--nvme-path", dir_};
+  auto with = [&](const std::string& path) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), {"--remote-key-file", path});
+    return args;
+  };
+  auto r = Parse(with(key_file("raw.key", raw, 0600)));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->core.remote.mac_key, raw);
+  EXPECT_EQ(r->remote_key_file, dir_ + "/raw.key");
+  r = Parse(with(key_file("hex.key", std::string(64, 'A').replace(0, 2, "5a") + "\n", 0400)));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->core.remote.mac_key, "\x5a" + std::string(31, '\xaa'));
+  r = Parse(base);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->core.remote.mac_key.empty());
+
+  std::string e = ErrorOf(with(key_file("open.key", raw, 0644)));
+  EXPECT_TRUE(Names(e, "--remote-key-file")) << e;
+  EXPECT_TRUE(Names(e, "open.key holds a secret but has mode 0644")) << e;
+  e = ErrorOf(with(key_file("short.key", "secret\n", 0600)));
+  EXPECT_TRUE(Names(e, "short.key holds 7 bytes: the key must be 32 bytes")) << e;
+  e = ErrorOf(with(key_file("nothex.key", std::string(64, 'g'), 0600)));
+  EXPECT_TRUE(Names(e, "holds 64 bytes")) << e;
+  e = ErrorOf(with(dir_ + "/missing.key"));
+  EXPECT_TRUE(Names(e, "missing.key cannot be read")) << e;
+  e = ErrorOf(with(dir_));
+  EXPECT_TRUE(Names(e, "is not a regular file")) << e;
+  // From the config file: named by its line.
+  const std::string cfg = WriteConfig("remote_key_file: " + dir_ + "/open.key\n");
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--config", cfg});
+  e = ErrorOf(args);
+  EXPECT_TRUE(Names(e, cfg + ":1: remote_key_file")) << e;
+  // Without a remote tier it has no effect, and says so.
+  r = Parse({"--remote-key-file", dir_ + "/raw.key"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->ignored.size(), 1u);
+  EXPECT_TRUE(Names(r->ignored[0], "--remote-key-file has no effect")) << r->ignored[0];
 }
 
 TEST_F(DaemonOptionsTest, MetricsAddressDefaultsToLoopback9400AndIsChecked) {

@@ -31,9 +31,10 @@ NamespaceSpec Spec(uint32_t chunk_tokens, uint32_t layers = 2) {
   return s;
 }
 
-std::unique_ptr<RemoteTier> Open(const std::string& url) {
+std::unique_ptr<RemoteTier> Open(const std::string& url, const std::string& mac_key = "") {
   RemoteTierOptions o;
   o.url = url;
+  o.mac_key = mac_key;
   o.timeout = 200ms;
   o.probe_interval = 100ms;
   auto t = RemoteTier::Open(o);
@@ -132,6 +133,76 @@ TEST_F(RemoteTierTest, AValueChangedBehindItsBackIsACountedMissNeverServed) {
   EXPECT_EQ(tier->counters().corrupt_reads, 5u);
   EXPECT_EQ(tier->counters().io_errors, 0u);
   EXPECT_EQ(tier->counters().hits, 0u);
+}
+
+// Issue 32, item 7: the checks above catch damage, not forgery. Whoever can
+// write to the store can build an image that passes them all (every header
+// field follows from the prompt and the namespace; the checksums are
+// unkeyed): without a MAC key it is served. With one, only images sealed
+// under the same key are: one planted without a MAC, or with a MAC under
+// another key, is a counted miss, and daemons sharing the key read each
+// other's images.
+TEST_F(RemoteTierTest, WithAMacKeyOnlyImagesSealedUnderThatKeyAreServed) {
+  const std::string key(32, 'k'), other_key(32, 'o');
+  const Chain chain(Spec(16), 4, 3);
+  const uint64_t stored = chain.layout.header_bytes + chain.layout.payload_bytes;
+  // The forger's images: built from public data, planted straight into the store.
+  for (size_t i = 0; i < 3; ++i) {
+    const std::string forged(reinterpret_cast<const char*>(chain.images[i]->p), stored);
+    ASSERT_TRUE(servers_->Run(0, {"SET", RemoteTier::ImageKey(chain.ns, chain.keys[i]), forged}).ok());
+  }
+  auto trusting = Open(servers_->Url());
+  ASSERT_NE(trusting, nullptr);
+  for (const Status& st : ReadAll(*trusting, chain)) {
+    EXPECT_TRUE(st.ok()) << "without a key a well-formed planted image is served: " << st.ToString();
+  }
+  auto keyed = Open(servers_->Url(), key);
+  ASSERT_NE(keyed, nullptr);
+  for (const Status& st : ReadAll(*keyed, chain)) {
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss) << "a planted image without a MAC was served";
+  }
+  // Sealed under another key (a daemon of another cluster, or a guessed key).
+  auto foreign = Open(servers_->Url(), other_key);
+  ASSERT_NE(foreign, nullptr);
+  ASSERT_EQ(foreign->WriteMany(chain.Images()), 3u);
+  for (const Status& st : ReadAll(*keyed, chain)) {
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss) << "an image under another key was served";
+  }
+  EXPECT_EQ(keyed->counters().corrupt_reads, 6u);
+  EXPECT_EQ(keyed->counters().hits, 0u);
+  // A daemon sharing the key: its images are served, byte for byte, to the other.
+  auto peer = Open(servers_->Url(), key);
+  ASSERT_NE(peer, nullptr);
+  ASSERT_EQ(peer->WriteMany(chain.Images()), 3u);
+  std::vector<std::unique_ptr<AlignedBuf>> bufs;
+  const std::vector<Status> results = ReadAll(*keyed, chain, &bufs);
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].ToString();
+    EXPECT_EQ(std::memcmp(bufs[i]->p, chain.images[i]->p, stored), 0) << "chunk " << i;
+    // The MAC read into the slot's padding is not left there.
+    for (uint64_t b = stored; b < chain.layout.slot_bytes; ++b) {
+      ASSERT_EQ(static_cast<const std::byte*>(bufs[i]->p)[b], std::byte{0}) << "byte " << b;
+    }
+  }
+  // A layout whose image fills its slot to the byte (960 tokens: a 4096-byte
+  // header): the MAC has no padding to land in, and is read beside it.
+  const Chain full(Spec(960, 1), 5, 2);
+  ASSERT_EQ(full.layout.header_bytes + full.layout.payload_bytes, full.layout.slot_bytes);
+  ASSERT_EQ(peer->WriteMany(full.Images()), 2u);
+  std::vector<std::unique_ptr<AlignedBuf>> full_bufs;
+  const std::vector<Status> full_results = ReadAll(*keyed, full, &full_bufs);
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(full_results[i].ok()) << i << ": " << full_results[i].ToString();
+    EXPECT_EQ(std::memcmp(full_bufs[i]->p, full.images[i]->p, full.layout.slot_bytes), 0);
+  }
+  // One byte of a sealed value changed (here its MAC): a miss.
+  auto value = servers_->Run(0, {"GET", RemoteTier::ImageKey(chain.ns, chain.keys[0])});
+  ASSERT_TRUE(value.ok());
+  std::string changed = value->str;
+  ASSERT_EQ(changed.size(), stored + RemoteTierOptions::kMacBytes);
+  changed[changed.size() - 1] ^= 0x01;
+  ASSERT_TRUE(servers_->Run(0, {"SET", RemoteTier::ImageKey(chain.ns, chain.keys[0]), changed}).ok());
+  EXPECT_EQ(ReadAll(*keyed, chain)[0].code(), StatusCode::kDataLoss);
 }
 
 TEST_F(RemoteTierTest, AStoreDownIsAMissThenDegradedUntilAProbeFindsItBack) {

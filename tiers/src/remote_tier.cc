@@ -1,8 +1,10 @@
 #include "kvtier/tiers/remote_tier.h"
 
+#include <sodium.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "kvtier/logging.h"
@@ -20,9 +22,33 @@ uint64_t StoredBytes(std::span<const std::byte> image) {
   return uint64_t{h.header_bytes} + h.payload_bytes;
 }
 
+using MacBytes = std::array<unsigned char, RemoteTierOptions::kMacBytes>;
+
+// The MAC of the image stored under `name`: keyed BLAKE2b-256 over a domain
+// tag, the store key and the image bytes (REQUIRES: key of kMacKeyBytes).
+MacBytes ImageMac(const std::string& key, std::string_view name, std::span<const std::byte> image) {
+  static constexpr std::string_view kDomain{"kvtier remote image MAC v1", 27};  // with its NUL
+  crypto_generichash_state state;
+  crypto_generichash_init(&state, reinterpret_cast<const unsigned char*>(key.data()), key.size(),
+                          RemoteTierOptions::kMacBytes);
+  crypto_generichash_update(&state, reinterpret_cast<const unsigned char*>(kDomain.data()),
+                            kDomain.size());
+  crypto_generichash_update(&state, reinterpret_cast<const unsigned char*>(name.data()),
+                            name.size());
+  crypto_generichash_update(&state, reinterpret_cast<const unsigned char*>(image.data()),
+                            image.size());
+  MacBytes mac;
+  crypto_generichash_final(&state, mac.data(), mac.size());
+  return mac;
+}
+
 }  // namespace
 
 Status RemoteTierOptions::Validate() const {
+  if (!mac_key.empty() && mac_key.size() != kMacKeyBytes) {
+    return Status::InvalidArgument("remote MAC key is " + std::to_string(mac_key.size()) +
+                                   " bytes, not " + std::to_string(kMacKeyBytes));
+  }
   if (url.empty()) return Status::InvalidArgument("remote: the URL is empty");
   if (pool_size < 1 || pool_size > 256) {
     return Status::InvalidArgument("remote_pool_size " + std::to_string(pool_size) +
@@ -47,6 +73,9 @@ Result<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOptions& op
   store_options.pool_size = options.pool_size;
   store_options.io_timeout = options.timeout;
   store_options.connect_timeout = options.timeout;
+  if (!options.mac_key.empty() && sodium_init() < 0) {
+    return Status::Internal("libsodium could not be initialized (for the remote images' MAC)");
+  }
   auto store = RedisCluster::Create(store_options);
   if (!store.ok()) return store.status();
   return std::unique_ptr<RemoteTier>(new RemoteTier(options, std::move(*store)));
@@ -154,13 +183,23 @@ void RemoteTier::ReadMany(std::span<ReadRequest> requests) {
     counters_.skipped += requests.size();
     return;
   }
+  const size_t mac_bytes = options_.mac_key.empty() ? 0 : RemoteTierOptions::kMacBytes;
   std::vector<std::string> keys;
   std::vector<RedisCluster::Get> gets;
+  // An image and its MAC land in the slot (its padding holds the MAC) or, where
+  // the padding is too short, here first.
+  std::vector<std::vector<std::byte>> spill(requests.size());
   keys.reserve(requests.size());
   gets.reserve(requests.size());
   for (const ReadRequest& r : requests) keys.push_back(ImageKey(r.id.ns, r.id.key));
   for (size_t i = 0; i < requests.size(); ++i) {
-    gets.push_back({keys[i], requests[i].buffer.first(requests[i].layout->slot_bytes), 0, {}});
+    const SlotLayout& layout = *requests[i].layout;
+    std::span<std::byte> dst = requests[i].buffer.first(layout.slot_bytes);
+    if (StoredBytes(layout) + mac_bytes > dst.size()) {
+      spill[i].resize(StoredBytes(layout) + mac_bytes);
+      dst = spill[i];
+    }
+    gets.push_back({keys[i], dst, 0, {}});
   }
   store_->GetMany(gets);
   size_t unavailable = 0;
@@ -178,9 +217,25 @@ void RemoteTier::ReadMany(std::span<ReadRequest> requests) {
       if (unavailable++ == 0) first_unavailable = g.result;
       continue;
     }
-    if (g.result.ok() && g.bytes != StoredBytes(*r.layout)) {
-      r.result = Status::DataLoss("remote image of " + std::to_string(g.bytes) +
-                                  " bytes, expected " + std::to_string(StoredBytes(*r.layout)));
+    const uint64_t image_bytes = StoredBytes(*r.layout);
+    if (g.result.ok() && g.bytes != image_bytes + mac_bytes) {
+      r.result = Status::DataLoss(
+          "remote image of " + std::to_string(g.bytes) + " bytes, expected " +
+          std::to_string(image_bytes + mac_bytes) +
+          (mac_bytes == 0 ? std::string() : " (the image and its MAC)"));
+    }
+    if (r.result.ok() && mac_bytes != 0) {
+      const MacBytes mac = ImageMac(options_.mac_key, keys[i], g.dst.first(image_bytes));
+      if (crypto_verify_32(mac.data(),
+                           reinterpret_cast<const unsigned char*>(g.dst.data() + image_bytes)) != 0) {
+        r.result = Status::DataLoss("remote image MAC does not verify (written without this "
+                                    "daemon's --remote-key-file, or forged)");
+      }
+      if (!spill[i].empty() && r.result.ok()) {
+        std::memcpy(r.buffer.data(), spill[i].data(), image_bytes);
+      } else if (spill[i].empty()) {
+        std::memset(g.dst.data() + image_bytes, 0, mac_bytes);  // the slot's padding again
+      }
     }
     if (r.result.ok()) {
       r.result = VerifySlotHeader(r.buffer.data(), *r.layout, r.id, /*check_header_checksum=*/true);
@@ -218,8 +273,19 @@ size_t RemoteTier::WriteMany(std::span<const NvmeImage> images) {
   keys.reserve(images.size());
   sets.reserve(images.size());
   for (const NvmeImage& image : images) keys.push_back(ImageKey(image.ns, image.key));
+  std::vector<std::vector<std::byte>> sealed;  // with a MAC key: each image, then its MAC
+  if (!options_.mac_key.empty()) sealed.resize(images.size());
   for (size_t i = 0; i < images.size(); ++i) {
-    sets.push_back({keys[i], images[i].image.first(StoredBytes(images[i].image)), {}});
+    std::span<const std::byte> value = images[i].image.first(StoredBytes(images[i].image));
+    if (!sealed.empty()) {
+      const MacBytes mac = ImageMac(options_.mac_key, keys[i], value);
+      sealed[i].reserve(value.size() + mac.size());
+      sealed[i].assign(value.begin(), value.end());
+      const auto* m = reinterpret_cast<const std::byte*>(mac.data());
+      sealed[i].insert(sealed[i].end(), m, m + mac.size());
+      value = sealed[i];
+    }
+    sets.push_back({keys[i], value, {}});
   }
   store_->SetMany(sets, options_.expire_seconds);
   size_t stored = 0, full = 0;

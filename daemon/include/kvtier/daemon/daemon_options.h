@@ -54,6 +54,10 @@ struct DaemonOptions {
   // Their replay ROUTER endpoint, same forms; "" for none. Needs
   // events_address. Default: "".
   std::string events_replay_address;
+  // The file the remote tier's MAC key was read from (core.remote.mac_key):
+  // 32 bytes, raw or as 64 hex digits, readable by its owner only. "" for none
+  // (the store must then be trusted). Default: "".
+  std::string remote_key_file;
   // Settings given that have no effect (an NVMe setting with the NVMe tier
   // off, a config file that sets nothing), each naming its flag, or its
   // config file and line: kvtierd logs them at start.

@@ -7,8 +7,13 @@
 // verified before it counts as a hit (its length, then header, namespace, key,
 // parent and tokens against what the lookup asked for, header checksum and
 // payload checksum); a mismatch is a miss, counted in corrupt_reads, and the
-// value is left alone (another daemon may own it). Redis's own maxmemory
-// policy evicts (README: "Several nodes").
+// value is left alone (another daemon may own it). Those checks catch damage,
+// not forgery: the checksums are unkeyed and every header field follows from
+// public data, so whoever can write to the store could plant images of chosen
+// prompts. With a MAC key (RemoteTierOptions::mac_key, a secret the cluster's
+// daemons share) each image is stored with a keyed MAC after it and a read
+// whose MAC does not verify is a corrupt miss; without one the store must be
+// trusted. Redis's own maxmemory policy evicts (README: "Several nodes").
 //
 // Failures are misses, never errors: a store down, slow or full answers
 // UNAVAILABLE per image. A batch fails when no image of it got an answer (one
@@ -57,6 +62,15 @@ struct RemoteTierOptions {
   uint32_t expire_seconds = 0;
   // While degraded, least time between two probes of the store. Default: 1 s.
   std::chrono::milliseconds probe_interval{1000};
+  // The secret of the images' MAC: empty (no MAC) or kMacKeyBytes bytes, the
+  // same on every daemon of the store. Set: each image is stored followed by
+  // kMacBytes of keyed BLAKE2b-256 (libsodium's crypto_generichash) over its
+  // store key and bytes, and read back only when they verify. A daemon with a
+  // key reads no image written without it, or under another key (corrupt
+  // misses). Default: empty.
+  std::string mac_key;
+  static constexpr size_t kMacKeyBytes = 32;
+  static constexpr size_t kMacBytes = 32;
 
   Status Validate() const;  // INVALID_ARGUMENT naming the field
 };

@@ -64,6 +64,25 @@ class SessionStream final : public grpc::ClientBidiReactor<v1::SessionHello, v1:
   }
   bool alive() const { return alive_.load(); }
 
+  // Tells kvtierd that this client writes no more into its reservations (so
+  // their slots are freed at once when the session ends) and waits until
+  // `deadline` for its acknowledgement. Returns whether it came.
+  bool SayClosing(Clock::time_point deadline) {
+    {
+      // One write at a time: the hello's must have completed.
+      std::unique_lock lock(mu_);
+      if (!cv_.wait_until(lock, deadline, [&] { return (got_opened_ && hello_written_) || done_; }) ||
+          done_) {
+        return false;
+      }
+    }
+    closing_.set_closing(true);
+    StartWrite(&closing_);
+    std::unique_lock lock(mu_);
+    return cv_.wait_until(lock, deadline, [&] { return closing_acked_ || done_; }) &&
+           closing_acked_;
+  }
+
   // Cancels the stream and waits for OnDone. Then `this` may be deleted.
   void Cancel() {
     ctx_.TryCancel();
@@ -71,7 +90,14 @@ class SessionStream final : public grpc::ClientBidiReactor<v1::SessionHello, v1:
     cv_.wait(lock, [&] { return done_; });
   }
 
-  void OnWriteDone(bool /*ok*/) override {}
+  void OnWriteDone(bool /*ok*/) override {
+    KVTIER_TSAN_ACQUIRE(this);
+    {
+      std::lock_guard lock(mu_);
+      hello_written_ = true;
+    }
+    cv_.notify_all();
+  }
   void OnReadDone(bool ok) override {
     KVTIER_TSAN_ACQUIRE(this);
     if (!ok) return;  // the stream ended; OnDone follows
@@ -80,6 +106,8 @@ class SessionStream final : public grpc::ClientBidiReactor<v1::SessionHello, v1:
       if (!got_opened_) {
         opened_copy_ = opened_;
         got_opened_ = true;
+      } else {
+        closing_acked_ = true;  // the only other SessionOpened: SayClosing's answer
       }
     }
     cv_.notify_all();
@@ -99,10 +127,13 @@ class SessionStream final : public grpc::ClientBidiReactor<v1::SessionHello, v1:
  private:
   grpc::ClientContext ctx_;
   v1::SessionHello hello_;
+  v1::SessionHello closing_;
   v1::SessionOpened opened_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool got_opened_ = false;
+  bool closing_acked_ = false;
+  bool hello_written_ = false;  // the first write completed (OnWriteDone)
   bool done_ = false;
   std::string end_reason_;
   v1::SessionOpened opened_copy_;
@@ -544,6 +575,8 @@ class Client::Impl {
       last = std::move(conn_);
       closed_ = true;
     }
+    // Without it kvtierd keeps this session's reservations' slots until the process exits.
+    if (last && last->alive()) last->session->SayClosing(Clock::now() + options_.deadline);
   }
 
   void ReleaseLater(std::shared_ptr<Connection> conn, uint64_t lease_id) {

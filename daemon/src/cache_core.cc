@@ -1,6 +1,7 @@
 #include "kvtier/daemon/cache_core.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -178,7 +179,12 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
   return core;
 }
 
-CacheCore::~CacheCore() { StopWorkers(); }
+CacheCore::~CacheCore() {
+  StopWorkers();
+  for (const Orphans& o : orphans_) {
+    if (o.pidfd >= 0) close(o.pidfd);
+  }
+}
 
 void CacheCore::OnDramEviction(uint32_t handle) {
   if (nvme_writer_ && options_.nvme_write_policy == NvmeWritePolicy::kWriteBack) {
@@ -606,6 +612,7 @@ Status CacheCore::ReleaseUnserved(uint64_t session_id, uint64_t lease_id) {
 void CacheCore::ExpireNow() {
   const Clock::TimePoint now = clock_.Now();
   std::lock_guard lock(mu_);
+  ReapOrphans();
   const std::vector<Lease> leases = leases_.TakeExpired(now);
   for (const Lease& lease : leases) EndLease(lease);
   const size_t tickets = promoter_->ExpireTickets(now);

@@ -1,9 +1,14 @@
 // CacheCore's sessions: opening and ending them, their tokens, and what each
 // may hold of the DRAM arena (session_max_bytes).
+#include <poll.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/random.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 
 #include "kvtier/daemon/cache_core.h"
 
@@ -48,7 +53,7 @@ uint64_t CacheCore::OpenSession(const std::string& client_name, uint32_t pid) {
   std::lock_guard lock(mu_);
   uint64_t id = next_id_++;
   sessions_.emplace(id, SessionInfo{client_name + " (pid " + std::to_string(pid) + ")",
-                                    std::move(token)});
+                                    std::move(token), 0, pid});
   return id;
 }
 
@@ -74,22 +79,63 @@ Status CacheCore::CheckSessionToken(uint64_t session_id, std::string_view token)
                                   "leases, reservations and tickets are its own");
 }
 
-void CacheCore::EndSession(uint64_t session_id) {
+void CacheCore::EndSession(uint64_t session_id, bool writers_stopped) {
   std::lock_guard lock(mu_);
-  if (sessions_.erase(session_id) == 0) return;
+  auto session = sessions_.find(session_id);
+  if (session == sessions_.end()) return;
+  const SessionInfo info = std::move(session->second);
+  sessions_.erase(session);
   const std::vector<Lease> leases = leases_.TakeSession(session_id);
   for (const Lease& lease : leases) EndLease(lease);
   std::vector<Reservation> open = reservations_.TakeSession(session_id);
-  for (Reservation& r : open) FreeReservation(r);
-  size_t reservations = open.size();
+  for (Reservation& r : open) ReleaseReservationHolds(r);  // their keys, at once
   counters_.prefetches.session_ended += promoter_->EndSession(session_id);
   if (auto q = quarantined_.find(session_id); q != quarantined_.end()) {
-    for (const Reservation& r : q->second) FreeReservationSlots(r);
-    reservations += q->second.size();
+    for (Reservation& r : q->second) open.push_back(std::move(r));
     quarantined_.erase(q);
   }
+  const size_t reservations = open.size();
+  // Their slots: the client may still be copying into them while it runs.
+  int pidfd = -1;
+  bool running = false;
+  if (!open.empty() && info.pid != 0 && !writers_stopped) {
+    pidfd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(info.pid), 0));
+    if (pidfd >= 0) {
+      pollfd p{pidfd, POLLIN, 0};
+      running = poll(&p, 1, 0) == 0;  // readable: it exited already (a zombie)
+      if (!running) close(pidfd);
+    } else {
+      running = errno != ESRCH && kill(static_cast<pid_t>(info.pid), 0) == 0;
+    }
+  }
+  if (running) {
+    spdlog::info("session {} of {} ended while its process runs: the slots of its {} open "
+                 "reservations stay held until it exits (it may still be writing them)",
+                 session_id, info.name, reservations);
+    orphans_.push_back({pidfd, info.pid, std::move(open)});
+  } else {
+    for (const Reservation& r : open) FreeReservationSlots(r);
+  }
   spdlog::debug("session {} ended: freed {} leases and {} reservations", session_id,
-                leases.size(), reservations);
+                leases.size(), running ? 0 : reservations);
+}
+
+void CacheCore::ReapOrphans() {
+  std::erase_if(orphans_, [&](Orphans& o) {
+    bool exited;
+    if (o.pidfd >= 0) {
+      pollfd p{o.pidfd, POLLIN, 0};
+      exited = poll(&p, 1, 0) != 0;  // readable once it exited (or an error: give up on it)
+    } else {
+      exited = kill(static_cast<pid_t>(o.pid), 0) != 0 && errno == ESRCH;
+    }
+    if (!exited) return false;
+    for (const Reservation& r : o.reservations) FreeReservationSlots(r);
+    spdlog::info("process {} exited: the slots of its {} orphaned reservations are free", o.pid,
+                 o.reservations.size());
+    if (o.pidfd >= 0) close(o.pidfd);
+    return true;
+  });
 }
 
 Status CacheCore::CheckSession(uint64_t session_id) const {

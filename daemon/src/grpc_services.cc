@@ -28,6 +28,10 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionHello, v1
       Finish(grpc::Status::OK);
       return;
     }
+    if (session_id_ != 0 && hello_.closing()) {  // the client's writers stopped: it says so
+      writers_stopped_ = true;
+      StartWrite(&opened_);  // the acknowledgement it waits for
+    }
     if (session_id_ == 0) {
       if (hello_.client_name().size() > CacheCore::kMaxClientNameBytes) {
         Finish(ToGrpcStatus(Status::InvalidArgument(
@@ -56,7 +60,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionHello, v1
   }
   void OnWriteDone(bool /*ok*/) override {}
   void OnDone() override {
-    if (session_id_ != 0) core_.EndSession(session_id_);
+    if (session_id_ != 0) core_.EndSession(session_id_, writers_stopped_);
     delete this;
   }
 
@@ -65,6 +69,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionHello, v1
   v1::SessionHello hello_;
   v1::SessionOpened opened_;
   uint64_t session_id_ = 0;
+  bool writers_stopped_ = false;  // a closing hello came
 };
 
 }  // namespace

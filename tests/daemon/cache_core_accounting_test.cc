@@ -30,7 +30,7 @@ class CacheCoreAccountingTest : public CacheCoreHarness {
 TEST_F(CacheCoreAccountingTest, AConnectorShapedRequestIsCountedOnce) {
   ASSERT_EQ(Store(Tokens(12)), 3u);
   const auto prompt = Tokens(14);  // 3 full chunks, all cached, and a 2-token tail
-  const uint64_t rank1 = core_->OpenSession("tp-rank-1", 2);
+  const uint64_t rank1 = core_->OpenSession("tp-rank-1", ExitedPid());
   request_id = "cmpl-7f3a-0";
   EXPECT_EQ(Lookup(prompt, /*acquire=*/false).num_chunks(), 3u);  // the scheduler
   const v1::LookupResponse rank0_lease = Lookup(prompt, true);     // worker, TP rank 0

@@ -2,6 +2,10 @@
 // EndSession reclaiming a session's leases and reservations.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <thread>
 
 #include "daemon/cache_core_harness.h"
@@ -54,7 +58,7 @@ TEST_F(CacheCoreExpiryTest, ReservationCommittedBeforeItsTtlStays) {
 
 TEST_F(CacheCoreExpiryTest, ExpiredReservationSlotsReturnWhenTheirSessionEnds) {
   Start(Options(/*num_slots=*/2));
-  const uint64_t writer = core_->OpenSession("slow-writer", 2);
+  const uint64_t writer = core_->OpenSession("slow-writer", ExitedPid());
   ASSERT_EQ(Reserve(Tokens(8), writer).chunks_size(), 2);
   const v1::ReserveWriteResponse full = Reserve(Tokens(8, 100));
   EXPECT_EQ(full.reservation_id(), 0u);  // reserved slots are never evicted
@@ -64,6 +68,41 @@ TEST_F(CacheCoreExpiryTest, ExpiredReservationSlotsReturnWhenTheirSessionEnds) {
   // in those slots, so no other writer gets them.
   EXPECT_EQ(Reserve(Tokens(8, 100)).reservation_id(), 0u);
   core_->EndSession(writer);
+  EXPECT_EQ(Store(Tokens(8, 100)), 2u);
+}
+
+// Issue 32, item 4: a session whose stream broke while its client lives (the
+// SDK's watchdog shut a socket that overran a deadline) ended and its
+// reserved slots went to the next writer at once, while the client's storer
+// was still copying into them: another session's chunk committed there was
+// overwritten after sealing. The keys come back at once (another writer may
+// store them, elsewhere), the slots only when the client process exits.
+TEST_F(CacheCoreExpiryTest, ASessionEndedWhileItsClientRunsKeepsItsSlotsUntilTheClientExits) {
+  Start(Options(/*num_slots=*/2));
+  const pid_t client = fork();  // the writer's process: alive until killed
+  if (client == 0) {
+    pause();
+    _exit(0);
+  }
+  ASSERT_GT(client, 0);
+  const uint64_t writer = core_->OpenSession("writer", static_cast<uint32_t>(client));
+  const auto tokens = Tokens(8);
+  const v1::ReserveWriteResponse r = Reserve(tokens, writer);
+  ASSERT_EQ(r.chunks_size(), 2);
+  core_->EndSession(writer);  // its stream broke; its storer is still copying
+  core_->ExpireNow();
+  const v1::ReserveWriteResponse other = Reserve(Tokens(8, 100));
+  EXPECT_EQ(other.reservation_id(), 0u)
+      << "a slot the live writer may still be copying into went to another writer";
+  EXPECT_EQ(UsedBytes(), 2 * kSlotBytes);
+  // Its keys are free: the prompt is not "being written" by a session that is gone.
+  const v1::ReserveWriteResponse again = Reserve(tokens);
+  EXPECT_NE(again.outcomes(0), v1::BEING_WRITTEN);
+  kill(client, SIGKILL);
+  int status = 0;
+  waitpid(client, &status, 0);
+  core_->ExpireNow();  // the sweep finds the process gone
+  EXPECT_EQ(UsedBytes(), 0u);
   EXPECT_EQ(Store(Tokens(8, 100)), 2u);
 }
 
@@ -143,7 +182,7 @@ TEST_F(CacheCoreExpiryTest, EachLeaseHasItsOwnExpiry) {
 TEST_F(CacheCoreExpiryTest, EndSessionFreesItsLeasesAndReservations) {
   const auto stored = Tokens(8);
   ASSERT_EQ(Store(stored), 2u);
-  const uint64_t other = core_->OpenSession("other", 2);
+  const uint64_t other = core_->OpenSession("other", ExitedPid());
   const uint64_t other_lease = Lookup(stored, true, other).lease_id();
   ASSERT_NE(other_lease, 0u);
   const v1::ReserveWriteResponse other_res = Reserve(Tokens(8, 100), other);
@@ -174,7 +213,7 @@ TEST_F(CacheCoreExpiryTest, EndSessionFreesItsLeasesAndReservations) {
 }
 
 TEST_F(CacheCoreExpiryTest, EndedSessionCannotStartNewWork) {
-  const uint64_t other = core_->OpenSession("other", 2);
+  const uint64_t other = core_->OpenSession("other", ExitedPid());
   core_->EndSession(other);
   v1::ReserveWriteResponse resp;
   EXPECT_EQ(wire::Run(*core_, ReserveRequest(Tokens(4), other), &resp).code(),
@@ -194,7 +233,7 @@ TEST_F(CacheCoreExpiryTest, EndSessionDuringALookupLeavesNoLease) {
   ASSERT_EQ(Lookup(prompt, false).num_chunks(), 1u);
   const auto one_lookup = std::chrono::steady_clock::now() - t0;
   for (int divisor : {2, 3, 5}) {  // a few landing points, in case timing is off
-    const uint64_t other = core_->OpenSession("other", 2);
+    const uint64_t other = core_->OpenSession("other", ExitedPid());
     std::thread lookup([&] {
       v1::LookupRequest req;
       req.set_session_id(other);

@@ -17,7 +17,7 @@ class CacheCoreFairnessTest : public ::testing::Test, public CacheCoreDriver {
     CacheCoreOptions o = Options(/*num_slots=*/16);
     o.session_max_bytes = 0;  // the default: half the arena
     Start(o);
-    greedy_ = core_->OpenSession("greedy", 2);
+    greedy_ = core_->OpenSession("greedy", ExitedPid());
   }
 
   // The polite client's store and load of a fresh 4-chunk prompt, with every

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <thread>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -42,6 +43,17 @@ inline NamespaceSpec TinySpec() {
   s.head_dim = 64;
   s.chunk_tokens = kChunkTokens;
   return s;
+}
+
+// The pid of a process that has exited (a child run and reaped): for a
+// session whose client is gone, so that ending it frees its reservations'
+// slots at once (CacheCore::EndSession keeps them while the client runs).
+inline uint32_t ExitedPid() {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  int status = 0;
+  if (child > 0) waitpid(child, &status, 0);
+  return child > 0 ? static_cast<uint32_t>(child) : 0;
 }
 
 inline v1::NamespaceSpec TinyProtoSpec() {
@@ -100,7 +112,7 @@ class CacheCoreDriver {
     auto mapped = Arena::Map(dup(core_->arena().fd()), core_->arena().bytes(), core_->epoch());
     ASSERT_TRUE(mapped.ok()) << mapped.status().ToString();
     client_arena_ = std::move(mapped).value();
-    session_ = core_->OpenSession("test", 1);
+    session_ = core_->OpenSession("test", ExitedPid());
     v1::OpenNamespaceRequest req;
     req.set_session_id(session_);
     *req.mutable_spec() = TinyProtoSpec();

@@ -496,7 +496,7 @@ TEST_F(CacheCorePrefetchTest, TicketsTogetherHoldAtMostHalfOfDram) {
 }
 
 TEST_F(CacheCorePrefetchTest, SessionEndEndsItsTickets) {
-  const uint64_t other = core_->OpenSession("other", 2);
+  const uint64_t other = core_->OpenSession("other", ExitedPid());
   v1::PrefetchResponse p;
   ASSERT_TRUE(Prefetch(a_, &p, 0, 0, other).ok());
   EXPECT_EQ(Stats().active_prefetches(), 1u);
@@ -529,7 +529,7 @@ TEST_F(CacheCorePrefetchTest, BadPrefetchRequestsAreRefusedAndChangeNothing) {
   EXPECT_EQ(Stats().DebugString(), before.DebugString());
 
   // Another session's ticket: neither its status nor its chunks.
-  const uint64_t other = core_->OpenSession("other", 2);
+  const uint64_t other = core_->OpenSession("other", ExitedPid());
   ASSERT_TRUE(Prefetch(a_, &p, 0, 0, other).ok());
   v1::PrefetchStatusResponse s;
   EXPECT_EQ(PrefetchStatus(p.ticket(), &s).code(), StatusCode::kPermissionDenied);

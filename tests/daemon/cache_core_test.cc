@@ -96,7 +96,7 @@ TEST_F(CacheCoreTest, UncommittedWriteIsInvisible) {
 TEST_F(CacheCoreTest, ChunksBeingWrittenByAnotherClientAreNotReservedTwice) {
   const auto tokens = Tokens(8);
   const v1::ReserveWriteResponse first = Reserve(tokens);
-  const uint64_t other = core_->OpenSession("other", 2);
+  const uint64_t other = core_->OpenSession("other", ExitedPid());
   const v1::ReserveWriteResponse second = Reserve(tokens, other);
   ASSERT_EQ(second.outcomes_size(), 2);
   EXPECT_EQ(second.outcomes(0), v1::BEING_WRITTEN);
@@ -245,7 +245,7 @@ TEST_F(CacheCoreTest, ForeignLeaseAndReservationArePermissionDenied) {
   ASSERT_EQ(Store(tokens), 2u);
   const v1::LookupResponse l = Lookup(tokens, true);
   const v1::ReserveWriteResponse r = Reserve(Tokens(4, 1000));
-  const uint64_t other = core_->OpenSession("other", 2);
+  const uint64_t other = core_->OpenSession("other", ExitedPid());
   EXPECT_EQ(Release(l.lease_id(), other).code(), StatusCode::kPermissionDenied);
   EXPECT_EQ(Commit(r.reservation_id(), nullptr, other).code(), StatusCode::kPermissionDenied);
   v1::AbortWriteRequest abort;
@@ -309,7 +309,7 @@ TEST_F(CacheCoreTest, EverythingLeasedMeansNoSpace) {
   Start(Options(/*num_slots=*/2));
   const auto tokens = Tokens(8);
   ASSERT_EQ(Store(tokens), 2u);
-  const uint64_t reader = core_->OpenSession("reader", 2);  // not the writer's own limit
+  const uint64_t reader = core_->OpenSession("reader", ExitedPid());  // not the writer's own limit
   const v1::LookupResponse l = Lookup(tokens, true, reader);
   const v1::ReserveWriteResponse r = Reserve(Tokens(8, 500));
   ASSERT_EQ(r.outcomes_size(), 2);

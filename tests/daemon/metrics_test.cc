@@ -179,7 +179,7 @@ TEST_F(MetricsTest, PrefetchOutcomesAreCountedOnceEach) {
   clock_.Advance(std::chrono::milliseconds(101));
   core_->ExpireNow();
 
-  const uint64_t other = core_->OpenSession("other", 2);
+  const uint64_t other = core_->OpenSession("other", ExitedPid());
   ASSERT_TRUE(Prefetch(Tokens(8), &p, 0, 0, other).ok());
   ASSERT_NE(p.ticket(), 0u);
   core_->EndSession(other);

@@ -28,7 +28,7 @@ class RequestValidationWorld : public CacheCoreDriver {
     reservation_ = Reserve(Tokens(4, 500)).reservation_id();
     ASSERT_NE(lease_, 0u);
     ASSERT_NE(reservation_, 0u);
-    b_ = core_->OpenSession("b", 2);
+    b_ = core_->OpenSession("b", ExitedPid());
   }
   std::string Snapshot() const {
     v1::NamespacesResponse ns;

@@ -68,7 +68,7 @@ class RingServerTest : public CacheCoreNvmeTest {
 
   // A second session ("other"), with the test's namespace open.
   uint64_t OpenOtherSession() {
-    const uint64_t other = core_->OpenSession("other", 2);
+    const uint64_t other = core_->OpenSession("other", ExitedPid());
     v1::OpenNamespaceRequest req;
     req.set_session_id(other);
     *req.mutable_spec() = TinyProtoSpec();

@@ -352,7 +352,12 @@ class Client {
 
   // True while a session with the daemon is open.
   bool connected() const;
-  // Ends the session (the daemon frees this client's leases). Idempotent.
+  // Ends the session (the daemon frees this client's leases and
+  // reservations). Call it once this client's storers have finished: it tells
+  // the daemon that nothing of it writes into its reservations any more, so
+  // their slots are reused at once (a session that ends otherwise while its
+  // process runs keeps them out of use until the process exits). Waits for the
+  // daemon's acknowledgement up to the call deadline. Idempotent.
   void Close();
 
  private:

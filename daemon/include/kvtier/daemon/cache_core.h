@@ -174,10 +174,15 @@ class CacheCore {
   const HbmTier* hbm() const { return hbm_.get(); }
 
   // Sessions: opened by the Session stream, ended when it breaks. Ending a
-  // session ends its leases and frees its reservations at once. Each gets a
+  // session ends its leases at once. Its open (and expired) reservations give
+  // their keys back at once, but their slots only once the client process
+  // `pid` has exited: a client whose stream broke while it lives (its
+  // watchdog shut a socket that overran a deadline) may still be copying into
+  // them. A pid of 0, one that is not running, or `writers_stopped` (the
+  // client said so as it closed) frees them at once. Each session gets a
   // token of 128 random bits (32 hex digits) that its other calls must carry.
   uint64_t OpenSession(const std::string& client_name, uint32_t pid);
-  void EndSession(uint64_t session_id);
+  void EndSession(uint64_t session_id, bool writers_stopped = false);
   // "" for an unknown session.
   std::string SessionToken(uint64_t session_id) const;
   // Whether `token` is session `session_id`'s (compared in constant time). An
@@ -448,7 +453,18 @@ class CacheCore {
     std::string name;   // client name (pid N), for the logs
     std::string token;  // 32 hex digits
     uint64_t held_bytes = 0;  // its leases', promotions' and reservations' held_bytes
+    uint32_t pid = 0;         // the client's process, as its hello said
   };
+  // Reservations of ended sessions whose client process still ran: their
+  // slots wait for it to exit (a pidfd that becomes readable; -1: polled with
+  // kill(pid, 0) where pidfd_open is missing).
+  struct Orphans {
+    int pidfd = -1;
+    uint32_t pid = 0;
+    std::vector<Reservation> reservations;
+  };
+  // REQUIRES: mu_ held. Frees the slots of orphans whose process has exited.
+  void ReapOrphans();
   // REQUIRES: mu_ held. How many more slots of `slot_bytes` session
   // `session_id` may hold under session_max_bytes (at least 1 while it holds
   // nothing); `returning`: bytes the call gives back first (a ticket taken over).
@@ -465,6 +481,7 @@ class CacheCore {
   // still be copying into those slots, so they are reused only when the
   // session ends (session id -> reservations).
   std::unordered_map<uint64_t, std::vector<Reservation>> quarantined_;  // GUARDED_BY(mu_)
+  std::vector<Orphans> orphans_;                                      // GUARDED_BY(mu_)
   std::unordered_set<ChunkKey, ChunkKeyHash> reserved_keys_;          // GUARDED_BY(mu_)
   uint64_t next_id_ = 1;                                              // GUARDED_BY(mu_)
   uint64_t next_sequence_ = 1;                                        // GUARDED_BY(mu_)

@@ -793,7 +793,8 @@ class KvtierConnector(KVConnectorBase_V1):
             failed = loader.finish()
             self._load_errors.update(failed)
             self._stats.data["load_error_blocks"] += len(failed)
-            positions = [i for i, b in enumerate(load.block_ids) if b in set(failed)]
+            failed_set = set(failed)
+            positions = [i for i, b in enumerate(load.block_ids) if b in failed_set]
             if positions:
                 self._mark_bad(load.req_id, min(positions) * self._block_size)
         self._loaders = []

@@ -456,6 +456,8 @@ int main(int argc, char** argv) {
   remote->add_option("--chunks", remote_options.num_chunks,
                      "images per round (default 64, 32, 16 for 256 KiB, 1 MiB, 4 MiB)")
       ->check(CLI::Range(1, 1 << 16));
+  remote->add_flag("--mac", remote_options.mac,
+                   "the tier's images with a keyed MAC (a random key), as --remote-key-file");
   uint64_t evict_chunks = 262144, evict_chain = 256;
   auto* evict = app.add_subcommand("evict", "making room in a full tier of long prefix chains");
   evict->add_option("--chunks", evict_chunks, "slots in the tier")

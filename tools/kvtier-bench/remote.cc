@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -376,11 +377,16 @@ int RunRemote(const RemoteOptions& o) {
   RemoteTierOptions tier_options;
   tier_options.url = url;
   tier_options.timeout = kTierTimeout;
+  if (o.mac) {
+    tier_options.mac_key.resize(RemoteTierOptions::kMacKeyBytes);
+    std::random_device rd;
+    for (char& c : tier_options.mac_key) c = static_cast<char>(rd());
+  }
   auto tier = Must(RemoteTier::Open(tier_options), "the remote tier");
   std::printf(
       "kvtier-bench remote: the remote tier vs pipelined hiredis on the same store, "
-      "%d rounds per size (after one warm-up), every byte read back checked\n",
-      o.iterations);
+      "%d rounds per size (after one warm-up), every byte read back checked%s\n",
+      o.iterations, o.mac ? "; the tier's images carry a keyed MAC (--mac)" : "");
   std::printf(
       "  store: %s (%s, %zu master%s, %s)\n", url.c_str(),
       own ? (o.single ? "one redis-server started here" : "a Redis Cluster started here") : "given",

@@ -24,6 +24,8 @@ struct RemoteOptions {
   int iterations = 9;   // measured rounds per size (one more, first, is a warm-up)
   // Images per round; 0: 64, 32 and 16 for 256 KiB, 1 MiB and 4 MiB (16-64 MiB a round).
   int num_chunks = 0;
+  // The tier with a MAC key (a random one for the run), as kvtierd --remote-key-file.
+  bool mac = false;
 };
 
 // Exit status: 0, or 1 (through Die, naming why) when the store cannot be started or

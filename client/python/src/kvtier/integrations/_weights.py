@@ -19,6 +19,8 @@ import struct
 from pathlib import Path
 from typing import Optional
 
+from kvtier.integrations._names import namespace_text
+
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _WHOLE_FILES = ("config.json", "params.json", "model.safetensors.index.json",
                 "pytorch_model.bin.index.json", "quantize_config.json", "hf_quant_config.json",
@@ -68,3 +70,22 @@ def weights_fingerprint(model: str, revision: Optional[str] = None) -> Optional[
     for path in files:
         _hash_file(h, path)
     return h.hexdigest()[:32]
+
+
+def namespace_model_id(model_id: str, fingerprint: str, model: str,
+                       revision: Optional[str] = None) -> str:
+    """The namespace's model id: `model_id`, with the fingerprint of `model`'s weights
+    (``fingerprint`` "auto"), none ("off"), or ``fingerprint`` itself. ValueError when "auto"
+    finds no weight file."""
+    if fingerprint == "off":
+        return namespace_text(model_id)
+    if fingerprint == "auto":
+        found = weights_fingerprint(model, revision)
+        if found is None:
+            raise ValueError(
+                f"kvtier: no weight files of model {model!r} found (neither a folder nor in the "
+                "Hugging Face cache) to fingerprint, so engines serving other weights under "
+                "this name could share its KV; set kv_connector_extra_config "
+                "weights_fingerprint to a string naming these weights, or to \"off\"")
+        fingerprint = found
+    return namespace_text(f"{model_id}@weights:{fingerprint}")

@@ -93,7 +93,6 @@ from vllm.distributed.kv_events import (
     BlockStored,
     KVCacheEvent,
     KVConnectorKVEvents,
-    KVEventAggregator,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -114,7 +113,8 @@ from vllm.v1.outputs import KVConnectorOutput
 
 import kvtier
 from kvtier.integrations._names import namespace_text
-from kvtier.integrations._weights import weights_fingerprint
+from kvtier.integrations._weights import namespace_model_id, weights_fingerprint
+from kvtier.integrations._vllm_reports import KvtierConnectorStats, KvtierKVEvents
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -207,70 +207,6 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
     saves: list[_SaveSpec] = field(default_factory=list)
 
 
-_STAT_KEYS = ("loaded_tokens", "load_error_blocks", "stored_tokens", "already_stored_tokens",
-              "dropped_chunks", "unsafe_chunks", "fail_open_calls")
-
-
-@dataclass
-class KvtierConnectorStats(KVConnectorStats):
-    """Worker-side counters of one logging interval, summed over workers."""
-
-    def __post_init__(self) -> None:
-        for key in _STAT_KEYS:
-            self.data.setdefault(key, 0)
-
-    def reset(self) -> None:
-        self.data = {key: 0 for key in _STAT_KEYS}
-
-    def aggregate(self, other: KVConnectorStats) -> "KvtierConnectorStats":
-        for key in _STAT_KEYS:
-            self.data[key] += int(other.data.get(key, 0))
-        return self
-
-    def reduce(self) -> dict[str, int | float]:
-        return {f"kvtier_{key}": int(self.data[key]) for key in _STAT_KEYS}
-
-    def is_empty(self) -> bool:
-        return not any(self.data[key] for key in _STAT_KEYS)
-
-
-class KvtierKVEvents(KVConnectorKVEvents):
-    """The KV cache events of one step, as vLLM's KVEventAggregator counts them: one worker's
-    (each event once), or after vLLM's executor merged the workers' (``add_events`` and
-    ``increment_workers``), every worker's. ``aggregate`` keeps the events every worker sent.
-    Not thread-safe."""
-
-    def __init__(self, num_workers: int) -> None:
-        self._aggregator = KVEventAggregator(num_workers)
-
-    def add_events(self, events: list[KVCacheEvent]) -> None:
-        self._aggregator.add_events(events)
-
-    def aggregate(self) -> "KvtierKVEvents":
-        common = self._aggregator.get_common_events()
-        self._aggregator.clear_events()
-        self._aggregator.add_events(common)
-        self._aggregator.reset_workers()
-        return self
-
-    def increment_workers(self, count: int = 1) -> None:
-        self._aggregator.increment_workers(count)
-
-    def get_all_events(self) -> list[KVCacheEvent]:
-        return self._aggregator.get_all_events()
-
-    def get_number_of_workers(self) -> int:
-        return self._aggregator.get_number_of_workers()
-
-    def clear_events(self) -> None:
-        self._aggregator.clear_events()
-        self._aggregator.reset_workers()
-
-    def __repr__(self) -> str:
-        return (f"<KvtierKVEvents workers={self.get_number_of_workers()} "
-                f"events={self.get_all_events()}>")
-
-
 @dataclass
 class _Tracker:
     """Scheduler-side state of one running request."""
@@ -289,25 +225,6 @@ def _request_tag(request_id: str) -> str:
     return request_id if len(raw) <= 256 else hashlib.sha256(raw).hexdigest()
 
 
-def _model_id(vllm_config: "VllmConfig", settings: _Settings) -> str:
-    """The namespace's model id: model_id, with the weights' fingerprint unless it is off."""
-    fingerprint = settings.weights_fingerprint
-    if fingerprint == "off":
-        return namespace_text(settings.model_id)
-    if fingerprint == "auto":
-        config = vllm_config.model_config
-        model = config.model if config is not None else ""
-        found = weights_fingerprint(model, getattr(config, "revision", None))
-        if found is None:
-            raise ValueError(
-                f"kvtier: no weight files of model {model!r} found (neither a folder nor in the "
-                "Hugging Face cache) to fingerprint, so engines serving other weights under "
-                "this name could share its KV; set kv_connector_extra_config "
-                "weights_fingerprint to a string naming these weights, or to \"off\"")
-        fingerprint = found
-    return namespace_text(f"{settings.model_id}@weights:{fingerprint}")
-
-
 def _namespace_spec(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
                     settings: _Settings, tp_rank: int) -> dict[str, Any]:
     """The open_namespace arguments (less salt and LoRA) from vLLM's KV cache config."""
@@ -324,7 +241,11 @@ def _namespace_spec(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
                          f"vLLM's block size {block_size}")
     cache_dtype = str(vllm_config.cache_config.cache_dtype)
     kv_dtype: Any = cache_dtype if cache_dtype.startswith("fp8") else spec.dtype
-    args: dict[str, Any] = dict(model_id=_model_id(vllm_config, settings),
+    config = vllm_config.model_config
+    model_id = namespace_model_id(settings.model_id, settings.weights_fingerprint,
+                                  config.model if config is not None else "",
+                                  getattr(config, "revision", None))
+    args: dict[str, Any] = dict(model_id=model_id,
                                 num_layers=len(groups[0].layer_names), kv_dtype=kv_dtype,
                                 chunk_tokens=settings.chunk_tokens)
     if isinstance(spec, MLAAttentionSpec):

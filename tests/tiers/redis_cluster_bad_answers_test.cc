@@ -34,6 +34,11 @@ using Clock = std::chrono::steady_clock;
 // the connection after sending what is before it.
 using Script = std::function<std::string(const std::vector<std::string>& argv)>;
 const std::string kClose = "<close>";
+// At the start of an answer: send the rest one byte every 10 ms.
+const std::string kDrip = "<drip>";
+// At the start of an answer: send the rest, then 1 MiB after 1 MiB of 'x' as fast as the
+// client reads (256 MiB at most) until it hangs up.
+const std::string kFlood = "<flood>";
 
 // A TCP server on 127.0.0.1 (a free port) that answers each command by its
 // Script, one thread per connection. Thread-safety: constructed and destroyed
@@ -97,6 +102,22 @@ class ScriptedServer {
         std::string answer = script_(argv);
         const bool close_after = answer.ends_with(kClose);
         if (close_after) answer.resize(answer.size() - kClose.size());
+        if (answer.starts_with(kDrip)) {
+          for (size_t i = kDrip.size(); open && !stop_ && i < answer.size(); ++i) {
+            open = send(fd, &answer[i], 1, MSG_NOSIGNAL) == 1;
+            std::this_thread::sleep_for(milliseconds(10));
+          }
+          continue;
+        }
+        if (answer.starts_with(kFlood)) {
+          answer.erase(0, kFlood.size());
+          open = send(fd, answer.data(), answer.size(), MSG_NOSIGNAL) >= 0;
+          const std::string mib(1 << 20, 'x');
+          for (int i = 0; open && !stop_ && i < 256; ++i) {
+            open = send(fd, mib.data(), mib.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(mib.size());
+          }
+          continue;
+        }
         if (!answer.empty() && send(fd, answer.data(), answer.size(), MSG_NOSIGNAL) < 0) {
           open = false;
         }
@@ -210,6 +231,51 @@ TEST(RedisClusterBadAnswers, OddGetAnswersAreUnavailableAndBounded) {
   ExpectUnavailable(GetOne(client, "closed"), self, "closed");
   // The connection each fault broke is replaced: a plain GET works again.
   EXPECT_EQ(GetOne(client, "missing").code(), StatusCode::kNotFound);
+}
+
+// Issue 32, item 6: a hostile or broken store cannot hold a call past its
+// deadline by trickling bytes (each read used to have io_timeout of its own:
+// a byte every 10 ms kept a GET going for as long as the server liked), nor
+// grow kvtierd's memory without bound (a bulk string of gigabytes was
+// buffered whole; an array's pointers are allocated when its length arrives).
+// Other callers waiting for the node's one pooled connection are bounded too.
+TEST(RedisClusterBadAnswers, ATricklingOrFloodingServerIsCutOffAtTheDeadlineAndTheBound) {
+  ScriptedServer server([&](const std::vector<std::string>& argv) -> std::string {
+    if (argv.at(0) == "CLUSTER") return "-ERR This instance has cluster support disabled\r\n";
+    const std::string& key = argv.at(1);
+    if (key == "drip") return kDrip + "$1000\r\n" + std::string(1000, 'd') + "\r\n";
+    if (key == "flood") return kFlood + "$4000000000\r\n";
+    if (key == "huge-array") return "*2000000000\r\n";
+    return "$-1\r\n";
+  });
+  const std::string self = server.endpoint().ToString();
+  RedisClusterOptions o = OptionsFor(server);
+  o.pool_size = 1;
+  auto c = RedisCluster::Create(o);
+  ASSERT_TRUE(c.ok());
+  RedisCluster& client = **c;
+  auto start = Clock::now();
+  ExpectUnavailable(GetOne(client, "drip"), self, "io_timeout (200 ms)");
+  EXPECT_LT(Clock::now() - start, milliseconds(1000)) << "a trickle outlasted the deadline";
+  start = Clock::now();
+  ExpectUnavailable(GetOne(client, "flood"), self, "bytes (not read on)");
+  EXPECT_LT(Clock::now() - start, milliseconds(1000));
+  ExpectUnavailable(GetOne(client, "huge-array"), self, "an array of 2000000000 elements");
+  // Two callers on one pooled connection, the first held by a trickle: each
+  // ends within its own deadline (the second's wait for the connection counts).
+  start = Clock::now();
+  Status second;
+  std::thread other([&] {
+    std::this_thread::sleep_for(milliseconds(20));
+    second = GetOne(client, "missing");
+  });
+  const Status first = GetOne(client, "drip");
+  other.join();
+  ExpectUnavailable(first, self, "io_timeout");
+  EXPECT_TRUE(second.code() == StatusCode::kUnavailable || second.code() == StatusCode::kNotFound)
+      << second.ToString();
+  EXPECT_LT(Clock::now() - start, milliseconds(1000));
+  EXPECT_EQ(GetOne(client, "missing").code(), StatusCode::kNotFound) << "not usable again";
 }
 
 TEST(RedisClusterBadAnswers, UnreachableSeedIsUnavailableAtOnceAndNotAnError) {

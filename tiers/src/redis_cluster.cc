@@ -25,6 +25,8 @@ struct Command {
   std::array<const char*, 5> argv{};
   std::array<size_t, 5> len{};
   int argc = 0;
+  // Its answer's bound (RedisConnection::ReadReply).
+  redis::RedisConnection::Bound bound = redis::RedisConnection::kControlReply;
 };
 
 Command MakeCommand(std::string_view key, std::initializer_list<std::string_view> args) {
@@ -211,14 +213,15 @@ void RedisCluster::Impl::RefreshIfStale() {
 }
 
 Result<RedisCluster::Impl::Topology> RedisCluster::Impl::Probe(RedisNode& node) {
-  auto conn = node.Borrow();
+  const auto deadline = Clock::now() + options_.io_timeout;
+  auto conn = node.Borrow(deadline);
   if (!conn.ok()) return conn.status();
   static const char* kArgv[] = {"CLUSTER", "SLOTS"};
   static const size_t kLen[] = {7, 5};
   conn->Append(2, kArgv, kLen);
   Reply reply;
   bool timed_out = false;
-  Status s = conn->ReadReply(Clock::now() + options_.io_timeout, &reply, &timed_out);
+  Status s = conn->ReadReply(deadline, &reply, &timed_out);
   if (!s.ok()) {
     if (timed_out) counters_.timeouts.fetch_add(1, std::memory_order_relaxed);
     node.DropIdle();
@@ -302,7 +305,7 @@ void RedisCluster::Impl::RunOnNode(Group& group, std::span<const Command> cmds,
   RedisNode& node = *group.node;
   const auto deadline = Clock::now() + options_.io_timeout;
   for (int attempt = 0;; ++attempt) {
-    auto conn = node.Borrow();
+    auto conn = node.Borrow(deadline);
     if (!conn.ok()) {
       for (const Pending& p : group.items) results[p.cmd] = conn.status();
       MarkStale();
@@ -337,9 +340,9 @@ Status RedisCluster::Impl::Exchange(redis::RedisConnection& conn, const Group& g
   }
   for (const Pending& p : group.items) {
     Reply reply;
-    Status s = conn.ReadReply(deadline, &reply, timed_out);
     // ASKING's own answer came first; the command's answer says whether it worked.
-    if (s.ok() && p.asking) s = conn.ReadReply(deadline, &reply, timed_out);
+    Status s = p.asking ? conn.ReadReply(deadline, &reply, timed_out) : Status::Ok();
+    if (s.ok()) s = conn.ReadReply(deadline, &reply, timed_out, cmds[p.cmd].bound);
     if (!s.ok()) return s;
     if (reply->type == REDIS_REPLY_ERROR) {
       OnError(*group.node, p, *reply, results, next);
@@ -408,6 +411,7 @@ void RedisCluster::GetMany(std::span<Get> gets) {
   for (Get& g : gets) {
     g.bytes = 0;
     cmds.push_back(MakeCommand(g.key, {"GET", g.key}));
+    cmds.back().bound = redis::RedisConnection::GetReply(g.dst.size());
   }
   auto results = impl_->Run(cmds, [&](size_t i, const redisReply& r, const std::string& node) {
     Get& g = gets[i];

@@ -1,11 +1,16 @@
 #include "redis_node.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/time.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <utility>
 
@@ -74,6 +79,41 @@ std::string Escaped(const char* s, size_t len) {
   return out;
 }
 
+// hiredis's own reply functions, and createArray bounded by the answer's
+// element budget (RedisConnection::Bound, in the reader's privdata): an array
+// whose announced length is over it fails the answer (NULL: hiredis's
+// out-of-memory error) before hiredis allocates its pointers.
+template <typename F>
+struct CountOf;
+template <typename R, typename T, typename N>
+struct CountOf<R (*)(T, N)> {
+  using type = N;
+};
+using ElementCount = CountOf<decltype(redisReplyObjectFunctions::createArray)>::type;
+
+const redisReplyObjectFunctions* g_hiredis_functions = nullptr;
+
+void* CreateBoundedArray(const redisReadTask* task, ElementCount elements) {
+  auto* budget = static_cast<RedisConnection::ElementBudget*>(task->privdata);
+  const auto n = static_cast<size_t>(elements < 0 ? 0 : elements);
+  if (budget == nullptr || n > budget->left) {
+    if (budget != nullptr) budget->refused = n;
+    return nullptr;
+  }
+  budget->left -= n;
+  return g_hiredis_functions->createArray(task, elements);
+}
+
+redisReplyObjectFunctions* BoundedFunctions(const redisReplyObjectFunctions* hiredis) {
+  static redisReplyObjectFunctions bounded = [&] {
+    g_hiredis_functions = hiredis;
+    redisReplyObjectFunctions f = *hiredis;
+    f.createArray = &CreateBoundedArray;
+    return f;
+  }();
+  return &bounded;
+}
+
 }  // namespace
 
 std::string DescribeReply(const redisReply& r) {
@@ -124,40 +164,89 @@ void RedisConnection::Append(int argc, const char* const* argv, const size_t* ar
   }
 }
 
-Status RedisConnection::ReadReply(Clock::time_point deadline, Reply* reply, bool* timed_out) {
+Status RedisConnection::ReadReply(Clock::time_point deadline, Reply* reply, bool* timed_out,
+                                  Bound bound) {
   *timed_out = false;
   reply->reset();
   if (broken_) {
     return Status::Unavailable(node_->name() + ": the connection broke: " + ctx_->errstr);
   }
+  budget_ = {bound.elements, 0};
+  ctx_->reader->privdata = &budget_;
+  // Bytes received for this answer: the answer itself, and what the last read
+  // brought of the next ones (a read takes at most kReadBytes).
+  constexpr size_t kReadBytes = size_t{16} << 10;
+  size_t received = 0;
   void* r = nullptr;
-  // An answer already read (pipelined) needs no system call and no timeout.
-  if (redisGetReplyFromReader(ctx_, &r) == REDIS_OK && r == nullptr) {
+  Status st;
+  for (;;) {
+    // An answer already read (pipelined) needs no system call.
+    if (redisGetReplyFromReader(ctx_, &r) != REDIS_OK) {
+      st = Status::Unavailable(
+          node_->name() + ": protocol error: " +
+          (budget_.refused == 0 ? std::string(ctx_->errstr)
+                                : "an array of " + std::to_string(budget_.refused) +
+                                      " elements, where at most " +
+                                      std::to_string(bound.elements) + " may come"));
+      break;
+    }
+    if (r != nullptr) break;
+    if (received > bound.bytes + kReadBytes) {
+      st = Status::Unavailable(node_->name() + ": an answer of more than " +
+                               std::to_string(bound.bytes) + " bytes (not read on)");
+      break;
+    }
     const auto left =
-        std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
-    redisSetTimeout(ctx_, ToTimeval(left));
-    // Only a call with commands still to send writes.
-    std::optional<SigpipeBlock> block;
-    if (ctx_->obuf != nullptr && sdslen(ctx_->obuf) > 0) block.emplace();
-    errno = 0;
-    if (redisGetReply(ctx_, &r) != REDIS_OK) r = nullptr;
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      *timed_out = true;
+      st = Status::Unavailable(node_->name() + ": no answer within io_timeout (" +
+                               std::to_string(node_->options().io_timeout.count()) + " ms)");
+      break;
+    }
+    const bool writing = ctx_->obuf != nullptr && sdslen(ctx_->obuf) > 0;
+    pollfd p{ctx_->fd, static_cast<short>(POLLIN | (writing ? POLLOUT : 0)), 0};
+    const int n = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 60'000)));
+    if (n < 0 && errno != EINTR) {
+      st = Status::Unavailable(node_->name() + ": I/O error: poll: " + std::strerror(errno));
+      break;
+    }
+    if (n <= 0) continue;
+    if (writing && (p.revents & POLLOUT) != 0) {
+      SigpipeBlock block;
+      int done = 0;
+      if (redisBufferWrite(ctx_, &done) != REDIS_OK) {
+        st = Status::Unavailable(node_->name() + ": I/O error: " + ctx_->errstr);
+        break;
+      }
+    }
+    if ((p.revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+      char buf[kReadBytes];
+      const ssize_t got = read(ctx_->fd, buf, sizeof(buf));
+      if (got == 0) {
+        st = Status::Unavailable(node_->name() + ": connection closed by the server");
+        break;
+      }
+      if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        st = Status::Unavailable(node_->name() + ": I/O error: " + std::strerror(errno));
+        break;
+      }
+      if (got > 0) {
+        received += static_cast<size_t>(got);
+        if (redisReaderFeed(ctx_->reader, buf, static_cast<size_t>(got)) != REDIS_OK) {
+          st = Status::Unavailable(node_->name() + ": protocol error: " + ctx_->reader->errstr);
+          break;
+        }
+      }
+    }
   }
+  ctx_->reader->privdata = nullptr;
   if (r != nullptr) {
     reply->reset(static_cast<redisReply*>(r));
     return Status::Ok();
   }
   broken_ = true;
-  const int err = errno;
-  if (ctx_->err == REDIS_ERR_IO && (err == EAGAIN || err == EWOULDBLOCK)) {
-    *timed_out = true;
-    return Status::Unavailable(node_->name() + ": no answer within io_timeout (" +
-                               std::to_string(node_->options().io_timeout.count()) + " ms)");
-  }
-  if (ctx_->err == 0) return Status::Unavailable(node_->name() + ": no answer");
-  const char* what = ctx_->err == REDIS_ERR_EOF        ? "connection closed by the server"
-                     : ctx_->err == REDIS_ERR_PROTOCOL ? "protocol error"
-                                                       : "I/O error";
-  return Status::Unavailable(node_->name() + ": " + what + ": " + ctx_->errstr);
+  return st;
 }
 
 RedisNode::RedisNode(RedisEndpoint endpoint, const RedisNodeOptions& options,
@@ -169,10 +258,16 @@ RedisNode::RedisNode(RedisEndpoint endpoint, const RedisNodeOptions& options,
 
 RedisNode::~RedisNode() { DropIdle(); }
 
-Result<RedisConnection> RedisNode::Borrow() {
+Result<RedisConnection> RedisNode::Borrow(Clock::time_point deadline) {
   {
     std::unique_lock lock(mu_);
-    while (idle_.empty() && num_open_ >= options_.pool_size) returned_.wait(lock);
+    if (!returned_.wait_until(lock, deadline, [&] {
+          return !idle_.empty() || num_open_ < options_.pool_size;
+        })) {
+      return Status::Unavailable(name_ + ": no pooled connection free within io_timeout (" +
+                                 std::to_string(options_.io_timeout.count()) + " ms; " +
+                                 std::to_string(options_.pool_size) + " all lent)");
+    }
     if (!idle_.empty()) {
       redisContext* ctx = idle_.back();
       idle_.pop_back();
@@ -191,8 +286,12 @@ Result<RedisConnection> RedisNode::Borrow() {
 Result<RedisConnection> RedisNode::Connect() {
   const timeval connect_tv = ToTimeval(options_.connect_timeout);
   redisContext* ctx = redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, connect_tv);
-  if (ctx != nullptr && ctx->err == 0 &&
-      redisSetTimeout(ctx, ToTimeval(options_.io_timeout)) == REDIS_OK) {
+  // Non-blocking from here on: ReadReply polls, so that no read or write can
+  // outlast its deadline by trickling bytes; arrays are bounded (above).
+  if (ctx != nullptr && ctx->err == 0 && redisSetTimeout(ctx, ToTimeval(options_.io_timeout)) == REDIS_OK &&
+      fcntl(ctx->fd, F_SETFL, fcntl(ctx->fd, F_GETFL) | O_NONBLOCK) == 0) {
+    ctx->flags &= ~REDIS_BLOCK;
+    ctx->reader->fn = BoundedFunctions(ctx->reader->fn);
     counters_->connects.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard lock(mu_);
     failed_ = false;

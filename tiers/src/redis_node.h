@@ -63,10 +63,32 @@ class RedisConnection {
   // REQUIRES: argc >= 1.
   void Append(int argc, const char* const* argv, const size_t* argv_len);
   // Sends what is queued and reads the next answer, waiting until `deadline`
-  // at most. Error answers (REDIS_REPLY_ERROR) are OK here, in *reply. Errors:
-  // UNAVAILABLE naming the node and the cause ("no answer within io_timeout"
-  // sets *timed_out); the connection is then broken. Raises no SIGPIPE.
-  Status ReadReply(Clock::time_point deadline, Reply* reply, bool* timed_out);
+  // at most, however the server paces its bytes (the socket is polled; no
+  // system call blocks). An answer over `bound` is not read on (a server could
+  // stream gigabytes into it, or announce an array of billions). Error answers
+  // (REDIS_REPLY_ERROR) are OK here, in *reply. Errors: UNAVAILABLE naming the
+  // node and the cause ("no answer within io_timeout" sets *timed_out); the
+  // connection is then broken. Raises no SIGPIPE.
+  // The answer being read: array elements it may still hold, and the length
+  // of an array refused for holding more.
+  struct ElementBudget {
+    size_t left = 0;
+    size_t refused = 0;
+  };
+  // What one answer may hold at most: bytes on the wire, and array elements
+  // (hiredis allocates an array's pointers when its length arrives).
+  struct Bound {
+    size_t bytes;
+    size_t elements;
+  };
+  // An answer to a command other than GET (CLUSTER SLOTS of a large cluster
+  // is the longest).
+  static constexpr Bound kControlReply{size_t{1} << 20, size_t{1} << 16};
+  // A GET's answer into a buffer of `dst_bytes`: a string (a value somewhat
+  // larger is read, and refused as not fitting), never an array.
+  static constexpr Bound GetReply(size_t dst_bytes) { return {dst_bytes + (size_t{1} << 20), 0}; }
+  Status ReadReply(Clock::time_point deadline, Reply* reply, bool* timed_out,
+                   Bound bound = kControlReply);
   // Whether it was idle in the pool before (the server may have closed it meanwhile);
   // false for a connection made by this Borrow.
   bool reused() const { return reused_; }
@@ -76,6 +98,7 @@ class RedisConnection {
   redisContext* ctx_ = nullptr;
   bool reused_ = false;
   bool broken_ = false;
+  ElementBudget budget_;  // of the answer being read (the reader's privdata)
 };
 
 struct RedisNodeOptions {
@@ -98,10 +121,11 @@ class RedisNode {
   const RedisNodeOptions& options() const { return options_; }
 
   // Lends an idle connection, or connects a new one (connect_timeout) when
-  // fewer than pool_size are open; waits while all are lent. Errors:
-  // UNAVAILABLE when connecting fails, or when it failed less than
-  // reconnect_backoff ago (then nothing is tried).
-  Result<RedisConnection> Borrow();
+  // fewer than pool_size are open; waits while all are lent, until `deadline`
+  // at most. Errors: UNAVAILABLE when none was free by then, when connecting
+  // fails, or when it failed less than reconnect_backoff ago (then nothing is
+  // tried).
+  Result<RedisConnection> Borrow(Clock::time_point deadline);
   // Closes the idle connections: after one broke, the others most likely
   // lead to a dead or restarted server too.
   void DropIdle();

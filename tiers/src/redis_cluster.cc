@@ -25,8 +25,10 @@ struct Command {
   std::array<const char*, 5> argv{};
   std::array<size_t, 5> len{};
   int argc = 0;
-  // Its answer's bound (RedisConnection::ReadReply).
+  // Its answer's bound (RedisConnection::ReadReply), and the bytes it is expected to bring
+  // (a GET: its buffer), for the batch's deadline.
   redis::RedisConnection::Bound bound = redis::RedisConnection::kControlReply;
+  uint64_t reply_bytes = 0;
 };
 
 Command MakeCommand(std::string_view key, std::initializer_list<std::string_view> args) {
@@ -303,7 +305,15 @@ void RedisCluster::Impl::RunOnNode(Group& group, std::span<const Command> cmds,
                                    const ReplyHandler& on_reply, std::vector<Status>& results,
                                    std::vector<Pending>& next) {
   RedisNode& node = *group.node;
-  const auto deadline = Clock::now() + options_.io_timeout;
+  uint64_t bytes = 0;  // what the batch moves at most
+  for (const Pending& p : group.items) {
+    const Command& c = cmds[p.cmd];
+    for (int a = 0; a < c.argc; ++a) bytes += c.len[a];
+    bytes += c.reply_bytes;
+  }
+  const auto deadline = Clock::now() + options_.io_timeout +
+                        std::chrono::microseconds(bytes * 1'000'000 /
+                                                  RedisClusterOptions::kMinBytesPerSecond);
   for (int attempt = 0;; ++attempt) {
     auto conn = node.Borrow(deadline);
     if (!conn.ok()) {
@@ -412,6 +422,7 @@ void RedisCluster::GetMany(std::span<Get> gets) {
     g.bytes = 0;
     cmds.push_back(MakeCommand(g.key, {"GET", g.key}));
     cmds.back().bound = redis::RedisConnection::GetReply(g.dst.size());
+    cmds.back().reply_bytes = g.dst.size();
   }
   auto results = impl_->Run(cmds, [&](size_t i, const redisReply& r, const std::string& node) {
     Get& g = gets[i];

@@ -62,8 +62,12 @@ struct RedisClusterOptions {
   uint32_t pool_size = 4;
   // TCP connect timeout (resolving a host name is not bounded by it). Default: 50 ms.
   std::chrono::milliseconds connect_timeout{50};
-  // Longest wait for one node's answers to a pipelined batch. Default: 100 ms.
+  // Longest wait for one node's answers to a pipelined batch, plus the time the
+  // batch's bytes (sent, and the values a GET may get) take at kMinBytesPerSecond:
+  // a node slower than that, however it paces its bytes, fails the batch.
+  // Default: 100 ms.
   std::chrono::milliseconds io_timeout{100};
+  static constexpr uint64_t kMinBytesPerSecond = uint64_t{64} << 20;
   // Least time between two connection attempts to a node that failed. Default: 200 ms.
   std::chrono::milliseconds reconnect_backoff{200};
   // Least time between two CLUSTER SLOTS refreshes. Default: 1 s.

@@ -55,8 +55,9 @@ struct RemoteTierOptions {
   std::string url;
   // Connections per store node. Range 1..256. Default: 4.
   uint32_t pool_size = 4;
-  // Longest wait for one node's answers to a batch (and to connect): a batch
-  // of the NVMe writer may hold 64 MiB of images. Range 1..60,000 ms. Default: 200 ms.
+  // Longest wait for one node's answers to a batch (and to connect), plus 1 s
+  // per 64 MiB the batch moves (a batch of the NVMe writer may hold 64 MiB of
+  // images; RedisClusterOptions::io_timeout). Range 1..60,000 ms. Default: 200 ms.
   std::chrono::milliseconds timeout{200};
   // A TTL on each image, in seconds; 0: none (maxmemory evicts). Default: 0.
   uint32_t expire_seconds = 0;

@@ -2,16 +2,15 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <pthread.h>
-#include <signal.h>
+#include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <optional>
 #include <utility>
 
 namespace kvtier::redis {
@@ -25,42 +24,6 @@ timeval ToTimeval(std::chrono::microseconds d) {
   return tv;
 }
 
-// Blocks SIGPIPE in this thread while it lives, and then discards one raised meanwhile
-// (hiredis writes with write(2): a write to a connection the server reset raises it, which
-// would end a process that does not ignore it). A SIGPIPE pending before is left alone.
-class SigpipeBlock {
- public:
-  SigpipeBlock() {
-    sigemptyset(&pipe_);
-    sigaddset(&pipe_, SIGPIPE);
-    was_pending_ = Pending();
-    blocked_ = pthread_sigmask(SIG_BLOCK, &pipe_, &old_) == 0;
-  }
-  ~SigpipeBlock() {
-    if (!blocked_) return;
-    const int saved_errno = errno;
-    if (!was_pending_ && Pending()) {
-      const timespec zero{0, 0};
-      while (sigtimedwait(&pipe_, nullptr, &zero) < 0 && errno == EINTR) {
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-    errno = saved_errno;
-  }
-  SigpipeBlock(const SigpipeBlock&) = delete;
-  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
-
- private:
-  static bool Pending() {
-    sigset_t pending;
-    sigemptyset(&pending);
-    return sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
-  }
-  sigset_t pipe_;
-  sigset_t old_;
-  bool was_pending_ = false;
-  bool blocked_ = false;
-};
 
 std::string Escaped(const char* s, size_t len) {
   constexpr size_t kMax = 64;
@@ -136,32 +99,94 @@ std::string DescribeReply(const redisReply& r) {
   }
 }
 
-RedisConnection::RedisConnection(RedisConnection&& other) noexcept
-    : node_(std::exchange(other.node_, nullptr)),
-      ctx_(std::exchange(other.ctx_, nullptr)),
-      reused_(other.reused_),
-      broken_(other.broken_) {}
+RedisConnection::RedisConnection(RedisConnection&& other) noexcept { *this = std::move(other); }
 
 RedisConnection& RedisConnection::operator=(RedisConnection&& other) noexcept {
   if (this != &other) {
-    if (ctx_ != nullptr) node_->Return(ctx_, broken_);
+    GiveBack();
     node_ = std::exchange(other.node_, nullptr);
     ctx_ = std::exchange(other.ctx_, nullptr);
     reused_ = other.reused_;
     broken_ = other.broken_;
+    out_ = std::move(other.out_);
+    framing_ = std::move(other.framing_);
+    out_next_ = std::exchange(other.out_next_, 0);
+    out_sent_ = std::exchange(other.out_sent_, 0);
   }
   return *this;
 }
 
-RedisConnection::~RedisConnection() {
-  if (ctx_ != nullptr) node_->Return(ctx_, broken_);
+RedisConnection::~RedisConnection() { GiveBack(); }
+
+void RedisConnection::GiveBack() {
+  // A command not wholly sent leaves the stream mid-command: closed, as a broken one.
+  if (ctx_ != nullptr) node_->Return(ctx_, broken_ || out_next_ < out_.size());
+  ctx_ = nullptr;
 }
 
 void RedisConnection::Append(int argc, const char* const* argv, const size_t* argv_len) {
-  // hiredis only reads argv (its parameter predates const-correctness).
-  if (redisAppendCommandArgv(ctx_, argc, const_cast<const char**>(argv), argv_len) != REDIS_OK) {
-    broken_ = true;
+  // RESP: an array of bulk strings. Headers and short arguments are copied into
+  // framing_; a long argument (an image) is sent from the caller's memory.
+  constexpr size_t kCopyBelow = 4096;
+  const auto frame = [&](std::string_view text) {
+    if (!out_.empty() && out_.back().ptr == nullptr) {
+      out_.back().len += text.size();
+    } else {
+      out_.push_back({nullptr, framing_.size(), text.size()});
+    }
+    framing_.append(text);
+  };
+  frame("*" + std::to_string(argc) + "\r\n");
+  for (int i = 0; i < argc; ++i) {
+    frame("$" + std::to_string(argv_len[i]) + "\r\n");
+    if (argv_len[i] < kCopyBelow) {
+      frame(std::string_view(argv[i], argv_len[i]));
+    } else {
+      out_.push_back({argv[i], 0, argv_len[i]});
+    }
+    frame("\r\n");
   }
+}
+
+int RedisConnection::WriteSome(std::string* error) {
+  constexpr size_t kMaxIov = 64;
+  iovec iov[kMaxIov];
+  size_t n = 0;
+  for (size_t i = out_next_; i < out_.size() && n < kMaxIov; ++i) {
+    const Segment& seg = out_[i];
+    const char* base = seg.ptr != nullptr ? seg.ptr : framing_.data() + seg.offset;
+    const size_t skip = i == out_next_ ? out_sent_ : 0;
+    iov[n++] = {const_cast<char*>(base + skip), seg.len - skip};
+  }
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = n;
+  // MSG_NOSIGNAL: a write to a connection the server reset raises no SIGPIPE.
+  const ssize_t wrote = sendmsg(ctx_->fd, &msg, MSG_NOSIGNAL);
+  if (wrote < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+    *error = std::strerror(errno);
+    return -1;
+  }
+  // Past what was sent: no byte of the queue is moved (a batch of images is
+  // sent from where it lies, whatever pieces the socket takes).
+  auto left = static_cast<size_t>(wrote);
+  while (left > 0) {
+    const size_t rest = out_[out_next_].len - out_sent_;
+    if (left < rest) {
+      out_sent_ += left;
+      break;
+    }
+    left -= rest;
+    ++out_next_;
+    out_sent_ = 0;
+  }
+  if (out_next_ == out_.size()) {
+    out_.clear();
+    framing_.clear();
+    out_next_ = 0;
+  }
+  return 1;
 }
 
 Status RedisConnection::ReadReply(Clock::time_point deadline, Reply* reply, bool* timed_out,
@@ -175,8 +200,13 @@ Status RedisConnection::ReadReply(Clock::time_point deadline, Reply* reply, bool
   ctx_->reader->privdata = &budget_;
   // Bytes received for this answer: the answer itself, and what the last read
   // brought of the next ones (a read takes at most kReadBytes).
-  constexpr size_t kReadBytes = size_t{16} << 10;
+  constexpr size_t kReadBytes = size_t{64} << 10;
+  thread_local std::unique_ptr<char[]> buffer;
+  if (!buffer) buffer = std::make_unique<char[]>(kReadBytes);
+  char* const buf = buffer.get();
   size_t received = 0;
+  // Whether a write or a read may make progress without a poll: tried first.
+  bool may_read = true, may_write = true;
   void* r = nullptr;
   Status st;
   for (;;) {
@@ -204,25 +234,31 @@ Status RedisConnection::ReadReply(Clock::time_point deadline, Reply* reply, bool
                                std::to_string(node_->options().io_timeout.count()) + " ms)");
       break;
     }
-    const bool writing = ctx_->obuf != nullptr && sdslen(ctx_->obuf) > 0;
-    pollfd p{ctx_->fd, static_cast<short>(POLLIN | (writing ? POLLOUT : 0)), 0};
-    const int n = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 60'000)));
-    if (n < 0 && errno != EINTR) {
-      st = Status::Unavailable(node_->name() + ": I/O error: poll: " + std::strerror(errno));
-      break;
-    }
-    if (n <= 0) continue;
-    if (writing && (p.revents & POLLOUT) != 0) {
-      SigpipeBlock block;
-      int done = 0;
-      if (redisBufferWrite(ctx_, &done) != REDIS_OK) {
-        st = Status::Unavailable(node_->name() + ": I/O error: " + ctx_->errstr);
+    const bool writing = out_next_ < out_.size();
+    // Polled only once the socket took no more and had nothing to read: a
+    // stream of answers is read without a poll per read.
+    if (!may_read && !(writing && may_write)) {
+      pollfd p{ctx_->fd, static_cast<short>(POLLIN | (writing ? POLLOUT : 0)), 0};
+      const int n = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 60'000)));
+      if (n < 0 && errno != EINTR) {
+        st = Status::Unavailable(node_->name() + ": I/O error: poll: " + std::strerror(errno));
         break;
       }
+      if (n <= 0) continue;
+      may_write = (p.revents & POLLOUT) != 0;
+      may_read = (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
     }
-    if ((p.revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
-      char buf[kReadBytes];
-      const ssize_t got = read(ctx_->fd, buf, sizeof(buf));
+    if (writing && may_write) {
+      std::string error;
+      const int wrote = WriteSome(&error);
+      if (wrote < 0) {
+        st = Status::Unavailable(node_->name() + ": I/O error: " + error);
+        break;
+      }
+      may_write = wrote > 0;
+    }
+    if (may_read) {
+      const ssize_t got = read(ctx_->fd, buf, kReadBytes);
       if (got == 0) {
         st = Status::Unavailable(node_->name() + ": connection closed by the server");
         break;
@@ -231,6 +267,7 @@ Status RedisConnection::ReadReply(Clock::time_point deadline, Reply* reply, bool
         st = Status::Unavailable(node_->name() + ": I/O error: " + std::strerror(errno));
         break;
       }
+      may_read = got > 0;
       if (got > 0) {
         received += static_cast<size_t>(got);
         if (redisReaderFeed(ctx_->reader, buf, static_cast<size_t>(got)) != REDIS_OK) {

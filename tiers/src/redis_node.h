@@ -60,7 +60,9 @@ class RedisConnection {
   ~RedisConnection();  // back to the pool, or closed when broken
 
   // Queues one command (binary-safe arguments); sent by the next ReadReply.
-  // REQUIRES: argc >= 1.
+  // An argument of 4 KiB or more is not copied: it is sent from `argv[i]`,
+  // which must stay valid and unchanged until the answers are read (or this
+  // connection is destroyed). REQUIRES: argc >= 1.
   void Append(int argc, const char* const* argv, const size_t* argv_len);
   // Sends what is queued and reads the next answer, waiting until `deadline`
   // at most, however the server paces its bytes (the socket is polled; no
@@ -97,7 +99,24 @@ class RedisConnection {
   RedisNode* node_ = nullptr;
   redisContext* ctx_ = nullptr;
   bool reused_ = false;
+  // Back to the pool, or closed when broken or mid-command.
+  void GiveBack();
+  // Sends what the socket takes of the queue (non-blocking): 1 when it took
+  // some, 0 when it took none, -1 on an I/O error (*error says which).
+  int WriteSome(std::string* error);
+
   bool broken_ = false;
+  // What Append queued, in order: framing_'s bytes at [offset, offset + len)
+  // when ptr is null, else the caller's bytes at ptr.
+  struct Segment {
+    const char* ptr;
+    size_t offset;
+    size_t len;
+  };
+  std::vector<Segment> out_;
+  std::string framing_;
+  size_t out_next_ = 0;  // the first segment not wholly sent
+  size_t out_sent_ = 0;  // its bytes sent
   ElementBudget budget_;  // of the answer being read (the reader's privdata)
 };
 

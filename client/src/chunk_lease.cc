@@ -14,6 +14,7 @@ struct ChunkLease::State {
   std::vector<uint64_t> offsets;    // payload offsets in the arena
   std::vector<uint64_t> sequences;  // slot sequence numbers at lookup
   std::vector<uint64_t> hbm_offsets;  // payload offsets in the HBM pool; 0 = not in HBM
+  std::vector<uint64_t> hbm_sequences;  // the HBM copies' own sequences; 0 = not in HBM
 };
 
 ChunkLease::ChunkLease() = default;
@@ -58,6 +59,7 @@ std::shared_ptr<Arena> ChunkLease::mapping() const {
 uint64_t ChunkLease::sequence(size_t i) const { return state_->sequences[i]; }
 
 uint64_t ChunkLease::hbm_payload_offset(size_t i) const { return state_->hbm_offsets[i]; }
+uint64_t ChunkLease::hbm_sequence(size_t i) const { return state_->hbm_sequences[i]; }
 
 const HbmPoolInfo* ChunkLease::hbm_pool() const {
   return state_ && state_->conn->hbm ? &*state_->conn->hbm : nullptr;
@@ -73,7 +75,7 @@ void ChunkLease::Release() {
 
 Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const int32_t> tokens,
                                    size_t max_chunks, const PrefetchTicket* ticket, bool hbm,
-                                   std::string_view request_id) {
+                                   std::string_view request_id, size_t first_chunk) {
   if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
   KVTIER_RETURN_IF_ERROR(CheckRequestId(request_id));
   const uint64_t pb = ns.layout.payload_bytes;
@@ -96,6 +98,7 @@ Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const in
     if (take_over) req.set_prefetch_ticket(ticket->id);
     req.set_hbm(hbm && c.hbm.has_value());
     req.set_request_id(std::string(request_id));
+    req.set_first_chunk(static_cast<uint32_t>(std::min<size_t>(first_chunk, max_chunks)));
     const auto start = Clock::now();
     Status st = CallLookup(c, ns, deadline, req, tokens, &resp);
     lease.lookup_time = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
@@ -139,6 +142,7 @@ Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const in
     s.offsets.push_back(loc.payload_offset());
     s.sequences.push_back(loc.sequence());
     s.hbm_offsets.push_back(hbm_off);
+    s.hbm_sequences.push_back(hbm_off != 0 ? loc.hbm_sequence() : 0);
     lease.hbm_chunks += hbm_off != 0;
   }
   if (!bad.ok()) {
@@ -146,6 +150,7 @@ Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const in
     s.offsets.clear();
     s.sequences.clear();
     s.hbm_offsets.clear();
+    s.hbm_sequences.clear();
     lease.hbm_chunks = 0;
     lease.fail_open = bad;
     return lease;

@@ -173,7 +173,8 @@ Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
   const size_t per_chunk = ct / static_cast<size_t>(layout_.block_size_tokens());
   // Only chunks whose blocks the table covers can be delivered.
   auto acquired =
-      client_.Acquire(ns_, tokens, block_ids.size() / per_chunk, ticket, HbmUsable(), request_id);
+      client_.Acquire(ns_, tokens, block_ids.size() / per_chunk, ticket, HbmUsable(), request_id,
+                      first_chunk);
   if (!acquired.ok()) return acquired.status();
   lease_ = std::move(acquired).value();
   const uint32_t n = lease_.num_chunks();
@@ -280,7 +281,7 @@ uint32_t LayerwiseLoader::ValidHbmChunks() {
   if (!st.ok()) return 0;  // cannot tell: recompute them all
   uint32_t valid = first_chunk_;
   for (; valid < n; ++valid) {
-    if (lease_.hbm_payload_offset(valid) != 0 && seen[valid] != lease_.sequence(valid)) break;
+    if (lease_.hbm_payload_offset(valid) != 0 && seen[valid] != lease_.hbm_sequence(valid)) break;
   }
   return valid;
 }

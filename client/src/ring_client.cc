@@ -159,7 +159,8 @@ std::optional<Status> RingClient::Lookup(const LookupArgs& args, Clock::time_poi
   entry.op = static_cast<uint32_t>(RingOp::kLookup);
   entry.flags = (args.acquire ? kRingAcquire : 0) | (args.hbm ? kRingHbm : 0);
   entry.max_chunks = args.max_chunks;
-  entry.token_count = args.tokens.size();
+  entry.token_count = static_cast<uint32_t>(args.tokens.size());
+  entry.first_chunk = args.first_chunk;
   entry.prefetch_ticket = args.prefetch_ticket;
   entry.request_id_bytes = static_cast<uint32_t>(args.request_id.size());
   args.ns->ToBytes(reinterpret_cast<std::byte*>(entry.namespace_id));
@@ -195,6 +196,7 @@ std::optional<Status> RingClient::Lookup(const LookupArgs& args, Clock::time_poi
       out->set_payload_bytes(loc.payload_bytes);
       out->set_sequence(loc.sequence);
       out->set_hbm_payload_offset(loc.hbm_payload_offset);
+      out->set_hbm_sequence(loc.hbm_sequence);
     }
   }
   GiveBack(slot);

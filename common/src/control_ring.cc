@@ -109,9 +109,10 @@ Result<RingCall> DecodeSubmission(const RingSubmission& entry, std::span<const u
   }
   const auto op = static_cast<RingOp>(entry.op);
   if (op != RingOp::kLookup) {
-    if (entry.flags != 0 || entry.token_count != 0 || entry.request_id_bytes != 0) {
+    if (entry.flags != 0 || entry.token_count != 0 || entry.request_id_bytes != 0 ||
+        entry.first_chunk != 0) {
       return Status::InvalidArgument("ring entry op " + std::to_string(entry.op) +
-                                     " takes no flags, tokens or request id");
+                                     " takes no flags, tokens, request id or first chunk");
     }
     if (op == RingOp::kReleaseRead ? entry.message_bytes != 0
                                    : entry.message_bytes > data.size()) {
@@ -138,8 +139,7 @@ Result<RingCall> DecodeSubmission(const RingSubmission& entry, std::span<const u
                                    std::to_string(entry.request_id_bytes) + " bytes, more than " +
                                    std::to_string(kRingMaxRequestIdBytes));
   }
-  if (entry.token_count > data.size() / sizeof(int32_t) ||
-      entry.token_count * sizeof(int32_t) + entry.request_id_bytes > data.size()) {
+  if (uint64_t{entry.token_count} * sizeof(int32_t) + entry.request_id_bytes > data.size()) {
     return Status::InvalidArgument("ring entry holds " + std::to_string(entry.token_count) +
                                    " tokens and a " + std::to_string(entry.request_id_bytes) +
                                    "-byte request id: more than the slot's " +
@@ -154,9 +154,10 @@ Result<RingCall> DecodeSubmission(const RingSubmission& entry, std::span<const u
     call.max_chunks = kRingMaxLocations;  // the locations must fit in the data area
   }
   call.prefetch_ticket = entry.prefetch_ticket;
+  call.first_chunk = entry.first_chunk;
   call.namespace_id.assign(reinterpret_cast<const char*>(entry.namespace_id),
                            sizeof(entry.namespace_id));
-  const size_t token_bytes = entry.token_count * sizeof(int32_t);
+  const size_t token_bytes = size_t{entry.token_count} * sizeof(int32_t);
   call.tokens.assign(reinterpret_cast<const char*>(data.data()), token_bytes);
   call.request_id.assign(reinterpret_cast<const char*>(data.data()) + token_bytes,
                          entry.request_id_bytes);

@@ -83,8 +83,9 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
     auto hbm = HbmTier::Create(options.hbm, &core->dram_->arena());
     if (!hbm.ok()) return hbm.status();
     core->hbm_ = std::move(hbm).value();
-    core->hbm_copier_ = std::make_unique<HbmCopier>(core->mu_, *core->dram_, *core->hbm_,
-                                                    core->namespaces_, core->work_cv_);
+    core->hbm_copier_ = std::make_unique<HbmCopier>(
+        core->mu_, *core->dram_, *core->hbm_, core->namespaces_, core->work_cv_,
+        [self = core.get()](size_t n) { return self->TakeSequences(n); });
     if (options.hbm.bytes > options.dram_bytes) {
       spdlog::warn("hbm_bytes {} is more than dram_bytes {}: HBM holds a subset of DRAM, so at "
                    "most {} bytes of the pool can be used", options.hbm.bytes, options.dram_bytes,
@@ -134,11 +135,7 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
           },
           .hold = [self](uint64_t session_id, uint64_t bytes) { self->Hold(session_id, bytes); },
           .drop = [self](uint64_t session_id, uint64_t bytes) { self->Drop(session_id, bytes); },
-          .take_sequences = [self](size_t n) {
-            const uint64_t first = self->next_sequence_;
-            self->next_sequence_ += n;
-            return first;
-          },
+          .take_sequences = [self](size_t n) { return self->TakeSequences(n); },
           // Write-through keeps every DRAM chunk on NVMe too: a remote hit's
           // as well, so that what this node stores past it (NVMe holds no
           // chunk without its parent) reaches its NVMe. Not written back to
@@ -414,6 +411,7 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
   tally.max_hits = req.max_chunks == 0 ? keys.size()
                                          : std::min<size_t>(keys.size(), req.max_chunks);
   tally.request = RequestLedger::Named(req.request_id);
+  tally.first_chunk = req.first_chunk;
 
   std::unique_lock lock(mu_);
   Status st = CheckSession(req.session_id);  // it may have ended meanwhile
@@ -557,30 +555,40 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
   lease.held_bytes = hits.size() * ns.layout.slot_bytes;
   Hold(t.session_id, lease.held_bytes);
   resp->chunks.reserve(hits.size());
-  for (uint32_t h : hits) {
+  // Bytes read: the chunks after those the engine holds (it copies only those).
+  uint64_t read_chunks = 0;
+  for (size_t i = 0; i < hits.size(); ++i) {
+    const uint32_t h = hits[i];
+    const bool read = i >= t.first_chunk;
     core::ChunkLocation& loc = resp->chunks.emplace_back();
     loc.payload_offset = dram_->Get(h).slot_offset + ns.layout.header_bytes;
     loc.payload_bytes = ns.layout.payload_bytes;
     loc.sequence = SlotSequence(dram_->SlotAddress(dram_->Get(h).slot_offset));
+    read_chunks += read;
     if (!t.hbm) continue;
     if (const uint32_t hh = hbm_->Find(dram_->Get(h).key); hh != ChunkIndex::kNone) {
       hbm_->Pin(hh);
       lease.hbm_handles.push_back(hh);
       loc.hbm_payload_offset = hbm_->Get(hh).slot_offset + ns.layout.header_bytes;
-      lease.credit.hbm_read_bytes += ns.layout.payload_bytes;
+      loc.hbm_sequence = hbm_copier_->SequenceOf(hh);
+      if (read) {
+        lease.credit.hbm_read_bytes += ns.layout.payload_bytes;
+        --read_chunks;  // read from HBM
+      }
     }
   }
   for (auto it = lease.hbm_handles.rbegin(); it != lease.hbm_handles.rend(); ++it) {
     hbm_->Touch(*it);
   }
-  lease.credit.read_bytes = (num_hits - lease.hbm_handles.size()) * ns.layout.payload_bytes;
+  lease.credit.read_bytes = read_chunks * ns.layout.payload_bytes;
   counters_.leased.hbm_read_bytes += lease.credit.hbm_read_bytes;
   counters_.leased.read_bytes += lease.credit.read_bytes;
   leases_.Add(lease_id, std::move(lease));
   resp->lease_id = lease_id;
 }
 
-void CacheCore::EndLease(const Lease& lease) {
+void CacheCore::EndLease(const Lease& lease, bool served) {
+  if (served) ledger_.End(lease.credit.request, lease.credit.range, true);
   for (uint32_t h : lease.handles) dram_->Unpin(h);
   for (uint32_t h : lease.hbm_handles) hbm_->Unpin(h);
   Drop(lease.session_id, lease.held_bytes);
@@ -601,11 +609,18 @@ Status CacheCore::ReleaseUnserved(uint64_t session_id, uint64_t lease_id) {
   KVTIER_RETURN_IF_ERROR(CheckSession(session_id));
   auto lease = leases_.Take(lease_id, session_id);
   if (!lease.ok()) return lease.status();
+  // Its bytes were never read; its hits only as far as no other lease of the
+  // request (another TP rank's) covers them.
   const LeaseCredit& c = lease->credit;
-  ledger_.Uncredit(c.request, {c.from, c.to});
-  counters_.unserved += c;
-  AddTierTokens(models_[c.model].unserved_hit_tokens, c);
-  EndLease(*lease);
+  const RequestLedger::Range back = ledger_.End(c.request, c.range, false);
+  LeaseCredit taken;
+  static_cast<Leased&>(taken) = c.Hits(back.from, back.to);
+  taken.read_bytes = c.read_bytes;
+  taken.hbm_read_bytes = c.hbm_read_bytes;
+  taken.chunk_tokens = c.chunk_tokens;
+  counters_.unserved += taken;
+  AddTierTokens(models_[c.model].unserved_hit_tokens, taken);
+  EndLease(*lease, /*served=*/false);
   return Status::Ok();
 }
 

@@ -52,6 +52,20 @@ void CacheCore::AddTierTokens(core::TierTokens& to, const LeaseCredit& c) {
   to.remote += c.remote_hits * c.chunk_tokens;
 }
 
+CacheCore::Leased CacheCore::LeaseCredit::Hits(uint64_t lo, uint64_t hi) const {
+  Leased n;
+  for (uint64_t i = std::max(lo, range.from); i < std::min(hi, range.to); ++i) {
+    n.hit_tokens += chunk_tokens;
+    switch (tier[i - range.from]) {
+      case kRemoteHit: ++n.remote_hits; break;
+      case kNvmeHit: ++n.nvme_hits; break;
+      case kHbmHit: ++n.hbm_hits; break;
+      default: ++n.hits; break;
+    }
+  }
+  return n;
+}
+
 CacheCore::LeaseCredit CacheCore::CountRequest(const LookupTally& t, const NamespaceState& ns,
                                                const std::vector<uint32_t>& hits) {
   ++counters_.lookups;
@@ -60,10 +74,9 @@ CacheCore::LeaseCredit CacheCore::CountRequest(const LookupTally& t, const Names
   // the tier it was in when looked up (HBM copies are in DRAM too).
   LeaseCredit c;
   if (!t.acquire || hits.empty()) return c;
-  const RequestLedger::Range fresh = ledger_.Credit(t.request, hits.size());
+  const RequestLedger::Range fresh = ledger_.Credit(t.request, t.first_chunk, hits.size());
   c.request = t.request;
-  c.from = fresh.from;
-  c.to = fresh.to;
+  c.range = fresh;
   c.model = ns.model;
   c.chunk_tokens = ns.spec.chunk_tokens;
   // Per chunk hits (kvtierctl ls): here, once per request, unless the selective
@@ -72,17 +85,17 @@ CacheCore::LeaseCredit CacheCore::CountRequest(const LookupTally& t, const Names
       !nvme_ || options_.nvme_write_policy != NvmeWritePolicy::kSelective;
   for (size_t i = fresh.from; i < fresh.to; ++i) {
     if (count_chunk_hits) dram_->AddHit(hits[i]);
-    c.hit_tokens += ns.spec.chunk_tokens;
     if (i < t.remote_at.size() && t.remote_at[i]) {
-      ++c.remote_hits;
+      c.tier.push_back(kRemoteHit);
     } else if (i >= t.dram_hits || (i < t.prefetched_at.size() && t.prefetched_at[i])) {
-      ++c.nvme_hits;
+      c.tier.push_back(kNvmeHit);
     } else if (hbm_ && hbm_->Find(dram_->Get(hits[i]).key) != ChunkIndex::kNone) {
-      ++c.hbm_hits;
+      c.tier.push_back(kHbmHit);
     } else {
-      ++c.hits;
+      c.tier.push_back(kDramHit);
     }
   }
+  static_cast<Leased&>(c) = c.Hits(fresh.from, fresh.to);
   counters_.leased += c;
   AddTierTokens(models_[c.model].hit_tokens, c);
   return c;

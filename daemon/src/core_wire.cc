@@ -12,6 +12,7 @@ void ToWire(const core::ChunkLocation& from, v1::ChunkLocation* to) {
   to->set_payload_bytes(from.payload_bytes);
   to->set_sequence(from.sequence);
   to->set_hbm_payload_offset(from.hbm_payload_offset);
+  to->set_hbm_sequence(from.hbm_sequence);
 }
 
 core::LookupRequest FromWire(const v1::LookupRequest& r) {
@@ -23,7 +24,8 @@ core::LookupRequest FromWire(const v1::LookupRequest& r) {
           .max_chunks = r.max_chunks(),
           .prefetch_ticket = r.prefetch_ticket(),
           .hbm = r.hbm(),
-          .request_id = r.request_id()};
+          .request_id = r.request_id(),
+          .first_chunk = r.first_chunk()};
 }
 
 // The two enums agree number for number.

@@ -41,6 +41,7 @@ void HbmCopier::Step() {
     uint64_t slot_offset;   // in HBM
     SlotLayout layout;
     const std::byte* image;
+    uint64_t sequence = 0;  // the HBM copy's own
   };
   std::vector<Copy> plan;
   std::unique_lock lock(mu_);
@@ -81,11 +82,12 @@ void HbmCopier::Step() {
     planned.insert(key);
   }
   if (plan.empty()) return;
+  const uint64_t first_sequence = take_sequences_(plan.size());
+  for (size_t k = 0; k < plan.size(); ++k) plan[k].sequence = first_sequence + k;
   lock.unlock();
   std::vector<Status> copied;
   for (const Copy& c : plan) {
-    copied.push_back(hbm_.CopyIn(c.slot_offset, c.image, c.layout.header_bytes,
-                                  c.layout.slot_bytes));
+    copied.push_back(hbm_.CopyIn(c.slot_offset, c.image, c.layout, c.sequence));
   }
   lock.lock();
   for (size_t k = 0; k < plan.size(); ++k) {
@@ -103,6 +105,7 @@ void HbmCopier::Step() {
         }
       }
     } else {
+      sequences_[c.slot_offset] = c.sequence;
       counters_.write_bytes += c.layout.payload_bytes;
     }
     if (c.hbm_parent != ChunkIndex::kNone) hbm_.Unpin(c.hbm_parent);

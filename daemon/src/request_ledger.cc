@@ -21,20 +21,34 @@ bool RequestLedger::FirstSight(const std::string& key, uint64_t prompt_chunks) {
   return fresh;
 }
 
-RequestLedger::Range RequestLedger::Credit(const std::string& key, uint64_t served) {
-  if (key.empty()) return {0, served};
+RequestLedger::Range RequestLedger::Credit(const std::string& key, uint64_t first,
+                                           uint64_t served) {
+  if (key.empty()) return {std::min(first, served), served, served};
   Entry* entry = Remember(key).first;
-  const uint64_t from = entry->credited;
-  entry->credited = std::max(from, std::min(served, entry->prompt_chunks));
-  return {from, entry->credited};
+  const uint64_t covers = std::min(served, entry->prompt_chunks);
+  entry->held.insert(covers);
+  const uint64_t from = std::max(entry->credited, std::min(first, covers));
+  entry->credited = std::max(entry->credited, covers);
+  return {std::min(from, entry->credited), entry->credited, covers};
 }
 
-void RequestLedger::Uncredit(const std::string& key, Range credited) {
-  if (key.empty()) return;
+RequestLedger::Range RequestLedger::End(const std::string& key, Range credited, bool served) {
+  if (key.empty()) return served ? Range{} : Range{credited.from, credited.to, 0};
   auto it = credited_.find(key);
-  if (it != credited_.end() && it->second.credited == credited.to) {
-    it->second.credited = credited.from;
+  if (it == credited_.end()) return {};  // forgotten: nothing to take back
+  Entry& e = it->second;
+  auto mine = e.held.find(credited.covers);
+  if (mine == e.held.end()) return {};  // not a lease of this entry (remembered anew)
+  e.held.erase(mine);
+  if (served) {
+    e.kept = std::max(e.kept, credited.covers);
+    return {};
   }
+  if (e.credited != credited.to) return {};  // credited after it: no hole is made
+  const uint64_t others = std::max(e.kept, e.held.empty() ? 0 : *e.held.rbegin());
+  const uint64_t back_from = std::max(credited.from, std::min(others, credited.to));
+  e.credited = back_from;
+  return {back_from, credited.to, 0};
 }
 
 }  // namespace kvtier

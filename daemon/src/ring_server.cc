@@ -90,7 +90,8 @@ bool Answer(RingServer::Ring& ring, uint32_t slot, uint32_t seq, const Status& s
         static_cast<uint32_t>(std::min<size_t>(resp->chunks.size(), kRingMaxLocations));
     for (uint32_t i = 0; i < c.location_count; ++i) {
       const core::ChunkLocation& l = resp->chunks[i];
-      const RingLocation loc{l.payload_offset, l.payload_bytes, l.sequence, l.hbm_payload_offset};
+      const RingLocation loc{l.payload_offset, l.payload_bytes, l.sequence, l.hbm_payload_offset,
+                             l.hbm_sequence};
       std::memcpy(data.data() + i * sizeof(RingLocation), &loc, sizeof(loc));
     }
   }
@@ -488,7 +489,8 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
                 .max_chunks = call->max_chunks,
                 .prefetch_ticket = call->prefetch_ticket,
                 .hbm = call->hbm,
-                .request_id = call->request_id},
+                .request_id = call->request_id,
+                .first_chunk = call->first_chunk},
                resp.get(), [ring, slot, seq = call->seq, resp, core = &core_](Status st) {
     if (st.ok()) core->CountRingLookup();
     if (!Answer(*ring, slot, seq, st, resp.get()) && st.ok() && resp->lease_id != 0) {

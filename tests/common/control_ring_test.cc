@@ -12,7 +12,7 @@
 namespace kvtier {
 namespace {
 
-RingSubmission Lookup(uint64_t tokens, uint32_t request_id_bytes = 0) {
+RingSubmission Lookup(uint32_t tokens, uint32_t request_id_bytes = 0) {
   RingSubmission e;
   e.seq = 9;
   e.op = static_cast<uint32_t>(RingOp::kLookup);
@@ -25,9 +25,12 @@ RingSubmission Lookup(uint64_t tokens, uint32_t request_id_bytes = 0) {
 TEST(ControlRingUnitTest, DecodeCopiesTokensAndRequestIdOutOfTheSlot) {
   std::vector<uint8_t> data(64);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i);
-  auto call = DecodeSubmission(Lookup(3, 5), data);
+  RingSubmission lookup = Lookup(3, 5);
+  lookup.first_chunk = 2;
+  auto call = DecodeSubmission(lookup, data);
   ASSERT_TRUE(call.ok()) << call.status().ToString();
   EXPECT_EQ(call->seq, 9u);
+  EXPECT_EQ(call->first_chunk, 2u);
   EXPECT_EQ(call->tokens, std::string(reinterpret_cast<const char*>(data.data()), 12));
   EXPECT_EQ(call->request_id, std::string(reinterpret_cast<const char*>(data.data()) + 12, 5));
   EXPECT_EQ(call->namespace_id, std::string(16, '\x42'));
@@ -40,7 +43,8 @@ TEST(ControlRingUnitTest, DecodeRefusesWhatDoesNotFitOrIsUnknown) {
   EXPECT_TRUE(DecodeSubmission(Lookup(16), data).ok());               // exactly the area
   EXPECT_FALSE(DecodeSubmission(Lookup(16, 1), data).ok());           // one byte past it
   EXPECT_FALSE(DecodeSubmission(Lookup(17), data).ok());
-  EXPECT_FALSE(DecodeSubmission(Lookup(uint64_t{1} << 62), data).ok());  // * 4 wraps to 0
+  EXPECT_FALSE(DecodeSubmission(Lookup(uint32_t{1} << 30), data).ok());  // * 4 wraps to 0 in 32 bits
+  EXPECT_FALSE(DecodeSubmission(Lookup(UINT32_MAX), data).ok());
   EXPECT_FALSE(DecodeSubmission(Lookup(0, kRingMaxRequestIdBytes + 1),
                             std::vector<uint8_t>(1024)).ok());
   RingSubmission e = Lookup(1);

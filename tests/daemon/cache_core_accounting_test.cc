@@ -107,6 +107,57 @@ TEST_F(CacheCoreAccountingTest, ALeaseItsClientNeverGotCountsNoHits) {
   EXPECT_EQ(core_->ReleaseUnserved(session_, unserved.lease_id()).code(), StatusCode::kNotFound);
 }
 
+// Issue 32, item 10: with tensor parallelism every rank leases the request's
+// chunks and only the first lease is credited. When that rank's client never
+// got its answer, the take-back must leave what another rank's lease covers:
+// it served those chunks.
+TEST_F(CacheCoreAccountingTest, AnUnservedRanksTakeBackLeavesWhatAnotherRanksLeaseServed) {
+  ASSERT_EQ(Store(Tokens(12)), 3u);
+  const uint64_t rank1 = core_->OpenSession("tp-rank-1", ExitedPid());
+  request_id = "cmpl-tp-0";
+  const v1::LookupResponse rank0_lease = Lookup(Tokens(12), /*acquire=*/true);
+  const v1::LookupResponse rank1_lease = Lookup(Tokens(12), true, rank1);
+  ASSERT_EQ(rank0_lease.num_chunks(), 3u);
+  ASSERT_EQ(rank1_lease.num_chunks(), 3u);
+  ASSERT_EQ(Stats().hit_tokens(), 12u);
+  ASSERT_TRUE(core_->ReleaseUnserved(session_, rank0_lease.lease_id()).ok());
+  EXPECT_EQ(Stats().hit_tokens(), 12u) << "rank 1 holds (and serves) the same chunks";
+  EXPECT_EQ(Stats().tiers(0).hits(), 3u);
+  ASSERT_TRUE(Release(rank1_lease.lease_id(), rank1).ok());
+  EXPECT_EQ(Stats().hit_tokens(), 12u);
+
+  // Both ranks unserved: nothing was served, nothing stays counted.
+  request_id = "cmpl-tp-1";
+  const v1::LookupResponse a = Lookup(Tokens(12), true);
+  const v1::LookupResponse b = Lookup(Tokens(12), true, rank1);
+  ASSERT_EQ(Stats().hit_tokens(), 24u);
+  ASSERT_TRUE(core_->ReleaseUnserved(rank1, b.lease_id()).ok());
+  EXPECT_EQ(Stats().hit_tokens(), 24u) << "rank 0's lease still covers them";
+  ASSERT_TRUE(core_->ReleaseUnserved(session_, a.lease_id()).ok());
+  EXPECT_EQ(Stats().hit_tokens(), 12u);
+  EXPECT_EQ(Stats().tiers(0).hits(), 3u);
+}
+
+// Issue 32, item 10: the layerwise loader leases from chunk 0, and the chunks
+// the engine held already (its own prefix cache hit) were credited as hits and
+// bytes read. With first_chunk they are leased but count neither.
+TEST_F(CacheCoreAccountingTest, ChunksTheEngineHeldAreLeasedButNeitherHitsNorBytesRead) {
+  ASSERT_EQ(Store(Tokens(12)), 3u);
+  const v1::StatsResponse before = Stats();
+  request_id = "cmpl-engine-held-2";
+  first_chunk = 2;
+  const v1::LookupResponse lease = Lookup(Tokens(12), /*acquire=*/true);
+  first_chunk = 0;
+  ASSERT_EQ(lease.num_chunks(), 3u);
+  ASSERT_EQ(lease.chunks_size(), 3) << "the whole run is leased";
+  const v1::StatsResponse s = Stats();
+  EXPECT_EQ(s.hit_tokens(), 4u) << "only chunk 2 came from kvtier";
+  EXPECT_EQ(s.tiers(0).hits(), 1u);
+  EXPECT_EQ(s.tiers(0).read_bytes() - before.tiers(0).read_bytes(), kPayloadBytes);
+  EXPECT_EQ(s.lookup_tokens(), 12u) << "the prompt counts whole";
+  ASSERT_TRUE(Release(lease.lease_id()).ok());
+}
+
 // A raw control ring hands CacheCore whatever bytes its client wrote.
 TEST_F(CacheCoreAccountingTest, ARequestIdThatIsNotUtf8IsRefusedAndCountsNothing) {
   ASSERT_EQ(Store(Tokens(12)), 3u);
@@ -205,7 +256,7 @@ TEST(RequestLedgerTest, CreditsEachChunkOfARequestOnceAndForgetsTheOldestPastCap
   const std::string a = RequestLedger::Named("a"), b = RequestLedger::Named("b");
   using Range = std::pair<uint64_t, uint64_t>;
   const auto credit = [&](const std::string& key, uint64_t served) {
-    const RequestLedger::Range r = ledger.Credit(key, served);
+    const RequestLedger::Range r = ledger.Credit(key, 0, served);
     return Range(r.from, r.to);
   };
   EXPECT_TRUE(ledger.FirstSight(a, 4));

@@ -217,6 +217,7 @@ class CacheCoreDriver {
     req.set_acquire(acquire);
     req.set_hbm(hbm);
     req.set_request_id(request_id);
+    req.set_first_chunk(first_chunk);
     v1::LookupResponse resp;
     const Status st = wire::Run(*core_, req, &resp);
     EXPECT_TRUE(st.ok()) << st.ToString();
@@ -310,6 +311,7 @@ class CacheCoreDriver {
 
   static constexpr uint64_t kEpoch = 0x5EED;
   std::string request_id;  // set on every Lookup and Prefetch: the engine request they belong to
+  uint32_t first_chunk = 0;  // set on every Lookup: the chunks the engine holds already
   ManualClock clock_;
   std::unique_ptr<CacheCore> core_;
   std::unique_ptr<Arena> client_arena_;

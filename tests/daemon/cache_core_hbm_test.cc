@@ -63,13 +63,13 @@ class CacheCoreHbmTest : public ::testing::Test, public CacheCoreDriver {
            << " after " << copies;
   }
   // Whether HBM location `loc` holds chunk `key`'s payload, behind a header
-  // with the sequence the lookup gave.
+  // with the HBM sequence the lookup gave.
   bool HbmHolds(const v1::ChunkLocation& loc, const ChunkKey& key) const {
     const auto* base = static_cast<const std::byte*>(pool_.data());
     const auto* slot = base + loc.hbm_payload_offset() - kHeaderBytes;
     const auto p = PayloadFor(key);
     return std::memcmp(base + loc.hbm_payload_offset(), p.data(), p.size()) == 0 &&
-           SlotSequence(slot) == loc.sequence();
+           SlotSequence(slot) == loc.hbm_sequence();
   }
 
   std::unique_ptr<gpu::Runtime> host_;
@@ -212,6 +212,41 @@ TEST_F(CacheCoreHbmTest, HbmEvictsLeavesFirstAndNeverHoldsAnOrphan) {
   EXPECT_EQ(ra.chunks(2).hbm_payload_offset(), 0u);
   EXPECT_NE(rb.chunks(0).hbm_payload_offset(), 0u);
   EXPECT_NE(rb.chunks(1).hbm_payload_offset(), 0u);
+}
+
+// Issue 32, item 5: an HBM slot that holds a, then b, then a again. A reader
+// whose lease on a's first copy lapsed, and whose copy spanned b, reads the
+// slot's sequence back after its copies: it must not find the one it was given.
+TEST_F(CacheCoreHbmTest, ASlotThatHoldsAThenBThenAAgainShowsALapsedReaderANewSequence) {
+  ASSERT_NO_FATAL_FAILURE(StartWithHbm(16, 1));
+  const auto a = Tokens(kChunkTokens, 1000);
+  const auto b = Tokens(kChunkTokens, 2000);
+  const auto a_key = ComputeChunkKeys(ns_, a, kChunkTokens)[0];
+  ASSERT_EQ(Store(a), 1u);
+  ASSERT_EQ(Store(b), 1u);
+  LookupHbm(a, false);
+  ASSERT_NO_FATAL_FAILURE(WaitHbmChunks(1));
+  const v1::LookupResponse first = LookupHbm(a, true);
+  ASSERT_EQ(first.chunks_size(), 1);
+  const v1::ChunkLocation seen = first.chunks(0);
+  ASSERT_NE(seen.hbm_payload_offset(), 0u);
+  ASSERT_TRUE(HbmHolds(seen, a_key));
+  ASSERT_TRUE(Release(first.lease_id()).ok());  // as if it lapsed: the reader copies on
+
+  LookupHbm(b, false);  // b takes the only HBM slot
+  ASSERT_NO_FATAL_FAILURE(WaitHbmChunks(1, 2));
+  LookupHbm(a, false);  // and a takes it back
+  ASSERT_NO_FATAL_FAILURE(WaitHbmChunks(1, 3));
+  const v1::LookupResponse again = LookupHbm(a, true);
+  ASSERT_EQ(again.chunks_size(), 1);
+  ASSERT_EQ(again.chunks(0).hbm_payload_offset(), seen.hbm_payload_offset()) << "the same slot";
+  EXPECT_TRUE(HbmHolds(again.chunks(0), a_key));
+  const auto* slot =
+      static_cast<const std::byte*>(pool_.data()) + seen.hbm_payload_offset() - kHeaderBytes;
+  EXPECT_NE(SlotSequence(slot), seen.hbm_sequence())
+      << "the lapsed reader would take a copy that spanned b for a's";
+  EXPECT_NE(seen.hbm_sequence(), seen.sequence()) << "an HBM copy has a sequence of its own";
+  EXPECT_TRUE(Release(again.lease_id()).ok());
 }
 
 TEST_F(CacheCoreHbmTest, PrefetchToHbmCopiesThePrefixIntoHbm) {

@@ -32,12 +32,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!area.empty()) std::memcpy(owned.get(), area.data(), area.size());
   const std::span<const uint8_t> span(owned.get(), area.size());
 
-  const bool fits = e.token_count <= span.size() / 4 &&
-                    e.token_count * 4 + e.request_id_bytes <= span.size();
+  const bool fits = uint64_t{e.token_count} * 4 + e.request_id_bytes <= span.size();
   const bool lookup = e.op == static_cast<uint32_t>(RingOp::kLookup);
   const bool release = e.op == static_cast<uint32_t>(RingOp::kReleaseRead);
   const bool message_op = e.op >= 3 && e.op <= 6;
-  const bool bare = e.flags == 0 && e.token_count == 0 && e.request_id_bytes == 0;
+  const bool bare =
+      e.flags == 0 && e.token_count == 0 && e.request_id_bytes == 0 && e.first_chunk == 0;
   const bool valid =
       lookup ? (e.flags & ~kRingKnownFlags) == 0 && e.request_id_bytes <= kRingMaxRequestIdBytes &&
                    fits && e.message_bytes == 0

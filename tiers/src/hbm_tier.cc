@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstddef>
+#include <vector>
 
 #include "kvtier/slot_image.h"
 
@@ -82,18 +83,20 @@ const char* HbmTier::backend_name() const {
   return options_.backend == HbmBackend::kHost ? "host" : "cuda";
 }
 
-Status HbmTier::CopyIn(uint64_t slot_offset, const std::byte* image, uint64_t header_bytes,
-                       uint64_t slot_bytes) {
+Status HbmTier::CopyIn(uint64_t slot_offset, const std::byte* image, const SlotLayout& layout,
+                       uint64_t sequence) {
   auto* slot = static_cast<std::byte*>(pool_.data()) + slot_offset;
+  std::vector<std::byte> header(image, image + layout.header_bytes);
+  RestampSlotSequence(header.data(), layout, sequence);
   gpu::Runtime& rt = *runtime_;
   std::lock_guard lock(copy_mu_);
   gpu::GpuStatus st = rt.CopyAsync(slot + offsetof(SlotHeader, sequence), &kZeroSequence,
                                    sizeof(kZeroSequence), stream_);
   if (st.ok()) {
-    st = rt.CopyAsync(slot + header_bytes, image + header_bytes, slot_bytes - header_bytes,
-                      stream_);
+    st = rt.CopyAsync(slot + layout.header_bytes, image + layout.header_bytes,
+                      layout.slot_bytes - layout.header_bytes, stream_);
   }
-  if (st.ok()) st = rt.CopyAsync(slot, image, header_bytes, stream_);
+  if (st.ok()) st = rt.CopyAsync(slot, header.data(), layout.header_bytes, stream_);
   if (gpu::GpuStatus done = rt.Synchronize(stream_); st.ok()) st = done;
   return st.ok() ? Status::Ok() : HbmError(st, "copying a chunk into HBM");
 }

@@ -200,11 +200,14 @@ class ChunkLease {
   bool held() const;
   // The arena mapping the payloads lie in (to register it with a GPU runtime).
   std::shared_ptr<Arena> mapping() const;
-  // Chunk i's slot sequence number at lookup (its HBM copy holds the same).
+  // Chunk i's DRAM slot sequence number at lookup.
   uint64_t sequence(size_t i) const;
   // Acquired with `hbm`: the offset of chunk i's payload in the daemon's HBM
   // pool (hbm_pool()), leased with its DRAM copy; 0 when it is not in HBM.
   uint64_t hbm_payload_offset(size_t i) const;
+  // The sequence number of chunk i's HBM copy at lookup (its own, not the
+  // DRAM slot's); 0 when it is not in HBM.
+  uint64_t hbm_sequence(size_t i) const;
   // The pool those offsets are in; nullptr when the daemon has no HBM tier.
   const HbmPoolInfo* hbm_pool() const;
 
@@ -327,10 +330,14 @@ class Client {
   // With `hbm` (a GPU reader that can open the HBM pool), the lease also
   // holds the HBM copies of the chunks that have one, and the daemon copies
   // the other hit chunks into HBM in the background for later loads.
+  // `first_chunk`: the caller holds chunks [0, first_chunk) already (an
+  // engine's own prefix cache) and reads only the ones after; they are leased
+  // too (the lease starts at chunk 0) but the daemon counts them neither as
+  // hits nor as bytes read.
   Result<ChunkLease> Acquire(const NamespaceHandle& ns, std::span<const int32_t> tokens,
                              size_t max_chunks = SIZE_MAX,
                              const PrefetchTicket* ticket = nullptr, bool hbm = false,
-                             std::string_view request_id = {});
+                             std::string_view request_id = {}, size_t first_chunk = 0);
   // Reserves slots for the full chunks of `tokens` from `first_chunk` on that
   // are not cached: Store without the writes.
   Result<ChunkReservation> Reserve(const NamespaceHandle& ns, std::span<const int32_t> tokens,

@@ -47,7 +47,9 @@
 namespace kvtier {
 
 inline constexpr uint64_t kRingMagic = 0x31474E4952545650ULL;  // "PVTRING1"
-inline constexpr uint32_t kRingVersion = 2;  // 2: `done` decides a call's fate (no claim word)
+// 2: `done` decides a call's fate (no claim word); 3: RingLocation.hbm_sequence,
+// RingSubmission.first_chunk.
+inline constexpr uint32_t kRingVersion = 3;
 inline constexpr uint32_t kRingDepth = 32;  // calls in flight per session on the ring
 // Per slot: up to 512K token ids in, or 65,536 chunk locations out.
 inline constexpr uint64_t kRingSlotDataBytes = uint64_t{2} << 20;
@@ -80,7 +82,8 @@ struct RingSubmission {
   uint32_t op = 0;   // RingOp
   uint32_t flags = 0;
   uint32_t max_chunks = 0;        // as LookupRequest.max_chunks
-  uint64_t token_count = 0;       // int32 token ids at the start of the data area
+  uint32_t token_count = 0;       // int32 token ids at the start of the data area
+  uint32_t first_chunk = 0;       // as LookupRequest.first_chunk
   uint64_t prefetch_ticket = 0;   // as LookupRequest.prefetch_ticket
   uint32_t request_id_bytes = 0;  // the request id follows the token ids
   uint32_t message_bytes = 0;     // ops 3-6: the serialized request at the data area's start
@@ -115,6 +118,7 @@ struct RingLocation {
   uint64_t payload_bytes = 0;
   uint64_t sequence = 0;
   uint64_t hbm_payload_offset = 0;
+  uint64_t hbm_sequence = 0;
 };
 inline constexpr uint32_t kRingMaxLocations =
     static_cast<uint32_t>(kRingSlotDataBytes / sizeof(RingLocation));
@@ -199,6 +203,7 @@ struct RingCall {
   bool acquire = false;
   bool hbm = false;
   uint32_t max_chunks = 0;  // at most kRingMaxLocations with acquire (the answer must fit)
+  uint32_t first_chunk = 0;
   uint64_t prefetch_ticket = 0;
   std::string namespace_id;  // 16 bytes
   std::string tokens;        // token_count int32 ids, as LookupRequest.tokens

@@ -126,6 +126,24 @@ def test_a_partial_hit_equals_cold(engine_a: RealEngine) -> None:
     assert out == cold
 
 
+def test_chunks_the_engine_holds_count_as_no_kvtier_hits(
+        engine_a: RealEngine, state: dict[str, KvtierdProcess]) -> None:
+    """vLLM's own prefix cache holds the first two chunks, kvtier the next two: kvtierd counts
+    only the two it served (its loader leases from chunk 0; issue 32, item 10)."""
+    p = prompt(8, 300)
+    cold, _ = engine_a.one(p, salt=cold_salt())
+    engine_a.one(p)  # stored in kvtier
+    # vLLM's prefix cache emptied, then refilled with p's first 128 tokens only.
+    short = engine_a.generate([{"prompt": p[:140], "max_tokens": 1, "salt": None}])
+    assert short["outputs"][0]["num_cached_tokens"] == 2 * CHUNK
+    before = hit_tokens(state["kvtierd"])
+    out = engine_a.generate([{"prompt": p, "max_tokens": 12, "salt": None}], reset=False)
+    first = out["outputs"][0]
+    assert first["num_cached_tokens"] == 4 * CHUNK  # two chunks vLLM's, two kvtier's
+    assert first["tokens"] == cold
+    assert hit_tokens(state["kvtierd"]) - before == 2 * CHUNK
+
+
 def test_cache_salt_keeps_tenants_apart(engine_a: RealEngine) -> None:
     p = prompt(4, 256)
     engine_a.one(p, salt="tenant-a")

@@ -266,11 +266,17 @@ class CacheCore {
   };
   // What a leasing Lookup added to the counters (CountRequest, GrantLookup):
   // counted as unserved when its client never got the answer (ReleaseUnserved).
+  // The tier a leased chunk was counted for (LeaseCredit::tier).
+  enum HitTier : uint8_t { kDramHit, kHbmHit, kNvmeHit, kRemoteHit };
   struct LeaseCredit : Leased {
     std::string request;  // its RequestLedger key
-    uint64_t from = 0, to = 0;  // the chunks of the request it credited
-    uint32_t model = 0;         // its index in models_
+    RequestLedger::Range range;  // the chunks of the request it credited, and covers
+    std::vector<uint8_t> tier;   // of each chunk in `range`: a Leased member (TierOf)
+    uint32_t model = 0;          // its index in models_
     uint32_t chunk_tokens = 0;
+    // The hits among chunks [from, to) of `range`, as counted (hit_tokens and
+    // the tier counts; no bytes).
+    Leased Hits(uint64_t from, uint64_t to) const;
   };
   struct Lease {
     LeaseCredit credit;
@@ -341,7 +347,8 @@ class CacheCore {
   Status CheckEpoch(uint64_t epoch) const;
   Result<const NamespaceState*> FindNamespace(std::string_view namespace_id) const;
   // Unpins a lease taken out of leases_ and gives its bytes back to its session.
-  void EndLease(const Lease& lease);
+  // `served`: false from ReleaseUnserved (its client never got the answer).
+  void EndLease(const Lease& lease, bool served = true);
   // Validates the session, epoch and namespace of a Lookup or Prefetch and
   // returns a copy of the namespace. REQUIRES: mu_ not held.
   Result<NamespaceState> ResolveRequest(uint64_t session_id, uint64_t epoch,
@@ -379,6 +386,7 @@ class CacheCore {
     size_t prompt_tokens = 0;
     size_t num_keys = 0;   // full chunks of the prompt
     size_t max_hits = 0;   // min(num_keys, max_chunks)
+    size_t first_chunk = 0;  // LookupRequest.first_chunk: the engine held the chunks before it
     size_t dram_hits = 0;
     size_t nvme_hits = 0;    // promoted by this Lookup: from NVMe, or from remote (remote_at)
     size_t prefetched = 0;
@@ -484,6 +492,12 @@ class CacheCore {
   std::vector<Orphans> orphans_;                                      // GUARDED_BY(mu_)
   std::unordered_set<ChunkKey, ChunkKeyHash> reserved_keys_;          // GUARDED_BY(mu_)
   uint64_t next_id_ = 1;                                              // GUARDED_BY(mu_)
+  // REQUIRES: mu_ held. Hands out n fresh slot sequences; returns the first.
+  uint64_t TakeSequences(size_t n) {
+    const uint64_t first = next_sequence_;
+    next_sequence_ += n;
+    return first;
+  }
   uint64_t next_sequence_ = 1;                                        // GUARDED_BY(mu_)
   Counters counters_;                                                 // GUARDED_BY(mu_)
   std::vector<ModelCounters> models_;                                 // GUARDED_BY(mu_)

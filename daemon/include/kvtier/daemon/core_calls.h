@@ -27,6 +27,7 @@ struct ChunkLocation {
   uint64_t payload_bytes = 0;
   uint64_t sequence = 0;            // the slot's sequence (Lookup); 0 for a reservation
   uint64_t hbm_payload_offset = 0;  // bytes from the HBM pool's start; 0 without a copy
+  uint64_t hbm_sequence = 0;        // the HBM copy's own sequence; 0 without a copy
 };
 
 struct OpenNamespaceRequest {
@@ -50,6 +51,7 @@ struct LookupRequest {
   uint64_t prefetch_ticket = 0;
   bool hbm = false;
   std::string_view request_id;
+  uint32_t first_chunk = 0;  // the engine holds chunks [0, first_chunk): leased, never hits
 };
 struct LookupResponse {
   uint32_t num_chunks = 0;     // the cached run of leading full chunks

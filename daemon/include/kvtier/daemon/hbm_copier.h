@@ -14,7 +14,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -35,9 +37,17 @@ class HbmCopier {
 
   // Everything given must outlive the copier. `work_cv` wakes the core's I/O
   // workers (notified, under mu, when Queue adds work).
+  // `take_sequences(n)` (called under mu) hands out n fresh slot sequences
+  // and returns the first: each HBM copy gets its own (DESIGN.md, the
+  // lapsed-lease check), never its DRAM image's.
   HbmCopier(std::mutex& mu, DramTier& dram, HbmTier& hbm, const CoreNamespaces& namespaces,
-            std::condition_variable& work_cv)
-      : mu_(mu), dram_(dram), hbm_(hbm), namespaces_(namespaces), work_cv_(work_cv) {}
+            std::condition_variable& work_cv, std::function<uint64_t(size_t)> take_sequences)
+      : mu_(mu),
+        dram_(dram),
+        hbm_(hbm),
+        namespaces_(namespaces),
+        work_cv_(work_cv),
+        take_sequences_(std::move(take_sequences)) {}
 
   // REQUIRES: mu held. Queues DRAM chunks for a copy (parents before
   // children), skipping those in HBM or queued already.
@@ -48,6 +58,10 @@ class HbmCopier {
   size_t Pending() const { return queue_.size(); }
   // REQUIRES: mu held. How many of `hits` (DRAM handles) have an HBM copy.
   size_t CountIn(const std::vector<uint32_t>& hits) const;
+  // REQUIRES: mu held. The sequence in the header of HBM chunk `hbm_handle`.
+  uint64_t SequenceOf(uint32_t hbm_handle) const {
+    return sequences_.at(hbm_.Get(hbm_handle).slot_offset);
+  }
   // REQUIRES: mu held. DRAM is about to evict `handle`: drops its HBM copy.
   void OnDramEviction(uint32_t handle);
   // REQUIRES: mu not held. Copies up to one batch of queued chunks.
@@ -61,9 +75,12 @@ class HbmCopier {
   HbmTier& hbm_;  // bookkeeping GUARDED_BY(mu_); its copies run without it
   const CoreNamespaces& namespaces_;
   std::condition_variable& work_cv_;
+  const std::function<uint64_t(size_t)> take_sequences_;
   std::deque<ChunkKey> queue_;                          // GUARDED_BY(mu_)
   std::unordered_set<ChunkKey, ChunkKeyHash> queued_;   // GUARDED_BY(mu_)
   Counters counters_;                                   // GUARDED_BY(mu_)
+  // Each HBM chunk's header sequence, by its slot offset.
+  std::unordered_map<uint64_t, uint64_t> sequences_;    // GUARDED_BY(mu_)
   LogLimiter copy_log_;  // a bad GPU repeats its warning at will: one per 10 s
 };
 

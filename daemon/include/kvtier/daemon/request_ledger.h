@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -41,20 +42,28 @@ class RequestLedger {
   // `prompt_chunks` full chunks) is counted; always true for "".
   bool FirstSight(const std::string& key, uint64_t prompt_chunks);
 
-  // Chunks [from, to) of a lease are new hits of its request.
+  // Chunks [from, to) of a lease are new hits of its request; the lease covers
+  // its chunks [0, covers) (Credit's answer: what End needs back).
   struct Range {
     uint64_t from = 0;
     uint64_t to = 0;
+    uint64_t covers = 0;
   };
-  // A lease served `served` leading chunks of request `key`: the ones not
-  // credited before, and never past the full chunks of the prompt counted at
-  // its first sight (a client may reuse an id for a longer prompt), so each
-  // chunk of a request counts as a hit once and hits never exceed the prompt.
-  // For "" (an unnamed call): [0, served).
-  Range Credit(const std::string& key, uint64_t served);
-  // Takes back `credited`, what Credit(key, ...) returned, when its lease was
-  // never served (its client gave up) and nothing was credited after it.
-  void Uncredit(const std::string& key, Range credited);
+  // A lease of request `key` covers its chunks [first, served): the ones
+  // before `first` the engine held already (they are leased, as the prefix,
+  // but never hits). Returns the chunks it credits: those not credited before,
+  // and never past the full chunks of the prompt counted at its first sight (a
+  // client may reuse an id for a longer prompt), so each chunk of a request
+  // counts as a hit once and hits never exceed the prompt. For "" (an unnamed
+  // call): [first, served). Every Credit is followed by one End.
+  Range Credit(const std::string& key, uint64_t first, uint64_t served);
+  // The lease whose Credit returned `credited` ended: served (its client read
+  // it, or may have), or not (its client never got the answer). Returns what
+  // is taken back: for an unserved lease, the part of `credited` that no other
+  // lease of the request covers (one still held, or ended served: with tensor
+  // parallelism each rank leases the same chunks, and only the first is
+  // credited), provided nothing was credited after it; nothing otherwise.
+  Range End(const std::string& key, Range credited, bool served);
 
   size_t size() const { return credited_.size(); }
 
@@ -62,6 +71,8 @@ class RequestLedger {
   struct Entry {
     uint64_t prompt_chunks = 0;  // full chunks of the prompt counted
     uint64_t credited = 0;       // leading chunks credited as hits
+    uint64_t kept = 0;           // chunks covered by leases that ended served
+    std::multiset<uint64_t> held;  // chunks covered by each lease not ended
   };
   // Remembers `key` (forgetting the oldest past capacity): its entry, and
   // whether it is new.

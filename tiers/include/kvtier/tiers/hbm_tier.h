@@ -5,8 +5,9 @@
 //
 // HBM is a subset of DRAM: the daemon copies a chunk in only from its DRAM
 // slot, and drops the HBM copy when DRAM evicts the chunk. A slot holds the
-// same slot image as DRAM (header, then payload), so a client can check the
-// sequence number after its copies, as it does in DRAM.
+// same slot image as DRAM (header, then payload) under a sequence of its own,
+// so a client can check the HBM copy's sequence after its copies, as it does
+// in DRAM.
 //
 // Backends: `cuda` (the real one), and `host` for tests and CI without a GPU:
 // the pool is shared host memory that clients map by its handle, as the gpu
@@ -23,6 +24,7 @@
 
 #include "kvtier/arena.h"
 #include "kvtier/gpu/runtime.h"
+#include "kvtier/slot_image.h"
 #include "kvtier/status.h"
 #include "kvtier/tiers/slot_tier.h"
 
@@ -60,13 +62,15 @@ class HbmTier : public SlotTier {
   const char* backend_name() const;
   int device() const { return options_.device; }
 
-  // Copies the slot image at `image` (`slot_bytes`, a DRAM slot the caller
-  // keeps pinned) into HBM slot `slot_offset`: the old header's sequence is
-  // cleared first and the header is written last, so that a reader whose
-  // lease lapsed sees the change. Blocks until the copy completed. Copies are
-  // serialized on the tier's stream. Errors: UNAVAILABLE (a device error).
-  Status CopyIn(uint64_t slot_offset, const std::byte* image, uint64_t header_bytes,
-                uint64_t slot_bytes);
+  // Copies the slot image at `image` (`layout.slot_bytes`, a DRAM slot the
+  // caller keeps pinned) into HBM slot `slot_offset`, its header stamped with
+  // `sequence` (a fresh one: DESIGN.md, the lapsed-lease check): the old
+  // header's sequence is cleared first and the header is written last, so
+  // that a reader whose lease lapsed sees the change. Blocks until the copy
+  // completed. Copies are serialized on the tier's stream. Errors:
+  // UNAVAILABLE (a device error).
+  Status CopyIn(uint64_t slot_offset, const std::byte* image, const SlotLayout& layout,
+                uint64_t sequence);
 
  private:
   HbmTier(const HbmTierOptions& options, std::unique_ptr<gpu::Runtime> runtime)

@@ -49,6 +49,36 @@ def test_existence_is_the_leading_run(kvtierd: KvtierdProcess) -> None:
     assert s.batch_get_v1([forged], indices([14])) == [False]
 
 
+def test_a_request_counts_its_prompt_and_hits_once(kvtierd: KvtierdProcess) -> None:
+    """SGLang's storage calls carry no request id (issue 32 item 10): the backend names the
+    request of each storage query, so kvtierd counts a prompt once across its batch_exists,
+    batch_get_v1 and the lookup after its batch_set_v1, and two queued requests that share
+    pages each count theirs."""
+    s = storage(kvtierd.socket, host_pool("layer_first", seed=30))
+    admin = kvtierd.admin()
+
+    def counts() -> tuple[int, int]:
+        stats = admin.stats()
+        return int(stats["lookup_tokens"]), int(stats["hit_tokens"])
+
+    keys = page_keys(4, "once")
+    start = counts()
+    assert s.batch_exists(keys) == 0  # a new prompt: queried, a miss, then backed up
+    queried = counts()
+    prompt_tokens = queried[0] - start[0]
+    assert prompt_tokens > 0 and queried[1] == start[1]
+    assert s.batch_set_v1(keys, indices([0, 1, 2, 3])) == [True] * 4
+    assert counts() == queried, "the lookup after the store counted the prompt again"
+    # Two requests with these pages queued, then each loads them: two prompts, each served.
+    assert s.batch_exists(keys) == 4
+    assert s.batch_exists(keys) == 4
+    assert s.batch_get_v1(keys, indices([4, 5, 6, 7])) == [True] * 4
+    assert s.batch_get_v1(keys, indices([8, 9, 10, 11])) == [True] * 4
+    end = counts()
+    assert end[0] - queried[0] == 2 * prompt_tokens
+    assert end[1] - queried[1] == 2 * prompt_tokens
+
+
 def test_tp_ranks_keep_their_own_pages_on_one_daemon(kvtierd: KvtierdProcess) -> None:
     pools = [host_pool("layer_first", seed=10 + r) for r in range(2)]
     ranks = [storage(kvtierd.socket, pools[r], tp_rank=r, tp_size=2) for r in range(2)]

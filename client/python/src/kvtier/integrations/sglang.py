@@ -21,7 +21,12 @@ SGLang names each page by its own chained SHA-256 hash, so the backend opens an
 engine-keyed namespace (DESIGN.md): one kvtier chunk per SGLang page (``--page-size`` must be
 at least 8) named by the namespace and that hash alone (kvtier does not chain pages: the hash
 already covers the prefix), and the daemon checks the whole hash on every lookup and read (a
-mismatch is a miss). TP ranks of an MHA model have namespaces of their own. Pages are copied between SGLang's host
+mismatch is a miss). SGLang's storage calls carry no request id, so the backend names one: each
+``batch_exists`` (one batch of a queued request's pages) starts a request, and the
+``batch_get_v1`` of its hit pages and the ``batch_set_v1`` of its pages belong to it, so that
+kvtierd counts the prompt and its hits once (its token hit rate). Each rank names its own
+requests: TP ranks sharing one daemon count each request once per rank (the hit rate is the
+same; vLLM's ranks share the engine's id and count once). TP ranks of an MHA model have namespaces of their own. Pages are copied between SGLang's host
 pool and kvtierd's arena by kvtier's gather/scatter (host runtime), in kvtier's payload
 order, for the ``layer_first`` and ``page_first`` host layouts. MLA models keep one copy
 shared by every TP rank (rank 0 of 1; only SGLang's storage writer writes).
@@ -29,10 +34,12 @@ shared by every TP rank (rank 0 of 1; only SGLang's storage writer writes).
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import threading
 import time
+import uuid
 from typing import Any, List, Optional
 
 import numpy as np
@@ -56,6 +63,86 @@ _SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1"}
 
 # clear() waits for kvtierd's NVMe writes in flight; it is rare, so it may take its time.
 _CLEAR_DEADLINE_MS = 10_000
+
+
+class _RequestNames:
+    """Names the engine requests behind SGLang's storage calls, which carry none.
+
+    Each ``batch_exists`` (SGLang's storage query of one batch of a queued request's pages;
+    its get and set batches start at the same pages) is a request. Its hit pages wait for
+    their ``batch_get_v1``, oldest request first, so two requests that share a prefix are
+    each served under their own name; a ``batch_set_v1`` takes the name of the request that
+    last asked for its first page. At most ``limit`` requests wait; older ones are dropped
+    (a call with no name is a request of its own). Thread-safe."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._lock = threading.Lock()
+        self._limit = limit
+        self._backend = uuid.uuid4().hex[:12]  # names no other backend gives
+        self._next = 0
+        self._waiting: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
+        self._by_page: dict[str, collections.deque[str]] = {}
+        self._asked: collections.OrderedDict[str, str] = collections.OrderedDict()
+
+    def _fresh(self) -> str:
+        self._next += 1
+        return f"sglang-{self._backend}-{self._next}"
+
+    def for_query(self) -> str:
+        with self._lock:
+            return self._fresh()
+
+    def queried(self, name: str, keys: List[str], hits: int) -> None:
+        """Records what the query `name` asked for and found (its first `hits` pages)."""
+        with self._lock:
+            for key in keys:
+                self._asked[key] = name
+                self._asked.move_to_end(key)
+            while len(self._asked) > 16 * self._limit:
+                self._asked.popitem(last=False)
+            if hits == 0:
+                return
+            self._waiting.setdefault(name, []).extend(keys[:hits])
+            self._waiting.move_to_end(name)
+            for key in keys[:hits]:
+                self._by_page.setdefault(key, collections.deque()).append(name)
+            while len(self._waiting) > self._limit:
+                old, pages = self._waiting.popitem(last=False)
+                self._forget(old, pages)
+
+    def _forget(self, name: str, pages: List[str]) -> None:
+        for key in pages:
+            q = self._by_page.get(key)
+            if q is None:
+                continue
+            try:
+                q.remove(name)
+            except ValueError:
+                pass
+            if not q:
+                del self._by_page[key]
+
+    def for_get(self, keys: List[str]) -> str:
+        """The request whose query found keys[0] and that has not loaded it yet."""
+        with self._lock:
+            q = self._by_page.get(keys[0])
+            if not q:
+                return self._fresh()
+            name = q[0]
+            pages = self._waiting.get(name, [])
+            loaded = set(keys)
+            self._forget(name, [k for k in pages if k in loaded])
+            rest = [k for k in pages if k not in loaded]
+            if rest:
+                self._waiting[name] = rest
+            else:
+                self._waiting.pop(name, None)
+            return name
+
+    def for_set(self, keys: List[str]) -> str:
+        with self._lock:
+            name = self._asked.get(keys[0])
+            return name if name is not None else self._fresh()
 
 
 def _int_setting(extra: dict[str, Any], key: str, default: int) -> int:
@@ -115,6 +202,7 @@ class KvtierStorage(HiCacheStorage):
         self._runtime = kvtier.Runtime.host()  # the host pool is CPU memory
         self._arena = kvtier.GpuArena(self._runtime)
         self._lock = threading.Lock()  # one transfer at a time: the streams are shared
+        self._requests = _RequestNames()
         self._load_stream = self._runtime.create_stream()
         self._store_stream = self._runtime.create_stream()
         self._written_stream = self._runtime.create_stream()  # nothing pending: pool is written
@@ -208,7 +296,11 @@ class KvtierStorage(HiCacheStorage):
         """How many leading pages of `keys` kvtierd holds (0 when it is unreachable)."""
         if not keys:
             return 0
-        return self._client.lookup(self._ready(), self._tokens(keys)).num_chunks
+        ns = self._ready()
+        name = self._requests.for_query()
+        hits = self._client.lookup(ns, self._tokens(keys), request_id=name).num_chunks
+        self._requests.queried(name, keys, hits)
+        return hits
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
@@ -228,7 +320,8 @@ class KvtierStorage(HiCacheStorage):
         with self._lock:
             loader = kvtier.LayerwiseLoader(self._client, ns, self._arena, self._cache,
                                             self._runtime)
-            pages = loader.start_load(self._tokens(keys), blocks, self._load_stream)
+            pages = loader.start_load(self._tokens(keys), blocks, self._load_stream,
+                                      request_id=self._requests.for_get(keys))
             pages //= self._page
             failed = set(loader.finish())
         ok = 0
@@ -261,7 +354,9 @@ class KvtierStorage(HiCacheStorage):
                     storer.layer_done(layer, self._written_stream)
                 result = storer.finish()
                 stored = result.stored_chunks
-        present = self._client.lookup(ns, tokens).num_chunks
+        # Under the name of the request that asked for these pages: not a prompt of its own.
+        present = self._client.lookup(ns, tokens,
+                                      request_id=self._requests.for_set(keys)).num_chunks
         self._record("backup", stored, ns, start)
         return [i < present for i in range(len(keys))]
 

@@ -91,11 +91,17 @@ Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const in
   Connection& c = **conn;
   v1::LookupResponse resp;
   {
-    const bool take_over = ticket != nullptr && WaitForPrefetch(*this, *ticket, c.session_id);
+    // Another session's ticket (an engine's scheduler prefetched) is adopted
+    // without a wait: its policy is that session's to apply.
+    const bool adopt = ticket != nullptr && ticket->id != 0 && ticket->session_id != c.session_id &&
+                       !request_id.empty();
+    const bool take_over =
+        adopt || (ticket != nullptr && WaitForPrefetch(*this, *ticket, c.session_id));
     if (ticket != nullptr) deadline = impl_->CallDeadline();  // the policy's wait comes first
     v1::LookupRequest req = MakeLookup(c, ns, /*acquire=*/true);
     req.set_max_chunks(static_cast<uint32_t>(std::min<size_t>(max_chunks, UINT32_MAX)));
     if (take_over) req.set_prefetch_ticket(ticket->id);
+    req.set_adopt_ticket(adopt);
     req.set_hbm(hbm && c.hbm.has_value());
     req.set_request_id(std::string(request_id));
     req.set_first_chunk(static_cast<uint32_t>(std::min<size_t>(first_chunk, max_chunks)));

@@ -388,7 +388,7 @@ inline Status CallLookup(Connection& c, const NamespaceHandle& ns, Clock::time_p
   if (c.ring) {
     const RingClient::LookupArgs args{&ns.id, tokens, ns.spec.chunk_tokens, req.acquire(),
                                       req.hbm(), req.max_chunks(), req.prefetch_ticket(),
-                                      req.request_id(), req.first_chunk()};
+                                      req.request_id(), req.first_chunk(), req.adopt_ticket()};
     if (auto st = c.ring->Lookup(args, deadline, [&c] { return c.alive(); }, resp)) {
       return *std::move(st);
     }

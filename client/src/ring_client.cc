@@ -157,7 +157,8 @@ std::optional<Status> RingClient::Lookup(const LookupArgs& args, Clock::time_poi
 
   RingSubmission entry;
   entry.op = static_cast<uint32_t>(RingOp::kLookup);
-  entry.flags = (args.acquire ? kRingAcquire : 0) | (args.hbm ? kRingHbm : 0);
+  entry.flags = (args.acquire ? kRingAcquire : 0) | (args.hbm ? kRingHbm : 0) |
+                (args.adopt_ticket ? kRingAdoptTicket : 0);
   entry.max_chunks = args.max_chunks;
   entry.token_count = static_cast<uint32_t>(args.tokens.size());
   entry.first_chunk = args.first_chunk;

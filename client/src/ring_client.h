@@ -33,6 +33,7 @@ class RingClient {
     uint64_t prefetch_ticket = 0;
     std::string_view request_id;
     uint32_t first_chunk = 0;
+    bool adopt_ticket = false;
   };
   // Runs a Lookup on the ring and fills `resp` as the Lookup RPC would; the
   // status is the daemon's, DEADLINE_EXCEEDED when it did not answer by

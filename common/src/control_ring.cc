@@ -132,7 +132,7 @@ Result<RingCall> DecodeSubmission(const RingSubmission& entry, std::span<const u
   }
   if ((entry.flags & ~kRingKnownFlags) != 0) {
     return Status::InvalidArgument("ring entry flags " + std::to_string(entry.flags) +
-                                   " has unknown bits (known: acquire 1, hbm 2)");
+                                   " has unknown bits (known: acquire 1, hbm 2, adopt_ticket 4)");
   }
   if (entry.request_id_bytes > kRingMaxRequestIdBytes) {
     return Status::InvalidArgument("ring entry request id is " +
@@ -149,6 +149,7 @@ Result<RingCall> DecodeSubmission(const RingSubmission& entry, std::span<const u
   call.seq = entry.seq;
   call.acquire = (entry.flags & kRingAcquire) != 0;
   call.hbm = (entry.flags & kRingHbm) != 0;
+  call.adopt_ticket = (entry.flags & kRingAdoptTicket) != 0;
   call.max_chunks = entry.max_chunks;
   if (call.acquire && (call.max_chunks == 0 || call.max_chunks > kRingMaxLocations)) {
     call.max_chunks = kRingMaxLocations;  // the locations must fit in the data area

@@ -395,6 +395,11 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
     return done(Status::InvalidArgument("prefetch_ticket is set without acquire (a ticket's "
                                         "chunks are taken over by a Lookup that leases them)"));
   }
+  if (req.adopt_ticket && (req.prefetch_ticket == 0 || req.request_id.empty())) {
+    return done(Status::InvalidArgument("adopt_ticket is set without a prefetch_ticket and a "
+                                        "request_id (it takes over another session's Prefetch "
+                                        "of the same request)"));
+  }
   auto resolved = ResolveRequest(req.session_id, req.epoch, req.namespace_id);
   if (!resolved.ok()) return done(resolved.status());
   const NamespaceState ns = *resolved;
@@ -417,8 +422,15 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
   Status st = CheckSession(req.session_id);  // it may have ended meanwhile
   std::optional<Promoter::Table::iterator> ticket;
   if (st.ok() && req.prefetch_ticket != 0) {
-    auto found = promoter_->FindTicket(req.prefetch_ticket, req.session_id);
-    if (found.ok()) {
+    auto found = req.adopt_ticket
+                     ? promoter_->FindRequestTicket(req.prefetch_ticket, tally.request, ns.id)
+                     : promoter_->FindTicket(req.prefetch_ticket, req.session_id);
+    if (found.ok() && req.adopt_ticket && !(*found)->second.done) {
+      // Another session's prefetch still promoting: ended, and this Lookup
+      // reads what it had not promoted yet (its worker may still finish a step).
+      ++counters_.prefetches.used_early;
+      promoter_->End(*found);
+    } else if (found.ok()) {
       ticket = *found;
     } else if (found.status().code() != StatusCode::kNotFound) {  // expired: no error
       st = found.status();
@@ -428,9 +440,10 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
     lock.unlock();
     return done(st);
   }
-  if (req.acquire) {  // a lease takes over the ticket's hold
+  if (req.acquire) {  // a lease takes over the ticket's hold (its own session's)
+    const bool own = ticket && (*ticket)->second.session_id == req.session_id;
     const size_t allowed = SessionAllowance(req.session_id, ns.layout.slot_bytes,
-                                            ticket ? (*ticket)->second.held_bytes : 0);
+                                            own ? (*ticket)->second.held_bytes : 0);
     if (allowed < tally.max_hits) {
       tally.max_hits = allowed;
       ++counters_.session_limited;
@@ -466,13 +479,13 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
     lock.unlock();
     return done(Status::Ok());
   }
-  // With a ticket (even one that expired) NVMe is not read: the prefetch was the time for it.
-  const size_t run = req.prefetch_ticket != 0
-                         ? 0
-                         : ContinuationRun(keys, hits.size(), tally.max_hits);
+  // With a ticket of its own (even one that expired) NVMe is not read: the
+  // prefetch was the time for it. Another session's that is gone is no ticket.
+  const bool own_ticket = req.prefetch_ticket != 0 && !req.adopt_ticket;
+  const size_t run = own_ticket ? 0 : ContinuationRun(keys, hits.size(), tally.max_hits);
   // Without a lease nothing is read: NVMe chunks are checked when read, and
   // the remote tier is asked what it holds (ProbeRemote), not read.
-  const size_t reach = req.acquire && req.prefetch_ticket == 0
+  const size_t reach = req.acquire && !own_ticket
                            ? PromotionReach(keys, hits.size(), tally.max_hits, run)
                            : run;
   if (!req.acquire && ProbeRemote(tally, ns, keys, hits, run, resp, done)) return;

@@ -25,7 +25,8 @@ core::LookupRequest FromWire(const v1::LookupRequest& r) {
           .prefetch_ticket = r.prefetch_ticket(),
           .hbm = r.hbm(),
           .request_id = r.request_id(),
-          .first_chunk = r.first_chunk()};
+          .first_chunk = r.first_chunk(),
+          .adopt_ticket = r.adopt_ticket()};
 }
 
 // The two enums agree number for number.

@@ -102,6 +102,22 @@ Result<Promoter::Table::iterator> Promoter::FindTicket(uint64_t ticket, uint64_t
   return it;
 }
 
+Result<Promoter::Table::iterator> Promoter::FindRequestTicket(uint64_t ticket,
+                                                              const std::string& request,
+                                                              const NamespaceId& ns) {
+  auto it = promotions_.find(ticket);
+  if (it == promotions_.end() || !it->second.is_ticket()) {
+    return Status::NotFound("prefetch ticket " + std::to_string(ticket) + " is unknown (" +
+                            kTicketGone + ")");
+  }
+  if (it->second.request != request || it->second.ns.id != ns) {
+    return Status::InvalidArgument("prefetch ticket " + std::to_string(ticket) +
+                                   " was granted for another request or namespace (adopt_ticket "
+                                   "takes over a Prefetch of the same request_id only)");
+  }
+  return it;
+}
+
 bool Promoter::JoinResident(Promotion& p, const CoreNamespace& ns) {
   // Chunks in DRAM already (another request promoted or stored them) join at
   // once if they pass the token check; one that fails ends the promotion

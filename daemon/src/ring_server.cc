@@ -490,7 +490,8 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
                 .prefetch_ticket = call->prefetch_ticket,
                 .hbm = call->hbm,
                 .request_id = call->request_id,
-                .first_chunk = call->first_chunk},
+                .first_chunk = call->first_chunk,
+                .adopt_ticket = call->adopt_ticket},
                resp.get(), [ring, slot, seq = call->seq, resp, core = &core_](Status st) {
     if (st.ok()) core->CountRingLookup();
     if (!Answer(*ring, slot, seq, st, resp.get()) && st.ok() && resp->lease_id != 0) {

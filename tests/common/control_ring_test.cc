@@ -48,7 +48,13 @@ TEST(ControlRingUnitTest, DecodeRefusesWhatDoesNotFitOrIsUnknown) {
   EXPECT_FALSE(DecodeSubmission(Lookup(0, kRingMaxRequestIdBytes + 1),
                             std::vector<uint8_t>(1024)).ok());
   RingSubmission e = Lookup(1);
-  e.flags = 4;
+  e.flags = kRingAcquire | kRingAdoptTicket;
+  e.prefetch_ticket = 9;
+  auto adopt = DecodeSubmission(e, data);
+  ASSERT_TRUE(adopt.ok()) << adopt.status().ToString();
+  EXPECT_TRUE(adopt->adopt_ticket);
+  EXPECT_EQ(adopt->prefetch_ticket, 9u);
+  e.flags = 8;
   auto st = DecodeSubmission(e, data);
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument);

@@ -261,10 +261,13 @@ class CacheCoreDriver {
     return s;
   }
 
+  // `adopt`: the ticket is another session's (LookupRequest.adopt_ticket).
   v1::LookupResponse LookupWithTicket(const std::vector<int32_t>& tokens, uint64_t ticket,
-                                      Status* status = nullptr) {
+                                      Status* status = nullptr, uint64_t session = 0,
+                                      bool adopt = false) {
     v1::LookupRequest req;
-    req.set_session_id(session_);
+    req.set_session_id(session ? session : session_);
+    req.set_adopt_ticket(adopt);
     req.set_epoch(kEpoch);
     req.set_namespace_id(ns_wire_);
     req.set_tokens(PackTokens(tokens));

@@ -22,6 +22,17 @@
 namespace kvtier::testing {
 namespace {
 
+// Polls `pred` (the I/O workers run in real time) for at most 10 s.
+template <typename Pred>
+bool WaitUntil(Pred pred) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
 TEST_F(CacheCoreNvmeTest, WriteThroughThenPromotionServesTheSameBytes) {
   StartWithNvme(/*dram_slots=*/3, /*good_writes=*/1000);
   const auto a = Tokens(12);       // 3 chunks
@@ -456,6 +467,92 @@ TEST_F(CacheCorePrefetchTest, ALookupWithATicketTakesOnlyWhatIsReadyAndReadsNoNv
   EXPECT_EQ(late.num_chunks(), 1u);
   EXPECT_EQ(Stats().tiers(1).read_bytes(), read_before);
   ASSERT_TRUE(Release(late.lease_id()).ok());
+}
+
+// vLLM's scheduler prefetches in its session; each worker leases in its own.
+TEST_F(CacheCorePrefetchTest, AnotherSessionOfTheSameRequestTakesOverTheTicket) {
+  request_id = "req-7";
+  v1::PrefetchResponse p;
+  ASSERT_TRUE(Prefetch(a_, &p).ok());
+  ASSERT_EQ(WaitPrefetchDone(p.ticket()).ready_chunks(), 3u);
+  const uint64_t worker = core_->OpenSession("worker", static_cast<uint32_t>(getpid()));
+  const v1::LookupResponse l = LookupWithTicket(a_, p.ticket(), nullptr, worker, /*adopt=*/true);
+  ASSERT_EQ(l.num_chunks(), 3u);
+  EXPECT_EQ(l.prefetched_chunks(), 3u) << "promoted by the scheduler's prefetch";
+  EXPECT_TRUE(LeasedBytesMatch(a_, l));
+  v1::StatsResponse s = Stats();
+  EXPECT_EQ(s.active_prefetches(), 0u) << "the worker's lease ends the ticket";
+  EXPECT_EQ(s.prefetches().used(), 1u);
+  EXPECT_EQ(s.prefetches().expired(), 0u);
+  ASSERT_TRUE(Release(l.lease_id(), worker).ok());
+  // Nothing stays pinned: a new prompt can take every slot, and the
+  // scheduler's session holds nothing (its allowance is whole again).
+  EXPECT_EQ(Store(Tokens(12, 900)), 3u);
+  core_->ExpireNow();
+  EXPECT_EQ(Stats().prefetches().expired(), 0u);
+}
+
+TEST_F(CacheCorePrefetchTest, AnAdoptedTicketMustBeTheRequestsAndOneGoneIsNoTicket) {
+  request_id = "req-7";
+  v1::PrefetchResponse p;
+  ASSERT_TRUE(Prefetch(a_, &p, /*deadline_ms=*/500, /*max_chunks=*/1).ok());
+  ASSERT_EQ(WaitPrefetchDone(p.ticket()).ready_chunks(), 1u);
+  const uint64_t worker = core_->OpenSession("worker", static_cast<uint32_t>(getpid()));
+  const v1::StatsResponse before = Stats();
+  Status st;
+  request_id = "req-8";
+  LookupWithTicket(a_, p.ticket(), &st, worker, /*adopt=*/true);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("another request"), std::string::npos) << st.message();
+  request_id = "";
+  LookupWithTicket(a_, p.ticket(), &st, worker, /*adopt=*/true);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("request_id"), std::string::npos) << st.message();
+  v1::StatsResponse after = Stats();
+  EXPECT_EQ(after.active_prefetches(), 1u) << "a refused Lookup leaves the ticket";
+  EXPECT_EQ(after.active_leases(), 0u);
+  EXPECT_EQ(after.lookups(), before.lookups());
+  // Gone (expired): the worker reads NVMe as without a ticket and gets the
+  // whole prefix the scheduler counted, not only what the ticket promoted.
+  clock_.Advance(std::chrono::milliseconds(500));
+  core_->ExpireNow();
+  request_id = "req-7";
+  const v1::LookupResponse l = LookupWithTicket(a_, p.ticket(), nullptr, worker, /*adopt=*/true);
+  EXPECT_EQ(l.num_chunks(), 3u);
+  EXPECT_EQ(l.nvme_chunks(), 2u);
+  EXPECT_EQ(l.prefetched_chunks(), 0u);
+  EXPECT_TRUE(LeasedBytesMatch(a_, l));
+  ASSERT_TRUE(Release(l.lease_id(), worker).ok());
+}
+
+TEST_F(CacheCorePrefetchTest, AnAdoptedTicketStillPromotingIsEndedAndTheLookupReadsTheRest) {
+  request_id = "req-7";
+  faulty_->HoldReads(true);  // the prefetch's first NVMe read waits
+  v1::PrefetchResponse p;
+  ASSERT_TRUE(Prefetch(a_, &p).ok());
+  ASSERT_TRUE(WaitUntil([&] { return faulty_->reads_held() > 0; }));
+  const uint64_t worker = core_->OpenSession("worker", static_cast<uint32_t>(getpid()));
+  v1::LookupResponse l;
+  std::thread lookup([&] { l = LookupWithTicket(a_, p.ticket(), nullptr, worker, true); });
+  // The worker's Lookup ended the ticket and reads the prefix itself.
+  ASSERT_TRUE(WaitUntil([&] { return Stats().active_prefetches() == 0; }));
+  faulty_->HoldReads(false);
+  lookup.join();
+  EXPECT_EQ(l.num_chunks(), 3u) << "the whole prefix the scheduler counted";
+  EXPECT_EQ(l.nvme_chunks() + l.prefetched_chunks(), 3u);
+  EXPECT_TRUE(LeasedBytesMatch(a_, l));
+  EXPECT_EQ(Stats().prefetches().used_early(), 1u);
+  ASSERT_TRUE(Release(l.lease_id(), worker).ok());
+  // The ended ticket's step (it may still be inserting what it read) keeps
+  // nothing pinned: a new prompt gets every slot.
+  const auto other = Tokens(24, 800);
+  for (int i = 0; i < 100 && Lookup(other, false).num_chunks() != 6u; ++i) {
+    Drain();  // what an earlier try stored waits for no write-through
+    Store(other);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(Lookup(other, false).num_chunks(), 6u);
+  EXPECT_EQ(Stats().tiers(0).pinned_chunks(), 0u);
 }
 
 TEST_F(CacheCorePrefetchTest, ATicketHoldsItsChunksUntilItsDeadlineThenLetsGo) {

@@ -8,15 +8,18 @@
 //               garbage there, as after a power cut mid-write): nothing is
 //               reported, only verification can tell;
 //   kReadEio    reads fail with EIO (writes pass).
-// Syncs pass through. Tests only; never linked into production targets.
+// HoldReads(true) makes reads wait until HoldReads(false) (a slow disk at a
+// chosen moment). Syncs pass through. Tests only; never linked into production targets.
 #pragma once
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 
 #include "kvtier/tiers/block_device.h"
 
@@ -33,9 +36,28 @@ class FaultInjectionDevice final : public BlockDevice {
 
   void set_good_writes(uint64_t n) { good_left_.store(n); }
 
+  void HoldReads(bool hold) {
+    {
+      std::lock_guard lock(hold_mu_);
+      hold_reads_ = hold;
+    }
+    hold_cv_.notify_all();
+  }
+  // Reads waiting in HoldReads now.
+  int reads_held() const {
+    std::lock_guard lock(hold_mu_);
+    return reads_held_;
+  }
+
  protected:
   Status SubmitImpl(std::span<const IoRequest> batch) override {
     for (const IoRequest& r : batch) {
+      if (r.op == IoRequest::Op::kRead) {
+        std::unique_lock lock(hold_mu_);
+        ++reads_held_;
+        hold_cv_.wait(lock, [&] { return !hold_reads_; });
+        --reads_held_;
+      }
       const bool faulted_op = (r.op == IoRequest::Op::kRead) == (fault_ == Fault::kReadEio);
       if (faulted_op && !TakeGood()) {
         switch (fault_) {
@@ -81,6 +103,10 @@ class FaultInjectionDevice final : public BlockDevice {
   BlockDevice& inner_;
   const Fault fault_;
   std::atomic<uint64_t> good_left_;
+  mutable std::mutex hold_mu_;
+  std::condition_variable hold_cv_;
+  bool hold_reads_ = false;
+  int reads_held_ = 0;
 };
 
 }  // namespace kvtier::testing

@@ -330,6 +330,10 @@ class Client {
   // With `hbm` (a GPU reader that can open the HBM pool), the lease also
   // holds the HBM copies of the chunks that have one, and the daemon copies
   // the other hit chunks into HBM in the background for later loads.
+  // A `ticket` of another session (its session_id is not this client's: an
+  // engine's scheduler prefetched in its own process) is taken over when
+  // `request_id` is the Prefetch's; it is not waited for, and one that is gone
+  // leaves NVMe and the remote tier read as without a ticket.
   // `first_chunk`: the caller holds chunks [0, first_chunk) already (an
   // engine's own prefix cache) and reads only the ones after; they are leased
   // too (the lease starts at chunk 0) but the daemon counts them neither as

@@ -104,7 +104,18 @@ void BindResults(nb::module_& m) {
       m, "PrefetchTicket",
       "A prefetch in progress (Client.prefetch); hand it to load/acquire of the same tokens on "
       "the same client. Tied to its session: after a reconnect it is ignored.")
+      .def(
+          "__init__",
+          [](PrefetchTicket* t, uint64_t id, uint64_t session_id) {
+            new (t) PrefetchTicket{};
+            t->id = id;
+            t->session_id = session_id;
+          },
+          nb::arg("id"), nb::arg("session_id"),
+          "Another process's ticket, from its id and session_id (vLLM's scheduler prefetches, "
+          "a worker loads): acquire/start_load with the same request_id take it over.")
       .def_ro("id", &PrefetchTicket::id, "0 when nothing is cached or the call failed open.")
+      .def_ro("session_id", &PrefetchTicket::session_id, "The session it belongs to.")
       .def_ro("total_chunks", &PrefetchTicket::total_chunks,
               "Chunks of the cached prefix: those in DRAM, then those on NVMe.")
       .def_ro("nvme_chunks", &PrefetchTicket::nvme_chunks,

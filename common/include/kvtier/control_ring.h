@@ -48,8 +48,8 @@ namespace kvtier {
 
 inline constexpr uint64_t kRingMagic = 0x31474E4952545650ULL;  // "PVTRING1"
 // 2: `done` decides a call's fate (no claim word); 3: RingLocation.hbm_sequence,
-// RingSubmission.first_chunk.
-inline constexpr uint32_t kRingVersion = 3;
+// RingSubmission.first_chunk; 4: the flag kRingAdoptTicket.
+inline constexpr uint32_t kRingVersion = 4;
 inline constexpr uint32_t kRingDepth = 32;  // calls in flight per session on the ring
 // Per slot: up to 512K token ids in, or 65,536 chunk locations out.
 inline constexpr uint64_t kRingSlotDataBytes = uint64_t{2} << 20;
@@ -74,7 +74,8 @@ enum class RingOp : uint32_t {
 };
 inline constexpr uint32_t kRingAcquire = 1;  // Lookup: lease the hits, return their locations
 inline constexpr uint32_t kRingHbm = 2;      // Lookup: LookupRequest.hbm
-inline constexpr uint32_t kRingKnownFlags = kRingAcquire | kRingHbm;
+inline constexpr uint32_t kRingAdoptTicket = 4;  // Lookup: LookupRequest.adopt_ticket
+inline constexpr uint32_t kRingKnownFlags = kRingAcquire | kRingHbm | kRingAdoptTicket;
 
 // Written by the client into its slot before it publishes the slot.
 struct RingSubmission {
@@ -205,6 +206,7 @@ struct RingCall {
   uint32_t max_chunks = 0;  // at most kRingMaxLocations with acquire (the answer must fit)
   uint32_t first_chunk = 0;
   uint64_t prefetch_ticket = 0;
+  bool adopt_ticket = false;
   std::string namespace_id;  // 16 bytes
   std::string tokens;        // token_count int32 ids, as LookupRequest.tokens
   std::string request_id;

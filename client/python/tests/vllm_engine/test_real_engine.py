@@ -200,10 +200,21 @@ def test_kvtierd_killed_and_restarted_serves_from_nvme(
     out, cached = engine_a.one(p)
     assert cached == (260 // CHUNK) * CHUNK
     assert out == cold
-    tiers = state["kvtierd"].admin().stats()["tiers"]
-    nvme = next(t for t in tiers if t["name"] == "nvme")
+    stats = state["kvtierd"].admin().stats()
+    nvme = next(t for t in stats["tiers"] if t["name"] == "nvme")
     # DRAM was empty after the restart: the prefix was read back from the NVMe slot file.
-    assert nvme["read_bytes"] >= (260 // CHUNK) * PAYLOAD_BYTES, json.dumps(tiers)
+    assert nvme["read_bytes"] >= (260 // CHUNK) * PAYLOAD_BYTES, json.dumps(stats)
+    # The scheduler's prefetch promoted it; the worker (a session of its own) took that ticket
+    # over (issue 32 item 10): the chunks count as NVMe hits, the ticket as used, and nothing
+    # stays pinned for the ticket's deadline once the request is done.
+    assert nvme["hits"] == 260 // CHUNK, json.dumps(stats)
+    outcomes = stats["prefetches"]
+    assert outcomes["used"] + outcomes["used_early"] == 1, json.dumps(outcomes)
+    assert stats["active_prefetches"] == 0 and stats["active_leases"] == 0, json.dumps(stats)
+    evicted = subprocess.run([str(bin_dir() / "kvtierctl"), "--socket", state["kvtierd"].socket,
+                              "--json", "evict", "--all"], check=True, capture_output=True,
+                             text=True)
+    assert all(t["kept"] == 0 for t in json.loads(evicted.stdout)["tiers"]), evicted.stdout
 
 
 def test_two_engines_at_once_share_only_same_weights(

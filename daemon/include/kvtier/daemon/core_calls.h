@@ -52,6 +52,7 @@ struct LookupRequest {
   bool hbm = false;
   std::string_view request_id;
   uint32_t first_chunk = 0;  // the engine holds chunks [0, first_chunk): leased, never hits
+  bool adopt_ticket = false;  // prefetch_ticket is another session's, of request_id
 };
 struct LookupResponse {
   uint32_t num_chunks = 0;     // the cached run of leading full chunks

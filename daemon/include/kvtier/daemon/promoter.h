@@ -103,6 +103,12 @@ class Promoter {
   // REQUIRES: mu held. A client's ticket. Errors as FindOwned (a Lookup's own
   // promotion is NOT_FOUND too).
   Result<Table::iterator> FindTicket(uint64_t ticket, uint64_t session_id);
+  // REQUIRES: mu held. A ticket of any session, for request `request` (a
+  // RequestLedger key, not empty) in namespace `ns`: NOT_FOUND when it is gone
+  // (or is a Lookup's own promotion), INVALID_ARGUMENT when it is another
+  // request's or another namespace's.
+  Result<Table::iterator> FindRequestTicket(uint64_t ticket, const std::string& request,
+                                            const NamespaceId& ns);
   // REQUIRES: mu held. Ends the tickets of a session that ended (its Lookups'
   // promotions finish on their workers, which then see it gone); returns how many.
   size_t EndSession(uint64_t session_id);

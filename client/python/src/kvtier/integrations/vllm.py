@@ -173,6 +173,9 @@ class _LoadSpec:
     promised_tokens: int  # engine_tokens + what get_num_new_matched_tokens promised
     cache_salt: Optional[str]
     lora_key: Optional[str]  # the namespace's LoRA field (see _lora_key)
+    # The scheduler's prefetch ticket (id, session_id) in tensor-parallel rank 0's namespace:
+    # that rank's worker takes it over, so its chunks count as prefetched and are let go at once.
+    ticket: Optional[tuple[int, int]] = None
 
 
 @dataclass
@@ -297,6 +300,7 @@ class KvtierConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.WORKER and vllm_config.parallel_config.tensor_parallel_size > 1:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
             tp_rank = get_tensor_model_parallel_rank()
+        self._tp_rank = tp_rank
         self._spec = _namespace_spec(vllm_config, kv_cache_config, self._settings, tp_rank)
         self._client = kvtier.Client.connect(
             socket=self._settings.socket.replace("{tp_rank}", str(tp_rank)),
@@ -499,8 +503,11 @@ class KvtierConnector(KVConnectorBase_V1):
     def _add_load(self, meta: KvtierConnectorMetadata, rid: str, tracker: _Tracker) -> None:
         plan = self._pending_loads.pop(rid, None)
         if plan is not None:
+            ticket = self._tickets.get(rid)
             meta.loads.append(_LoadSpec(rid, tracker.token_ids, list(tracker.block_ids), plan[0],
-                                        plan[1], tracker.cache_salt, tracker.lora_key))
+                                        plan[1], tracker.cache_salt, tracker.lora_key,
+                                        (ticket.id, ticket.session_id)
+                                        if ticket is not None and ticket.id != 0 else None))
 
     def _add_save(self, meta: KvtierConnectorMetadata, rid: str, tracker: _Tracker,
                   computed_tokens: int) -> None:
@@ -627,8 +634,12 @@ class KvtierConnector(KVConnectorBase_V1):
             loader = (kvtier.LayerwiseLoader(self._client, ns, self._arena, self._cache,
                                              self._runtime) if ns is not None else None)
             try:
+                # Only rank 0 shares the scheduler's namespace (and, with a per-rank
+                # socket, its daemon): the other ranks' chunks were never prefetched.
+                ticket = (kvtier.PrefetchTicket(*spec.ticket)
+                          if spec.ticket is not None and self._tp_rank == 0 else None)
                 delivered = 0 if loader is None else loader.start_load(
-                    spec.token_ids, blocks, self._load_stream,
+                    spec.token_ids, blocks, self._load_stream, ticket=ticket,
                     first_chunk=spec.engine_tokens // self._chunk,
                     request_id=_request_tag(spec.req_id))
             except kvtier.Error as e:

@@ -113,7 +113,8 @@ class Engine:
                  extra: Optional[dict[str, Any]] = None,
                  failure_policy: str = "recompute", mla: bool = False,
                  kv_events: bool = False,
-                 worker_sockets: Optional[list[str]] = None) -> None:
+                 worker_sockets: Optional[list[str]] = None,
+                 kv_role: str = "kv_both") -> None:
         """worker_sockets: one worker-side connector (a simulated TP rank) per socket.
         Default: one, on `socket`. kv_events: vLLM's enable_kv_cache_events."""
         self.mla = mla
@@ -131,7 +132,7 @@ class Engine:
             config.update(extra or {})
             kv = KVTransferConfig(kv_connector="KvtierConnector",
                                   kv_connector_module_path="kvtier.integrations.vllm",
-                                  kv_role="kv_both", kv_connector_extra_config=config,
+                                  kv_role=kv_role, kv_connector_extra_config=config,
                                   kv_load_failure_policy=failure_policy)
             events = (KVEventsConfig(enable_kv_cache_events=True, publisher="null")
                       if kv_events else None)

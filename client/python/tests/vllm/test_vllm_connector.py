@@ -89,6 +89,29 @@ def test_the_daemon_counts_an_engine_request_once_and_only_what_it_served(
     assert after["hit_tokens"] - before["hit_tokens"] == 3 * CHUNK
 
 
+def test_a_kv_consumer_loads_but_stores_nothing_of_its_own(
+        kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine]) -> None:
+    """Prefill/decode disaggregation: the producer (prefill) stores, the consumer (decode)
+    loads what it stored and stores nothing of its own; a producer loads too."""
+    tokens = prompt(43, 3 * CHUNK + 10)
+    producer = make(engines, model_dir, kvtierd, kv_role="kv_producer")
+    producer.add("p", tokens)
+    producer.step()
+    assert dram_chunks(kvtierd) == 3
+    consumer = make(engines, model_dir, kvtierd, kv_role="kv_consumer")
+    consumer.add("c", tokens)
+    step = consumer.step()
+    assert step.computed["c"] == (3 * CHUNK, len(tokens))  # loaded, not recomputed
+    assert consumer.kv_matches("c", tokens, range(len(tokens)))
+    own = prompt(44, 2 * CHUNK + 3)
+    consumer.add("own", own)
+    assert consumer.step().computed["own"] == (0, len(own))
+    assert dram_chunks(kvtierd) == 3, "the consumer stored its own prompt"
+    again = make(engines, model_dir, kvtierd, kv_role="kv_producer")
+    again.add("again", tokens)
+    assert again.step().computed["again"] == (3 * CHUNK, len(tokens))  # a producer loads
+
+
 def test_mla_latent_cache_round_trip(kvtierd: KvtierdProcess, model_dir: str,
                                      engines: list[Engine]) -> None:
     """MLAAttentionSpec: vLLM lays each layer out as [num_blocks, 1, block_size, latent]."""

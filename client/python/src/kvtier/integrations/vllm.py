@@ -6,6 +6,10 @@ Enable it with::
         "kv_connector_module_path": "kvtier.integrations.vllm", "kv_role": "kv_both",
         "kv_connector_extra_config": {"socket": "/run/user/1000/kvtier/kvtierd.sock"}}'
 
+``kv_role``: ``kv_both`` loads and stores; ``kv_consumer`` (the decode instance of prefill/decode
+disaggregation) loads and stores nothing of its own; ``kv_producer`` stores, and loads too
+(what it finds cached it need not prefill again).
+
 ``kv_connector_extra_config`` keys (all optional):
 
 - ``socket``: kvtierd's socket; ``{tp_rank}`` in it is replaced by the worker's tensor-parallel
@@ -293,6 +297,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._settings = _Settings.parse(dict(extra), model)
         self._block_size = vllm_config.cache_config.block_size
         self._chunk = self._settings.chunk_tokens
+        self._stores = self._kv_transfer_config.is_kv_producer  # not a kv_consumer
         if vllm_config.parallel_config.pipeline_parallel_size > 1:
             raise ValueError("kvtier: pipeline parallelism is not supported yet (the stages' "
                              "layers would share one namespace)")
@@ -511,6 +516,8 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def _add_save(self, meta: KvtierConnectorMetadata, rid: str, tracker: _Tracker,
                   computed_tokens: int) -> None:
+        if not self._stores:
+            return  # a kv_consumer stores nothing of its own
         full_chunks = min(computed_tokens, len(tracker.token_ids)) // self._chunk
         if full_chunks > tracker.saved_chunks:
             meta.saves.append(_SaveSpec(rid, tracker.token_ids[:full_chunks * self._chunk],

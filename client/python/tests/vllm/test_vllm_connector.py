@@ -112,6 +112,35 @@ def test_a_kv_consumer_loads_but_stores_nothing_of_its_own(
     assert again.step().computed["again"] == (3 * CHUNK, len(tokens))  # a producer loads
 
 
+def test_the_workers_counters_reach_vllms_prometheus_metrics(
+        kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine]) -> None:
+    """build_prom_metrics: vLLM's Prometheus logger (KVConnectorProm, with prometheus_client's
+    real classes) observes what the scheduler got from the workers of a step."""
+    from prometheus_client import REGISTRY
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
+    tokens = prompt(45, 3 * CHUNK + 10)
+    a = make(engines, model_dir, kvtierd)
+    a.add("a", tokens)
+    b = make(engines, model_dir, kvtierd)
+    prom = KVConnectorProm(b.vllm_config, ["model_name", "engine"], {0: ["tiny", "0"]})
+    labels = {"model_name": "tiny", "engine": "0"}
+    try:
+        stats = a.step().kv_output.kv_connector_stats
+        assert stats is not None
+        prom.observe(stats.to_dict(), 0)
+        assert REGISTRY.get_sample_value("vllm:kvtier_stored_tokens_total", labels) == 3 * CHUNK
+        b.add("b", tokens)
+        stats = b.step().kv_output.kv_connector_stats
+        assert stats is not None
+        prom.observe(stats.to_dict(), 0)
+        assert REGISTRY.get_sample_value("vllm:kvtier_loaded_tokens_total", labels) == 3 * CHUNK
+        assert REGISTRY.get_sample_value("vllm:kvtier_load_error_blocks_total", labels) == 0
+    finally:
+        for collector in list(REGISTRY._collector_to_names):
+            if any(n.startswith("vllm:kvtier_") for n in REGISTRY._collector_to_names[collector]):
+                REGISTRY.unregister(collector)
+
+
 def test_mla_latent_cache_round_trip(kvtierd: KvtierdProcess, model_dir: str,
                                      engines: list[Engine]) -> None:
     """MLAAttentionSpec: vLLM lays each layer out as [num_blocks, 1, block_size, latent]."""

@@ -1,16 +1,33 @@
 """What the vLLM connector's workers report to vLLM: their counters (KvtierConnectorStats,
-summed over workers by vLLM) and the KV cache events of what kvtierd committed
-(KvtierKVEvents). Re-exported by kvtier.integrations.vllm."""
+summed over workers by vLLM, and shown on vLLM's own /metrics by KvtierPromMetrics) and the
+KV cache events of what kvtierd committed (KvtierKVEvents). Re-exported by
+kvtier.integrations.vllm."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from vllm.distributed.kv_events import KVCacheEvent, KVConnectorKVEvents, KVEventAggregator
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
 
-_STAT_KEYS = ("loaded_tokens", "load_error_blocks", "stored_tokens", "already_stored_tokens",
-              "dropped_chunks", "unsafe_chunks", "fail_open_calls")
+# Each counter, with what its Prometheus series says it counts.
+_STAT_DOCS = {
+    "loaded_tokens": "Prompt tokens whose KV the workers loaded from kvtier (not the engine's "
+                     "own prefix-cache hit), summed over tensor-parallel ranks.",
+    "load_error_blocks": "Engine blocks a kvtier load promised but did not deliver "
+                         "(recomputed by vLLM).",
+    "stored_tokens": "Prompt tokens whose KV the workers stored in kvtier.",
+    "already_stored_tokens": "Prompt tokens a store found in kvtier already.",
+    "dropped_chunks": "Chunks a store could not place (no space, NVMe behind, session limit).",
+    "unsafe_chunks": "Chunks not stored because their KV was not known good in the engine "
+                     "(a load below them failed in the same step, or a copy of the store).",
+    "fail_open_calls": "Stores whose call to kvtierd failed open (dropped).",
+}
+_STAT_KEYS = tuple(_STAT_DOCS)
 
 
 @dataclass
@@ -34,6 +51,27 @@ class KvtierConnectorStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         return not any(self.data[key] for key in _STAT_KEYS)
+
+
+class KvtierPromMetrics(KVConnectorPromMetrics):
+    """KvtierConnectorStats as Prometheus counters on vLLM's own /metrics (``build_prom_metrics``):
+    ``vllm:kvtier_<counter>_total``, with vLLM's per-engine labels."""
+
+    def __init__(self, vllm_config: Any, metric_types: dict[type, type],
+                 labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters: dict[str, dict[int, Any]] = {}
+        for key, doc in _STAT_DOCS.items():
+            counter = self._counter_cls(name=f"vllm:kvtier_{key}", documentation=doc,
+                                        labelnames=labelnames)
+            self._counters[key] = {engine: counter.labels(*values)
+                                   for engine, values in per_engine_labelvalues.items()}
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for key, per_engine in self._counters.items():
+            n = int(transfer_stats_data.get(key, 0))
+            if n > 0:
+                per_engine[engine_idx].inc(n)
 
 
 class KvtierKVEvents(KVConnectorKVEvents):

@@ -118,7 +118,11 @@ from vllm.v1.outputs import KVConnectorOutput
 import kvtier
 from kvtier.integrations._names import namespace_text
 from kvtier.integrations._weights import namespace_model_id, weights_fingerprint
-from kvtier.integrations._vllm_reports import KvtierConnectorStats, KvtierKVEvents
+from kvtier.integrations._vllm_reports import (
+    KvtierConnectorStats,
+    KvtierKVEvents,
+    KvtierPromMetrics,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -133,7 +137,7 @@ if TYPE_CHECKING:
 logger = init_logger("vllm.kvtier_connector")
 
 __all__ = ["KvtierConnector", "KvtierConnectorMetadata", "KvtierConnectorStats",
-           "KvtierKVEvents"]
+           "KvtierKVEvents", "KvtierPromMetrics"]
 
 
 @dataclass
@@ -804,3 +808,10 @@ class KvtierConnector(KVConnectorBase_V1):
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
                                  ) -> Optional[KVConnectorStats]:
         return KvtierConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: "VllmConfig", metric_types: dict[type, type],
+                           labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]
+                           ) -> KvtierPromMetrics:
+        return KvtierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)

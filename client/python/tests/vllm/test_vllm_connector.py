@@ -141,6 +141,27 @@ def test_the_workers_counters_reach_vllms_prometheus_metrics(
                 REGISTRY.unregister(collector)
 
 
+def test_a_connector_reset_serves_this_engine_nothing_stored_before(
+        kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine]) -> None:
+    """vLLM's reset_prefix_cache(reset_connector=True), as after weights updated in place: the
+    engine loads nothing kvtier held before; what it computes after is stored and loaded
+    again; another engine (not reset) still loads the old KV."""
+    tokens = prompt(46, 3 * CHUNK + 10)
+    a = make(engines, model_dir, kvtierd)
+    a.add("a", tokens)
+    a.step()
+    assert a.scheduler.reset_prefix_cache(reset_connector=True)
+    a.add("after", tokens)
+    assert a.step().computed["after"] == (0, len(tokens)), "served KV stored before the reset"
+    assert a.scheduler.reset_prefix_cache()  # vLLM's own cache only: kvtier serves it now
+    a.add("again", tokens)
+    assert a.step().computed["again"] == (3 * CHUNK, len(tokens))
+    assert a.kv_matches("again", tokens, range(len(tokens)))
+    b = make(engines, model_dir, kvtierd)
+    b.add("b", tokens)
+    assert b.step().computed["b"] == (3 * CHUNK, len(tokens))
+
+
 def test_mla_latent_cache_round_trip(kvtierd: KvtierdProcess, model_dir: str,
                                      engines: list[Engine]) -> None:
     """MLAAttentionSpec: vLLM lays each layer out as [num_blocks, 1, block_size, latent]."""

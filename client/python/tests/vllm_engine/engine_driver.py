@@ -8,7 +8,8 @@ line on stdout (vLLM's own log goes to stderr).
 Commands:
 - ``{"op": "generate", "requests": [{"prompt": [ids], "max_tokens": 8, "salt": null}],
   "reset": true}``: greedy decoding of the prompts in one batch (``reset`` first empties vLLM's
-  own prefix cache, so that ``num_cached_tokens`` counts only what came from kvtier). Answers
+  own prefix cache, so that ``num_cached_tokens`` counts only what came from kvtier; with
+  ``"reset_connector": true`` the connector's too, vLLM's ``reset_prefix_cache``). Answers
   ``{"outputs": [{"tokens": [ids], "num_cached_tokens": n}], "preemptions": n}``.
 - ``{"op": "evict_before_next_load", "wait_s": 0.6}``: a fault at the engine boundary. The next
   time the worker starts a load, first wait (so that the scheduler's prefetch ticket lapses),
@@ -126,7 +127,9 @@ def main() -> int:
             continue
         if cmd.get("reset", True):
             deadline = time.monotonic() + 30
-            while not llm.reset_prefix_cache():  # False while a store is still in flight
+            reset_connector = bool(cmd.get("reset_connector", False))
+            # False while a store is still in flight
+            while not llm.reset_prefix_cache(reset_connector=reset_connector):
                 if time.monotonic() > deadline:
                     raise RuntimeError("vLLM's prefix cache did not reset in 30 s")
                 time.sleep(0.05)

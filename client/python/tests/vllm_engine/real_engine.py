@@ -62,9 +62,11 @@ class RealEngine:
         self.proc.stdin.flush()
         return self._read(CALL_TIMEOUT_S)
 
-    def generate(self, requests: list[dict[str, Any]], reset: bool = True) -> dict[str, Any]:
+    def generate(self, requests: list[dict[str, Any]], reset: bool = True,
+                 reset_connector: bool = False) -> dict[str, Any]:
         """Greedy outputs of `requests` ({"prompt", "max_tokens", "salt"}) in one batch."""
-        return self.call({"op": "generate", "requests": requests, "reset": reset})
+        return self.call({"op": "generate", "requests": requests, "reset": reset,
+                          "reset_connector": reset_connector})
 
     def one(self, prompt: list[int], max_tokens: int = 12,
             salt: Optional[str] = None) -> tuple[list[int], int]:

@@ -242,6 +242,14 @@ def test_two_engines_at_once_share_only_same_weights(
         assert cached_c == 0, "an engine with other weights loaded A's KV"
         assert out_c == cold_c
         assert cold_c != cold_a  # the weights differ in what they answer
+        # reset_prefix_cache(reset_connector=True), as after updating weights in place: B is
+        # served nothing kvtier held before, and what it computes after is served again.
+        reset = b.generate([{"prompt": p, "max_tokens": 12, "salt": None}],
+                           reset_connector=True)["outputs"][0]
+        assert reset["num_cached_tokens"] == 0, "served KV stored before the connector reset"
+        assert reset["tokens"] == cold_a
+        out_b, cached_b = b.one(p)
+        assert cached_b == (300 // CHUNK) * CHUNK and out_b == cold_a
     finally:
         b.close()
         c.close()

@@ -72,7 +72,9 @@ the connector records nothing):
   i.e. a chunk counts as stored only when every tensor-parallel rank stored its shard.
 - ``BlockRemoved`` and ``AllBlocksCleared`` are never sent: the connector does not learn of
   kvtier's evictions. They will come from the daemon's own KV events (planned, issue 13).
-  ``reset_cache`` is not implemented (vLLM's reset leaves kvtier's chunks in place).
+  ``reset_cache`` (vLLM's ``reset_prefix_cache(reset_connector=True)``) starts a new
+  generation of this engine's namespaces, so nothing stored before is served to it again; it
+  sends no ``AllBlocksCleared`` (the chunks stay, for other engines).
 
 KV layouts: vLLM's standardized per-layer view ``[num_blocks, num_kv_heads, block_size,
 2 * head_size]`` of every MHA backend (flash-attn, flashinfer, triton, CPU), in any
@@ -87,6 +89,7 @@ import dataclasses
 import hashlib
 import math
 import struct
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
@@ -184,6 +187,7 @@ class _LoadSpec:
     # The scheduler's prefetch ticket (id, session_id) in tensor-parallel rank 0's namespace:
     # that rank's worker takes it over, so its chunks count as prefetched and are let go at once.
     ticket: Optional[tuple[int, int]] = None
+    generation: str = ""  # the scheduler's cache generation (see reset_cache)
 
 
 @dataclass
@@ -208,6 +212,7 @@ class _SaveSpec:
     cache_salt: Optional[str]
     lora_key: Optional[str]
     stored_blocks: Optional[_StoredBlocks] = None  # None: KV cache events off
+    generation: str = ""  # the scheduler's cache generation (see reset_cache)
 
 
 @dataclass
@@ -227,6 +232,7 @@ class _Tracker:
     saved_chunks: int
     cache_salt: Optional[str]
     lora_key: Optional[str]
+    generation: str
 
 
 def _request_tag(request_id: str) -> str:
@@ -315,14 +321,17 @@ class KvtierConnector(KVConnectorBase_V1):
             socket=self._settings.socket.replace("{tp_rank}", str(tp_rank)),
             deadline_ms=self._settings.deadline_ms,
             client_name=f"vllm-{role.name.lower()}-tp{tp_rank}")
-        self._namespaces: dict[tuple[str, str], Optional[kvtier.Namespace]] = {}
+        self._namespaces: dict[tuple[str, str, str], Optional[kvtier.Namespace]] = {}
+        # "" until reset_cache; then a fresh random tag in every namespace's model id: what
+        # was cached before (under weights since updated in place, say) is never served again.
+        self._generation = ""
         events = vllm_config.kv_events_config
         self._events_enabled = bool(events is not None and events.enable_kv_cache_events)
         # Scheduler side.
         self._tickets: dict[str, kvtier.PrefetchTicket] = {}
         self._engine_tokens: dict[str, int] = {}
         self._pending_loads: dict[str, tuple[int, int]] = {}
-        self._request_keys: dict[str, tuple[Optional[str], Optional[str]]] = {}
+        self._request_keys: dict[str, tuple[Optional[str], Optional[str], str]] = {}
         self._request_tokens: dict[str, list[int]] = {}  # kvtier's key ids (_key_tokens)
         self._lora_keys: dict[tuple[str, str], str] = {}  # (name, path) -> _lora_key
         self._trackers: dict[str, _Tracker] = {}
@@ -357,16 +366,20 @@ class KvtierConnector(KVConnectorBase_V1):
 
     # ---------------------------------------------------------------- shared
 
-    def _namespace(self, cache_salt: Optional[str],
-                   lora_key: Optional[str]) -> Optional[kvtier.Namespace]:
-        """The namespace of a salt and LoRA adapter; None when the daemon refuses it (e.g. it
-        holds too many namespaces): those requests run without the cache."""
-        key = (namespace_text(cache_salt), namespace_text(lora_key))
+    def _namespace(self, cache_salt: Optional[str], lora_key: Optional[str],
+                   generation: str = "") -> Optional[kvtier.Namespace]:
+        """The namespace of a salt, a LoRA adapter and a cache generation (reset_cache); None
+        when the daemon refuses it (e.g. it holds too many namespaces): those requests run
+        without the cache."""
+        key = (namespace_text(cache_salt), namespace_text(lora_key), generation)
         if key in self._namespaces:
             return self._namespaces[key]
+        spec = dict(self._spec)
+        if generation:
+            spec["model_id"] = namespace_text(f"{spec['model_id']}#reset:{generation}")
         ns: Optional[kvtier.Namespace] = None
         try:
-            ns = self._client.open_namespace(**self._spec, cache_salt=key[0], lora_id=key[1])
+            ns = self._client.open_namespace(**spec, cache_salt=key[0], lora_id=key[1])
         except kvtier.Error as e:
             logger.warning("kvtier: namespace (salt %r, lora %r) refused, its requests run "
                            "without the cache: %s", key[0], key[1], e)
@@ -426,7 +439,7 @@ class KvtierConnector(KVConnectorBase_V1):
             return 0, False  # no ids to key on: such requests run without kvtier
         tokens = self._key_tokens(request.prompt_token_ids, request.mm_features)
         self._request_tokens[rid] = tokens
-        self._request_keys[rid] = (request.cache_salt, self._lora_key(request))
+        self._request_keys[rid] = (request.cache_salt, self._lora_key(request), self._generation)
         if self._events_enabled:
             self._event_requests[rid] = request
         ns = self._namespace(*self._request_keys[rid])
@@ -479,11 +492,11 @@ class KvtierConnector(KVConnectorBase_V1):
             rid = new.req_id
             if rid not in self._request_keys:
                 continue  # not looked up: prompt embeddings, or a request kvtier never saw
-            salt, lora = self._request_keys[rid]
+            salt, lora, generation = self._request_keys[rid]
             tokens = self._request_tokens.get(rid)
             if tokens is None:
                 tokens = self._key_tokens(new.prompt_token_ids, new.mm_features)
-            tracker = _Tracker(tokens, list(new.block_ids[0]), 0, salt, lora)
+            tracker = _Tracker(tokens, list(new.block_ids[0]), 0, salt, lora, generation)
             self._trackers[rid] = tracker
             self._add_load(meta, rid, tracker)
             self._add_save(meta, rid, tracker, new.num_computed_tokens + scheduled.get(rid, 0))
@@ -516,7 +529,8 @@ class KvtierConnector(KVConnectorBase_V1):
             meta.loads.append(_LoadSpec(rid, tracker.token_ids, list(tracker.block_ids), plan[0],
                                         plan[1], tracker.cache_salt, tracker.lora_key,
                                         (ticket.id, ticket.session_id)
-                                        if ticket is not None and ticket.id != 0 else None))
+                                        if ticket is not None and ticket.id != 0 else None,
+                                        tracker.generation))
 
     def _add_save(self, meta: KvtierConnectorMetadata, rid: str, tracker: _Tracker,
                   computed_tokens: int) -> None:
@@ -528,7 +542,8 @@ class KvtierConnector(KVConnectorBase_V1):
                                         list(tracker.block_ids), tracker.saved_chunks,
                                         tracker.cache_salt, tracker.lora_key,
                                         self._stored_blocks(rid, tracker.saved_chunks,
-                                                            full_chunks)))
+                                                            full_chunks),
+                                        tracker.generation))
             tracker.saved_chunks = full_chunks
 
     def _stored_blocks(self, rid: str, first_chunk: int, end_chunk: int) -> Optional[_StoredBlocks]:
@@ -637,7 +652,7 @@ class KvtierConnector(KVConnectorBase_V1):
         for spec in meta.loads:
             assert self._arena is not None and self._cache is not None
             assert self._runtime is not None and self._load_stream is not None
-            ns = self._namespace(spec.cache_salt, spec.lora_key)
+            ns = self._namespace(spec.cache_salt, spec.lora_key, spec.generation)
             # The engine's own prefix-cache blocks are left alone (-1), also inside the first
             # chunk copied when its hit does not end on a chunk boundary.
             owned = spec.engine_tokens // self._block_size
@@ -704,7 +719,7 @@ class KvtierConnector(KVConnectorBase_V1):
         assert self._storers is not None and self._arena is not None
         assert self._cache is not None and self._runtime is not None
         assert self._store_stream is not None
-        ns = self._namespace(spec.cache_salt, spec.lora_key)
+        ns = self._namespace(spec.cache_salt, spec.lora_key, spec.generation)
         if ns is None:
             return
         bad_from = self._bad_from.get(spec.req_id)
@@ -788,6 +803,17 @@ class KvtierConnector(KVConnectorBase_V1):
         events.add_events(list(dict.fromkeys(self._stored_events)))  # a duplicate: once
         self._stored_events = None
         return events
+
+    def reset_cache(self) -> bool:
+        """vLLM's reset_prefix_cache(reset_connector=True), e.g. after updating the weights in
+        place: this engine's requests from now on use namespaces of a new generation (a random
+        tag in the model id), so nothing cached before is served to them. Other engines, and
+        requests already looked up, keep theirs; kvtierd evicts the old namespaces' chunks as
+        space is needed (``kvtierctl evict --namespace`` drops them at once)."""
+        self._generation = uuid.uuid4().hex[:16]
+        logger.info("kvtier: cache reset; this engine's namespaces are now of generation %s",
+                    self._generation)
+        return True
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:

@@ -1,0 +1,105 @@
+"""What the vLLM connector is configured with (_Settings, from kv_connector_extra_config) and
+what its scheduler tells its workers each step (KvtierConnectorMetadata: the loads and saves to
+run), with the scheduler's state of each running request (_Tracker). Used by
+kvtier.integrations.vllm, which re-exports KvtierConnectorMetadata."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.v1.core.kv_cache_utils import ExternalBlockHash
+
+
+@dataclass
+class _Settings:
+    socket: str = ""
+    deadline_ms: int = 100
+    chunk_tokens: int = 256
+    model_id: str = ""
+    prefetch_deadline_ms: int = 2000
+    gpu_backend: str = "auto"
+    weights_fingerprint: str = "auto"
+
+    @classmethod
+    def parse(cls, extra: dict[str, Any], default_model: str) -> "_Settings":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(extra) - known)
+        if unknown:
+            raise ValueError(f"kvtier: unknown kv_connector_extra_config keys {unknown}; "
+                             f"known: {sorted(known)}")
+        s = cls(**{k: v for k, v in extra.items() if k in known})
+        for name in ("deadline_ms", "chunk_tokens", "prefetch_deadline_ms"):
+            value = getattr(s, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"kvtier: {name} must be a positive integer, not {value!r}")
+        if s.gpu_backend not in ("auto", "cuda", "host"):
+            raise ValueError(f"kvtier: gpu_backend must be auto, cuda or host, "
+                             f"not {s.gpu_backend!r}")
+        if not isinstance(s.weights_fingerprint, str) or not s.weights_fingerprint:
+            raise ValueError(f"kvtier: weights_fingerprint must be auto, off or a non-empty "
+                             f"string, not {s.weights_fingerprint!r}")
+        s.model_id = s.model_id or default_model
+        return s
+
+
+@dataclass
+class _LoadSpec:
+    req_id: str
+    token_ids: list[int]
+    block_ids: list[int]
+    engine_tokens: int    # the engine's own prefix-cache hit (already in its blocks)
+    promised_tokens: int  # engine_tokens + what get_num_new_matched_tokens promised
+    cache_salt: Optional[str]
+    lora_key: Optional[str]  # the namespace's LoRA field (see _lora_key)
+    # The scheduler's prefetch ticket (id, session_id) in tensor-parallel rank 0's namespace:
+    # that rank's worker takes it over, so its chunks count as prefetched and are let go at once.
+    ticket: Optional[tuple[int, int]] = None
+    generation: str = ""  # the scheduler's cache generation (see reset_cache)
+
+
+@dataclass
+class _StoredBlocks:
+    """What a worker needs, beyond its _SaveSpec, to announce the save as a BlockStored: vLLM's
+    hashes of the blocks the saved chunks cover. Only sent when KV cache events are enabled."""
+
+    block_hashes: list[ExternalBlockHash]  # chunk_tokens / block_size per saved chunk
+    parent_block_hash: Optional[ExternalBlockHash]  # of the block before; None at token 0
+    token_ids: list[int]  # the prompt's own ids of the saved chunks (not kvtier's key ids)
+    lora_id: Optional[int]
+    lora_name: Optional[str]
+    session_id: Optional[str]
+
+
+@dataclass
+class _SaveSpec:
+    req_id: str
+    token_ids: list[int]  # the prompt through the last full chunk this step computed
+    block_ids: list[int]
+    first_chunk: int      # chunks before it were saved by earlier steps
+    cache_salt: Optional[str]
+    lora_key: Optional[str]
+    stored_blocks: Optional[_StoredBlocks] = None  # None: KV cache events off
+    generation: str = ""  # the scheduler's cache generation (see reset_cache)
+
+
+@dataclass
+class KvtierConnectorMetadata(KVConnectorMetadata):
+    """What the scheduler tells the workers each step: the loads and saves to run."""
+
+    loads: list[_LoadSpec] = field(default_factory=list)
+    saves: list[_SaveSpec] = field(default_factory=list)
+
+
+@dataclass
+class _Tracker:
+    """Scheduler-side state of one running request."""
+
+    token_ids: list[int]  # kvtier's key ids of the prompt (see _key_tokens)
+    block_ids: list[int]
+    saved_chunks: int
+    cache_salt: Optional[str]
+    lora_key: Optional[str]
+    generation: str

@@ -3,12 +3,17 @@ model config and puts their helpers (engine_harness) on the path."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# vLLM's CPU platform, as the real-engine tests use: it loads the CPU kernels built for this
+# CPU (_C_AVX2 or _C_AVX512). Without a platform vLLM imports vllm/_C, the AVX512-BF16 build
+# the venv carries for the real engine, which dies with SIGILL on a CPU without those.
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")

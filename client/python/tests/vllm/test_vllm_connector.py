@@ -372,6 +372,13 @@ def test_kv_events_announce_a_store_with_vllms_own_block_hashes(
     assert event.token_ids == tokens[:3 * CHUNK]  # full chunks only, not the 10-token tail
     assert event.block_size == BLOCK_SIZE
     assert (event.lora_id, event.lora_name, event.group_idx) == (None, None, 0)
+    # The group's spec, as vLLM's own events for it say (vLLM 0.33's fields for routers).
+    gpu_specs = {(e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window)
+                 for e in stored(step.published, "GPU")}
+    assert gpu_specs == {("full_attention", None)}
+    assert (event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window) == ("full_attention",
+                                                                              None)
+    assert event.locality == "LOCAL"
     # The scheduler took them for this step's batch: nothing is left to take.
     assert list(scheduler_connector(a).take_events()) == []
 

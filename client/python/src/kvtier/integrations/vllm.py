@@ -37,14 +37,19 @@ What runs where (the scheduler and each worker have their own ``kvtier.Client``)
 - scheduler, ``get_num_new_matched_tokens``: on a request's first call a prefetch (the
   daemon promotes its NVMe chunks into DRAM while the request waits); the hit is the cached
   prefix, capped so that at least one prompt token is computed, aligned to vLLM's block
-  size. Loads are synchronous within the forward pass (``False``): they run layer by layer.
+  size. Loads are synchronous within the forward pass (``False``): they run layer by layer,
+  so vLLM calls ``update_state_after_alloc`` once per request (it calls it twice only after
+  an asynchronous load).
 - worker, ``start_load_kv``: a ``LayerwiseLoader`` per request leases the whole prefix and
   queues the first layers' copies on a load stream; ``wait_for_layer_load`` queues the
   copies of a layer more and makes the compute stream wait for that layer (no host sync on
   CUDA).
 - worker, ``save_kv_layer``: a ``LayerwiseStorer`` per request copies each layer out as
   attention writes it; only the prompt's full chunks whose KV this step computed (chunked
-  prefill stores a prompt over several steps); ``wait_for_save`` commits.
+  prefill stores a prompt over several steps); ``wait_for_save`` commits. A save never
+  outlives its step, so when vLLM preempts a request and hands its blocks to another, no copy
+  out of them is in flight: ``handle_preemptions`` has nothing to do (vLLM's offloading
+  connector needs it because its saves run across steps).
 - ``get_block_ids_with_load_errors``: blocks whose copy failed, whose lease lapsed, or that
   the daemon no longer had when the worker loaded (the prefix shrank after the scheduler
   counted it). vLLM recomputes them.
@@ -58,7 +63,9 @@ the connector records nothing):
   (``maybe_convert_block_hash`` of ``request.block_hashes``, as vLLM's block pool publishes
   them), ``parent_block_hash`` the hash of the block before the first (None at the prompt's
   start), the tokens covered, vLLM's ``block_size``, the request's LoRA (``lora_id``,
-  ``lora_name``) and ``group_idx`` 0 (the one full-attention group).
+  ``lora_name``), ``group_idx`` 0 (the one full-attention group) with its
+  ``kv_cache_spec_kind`` and ``kv_cache_spec_sliding_window`` as vLLM's own events give them,
+  and ``locality="LOCAL"``.
 - A store is announced only when its commit succeeded with nothing dropped, and then all the
   chunks of that store: kvtier's ``StoreResult`` counts the chunks it stored now and those it
   already held, but does not say which are which, so chunks kvtier already held (e.g. the
@@ -112,7 +119,12 @@ from vllm.v1.core.kv_cache_utils import (
     maybe_convert_block_hash,
     resolve_block_hashes,
 )
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    MLAAttentionSpec,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from vllm.v1.outputs import KVConnectorOutput
 
@@ -253,6 +265,9 @@ class KvtierConnector(KVConnectorBase_V1):
         # granularity vLLM hashes them; the events every worker reported, until take_events.
         self._event_requests: dict[str, "Request"] = {}
         self._hash_block_size = kv_cache_config.hash_block_size or self._block_size
+        group0 = kv_cache_config.kv_cache_groups[0].kv_cache_spec  # the one group kvtier stores
+        self._event_spec = (get_kv_cache_spec_kind(group0).value,
+                            get_kv_cache_spec_sliding_window(group0))
         self._published: list[KVCacheEvent] = []
         # Worker side.
         self._runtime: Optional[kvtier.Runtime] = None
@@ -706,6 +721,8 @@ class KvtierConnector(KVConnectorBase_V1):
                                                       - spec.first_chunk * self._chunk],
                            block_size=self._block_size, lora_id=blocks.lora_id,
                            medium=MEDIUM_CPU, lora_name=blocks.lora_name, group_idx=0,
+                           kv_cache_spec_kind=self._event_spec[0],
+                           kv_cache_spec_sliding_window=self._event_spec[1], locality="LOCAL",
                            session_id=blocks.session_id)
 
     def get_kv_connector_kv_cache_events(self) -> Optional[KVConnectorKVEvents]:

@@ -3,7 +3,8 @@ model on the CPU, driven by a test through JSON lines: one command a line on std
 line on stdout (vLLM's own log goes to stderr).
 
     python engine_driver.py --model DIR [--kvtier-socket SOCK] [--extra JSON]
-        [--block-size 32] [--max-batched-tokens 128] [--num-blocks N]
+        [--kv-role kv_both|kv_producer|kv_consumer] [--block-size 32]
+        [--max-batched-tokens 128] [--num-blocks N]
 
 Commands:
 - ``{"op": "generate", "requests": [{"prompt": [ids], "max_tokens": 8, "salt": null}],
@@ -78,6 +79,8 @@ def main() -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--kvtier-socket", default="")
     parser.add_argument("--extra", default="{}", help="kv_connector_extra_config (JSON)")
+    parser.add_argument("--kv-role", default="kv_both",
+                        choices=["kv_both", "kv_producer", "kv_consumer"])
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--max-batched-tokens", type=int, default=128)
     parser.add_argument("--num-blocks", type=int, default=0, help="0: as vLLM sizes it")
@@ -94,7 +97,7 @@ def main() -> int:
         extra = {"socket": args.kvtier_socket, **json.loads(args.extra)}
         kv_transfer = KVTransferConfig(kv_connector="KvtierConnector",
                                        kv_connector_module_path="kvtier.integrations.vllm",
-                                       kv_role="kv_both", kv_connector_extra_config=extra,
+                                       kv_role=args.kv_role, kv_connector_extra_config=extra,
                                        kv_load_failure_policy="recompute")
     llm = LLM(model=args.model, skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
               block_size=args.block_size, max_model_len=1024, max_num_seqs=8,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import select
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Optional
 
@@ -16,17 +18,29 @@ START_TIMEOUT_S = 600.0  # about 55 s alone on 2 cores; more beside a parallel c
 CALL_TIMEOUT_S = 300.0
 
 
+def prompt(seed: int, length: int) -> list[int]:
+    """`length` token ids drawn from the tiny models' vocabulary (3..2047) by `seed`."""
+    rng = random.Random(seed)
+    return [rng.randrange(3, 2048) for _ in range(length)]
+
+
+def cold_salt() -> str:
+    """A cache salt used once: nothing in vLLM or kvtier is keyed under it (a cold recompute)."""
+    return "cold-" + uuid.uuid4().hex
+
+
 class RealEngine:
     """One engine process. Its log is kept in `log_path`. Not thread-safe."""
 
     def __init__(self, model: str, log_path: Path, kvtier_socket: str = "",
                  extra: Optional[dict[str, Any]] = None, num_blocks: int = 0,
-                 max_batched_tokens: int = 128) -> None:
+                 max_batched_tokens: int = 128, kv_role: str = "kv_both") -> None:
         self.log_path = log_path
         args = [sys.executable, str(DRIVER), "--model", model,
                 "--max-batched-tokens", str(max_batched_tokens)]
         if kvtier_socket:
-            args += ["--kvtier-socket", kvtier_socket, "--extra", json.dumps(extra or {})]
+            args += ["--kvtier-socket", kvtier_socket, "--extra", json.dumps(extra or {}),
+                     "--kv-role", kv_role]
         if num_blocks:
             args += ["--num-blocks", str(num_blocks)]
         self._log = open(log_path, "ab")

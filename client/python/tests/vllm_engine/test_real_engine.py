@@ -14,17 +14,15 @@ model_id but other weights) then run at once beside the same kvtierd.
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import subprocess
-import uuid
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from kvtierd_process import KvtierdProcess, bin_dir
-from real_engine import RealEngine
+from real_engine import RealEngine, cold_salt, prompt
 from tiny_llama import write_tiny_llama
 
 CHUNK = 64  # kvtier chunk tokens: two of vLLM's 32-token CPU blocks
@@ -33,15 +31,6 @@ MODEL_ID = "tiny-llama"  # the same name for every engine: only the weights tell
 PAYLOAD_BYTES = CHUNK * 2 * 2 * 2 * 64 * 4
 EXTRA = {"chunk_tokens": CHUNK, "model_id": MODEL_ID, "deadline_ms": 2000,
          "prefetch_deadline_ms": 500}
-
-
-def prompt(seed: int, length: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, 2048) for _ in range(length)]
-
-
-def cold_salt() -> str:
-    return "cold-" + uuid.uuid4().hex
 
 
 @pytest.fixture(scope="module")

@@ -185,8 +185,6 @@ def test_bad_configurations_are_refused(kvtierd: KvtierdProcess) -> None:
         storage(kvtierd.socket, pool, interface_v1=0)
     with pytest.raises(ValueError, match="unknown hicache storage extra config keys"):
         storage(kvtierd.socket, pool, sokcet="/tmp/x")
-    with pytest.raises(ValueError, match="page_first_direct"):
-        storage(kvtierd.socket, host_pool("page_first_direct", seed=None))
     with pytest.raises(ValueError, match="deadline_ms must be an integer"):
         storage(kvtierd.socket, pool, deadline_ms="abc")
     with pytest.raises(ValueError, match="pp_size 2 is not supported"):

@@ -9,49 +9,61 @@ Enable it with::
             "interface_v1": 1, "socket": "/tmp/kvtier/kvtierd.sock"}'
 
 ``interface_v1: 1`` is required: SGLang then calls the zero-copy batch calls
-(``batch_get_v1`` / ``batch_set_v1``) over its registered host pool, which is all this backend
-implements. Extra config keys of kvtier's own (optional): ``socket`` (default
-``${XDG_RUNTIME_DIR:-/tmp}/kvtier/kvtierd.sock``; ``{tp_rank}`` becomes the rank, 0 for MLA
-whose shared copy lives on rank 0's daemon), ``deadline_ms`` (100), ``model_id`` (default:
-SGLang's model name), ``kv_dtype`` (``fp8_e4m3`` or ``fp8_e5m2``; required with an fp8 KV
-cache, which SGLang's host pool stores as uint8). Pipeline and context parallelism are
-refused (not supported yet).
+(``batch_get_v1`` / ``batch_set_v1``) over its registered host pool. Hybrid models (Mamba or
+linear-attention state, sliding-window and DSA indexer pools, DeepSeek V4's compressed pools)
+also use the v2 pool calls: ``register_mem_host_pool_v2`` registers each auxiliary host pool,
+``batch_exists_v2`` answers the prefix every pool can deliver under its hit rule (all pages,
+or the trailing pages only), and ``batch_get_v2`` / ``batch_set_v2`` move each pool's pages.
+Extra config keys of kvtier's own (optional): ``socket`` (default
+``${XDG_RUNTIME_DIR:-/tmp}/kvtier/kvtierd.sock``; ``{tp_rank}`` becomes the rank, for MLA the
+DCP rank (0 without DCP), whose shared copy lives on that rank's daemon), ``deadline_ms``
+(100), ``model_id`` (default: SGLang's model name), ``kv_dtype`` (``fp8_e4m3`` or
+``fp8_e5m2``; required with an fp8 KV cache, which SGLang's host pool stores as uint8).
+Pipeline parallelism is refused (not supported yet).
 
-SGLang names each page by its own chained SHA-256 hash, so the backend opens an
-engine-keyed namespace (DESIGN.md): one kvtier chunk per SGLang page (``--page-size`` must be
-at least 8) named by the namespace and that hash alone (kvtier does not chain pages: the hash
-already covers the prefix), and the daemon checks the whole hash on every lookup and read (a
-mismatch is a miss). SGLang's storage calls carry no request id, so the backend names one: each
-``batch_exists`` (one batch of a queued request's pages) starts a request, and the
-``batch_get_v1`` of its hit pages and the ``batch_set_v1`` of its pages belong to it, so that
-kvtierd counts the prompt and its hits once (its token hit rate). Each rank names its own
-requests: TP ranks sharing one daemon count each request once per rank (the hit rate is the
-same; vLLM's ranks share the engine's id and count once). TP ranks of an MHA model have namespaces of their own. Pages are copied between SGLang's host
-pool and kvtierd's arena by kvtier's gather/scatter (host runtime), in kvtier's payload
-order, for the ``layer_first`` and ``page_first`` host layouts. MLA models keep one copy
-shared by every TP rank (rank 0 of 1; only SGLang's storage writer writes).
+SGLang names each page by its own chained SHA-256 hash, so the backend opens engine-keyed
+namespaces (DESIGN.md): one kvtier chunk per SGLang page (``--page-size`` must be at least 8)
+named by the namespace and that hash alone (kvtier does not chain pages: the hash already
+covers the prefix, so the ``prefix_keys`` SGLang may pass add nothing and are not needed), and
+the daemon checks the whole hash on every lookup and read (a mismatch is a miss). Each pool
+has a namespace of its own (see ``_sglang_pools``): the model id tagged with the pool's name,
+and with the context-parallel (and DCP) rank where SGLang shards a page across those ranks,
+so a page of one pool or rank is never served as another's. Data-parallel replicas share
+pages (their attention ranks hold the same heads: the KV bytes are equal). SGLang's storage
+calls carry no request id, so the backend names one: each ``batch_exists`` (one batch of a
+queued request's pages) starts a request, and the loads and stores of its pages belong to it,
+so that kvtierd counts the prompt and its hits once (its token hit rate). Each rank names its
+own requests: TP ranks sharing one daemon count each request once per rank (the hit rate is
+the same; vLLM's ranks share the engine's id and count once). TP ranks of an MHA model have
+namespaces of their own. KV pages are copied between SGLang's host pool and kvtierd's arena by
+kvtier's gather/scatter (host runtime), in kvtier's payload order, for every host layout
+SGLang 0.5.23 has (``layer_first``, ``page_first``, ``page_first_direct``, ``page_head``,
+``page_unified`` with one head group; NPU's ``page_first_kv_split`` is refused). MLA models
+keep one copy shared by every TP rank (rank 0 of 1; only SGLang's storage writer writes).
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 import threading
 import time
 import uuid
 from typing import Any, List, Optional
 
-import numpy as np
 import torch
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    PoolTransferResult,
 )
 
 import kvtier
-from kvtier.integrations._names import namespace_text
+from kvtier.integrations._sglang_pools import PoolPages, Transfers, open_pool
 
 logger = logging.getLogger(__name__)
 
@@ -155,15 +167,9 @@ def _int_setting(extra: dict[str, Any], key: str, default: int) -> int:
         raise ValueError(f"kvtier: {key} must be an integer, not {value!r}") from None
 
 
-def _page_hash(key: str) -> bytes:
-    """The 32 bytes a page is named by: SGLang's SHA-256 hex key, or the SHA-256 of any other
-    key string."""
-    if len(key) == 64:
-        try:
-            return bytes.fromhex(key)
-        except ValueError:
-            pass
-    return hashlib.sha256(key.encode()).digest()
+def _pool_key(name: Any) -> str:
+    """A PoolName (or its string) as the key of this backend's pools: 'kv', 'mamba', ..."""
+    return str(getattr(name, "value", name))
 
 
 class KvtierStorage(HiCacheStorage):
@@ -176,118 +182,94 @@ class KvtierStorage(HiCacheStorage):
         if unknown:
             raise ValueError(f"kvtier: unknown hicache storage extra config keys {unknown}; "
                              f"known: {sorted(_OWN_KEYS | _SGLANG_KEYS)}")
-        for name, size in (("pp_size", storage_config.pp_size),
-                           ("attn_cp_size", storage_config.attn_cp_size),
-                           ("dcp_size", storage_config.dcp_size)):
-            if size > 1:
-                raise ValueError(f"kvtier: {name} {size} is not supported yet (the ranks' pages "
-                                 "would share one namespace)")
+        if storage_config.pp_size > 1:
+            raise ValueError(f"kvtier: pp_size {storage_config.pp_size} is not supported yet "
+                             "(the stages' pages would share one namespace)")
         if not _int_setting(extra, "interface_v1", 0):
             raise ValueError('kvtier: add "interface_v1": 1 to '
                              "--hicache-storage-backend-extra-config (kvtier implements the "
                              "zero-copy batch_get_v1/batch_set_v1 calls)")
         self._config = storage_config
-        self._model_id = namespace_text(str(extra.get("model_id") or
-                                             storage_config.model_name or ""))
-        if not self._model_id:
+        self._model = str(extra.get("model_id") or storage_config.model_name or "")
+        if not self._model:
             raise ValueError("kvtier: no model name: set model_id in the extra config")
         self._kv_dtype = extra.get("kv_dtype")
-        # MLA's one shared copy lives on rank 0's daemon: every rank asks that one.
-        rank = 0 if storage_config.is_mla_model else storage_config.tp_rank
+        self._tags = self._rank_tags(storage_config)
+        # MLA's one shared copy (of its DCP shard) lives on that rank's daemon: every rank asks it.
+        rank = storage_config.dcp_rank if storage_config.is_mla_model else storage_config.tp_rank
         socket = str(extra.get("socket", "")).replace("{tp_rank}", str(rank))
         self._socket = socket
-        self._client = kvtier.Client.connect(socket=socket,
-                                             deadline_ms=_int_setting(extra, "deadline_ms", 100),
-                                             client_name=f"sglang-tp{storage_config.tp_rank}")
-        self._runtime = kvtier.Runtime.host()  # the host pool is CPU memory
-        self._arena = kvtier.GpuArena(self._runtime)
+        client = kvtier.Client.connect(socket=socket,
+                                       deadline_ms=_int_setting(extra, "deadline_ms", 100),
+                                       client_name=f"sglang-tp{storage_config.tp_rank}")
+        runtime = kvtier.Runtime.host()  # the host pools are CPU memory
+        self._io = Transfers(client=client, runtime=runtime, arena=kvtier.GpuArena(runtime),
+                             load_stream=runtime.create_stream(),
+                             store_stream=runtime.create_stream(),
+                             written_stream=runtime.create_stream())
+        self._client = client
         self._lock = threading.Lock()  # one transfer at a time: the streams are shared
         self._requests = _RequestNames()
-        self._load_stream = self._runtime.create_stream()
-        self._store_stream = self._runtime.create_stream()
-        self._written_stream = self._runtime.create_stream()  # nothing pending: pool is written
-        self._ns: Optional[kvtier.Namespace] = None
-        self._cache: Optional[kvtier.PagedKvCache] = None
-        self._page = 0
-        self._layers = 0
+        self._pools: dict[str, PoolPages] = {}  # 'kv' and the auxiliary pools, by PoolName
         self._metrics: dict[str, list[float]] = {"prefetch_pgs": [], "backup_pgs": [],
                                                  "prefetch_bandwidth": [],
                                                  "backup_bandwidth": []}
         logger.info("kvtier storage backend (tp %d of %d) on %s", storage_config.tp_rank,
                     storage_config.tp_size, socket or "the default socket")
 
+    @staticmethod
+    def _rank_tags(c: HiCacheStorageConfig) -> dict[str, Any]:
+        """Namespace tags of the ranks that hold different bytes of one page: attention
+        context parallelism (each CP rank holds a slice of every page) and MLA decode context
+        parallelism (each DCP shard, equal across DCP groups of one topology and logical page
+        size). TP ranks are namespace fields of their own; DP replicas hold equal bytes."""
+        tags: dict[str, Any] = {}
+        if c.attn_cp_size > 1:
+            tags["cp"] = f"{c.attn_cp_rank}/{c.attn_cp_size}"
+        if c.dcp_size > 1:
+            tags["dcp"] = f"{c.dcp_rank}/{c.dcp_size}"
+            tags["dcp_tp"] = c.tp_size
+            tags["dcp_page"] = c.logical_page_size
+        return tags
+
     # ------------------------------------------------------------------ setup
+
+    def _open(self, pool: Any, name: str) -> PoolPages:
+        c = self._config
+        return open_pool(self._io, pool, self._model, self._tags, bool(c.is_mla_model),
+                         (c.tp_rank, c.tp_size), self._kv_dtype, name)
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         super().register_mem_pool_host(mem_pool_host)
-        pool = mem_pool_host
-        page, layers, layout = int(pool.page_size), int(pool.layer_num), str(pool.layout)
-        mla = self._config.is_mla_model
-        buf = pool.kv_buffer
-        if mla:  # [layers, size, 1, latent] or [size, layers, 1, latent]
-            per_layer = ([buf[i, :, 0] for i in range(layers)] if layout == "layer_first" else
-                         [buf[:, i, 0] for i in range(layers)] if layout == "page_first" else None)
-            if per_layer is None:
-                raise ValueError(f"kvtier: host layout {layout!r} is not supported "
-                                 "(layer_first, page_first)")
-            latent = int(per_layer[0].shape[-1])
-            tensors = [t.unflatten(0, (-1, page)) for t in per_layer]
-            self._cache = kvtier.PagedKvCache("mla", tensors)
-            spec: dict[str, Any] = dict(layout="mla", latent_dim=latent)
-        else:  # K and V: [2, layers, size, heads, dim] or [2, size, layers, heads, dim]
-            pairs = ([(buf[0, i], buf[1, i]) for i in range(layers)] if layout == "layer_first"
-                     else [(buf[0, :, i], buf[1, :, i]) for i in range(layers)]
-                     if layout == "page_first" else None)
-            if pairs is None:
-                raise ValueError(f"kvtier: host layout {layout!r} is not supported "
-                                 "(layer_first, page_first)")
-            self._cache = kvtier.PagedKvCache("sglang_mha", pairs, page_size=page)
-            spec = dict(layout="mha", num_kv_heads=int(pool.head_num),
-                        head_dim=int(pool.head_dim), tp_rank=self._config.tp_rank,
-                        tp_size=self._config.tp_size)
-        dtype: Any = pool.dtype
-        if dtype == torch.uint8:  # SGLang keeps fp8 KV in uint8 storage
-            if self._kv_dtype not in ("fp8_e4m3", "fp8_e5m2"):
-                raise ValueError('kvtier: the host pool stores fp8 KV as uint8: add "kv_dtype": '
-                                 '"fp8_e4m3" or "fp8_e5m2" (as --kv-cache-dtype) to the extra '
-                                 "config")
-            dtype = self._kv_dtype
-        self._ns = self._client.open_namespace(model_id=self._model_id, num_layers=layers,
-                                               kv_dtype=dtype, chunk_tokens=page,
-                                               engine_keyed=True, **spec)
-        self._page, self._layers = page, layers
+        kv = self._open(mem_pool_host, "kv")
+        self._pools["kv"] = kv
         logger.info("kvtier: host pool registered (%s, %d layers, page %d): namespace %s",
-                    layout, layers, page, self._ns.id)
+                    mem_pool_host.layout, kv.ns.num_layers, kv.page, kv.ns.id)
 
-    # --------------------------------------------------------------- helpers
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """Registers one host pool of SGLang's pool group under its PoolName: the KV pool
+        (the one register_mem_pool_host registered, or this one if none was) or an auxiliary
+        pool, which gets a namespace of its own. Raises ValueError for a pool kvtier cannot
+        copy (named in the message)."""
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        key = _pool_key(host_pool_name)
+        if key == "kv":
+            if "kv" not in self._pools or self._pools["kv"].pool is not host_pool:
+                self.register_mem_pool_host(host_pool)
+            return
+        pages = self._open(host_pool, key)
+        self._pools[key] = pages
+        logger.info("kvtier: host pool %s registered (%s): namespace %s", key,
+                    type(host_pool).__name__, pages.ns.id)
 
-    def _tokens(self, keys: List[str]) -> np.ndarray:
-        out = np.zeros((len(keys), self._page), dtype=np.int32)
-        for i, key in enumerate(keys):
-            out[i, :8] = np.frombuffer(_page_hash(key), dtype="<i4")
-        return out.reshape(-1)
-
-    def _block_ids(self, host_indices: torch.Tensor, num_pages: int) -> Optional[list[int]]:
-        """The host pool pages of `num_pages` whole pages of token slots; None (logged) when
-        `host_indices` is not num_pages runs of page_size consecutive, page-aligned slots."""
-        page = self._page
-        if host_indices.dim() != 1 or host_indices.numel() != num_pages * page:
-            logger.error("kvtier: %d host indices for %d pages of %d tokens",
-                         host_indices.numel(), num_pages, page)
-            return None
-        runs = host_indices.reshape(num_pages, page).to(torch.int64)
-        first = runs[:, 0]
-        size = int(self.mem_pool_host.size)
-        if bool(((first % page != 0) | (first < 0) | (first + page > size)).any()) or not torch.equal(
-                runs - first[:, None], torch.arange(page, dtype=torch.int64).expand_as(runs)):
-            logger.error("kvtier: host indices are not whole, page-aligned pages")
-            return None
-        return (first // page).tolist()
+    def _kv(self) -> PoolPages:
+        kv = self._pools.get("kv")
+        if kv is None:
+            raise RuntimeError("kvtier: register_mem_pool_host was not called")
+        return kv
 
     def _ready(self) -> kvtier.Namespace:
-        if self._ns is None or self._cache is None:
-            raise RuntimeError("kvtier: register_mem_pool_host was not called")
-        return self._ns
+        return self._kv().ns
 
     # ------------------------------------------------------------- the calls
 
@@ -296,9 +278,9 @@ class KvtierStorage(HiCacheStorage):
         """How many leading pages of `keys` kvtierd holds (0 when it is unreachable)."""
         if not keys:
             return 0
-        ns = self._ready()
+        kv = self._kv()
         name = self._requests.for_query()
-        hits = self._client.lookup(ns, self._tokens(keys), request_id=name).num_chunks
+        hits = kv.leading(keys, name)
         self._requests.queried(name, keys, hits)
         return hits
 
@@ -309,56 +291,114 @@ class KvtierStorage(HiCacheStorage):
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
         """Loads the leading run of `keys` into the host pool at `host_indices` (page-aligned
         token slots, len(keys) * page_size). True for each page loaded, in order."""
-        ns = self._ready()
+        kv = self._kv()
         if not keys:
             return []
-        assert self._cache is not None
         start = time.perf_counter()
-        blocks = self._block_ids(host_indices, len(keys))
-        if blocks is None:
-            return [False] * len(keys)
         with self._lock:
-            loader = kvtier.LayerwiseLoader(self._client, ns, self._arena, self._cache,
-                                            self._runtime)
-            pages = loader.start_load(self._tokens(keys), blocks, self._load_stream,
-                                      request_id=self._requests.for_get(keys))
-            pages //= self._page
-            failed = set(loader.finish())
-        ok = 0
-        while ok < pages and blocks[ok] not in failed:
-            ok += 1
-        self._record("prefetch", ok, ns, start)
+            ok = kv.load(keys, host_indices, self._requests.for_get(keys))
+        self._record("prefetch", ok, kv.ns, start)
         return [i < ok for i in range(len(keys))]
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
         """Stores the pages of `keys` from the host pool at `host_indices`. All True when
         every page is in kvtierd afterwards (stored now or before)."""
-        ns = self._ready()
+        return self._set(self._kv(), keys, host_indices)
+
+    def _set(self, pages: PoolPages, keys: List[str], host_indices: Any) -> List[bool]:
         if not keys:
             return []
-        if not self._config.is_storage_writer:
+        if pages.shared and not self._config.is_storage_writer:
             return [True] * len(keys)  # MLA: another rank writes the shared copy
-        assert self._cache is not None
         start = time.perf_counter()
-        tokens = self._tokens(keys)
-        blocks = self._block_ids(host_indices, len(keys))
-        if blocks is None:
-            return [False] * len(keys)
-        with self._lock:
-            storer = kvtier.LayerwiseStorer(self._client, ns, self._arena, self._cache,
-                                            self._runtime)
-            stored = 0
-            if storer.start(tokens, blocks, self._store_stream) > 0:
-                for layer in range(self._layers):
-                    storer.layer_done(layer, self._written_stream)
-                result = storer.finish()
-                stored = result.stored_chunks
         # Under the name of the request that asked for these pages: not a prompt of its own.
-        present = self._client.lookup(ns, tokens,
-                                      request_id=self._requests.for_set(keys)).num_chunks
-        self._record("backup", stored, ns, start)
+        with self._lock:
+            stored, present = pages.store(keys, host_indices, self._requests.for_set(keys))
+        self._record("backup", stored, pages.ns, start)
         return [i < present for i in range(len(keys))]
+
+    # ------------------------------------------------------- the v2 pool calls
+
+    def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
+                        extra_info: Optional[HiCacheStorageExtraInfo] = None
+                        ) -> PoolTransferResult:
+        """The usable prefix of `keys` (SGLang's page hashes of the span): the KV pool's
+        leading run, cut by each auxiliary pool in `pool_transfers` under its hit rule.
+        ALL_PAGES: the pool must hold every page of the prefix. TRAILING_PAGES: it must hold
+        the last len(transfer.keys) pages (at least 1) before the prefix's end, so a prefix
+        may end only where its window is complete (restorable_prefix_pages lists those ends;
+        kv_hit_pages is the longest one every pool allows). BLOCK_GROUPS never gates the KV
+        hit (SGLang's rule) and gets no verdict. A pool not registered allows no prefix."""
+        kv = self._kv()
+        name = self._requests.for_query()
+        kv_pages = kv.leading(keys, name) if keys else 0
+        self._requests.queried(name, keys, kv_pages)
+        hits: dict[Any, int] = {PoolName.KV: kv_pages} if kv_pages else {}
+        restorable = set(range(1, kv_pages + 1))
+        for t in pool_transfers or []:
+            if not restorable:
+                break
+            key = _pool_key(t.name)
+            if t.hit_policy == PoolHitPolicy.BLOCK_GROUPS:
+                continue
+            pages = self._pools.get(key)
+            if pages is None:
+                logger.error("kvtier: pool %s was not registered (register_mem_host_pool_v2)",
+                             key)
+                restorable = set()
+                break
+            present = pages.present(keys[:kv_pages], name)
+            if t.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                window = max(1, len(t.keys or ()))
+                allowed = {n for n in range(1, kv_pages + 1)
+                           if all(present[max(0, n - window):n])}
+            else:  # ALL_PAGES
+                lead = present.index(False) if False in present else kv_pages
+                allowed = set(range(1, lead + 1))
+            if allowed:
+                hits[t.name] = max(allowed)
+            restorable &= allowed
+        ends = sorted(restorable)
+        return PoolTransferResult(ends[-1] if ends else 0, hits, ends)
+
+    def _transfer(self, transfers: List[PoolTransfer], load: bool) -> dict[str, List[bool]]:
+        out: dict[str, List[bool]] = {}
+        for t in transfers:
+            keys = list(t.keys or [])
+            pages = self._pools.get(_pool_key(t.name))
+            if pages is None:
+                logger.error("kvtier: pool %s was not registered (register_mem_host_pool_v2)",
+                             _pool_key(t.name))
+                out[t.name] = [False] * len(keys)
+            elif not load:
+                out[t.name] = self._set(pages, keys, t.host_indices)
+            elif keys:
+                start = time.perf_counter()
+                with self._lock:
+                    name = (self._requests.for_get(keys) if pages is self._pools["kv"]
+                            else self._requests.for_set(keys))
+                    ok = pages.load(keys, t.host_indices, name)
+                self._record("prefetch", ok, pages.ns, start)
+                out[t.name] = [i < ok for i in range(len(keys))]
+            else:
+                out[t.name] = []
+        return out
+
+    def batch_get_v2(self, transfers: List[PoolTransfer],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None
+                     ) -> dict[str, List[bool]]:
+        """Loads each transfer's pages (transfer.keys, at transfer.host_indices: len(keys)
+        pages of the pool's own slots) into its registered pool. Per pool name, True for each
+        page loaded: the leading run kvtierd holds."""
+        return self._transfer(transfers, load=True)
+
+    def batch_set_v2(self, transfers: List[PoolTransfer],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None
+                     ) -> dict[str, List[bool]]:
+        """Stores each transfer's pages from its registered pool. Per pool name, True for
+        each page kvtierd holds afterwards (stored now or before)."""
+        return self._transfer(transfers, load=False)
 
     def _record(self, kind: str, pages: int, ns: kvtier.Namespace, start: float) -> None:
         if not self._config.enable_storage_metrics or pages == 0:
@@ -387,26 +427,30 @@ class KvtierStorage(HiCacheStorage):
         raise NotImplementedError("kvtier implements batch_set_v1 (interface_v1: 1)")
 
     def clear(self) -> bool:
-        """Drops every page of this backend's namespace from kvtierd, in every tier (SGLang
-        calls it for POST /hicache/storage-backend/clear; its flush_cache does not). Other
-        namespaces (models, TP ranks) keep theirs. False, with a log line, when kvtierd is
-        unreachable, its NVMe tier is degraded, or it kept pages that a transfer was reading
-        (call again once it is done)."""
-        if self._ns is None:
+        """Drops every page of this backend's namespaces (the KV pool's and each auxiliary
+        pool's) from kvtierd, in every tier (SGLang calls it for POST
+        /hicache/storage-backend/clear; its flush_cache does not). Other namespaces (models,
+        TP ranks) keep theirs. False, with a log line, when kvtierd is unreachable, its NVMe
+        tier is degraded, or it kept pages that a transfer was reading (call again once it is
+        done)."""
+        if not self._pools:
             return True  # no pool registered: nothing was stored through this backend
+        removed = kept = 0
         try:
             admin = kvtier.AdminClient.connect(socket=self._socket, deadline_ms=_CLEAR_DEADLINE_MS)
-            tiers = admin.evict(namespace=self._ns.id)
+            for pages in self._pools.values():
+                tiers = admin.evict(namespace=pages.ns.id)
+                removed += sum(t["removed"] for t in tiers.values())
+                kept += sum(t["kept"] for t in tiers.values())
         except kvtier.Error as e:
             logger.error("kvtier: clear() failed, kvtierd keeps the pages: %s", e)
             return False
-        removed = sum(t["removed"] for t in tiers.values())
-        kept = sum(t["kept"] for t in tiers.values())
         if kept:
             logger.warning("kvtier: clear() dropped %d chunks but %d are being read and stay; "
                            "call it again once the transfers finish", removed, kept)
             return False
-        logger.info("kvtier: clear() dropped %d chunks of namespace %s", removed, self._ns.id)
+        logger.info("kvtier: clear() dropped %d chunks of %d namespaces", removed,
+                    len(self._pools))
         return True
 
     def get_stats(self) -> Any:

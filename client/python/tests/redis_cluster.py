@@ -53,7 +53,8 @@ class RedisCluster:
         self._procs.append(subprocess.Popen(
             ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--cluster-enabled",
              "yes", "--cluster-port", str(bus), "--cluster-config-file", "nodes.conf",
-             "--save", "", "--appendonly", "no", "--dir", str(node_dir)],
+             "--save", "", "--appendonly", "no", "--dir", str(node_dir),
+             "--enable-debug-command", "local"],
             stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent))
         log.close()
         self.ports.append(port)
@@ -86,6 +87,13 @@ class RedisCluster:
         for proc, port in zip(self._procs, self.ports):
             if proc.poll() is not None:
                 raise RuntimeError(f"redis-server on port {port} exited with {proc.returncode}")
+
+    def stall(self, seconds: float) -> list[subprocess.Popen[bytes]]:
+        """Makes every master stall for `seconds` (DEBUG SLEEP: it answers nothing meanwhile).
+        Returns the redis-cli processes, which exit when the stall ends."""
+        return [subprocess.Popen(["redis-cli", "-h", "127.0.0.1", "-p", str(p), "debug",
+                                  "sleep", str(seconds)], stdout=subprocess.DEVNULL)
+                for p in self.ports]
 
     def dbsize(self) -> int:
         """Keys held by all masters together."""

@@ -127,8 +127,10 @@ class Engine:
             sched = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_batched_tokens,
                                     max_model_len=4096, enable_chunked_prefill=True,
                                     is_encoder_decoder=False)
+            # prefetch_wait_ms: each step() schedules the requests added before it, however
+            # loaded the machine (a test of the wait itself sets its own).
             config = {"socket": sock, "chunk_tokens": chunk_tokens, "deadline_ms": 2000,
-                      "gpu_backend": "host"}
+                      "gpu_backend": "host", "prefetch_wait_ms": 2000}
             config.update(extra or {})
             kv = KVTransferConfig(kv_connector="KvtierConnector",
                                   kv_connector_module_path="kvtier.integrations.vllm",

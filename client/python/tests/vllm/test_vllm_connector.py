@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -600,3 +601,40 @@ def test_a_lora_name_pointed_at_other_weights_does_not_reuse_their_kv(
     assert b.matched(b.request("repointed", tokens,
                                lora_request=LoRARequest("support", 2, v2))) == 0
     assert b.matched(b.request("base", tokens)) == 0
+
+
+def test_a_slow_remote_tier_never_holds_up_the_scheduler(
+        model_dir: str, engines: list[Engine], tmp_path: Path) -> None:
+    """kvtierd asks its remote tier which chunks it holds during a prefetch. While the store
+    does not answer, the scheduler must not wait on it: the connector answers "ask me again"
+    (None), vLLM schedules the request at a later step, and it runs once the store answers.
+    Before, the scheduler's step waited for the store (here 2 s; prefetch_wait_ms 20)."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from redis_cluster import RedisCluster
+    (tmp_path / "nvme").mkdir()
+    with RedisCluster(masters=3) as cluster:
+        daemon = KvtierdProcess(workdir=tmp_path, extra_args=[
+            "--nvme-path", str(tmp_path / "nvme"), "--nvme-bytes", "64MiB",
+            "--remote", cluster.url, "--remote-timeout-ms", "10000"]).start()
+        try:
+            a = make(engines, model_dir, daemon, extra={"prefetch_wait_ms": 20})
+            stalls = cluster.stall(2.0)
+            time.sleep(0.3)  # the DEBUG SLEEPs have reached the masters
+            tokens = prompt(41, 3 * CHUNK + 10)
+            a.add("a", tokens)
+            first = a.step()
+            assert "a" not in first.computed, "the scheduler waited for the remote tier"
+            assert all(p.poll() is None for p in stalls), "the stall ended during the step"
+            deadline = time.monotonic() + 30
+            while True:
+                step = a.step()
+                if "a" in step.computed:
+                    break
+                assert time.monotonic() < deadline, "the request was never scheduled"
+                time.sleep(0.01)
+            assert step.computed["a"] == (0, len(tokens))  # nothing was cached anywhere
+            for p in stalls:
+                p.wait(timeout=30)
+        finally:
+            daemon.stop()

@@ -1,16 +1,19 @@
 """What the vLLM connector is configured with (_Settings, from kv_connector_extra_config) and
 what its scheduler tells its workers each step (KvtierConnectorMetadata: the loads and saves to
-run), with the scheduler's state of each running request (_Tracker). Used by
-kvtier.integrations.vllm, which re-exports KvtierConnectorMetadata."""
+run), with the scheduler's state of each running request (_Tracker) and its prefetches
+(_Prefetcher). Used by kvtier.integrations.vllm, which re-exports KvtierConnectorMetadata."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 from vllm.v1.core.kv_cache_utils import ExternalBlockHash
+
+import kvtier
 
 
 @dataclass
@@ -20,6 +23,7 @@ class _Settings:
     chunk_tokens: int = 256
     model_id: str = ""
     prefetch_deadline_ms: int = 2000
+    prefetch_wait_ms: int = 20
     gpu_backend: str = "auto"
     weights_fingerprint: str = "auto"
 
@@ -31,7 +35,7 @@ class _Settings:
             raise ValueError(f"kvtier: unknown kv_connector_extra_config keys {unknown}; "
                              f"known: {sorted(known)}")
         s = cls(**{k: v for k, v in extra.items() if k in known})
-        for name in ("deadline_ms", "chunk_tokens", "prefetch_deadline_ms"):
+        for name in ("deadline_ms", "chunk_tokens", "prefetch_deadline_ms", "prefetch_wait_ms"):
             value = getattr(s, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"kvtier: {name} must be a positive integer, not {value!r}")
@@ -103,3 +107,45 @@ class _Tracker:
     cache_salt: Optional[str]
     lora_key: Optional[str]
     generation: str
+
+
+class _Prefetcher:
+    """The scheduler's prefetches, each on a thread of its own (kvtier.Client is thread-safe
+    and drops the GIL while it waits), so that a daemon slow to answer (its remote tier slow to
+    say what it holds) holds up vLLM's scheduler step for `wait_ms` at most."""
+
+    def __init__(self, client: kvtier.Client, deadline_ms: int, wait_ms: int) -> None:
+        self._client = client
+        self._deadline_ms = deadline_ms
+        self._wait_s = wait_ms / 1000
+        self._pending: dict[str, concurrent.futures.Future[kvtier.PrefetchTicket]] = {}
+        self._threads: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+    def ask(self, rid: str, ns: kvtier.Namespace, tokens: list[int],
+            request_tag: str) -> Optional[kvtier.PrefetchTicket]:
+        """The ticket of request `rid`'s prefetch (started on its first call); None while the
+        daemon has not answered. Raises what Client.prefetch raises."""
+        pending = self._pending.get(rid)
+        if pending is None:
+            if self._threads is None:
+                self._threads = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=4, thread_name_prefix="kvtier-prefetch")
+            pending = self._threads.submit(self._client.prefetch, ns, tokens,
+                                           deadline_ms=self._deadline_ms,
+                                           request_id=request_tag)
+            self._pending[rid] = pending
+        try:
+            ticket = pending.result(timeout=self._wait_s)
+        except concurrent.futures.TimeoutError:
+            return None
+        del self._pending[rid]
+        return ticket
+
+    def forget(self, rid: str) -> None:
+        """A request that finished before its prefetch answered: its ticket, if it comes, lapses
+        at its deadline in the daemon."""
+        self._pending.pop(rid, None)
+
+    def shutdown(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=True, cancel_futures=True)

@@ -29,13 +29,18 @@ disaggregation) loads and stores nothing of its own; ``kv_producer`` stores, and
   Face cache), the engine refuses to start with kvtier, naming the model. Default: ``"auto"``.
 - ``prefetch_deadline_ms``: how long the daemon holds a queued request's prefetched prefix
   in DRAM. Default: 2000.
+- ``prefetch_wait_ms``: how long vLLM's scheduler waits for a new request's prefetch to
+  answer; past it the request waits for a later step (the connector answers "ask me again"),
+  so a slow remote tier never holds up the scheduler's step longer. Default: 20.
 - ``gpu_backend``: ``"cuda"``, ``"host"`` (emulation: CPU tensors) or ``"auto"`` (by the
   device of the KV cache tensors). Default: ``"auto"``.
 
 What runs where (the scheduler and each worker have their own ``kvtier.Client``):
 
 - scheduler, ``get_num_new_matched_tokens``: on a request's first call a prefetch (the
-  daemon promotes its NVMe chunks into DRAM while the request waits); the hit is the cached
+  daemon promotes its NVMe chunks into DRAM while the request waits), on a thread of its own:
+  when the daemon has not answered within ``prefetch_wait_ms`` (its remote tier is slow to
+  say what it holds), the answer is None, and vLLM asks again at its next step; the hit is the cached
   prefix, capped so that at least one prompt token is computed, aligned to vLLM's block
   size. Loads are synchronous within the forward pass (``False``): they run layer by layer,
   so vLLM calls ``update_state_after_alloc`` once per request (it calls it twice only after
@@ -134,6 +139,7 @@ from kvtier.integrations._weights import namespace_model_id, weights_fingerprint
 from kvtier.integrations._vllm_plan import (
     KvtierConnectorMetadata,
     _LoadSpec,
+    _Prefetcher,
     _SaveSpec,
     _Settings,
     _StoredBlocks,
@@ -255,6 +261,8 @@ class KvtierConnector(KVConnectorBase_V1):
         self._events_enabled = bool(events is not None and events.enable_kv_cache_events)
         # Scheduler side.
         self._tickets: dict[str, kvtier.PrefetchTicket] = {}
+        self._prefetcher = _Prefetcher(self._client, self._settings.prefetch_deadline_ms,
+                                       self._settings.prefetch_wait_ms)
         self._engine_tokens: dict[str, int] = {}
         self._pending_loads: dict[str, tuple[int, int]] = {}
         self._request_keys: dict[str, tuple[Optional[str], Optional[str], str]] = {}
@@ -357,6 +365,7 @@ class KvtierConnector(KVConnectorBase_V1):
         return tokens
 
     def shutdown(self) -> None:
+        self._prefetcher.shutdown()
         self._client.close()
 
     # ------------------------------------------------------------- scheduler
@@ -375,9 +384,9 @@ class KvtierConnector(KVConnectorBase_V1):
         if ns is None:
             return 0, False
         if rid not in self._tickets:
-            ticket = self._client.prefetch(ns, tokens,
-                                           deadline_ms=self._settings.prefetch_deadline_ms,
-                                           request_id=_request_tag(rid))
+            ticket = self._prefetcher.ask(rid, ns, tokens, _request_tag(rid))
+            if ticket is None:
+                return None, False  # vLLM asks again at its next step
             if ticket.fail_open is not None:
                 logger.debug("kvtier prefetch failed open: %s", ticket.fail_open)
             self._tickets[rid] = ticket
@@ -507,6 +516,7 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def _forget(self, rid: str) -> None:
         self._tickets.pop(rid, None)
+        self._prefetcher.forget(rid)
         self._engine_tokens.pop(rid, None)
         self._pending_loads.pop(rid, None)
         self._request_keys.pop(rid, None)

@@ -26,6 +26,7 @@ import kvtier
 from engine_harness import BLOCK_SIZE, Engine
 from kvtier.integrations.vllm import KvtierConnector, KvtierConnectorMetadata, KvtierKVEvents
 from kvtierd_process import KvtierdProcess
+from redis_cluster import RedisCluster
 
 CHUNK = 32
 
@@ -609,9 +610,6 @@ def test_a_slow_remote_tier_never_holds_up_the_scheduler(
     does not answer, the scheduler must not wait on it: the connector answers "ask me again"
     (None), vLLM schedules the request at a later step, and it runs once the store answers.
     Before, the scheduler's step waited for the store (here 2 s; prefetch_wait_ms 20)."""
-    import sys
-    sys.path.insert(0, str(Path(__file__).parents[1]))
-    from redis_cluster import RedisCluster
     (tmp_path / "nvme").mkdir()
     with RedisCluster(masters=3) as cluster:
         daemon = KvtierdProcess(workdir=tmp_path, extra_args=[

@@ -277,11 +277,10 @@ def open_pool(io: Transfers, pool: Any, model: str, tags: dict[str, Any], mla_mo
     if pool_name != "kv":
         tags = {"pool": pool_name, **tags}
     mha = isinstance(pool, MHATokenToKVPoolHost)
-    shared = isinstance(pool, MLATokenToKVPoolHost) or (
-        mla_model and pool_name != "mamba" and not mha)
+    mla = isinstance(pool, MLATokenToKVPoolHost)
+    shared = mla or (mla_model and pool_name != "mamba" and not mha)
     rank, size = (0, 1) if shared else tp
-    if isinstance(pool, (MHATokenToKVPoolHost, MLATokenToKVPoolHost)):
-        mla = isinstance(pool, MLATokenToKVPoolHost)
+    if mha or mla:
         if mla:
             layers = _mla_layers(pool)
             cache = kvtier.PagedKvCache("mla", layers)

@@ -1,6 +1,7 @@
 // WritePipelined: batch k+1 is prepared while batch k is written, writes stay in order and
 // never overlap, at most max_batches, and a throwing prepare waits for the write in flight.
 #include "kvtier/tiers/write_pipeline.h"
+#include "kvtier/sanitizers.h"
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -135,7 +136,7 @@ TEST(WritePipelinedChild, DISABLED_WritesEveryBatchWithoutAHelperThread) {
 }
 
 TEST(WritePipelinedTest, WithoutAHelperThreadEveryBatchIsStillWrittenInOrder) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(KVTIER_ASAN_ENABLED) || defined(KVTIER_TSAN_ENABLED)  // g++ and clang
   GTEST_SKIP() << "a capped address space starves the sanitizer's own mappings";
 #endif
   const pid_t pid = fork();

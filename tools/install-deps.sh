@@ -15,7 +15,7 @@ for arg in "$@"; do
 done
 
 PACKAGES=(
-  cmake g++ make pkg-config
+  cmake ninja-build g++ make pkg-config
   librocksdb-dev liburing-dev
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libxxhash-dev libspdlog-dev

@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps deps-engines build test test-asan test-tsan sanitize-smoke soak fuzz fuzz-smoke \
+.PHONY: all deps deps-engines build test test-release test-asan test-tsan sanitize-smoke soak fuzz fuzz-smoke \
         demo bench gpu-check gpu-bundle wheel install deb clean
 
 all: build
@@ -16,16 +16,24 @@ deps-engines:
 	@bash tools/install-deps.sh --engines
 
 $(BUILD_DIR)/CMakeCache.txt:
-	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
 
 build: deps $(BUILD_DIR)/CMakeCache.txt
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-test: build deps-engines
-	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS)
+# make test builds and runs every test once: the Python suites and the install checks (labels
+# python and install) in the release build, against the programs users run; every C++ suite in
+# the ASan + UBSan build; CacheCore, the client and the integration suites again under TSan;
+# each fuzz target briefly. test-release runs every test of the release build (make build).
+test: deps-engines $(BUILD_DIR)/CMakeCache.txt
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target kvtier_tests_python kvtier_installed
+	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS) -L '^(python|install)$$'
 	@$(MAKE) --no-print-directory fuzz-smoke
 	@$(MAKE) --no-print-directory test-asan
 	@$(MAKE) --no-print-directory test-tsan
+
+test-release: build deps-engines
+	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS)
 
 # libFuzzer targets (tests/fuzz; clang, ASan + UBSan) in build-fuzz/: `make fuzz` runs each
 # FUZZ_RUNS times (default 1,000,000); fuzz-smoke, part of `make test`, each briefly.
@@ -36,8 +44,8 @@ fuzz-smoke: deps
 	@JOBS=$(JOBS) bash tests/fuzz/run.sh smoke
 
 # Sanitizer builds in build-asan / build-tsan (tools/sanitizers/test.sh; no Python tests):
-# ASan + UBSan over every C++ test, TSan over CacheCore, the client and the integration tests.
-# Both are part of `make test` (about 18 and 10 minutes from scratch on 2 cores).
+# ASan + UBSan (clang) over every C++ test, TSan (g++) over CacheCore, the client and the
+# integration tests. Both are part of `make test`.
 test-asan: deps
 	@bash tools/sanitizers/test.sh address build-asan $(JOBS)
 

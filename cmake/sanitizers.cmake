@@ -4,8 +4,9 @@
 #   thread   TSan
 # `make test-asan` and `make test-tsan` use build-asan and build-tsan, and set the run-time
 # options (tools/sanitizers/). Third-party libraries (gRPC, Protobuf, RocksDB, libstdc++) are
-# the Debian builds, not instrumented. The host code of gpu/'s .cu files is instrumented too:
-# nvcc hands each flag to the host g++ with -Xcompiler (device code is not instrumented).
+# the Debian builds, not instrumented. With g++, the host code of gpu/'s .cu files is
+# instrumented too: nvcc hands each flag to the host g++ with -Xcompiler (device code is not
+# instrumented). make test-asan builds with clang and without the CUDA backend.
 # -O1 overrides the build type's -O3 (it builds faster and keeps stack traces exact); the
 # build type still decides NDEBUG.
 set(KVTIER_SANITIZE "" CACHE STRING "Sanitizers: empty (none), address (ASan + UBSan) or thread (TSan)")

@@ -1,5 +1,5 @@
 # CTest entries for the Python package (included by client/python/CMakeLists.txt in the main
-# build). Each runs pytest in one of the project's venvs against build/python and real kvtierd
+# build), labelled python. Each runs pytest in one of the project's venvs against build/python and real kvtierd
 # processes; a missing venv fails the test (run tools/install-python-envs.sh), it never skips.
 set(_kvtier_py_env
   "PYTHONPATH=${CMAKE_BINARY_DIR}/python"
@@ -36,11 +36,16 @@ add_test(NAME python_vllm_engine
   COMMAND ${KVTIER_VENV_ROOT}/vllm/bin/python -m pytest -q -p no:cacheprovider
           ${_kvtier_py_tests}/vllm_engine)
 set_tests_properties(python_vllm_engine PROPERTIES
-  LABELS integration TIMEOUT 1800 RUN_SERIAL TRUE
+  LABELS "integration;python" TIMEOUT 1800 RUN_SERIAL TRUE
   ENVIRONMENT "${_kvtier_py_env}")
 # The SGLang HiCache storage backend against the real sglang package (its own venv).
 add_test(NAME python_sglang
   COMMAND ${KVTIER_VENV_ROOT}/sglang/bin/python -m pytest -q -p no:cacheprovider
           -W ignore::UserWarning ${_kvtier_py_tests}/sglang)
 set_tests_properties(python_sdk python_typing python_bench_typing python_vllm python_sglang PROPERTIES
-  LABELS integration ENVIRONMENT "${_kvtier_py_env}" TIMEOUT 900)
+  LABELS "integration;python" ENVIRONMENT "${_kvtier_py_env}" TIMEOUT 900)
+
+# What the tests above run (label python; `make test` builds this, not every test program):
+# the package in build/python with its stubs, and the programs they start.
+add_custom_target(kvtier_tests_python)
+add_dependencies(kvtier_tests_python _kvtier kvtier_python_sources _kvtier_stub kvtierd kvtierctl)

@@ -97,12 +97,16 @@ def test_the_decode_engine_loads_the_prefills_kv_and_answers_as_one_engine(
     single, _ = rig["decode"].one(p, salt=cold_salt())
     prefill_into_the_store(rig, p)
     d_remote = tier(rig["d"], "remote")
+    d_hit_tokens = rig["d"].admin().stats()["hit_tokens"]
     out, cached = rig["decode"].one(p)
     assert cached == (300 // CHUNK) * CHUNK, "the decode engine computed more than the last " \
         "partial chunk"
     assert out == single
+    # D served the 4 chunks, read from the store (D itself stores nothing). Which tier's hits
+    # count them depends on timing: the scheduler's prefetch, when its worker takes it over
+    # still promoting, leaves the chunks it read in DRAM, and they count as DRAM hits then.
     after = tier(rig["d"], "remote")
-    assert after["hits"] - d_remote["hits"] == 300 // CHUNK, after
+    assert rig["d"].admin().stats()["hit_tokens"] - d_hit_tokens == (300 // CHUNK) * CHUNK
     assert after["read_bytes"] - d_remote["read_bytes"] >= 4 * PAYLOAD_BYTES, after
     # Wrong KV would show: the same prompt with one early token changed answers otherwise.
     changed = list(p)

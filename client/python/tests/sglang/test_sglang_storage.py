@@ -187,6 +187,11 @@ def test_bad_configurations_are_refused(kvtierd: KvtierdProcess) -> None:
         storage(kvtierd.socket, pool, sokcet="/tmp/x")
     with pytest.raises(ValueError, match="deadline_ms must be an integer"):
         storage(kvtierd.socket, pool, deadline_ms="abc")
+    for bad in (0, -5):
+        with pytest.raises(ValueError, match=f"deadline_ms must be positive, not {bad}"):
+            storage(kvtierd.socket, pool, deadline_ms=bad)
+    # SGLang itself reads interface_v1 as bool(...): JSON's true turns the zero-copy calls on.
+    assert storage(kvtierd.socket, pool, interface_v1=True)._ready() is not None
     with pytest.raises(ValueError, match="pp_size 2 is not supported"):
         storage(kvtierd.socket, pool, pp=(1, 2))
     # fp8 KV: SGLang's host pool holds uint8; the extra config says which fp8.

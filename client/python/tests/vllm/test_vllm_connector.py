@@ -6,6 +6,7 @@ KV cache events the scheduler publishes for what the workers stored."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -294,6 +295,14 @@ def test_bad_extra_config_is_refused_with_its_name(kvtierd: KvtierdProcess,
         Engine(model_dir, kvtierd.socket, chunk_tokens=40)
     with pytest.raises(ValueError, match="unknown kv_connector_extra_config keys"):
         Engine(model_dir, kvtierd.socket, extra={"sokcet": "/tmp/x"})
+    # A wait past the daemon's hold, or past what a Future can wait (OverflowError), is refused.
+    for wait in (2001, 10**18):
+        with pytest.raises(ValueError, match=r"prefetch_wait_ms \(\d+\) must not exceed "
+                                             r"prefetch_deadline_ms \(2000\)"):
+            Engine(model_dir, kvtierd.socket, extra={"prefetch_wait_ms": wait})
+    for name, value in (("socket", 7), ("model_id", ["m"])):
+        with pytest.raises(ValueError, match=re.escape(f"{name} must be a string, not {value!r}")):
+            Engine(model_dir, kvtierd.socket, extra={name: value})
     with pytest.raises(kvtier.InvalidArgument):
         Engine(model_dir, "/nonexistent-dir/kvtierd.sock" + "x" * 200)
 

@@ -39,6 +39,13 @@ class _Settings:
             value = getattr(s, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"kvtier: {name} must be a positive integer, not {value!r}")
+        if s.prefetch_wait_ms > s.prefetch_deadline_ms:
+            raise ValueError(f"kvtier: prefetch_wait_ms ({s.prefetch_wait_ms}) must not exceed "
+                             f"prefetch_deadline_ms ({s.prefetch_deadline_ms}), after which the "
+                             f"daemon lets the prefetch go")
+        for name in ("socket", "model_id"):
+            if not isinstance(getattr(s, name), str):
+                raise ValueError(f"kvtier: {name} must be a string, not {getattr(s, name)!r}")
         if s.gpu_backend not in ("auto", "cuda", "host"):
             raise ValueError(f"kvtier: gpu_backend must be auto, cuda or host, "
                              f"not {s.gpu_backend!r}")

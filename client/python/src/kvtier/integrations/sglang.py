@@ -157,14 +157,17 @@ class _RequestNames:
             return name if name is not None else self._fresh()
 
 
-def _int_setting(extra: dict[str, Any], key: str, default: int) -> int:
-    value = extra.get(key, default)
+def _deadline_ms(extra: dict[str, Any]) -> int:
+    value = extra.get("deadline_ms", 100)
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"kvtier: {key} must be an integer, not {value!r}")
+        raise ValueError(f"kvtier: deadline_ms must be an integer, not {value!r}")
     try:
-        return int(value)
+        deadline_ms = int(value)
     except ValueError:
-        raise ValueError(f"kvtier: {key} must be an integer, not {value!r}") from None
+        raise ValueError(f"kvtier: deadline_ms must be an integer, not {value!r}") from None
+    if deadline_ms <= 0:
+        raise ValueError(f"kvtier: deadline_ms must be positive, not {deadline_ms}")
+    return deadline_ms
 
 
 def _pool_key(name: Any) -> str:
@@ -185,7 +188,7 @@ class KvtierStorage(HiCacheStorage):
         if storage_config.pp_size > 1:
             raise ValueError(f"kvtier: pp_size {storage_config.pp_size} is not supported yet "
                              "(the stages' pages would share one namespace)")
-        if not _int_setting(extra, "interface_v1", 0):
+        if not extra.get("interface_v1", 0):  # SGLang's own test (bool(...)): 1 and true
             raise ValueError('kvtier: add "interface_v1": 1 to '
                              "--hicache-storage-backend-extra-config (kvtier implements the "
                              "zero-copy batch_get_v1/batch_set_v1 calls)")
@@ -200,7 +203,7 @@ class KvtierStorage(HiCacheStorage):
         socket = str(extra.get("socket", "")).replace("{tp_rank}", str(rank))
         self._socket = socket
         client = kvtier.Client.connect(socket=socket,
-                                       deadline_ms=_int_setting(extra, "deadline_ms", 100),
+                                       deadline_ms=_deadline_ms(extra),
                                        client_name=f"sglang-tp{storage_config.tp_rank}")
         runtime = kvtier.Runtime.host()  # the host pools are CPU memory
         self._io = Transfers(client=client, runtime=runtime, arena=kvtier.GpuArena(runtime),

@@ -31,7 +31,8 @@ disaggregation) loads and stores nothing of its own; ``kv_producer`` stores, and
   in DRAM. Default: 2000.
 - ``prefetch_wait_ms``: how long vLLM's scheduler waits for a new request's prefetch to
   answer; past it the request waits for a later step (the connector answers "ask me again"),
-  so a slow remote tier never holds up the scheduler's step longer. Default: 20.
+  so a slow remote tier never holds up the scheduler's step longer. At most
+  ``prefetch_deadline_ms``. Default: 20.
 - ``gpu_backend``: ``"cuda"``, ``"host"`` (emulation: CPU tensors) or ``"auto"`` (by the
   device of the KV cache tensors). Default: ``"auto"``.
 

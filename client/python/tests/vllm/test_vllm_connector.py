@@ -300,6 +300,11 @@ def test_bad_extra_config_is_refused_with_its_name(kvtierd: KvtierdProcess,
         with pytest.raises(ValueError, match=r"prefetch_wait_ms \(\d+\) must not exceed "
                                              r"prefetch_deadline_ms \(2000\)"):
             Engine(model_dir, kvtierd.socket, extra={"prefetch_wait_ms": wait})
+    for deadline in (600_001, 10**18):  # kvtierd refuses a Prefetch longer than 10 min
+        with pytest.raises(ValueError, match=f"prefetch_deadline_ms must be at most 600000 "
+                                             f"\\(10 min\\), not {deadline}"):
+            Engine(model_dir, kvtierd.socket,
+                   extra={"prefetch_deadline_ms": deadline, "prefetch_wait_ms": 20})
     for name, value in (("socket", 7), ("model_id", ["m"])):
         with pytest.raises(ValueError, match=re.escape(f"{name} must be a string, not {value!r}")):
             Engine(model_dir, kvtierd.socket, extra={name: value})

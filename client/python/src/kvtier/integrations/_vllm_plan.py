@@ -39,6 +39,9 @@ class _Settings:
             value = getattr(s, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"kvtier: {name} must be a positive integer, not {value!r}")
+        if s.prefetch_deadline_ms > 600_000:  # kvtierd's bound on a Prefetch's deadline_ms
+            raise ValueError(f"kvtier: prefetch_deadline_ms must be at most 600000 (10 min), "
+                             f"not {s.prefetch_deadline_ms}")
         if s.prefetch_wait_ms > s.prefetch_deadline_ms:
             raise ValueError(f"kvtier: prefetch_wait_ms ({s.prefetch_wait_ms}) must not exceed "
                              f"prefetch_deadline_ms ({s.prefetch_deadline_ms}), after which the "

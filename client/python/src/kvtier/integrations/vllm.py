@@ -28,7 +28,7 @@ disaggregation) loads and stores nothing of its own; ``kv_producer`` stores, and
   ``"auto"`` finds no weight file (a model vLLM did not load from a local folder or the Hugging
   Face cache), the engine refuses to start with kvtier, naming the model. Default: ``"auto"``.
 - ``prefetch_deadline_ms``: how long the daemon holds a queued request's prefetched prefix
-  in DRAM. Default: 2000.
+  in DRAM; at most 600000 (kvtierd's bound). Default: 2000.
 - ``prefetch_wait_ms``: how long vLLM's scheduler waits for a new request's prefetch to
   answer; past it the request waits for a later step (the connector answers "ask me again"),
   so a slow remote tier never holds up the scheduler's step longer. At most

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <set>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -25,9 +27,25 @@ gpu::KvTransferOptions WithScratch(gpu::KvTransferOptions options, GpuArena& are
   return options;
 }
 
-// Builds the cache's layout and checks it against the namespace's chunk payload.
-Status CheckCache(const PagedKvCache& cache, const NamespaceHandle& ns, gpu::KvLayout* layout) {
+// Builds the cache's layout and its layers per group, and checks them against the
+// namespace's chunk payload.
+Status CheckCache(const PagedKvCache& cache, const NamespaceHandle& ns, gpu::KvLayout* layout,
+                  std::vector<uint32_t>* groups) {
   KVTIER_RETURN_IF_ERROR(FromGpu(gpu::KvLayout::Create(cache.layout, layout), "cache.layout"));
+  *groups = cache.group_layers;
+  if (groups->empty()) groups->push_back(static_cast<uint32_t>(cache.layers.size()));
+  uint64_t grouped = 0;
+  for (size_t g = 0; g < groups->size(); ++g) {
+    if ((*groups)[g] == 0) {
+      return Status::InvalidArgument("cache.group_layers[" + std::to_string(g) + "] is 0");
+    }
+    grouped += (*groups)[g];
+  }
+  if (grouped != cache.layers.size()) {
+    return Status::InvalidArgument("cache.group_layers add up to " + std::to_string(grouped) +
+                                   " layers; cache.layers holds " +
+                                   std::to_string(cache.layers.size()));
+  }
   const uint32_t ct = ns.spec.chunk_tokens;
   if (cache.layers.size() != ns.spec.num_layers) {
     return Status::InvalidArgument("cache.layers holds " + std::to_string(cache.layers.size()) +
@@ -49,15 +67,62 @@ Status CheckCache(const PagedKvCache& cache, const NamespaceHandle& ns, gpu::KvL
   return Status::Ok();
 }
 
-// A chunk set of `ns` in `layout` over `arena`, without chunks yet.
+// A chunk set of the `layers` layers of `ns` in `layout` over `arena`, without chunks yet.
 gpu::KvChunkSet ChunkSetOf(const gpu::KvLayout& layout, const NamespaceHandle& ns,
-                           const gpu::PinnedRange* arena) {
+                           const gpu::PinnedRange* arena, uint32_t layers) {
   gpu::KvChunkSet chunks;
   chunks.layout = &layout;
-  chunks.num_layers = ns.spec.num_layers;
+  chunks.num_layers = layers;
   chunks.chunk_tokens = ns.spec.chunk_tokens;
   chunks.arena = arena;
   return chunks;
+}
+
+// One chunk set per group: group g's payloads start after the earlier groups' layers,
+// and its layer tensors are the next groups[g] of `layers`.
+struct GroupSets {
+  std::vector<gpu::KvChunkSet> chunks;
+  std::vector<std::vector<gpu::LayerTensors>> layers;
+};
+GroupSets SplitByGroup(const gpu::KvLayout& layout, const NamespaceHandle& ns,
+                       const gpu::PinnedRange* arena, const std::vector<uint32_t>& groups,
+                       const std::vector<gpu::LayerTensors>& layers) {
+  GroupSets out;
+  size_t first = 0;
+  for (uint32_t n : groups) {
+    out.chunks.push_back(ChunkSetOf(layout, ns, arena, n));
+    out.layers.emplace_back(layers.begin() + static_cast<ptrdiff_t>(first),
+                            layers.begin() + static_cast<ptrdiff_t>(first + n));
+    first += n;
+  }
+  return out;
+}
+
+// Adds a chunk at `payload` to every group's set: group g's part of it.
+void AddPayload(GroupSets& sets, std::byte* payload, const gpu::KvLayout& layout,
+                uint32_t chunk_tokens) {
+  uint64_t offset = 0;
+  for (gpu::KvChunkSet& c : sets.chunks) {
+    c.payloads.push_back(payload + offset);
+    offset += layout.LayerPayloadBytes(chunk_tokens) * static_cast<uint64_t>(c.num_layers);
+  }
+}
+
+// The group of model layer `layer` and its index within the group.
+std::pair<size_t, int64_t> GroupOf(const std::vector<uint32_t>& groups, int64_t layer) {
+  size_t g = 0;
+  for (; g + 1 < groups.size() && layer >= static_cast<int64_t>(groups[g]); ++g) {
+    layer -= groups[g];
+  }
+  return {g, layer};
+}
+
+Status CheckTables(BlockTables tables, const std::vector<uint32_t>& groups) {
+  if (tables.size() != groups.size()) {
+    return Status::InvalidArgument(std::to_string(tables.size()) + " block tables for " +
+                                   std::to_string(groups.size()) + " KV cache groups");
+  }
+  return Status::Ok();
 }
 
 Status CheckLayer(int64_t layer, const NamespaceHandle& ns) {
@@ -157,7 +222,7 @@ LayerwiseLoader::LayerwiseLoader(Client& client, NamespaceHandle ns, GpuArena& a
       options_(WithScratch(options, arena)) {}
 
 LayerwiseLoader::~LayerwiseLoader() {
-  load_.reset();  // synchronizes the load stream: no copy reads a released slot
+  loads_.clear();  // synchronizes the load stream: no copy reads a released slot
   lease_.Release();
 }
 
@@ -166,15 +231,25 @@ Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
                                             gpu::Stream& load_stream,
                                             const PrefetchTicket* ticket, size_t first_chunk,
                                             std::string_view request_id) {
+  const std::vector<int32_t> table(block_ids.begin(), block_ids.end());
+  return StartLoad(tokens, BlockTables(&table, 1), load_stream, ticket, first_chunk, request_id);
+}
+
+Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
+                                            BlockTables block_tables, gpu::Stream& load_stream,
+                                            const PrefetchTicket* ticket, size_t first_chunk,
+                                            std::string_view request_id) {
   if (started_) return Status::InvalidArgument("StartLoad was already called on this loader");
-  KVTIER_RETURN_IF_ERROR(CheckCache(cache_, ns_, &layout_));
+  KVTIER_RETURN_IF_ERROR(CheckCache(cache_, ns_, &layout_, &groups_));
+  KVTIER_RETURN_IF_ERROR(CheckTables(block_tables, groups_));
   started_ = true;
   const uint32_t ct = ns_.spec.chunk_tokens;
   const size_t per_chunk = ct / static_cast<size_t>(layout_.block_size_tokens());
-  // Only chunks whose blocks the table covers can be delivered.
+  // Only chunks whose blocks every table covers can be delivered.
+  size_t covered = block_tables[0].size() / per_chunk;
+  for (const auto& table : block_tables) covered = std::min(covered, table.size() / per_chunk);
   auto acquired =
-      client_.Acquire(ns_, tokens, block_ids.size() / per_chunk, ticket, HbmUsable(), request_id,
-                      first_chunk);
+      client_.Acquire(ns_, tokens, covered, ticket, HbmUsable(), request_id, first_chunk);
   if (!acquired.ok()) return acquired.status();
   lease_ = std::move(acquired).value();
   const uint32_t n = lease_.num_chunks();
@@ -190,69 +265,81 @@ Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
     return range.status();
   }
   range_ = std::move(range).value();
-  gpu::KvChunkSet chunks = ChunkSetOf(layout_, ns_, range_.get());
+  GroupSets sets = SplitByGroup(layout_, ns_, range_.get(), groups_, cache_.layers);
   if (lease_.hbm_chunks > 0) {
     auto pool = arena_.Pool(*lease_.hbm_pool());
     if (pool.ok()) pool_ = std::move(pool).value();  // else every chunk comes from DRAM
   }
-  chunks.device_pool = pool_.get();
   for (uint32_t i = first_chunk_; i < n; ++i) {
     const uint64_t hbm_offset = pool_ != nullptr ? lease_.hbm_payload_offset(i) : 0;
     hbm_chunks_ += hbm_offset != 0;
-    chunks.payloads.push_back(hbm_offset != 0
-                                  ? static_cast<std::byte*>(pool_->data()) + hbm_offset
-                                  : const_cast<std::byte*>(lease_.payload(i).data()));
+    AddPayload(sets,
+               hbm_offset != 0 ? static_cast<std::byte*>(pool_->data()) + hbm_offset
+                               : const_cast<std::byte*>(lease_.payload(i).data()),
+               layout_, ct);
   }
   load_stream_ = &load_stream;
-  block_ids_ = ChunkBlocks(block_ids, first_chunk_, n - first_chunk_, per_chunk);
-  chunks.block_ids = block_ids_;
-  gpu::GpuStatus st = gpu::LayerwiseLoad::Create(runtime_, std::move(chunks), cache_.layers,
-                                                 options_, load_stream, &load_);
-  if (st.ok()) st = load_->Start();
-  if (!st.ok() && load_ == nullptr) {  // nothing queued: nothing to wait for
+  gpu::GpuStatus st;
+  for (size_t g = 0; g < groups_.size() && st.ok(); ++g) {
+    block_ids_.push_back(ChunkBlocks(block_tables[g], first_chunk_, n - first_chunk_, per_chunk));
+    sets.chunks[g].block_ids = block_ids_[g];
+    sets.chunks[g].device_pool = pool_.get();
+    st = gpu::LayerwiseLoad::Create(runtime_, std::move(sets.chunks[g]), std::move(sets.layers[g]),
+                                    options_, load_stream, &loads_.emplace_back());
+  }
+  if (!st.ok()) {  // nothing queued but uploads: wait for them, then let go
+    loads_.clear();
     lease_.Release();
     return FromGpu(st, "queueing the layerwise load");
   }
   // Once queued, a failure is per chunk and reported by Finish.
+  for (auto& load : loads_) (void)load->Start();
   return uint64_t{n} * ct;
 }
 
 Status LayerwiseLoader::WaitLayer(int64_t layer, gpu::Stream& compute_stream) {
   KVTIER_RETURN_IF_ERROR(CheckLayer(layer, ns_));
-  if (!load_) return Status::Ok();  // nothing to load
+  if (loads_.empty()) return Status::Ok();  // nothing to load
+  const auto [g, local] = GroupOf(groups_, layer);
   // A layer the load could not queue has no event: its chunks are reported
   // failed by Finish, so the engine need not wait for them.
-  const gpu::GpuStatus st = load_->WaitLayer(layer, compute_stream);
+  const gpu::GpuStatus st = loads_[g]->WaitLayer(local, compute_stream);
   return st.code() == gpu::GpuCode::kInvalidArgument ? Status::Ok()
                                                      : FromGpu(st, "WaitLayer");
 }
 
 const gpu::Event* LayerwiseLoader::layer_event(int64_t layer) const {
-  return load_ ? &load_->layer_event(layer) : nullptr;
+  if (loads_.empty()) return nullptr;
+  const auto [g, local] = GroupOf(groups_, layer);
+  return &loads_[g]->layer_event(local);
 }
 
 Result<std::vector<int32_t>> LayerwiseLoader::Finish() {
   if (!started_) return Status::InvalidArgument("Finish without StartLoad");
   std::vector<int32_t> recompute;
-  if (load_) {
-    gpu::KvCopyReport report;
-    (void)load_->Finish(&report);  // every failure is in the report, per chunk
-    recompute = report.FailedBlockIds();
-    // A lease that lapsed mid-copy (past its TTL) may have let a slot be
-    // rewritten: the copied chunks from the first changed one on are
-    // recomputed too (all of them when it was one the engine had already).
-    const uint32_t valid = std::min(lease_.ValidChunks(), ValidHbmChunks());
-    const size_t copied = lease_.num_chunks() - first_chunk_;
-    const size_t per_chunk = block_ids_.size() / copied;
-    const size_t bad_from = std::max(valid, first_chunk_) - first_chunk_;
-    for (auto it = block_ids_.begin() + static_cast<ptrdiff_t>(bad_from * per_chunk);
-         it != block_ids_.end(); ++it) {
-      if (*it != gpu::kSkipBlock) recompute.push_back(*it);  // the engine's own blocks are fine
-    }
-    std::sort(recompute.begin(), recompute.end());
-    recompute.erase(std::unique(recompute.begin(), recompute.end()), recompute.end());
-    load_.reset();
+  // A lease that lapsed mid-copy (past its TTL) may have let a slot be
+  // rewritten: the copied chunks from the first changed one on are recomputed
+  // too (all of them when it was one the engine had already). Read once every
+  // copy is done.
+  std::vector<gpu::KvCopyReport> reports(loads_.size());
+  for (size_t g = 0; g < loads_.size(); ++g) {
+    (void)loads_[g]->Finish(&reports[g]);  // every failure is in the report, per chunk
   }
+  const uint32_t valid = loads_.empty() ? 0 : std::min(lease_.ValidChunks(), ValidHbmChunks());
+  for (size_t g = 0; g < loads_.size(); ++g) {
+    std::vector<int32_t> group = reports[g].FailedBlockIds();
+    const size_t copied = lease_.num_chunks() - first_chunk_;
+    const size_t per_chunk = block_ids_[g].size() / copied;
+    const size_t bad_from = std::max(valid, first_chunk_) - first_chunk_;
+    for (auto it = block_ids_[g].begin() + static_cast<ptrdiff_t>(bad_from * per_chunk);
+         it != block_ids_[g].end(); ++it) {
+      if (*it != gpu::kSkipBlock) group.push_back(*it);  // the engine's own blocks are fine
+    }
+    std::sort(group.begin(), group.end());
+    group.erase(std::unique(group.begin(), group.end()), group.end());
+    recompute.insert(recompute.end(), group.begin(), group.end());
+  }
+  loads_.clear();
   lease_.Release();  // only now: every copy has completed
   return recompute;
 }
@@ -299,22 +386,33 @@ LayerwiseStorer::LayerwiseStorer(Client& client, NamespaceHandle ns, GpuArena& a
       options_(WithScratch(options, arena)) {}
 
 LayerwiseStorer::~LayerwiseStorer() {
-  store_.reset();  // synchronizes the store stream before the slots are given back
+  stores_.clear();  // synchronizes the store stream before the slots are given back
   reservation_.Abort();
 }
 
 Result<uint32_t> LayerwiseStorer::Start(std::span<const int32_t> tokens,
                                         std::span<const int32_t> block_ids,
                                         gpu::Stream& store_stream, size_t first_chunk) {
+  const std::vector<int32_t> table(block_ids.begin(), block_ids.end());
+  return Start(tokens, BlockTables(&table, 1), store_stream, first_chunk);
+}
+
+Result<uint32_t> LayerwiseStorer::Start(std::span<const int32_t> tokens, BlockTables block_tables,
+                                        gpu::Stream& store_stream, size_t first_chunk) {
   if (started_) return Status::InvalidArgument("Start was already called on this storer");
-  KVTIER_RETURN_IF_ERROR(CheckCache(cache_, ns_, &layout_));
+  KVTIER_RETURN_IF_ERROR(CheckCache(cache_, ns_, &layout_, &groups_));
+  KVTIER_RETURN_IF_ERROR(CheckTables(block_tables, groups_));
   const uint32_t ct = ns_.spec.chunk_tokens;
   const size_t per_chunk = ct / static_cast<size_t>(layout_.block_size_tokens());
   const size_t full_chunks = tokens.size() / ct;
-  if (block_ids.size() < full_chunks * per_chunk) {
-    return Status::InvalidArgument("block_ids holds " + std::to_string(block_ids.size()) +
-                                   " blocks; the prompt's " + std::to_string(full_chunks) +
-                                   " full chunks need " + std::to_string(full_chunks * per_chunk));
+  for (size_t g = 0; g < block_tables.size(); ++g) {
+    if (block_tables[g].size() < full_chunks * per_chunk) {
+      return Status::InvalidArgument(
+          (block_tables.size() > 1 ? "block table " + std::to_string(g) : std::string("block_ids")) +
+          " holds " + std::to_string(block_tables[g].size()) + " blocks; the prompt's " +
+          std::to_string(full_chunks) + " full chunks need " +
+          std::to_string(full_chunks * per_chunk));
+    }
   }
   started_ = true;
   auto reserved = client_.Reserve(ns_, tokens, first_chunk);
@@ -328,16 +426,23 @@ Result<uint32_t> LayerwiseStorer::Start(std::span<const int32_t> tokens,
     return range.status();
   }
   range_ = std::move(range).value();
-  gpu::KvChunkSet chunks = ChunkSetOf(layout_, ns_, range_.get());
+  GroupSets sets = SplitByGroup(layout_, ns_, range_.get(), groups_, cache_.layers);
   for (size_t k = 0; k < n; ++k) {
-    chunks.payloads.push_back(reservation_.payload(k).data());
-    const std::vector<int32_t> blocks =
-        ChunkBlocks(block_ids, reservation_.chunk_index(k), 1, per_chunk);
-    chunks.block_ids.insert(chunks.block_ids.end(), blocks.begin(), blocks.end());
+    AddPayload(sets, reservation_.payload(k).data(), layout_, ct);
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const std::vector<int32_t> blocks =
+          ChunkBlocks(block_tables[g], reservation_.chunk_index(k), 1, per_chunk);
+      sets.chunks[g].block_ids.insert(sets.chunks[g].block_ids.end(), blocks.begin(),
+                                      blocks.end());
+    }
   }
-  const gpu::GpuStatus st = gpu::LayerwiseStore::Create(runtime_, std::move(chunks), cache_.layers,
-                                                        options_, store_stream, &store_);
+  gpu::GpuStatus st;
+  for (size_t g = 0; g < groups_.size() && st.ok(); ++g) {
+    st = gpu::LayerwiseStore::Create(runtime_, std::move(sets.chunks[g]), std::move(sets.layers[g]),
+                                     options_, store_stream, &stores_.emplace_back());
+  }
   if (!st.ok()) {
+    stores_.clear();
     reservation_.Abort();
     return FromGpu(st, "preparing the layerwise store");
   }
@@ -346,22 +451,29 @@ Result<uint32_t> LayerwiseStorer::Start(std::span<const int32_t> tokens,
 
 Status LayerwiseStorer::LayerDone(int64_t layer, gpu::Stream& compute_stream) {
   KVTIER_RETURN_IF_ERROR(CheckLayer(layer, ns_));
-  if (!store_) return Status::Ok();  // nothing to store
-  return FromGpu(store_->LayerWritten(layer, compute_stream), "LayerDone");
+  if (stores_.empty()) return Status::Ok();  // nothing to store
+  const auto [g, local] = GroupOf(groups_, layer);
+  return FromGpu(stores_[g]->LayerWritten(local, compute_stream), "LayerDone");
 }
 
 Result<StoreResult> LayerwiseStorer::Finish() {
   if (!started_) return Status::InvalidArgument("Finish without Start");
-  if (!store_) return reservation_.Commit();  // nothing was reserved: the counts only
-  gpu::KvCopyReport report;
-  const gpu::GpuStatus st = store_->Finish(&report);
-  store_.reset();
-  if (!st.ok() || !report.failed_chunks.empty()) {
+  if (stores_.empty()) return reservation_.Commit();  // nothing was reserved: the counts only
+  gpu::GpuStatus st;
+  std::set<int64_t> failed;  // chunk indexes, of any group
+  for (auto& store : stores_) {
+    gpu::KvCopyReport report;
+    const gpu::GpuStatus group_st = store->Finish(&report);  // waits even after a failure
+    if (st.ok()) st = group_st;
+    for (const auto& f : report.failed_chunks) failed.insert(f.chunk_index);
+  }
+  stores_.clear();
+  if (!st.ok() || !failed.empty()) {
     StoreResult result;
     result.already_stored_chunks = reservation_.already_stored_chunks;
     result.being_written_chunks = reservation_.being_written_chunks;
     result.dropped_chunks = reservation_.dropped_chunks + static_cast<uint32_t>(reservation_.size());
-    result.fail_open = st.ok() ? Status::Aborted(std::to_string(report.failed_chunks.size()) +
+    result.fail_open = st.ok() ? Status::Aborted(std::to_string(failed.size()) +
                                                  " chunks failed to copy; nothing was committed")
                                : FromGpu(st, "layerwise store");
     reservation_.Abort();

@@ -360,6 +360,93 @@ TEST_F(LayerwiseTest, ACacheThatDoesNotMatchTheNamespaceIsRefusedAndLeasesNothin
   EXPECT_EQ(Stats()["active_reservations"], 0);
 }
 
+// Two KV cache groups (vLLM's hybrid allocator): layers 0-1 and 2-3, each with a
+// block table of its own, and a sliding-window group that loads only the blocks
+// its window needs (-1 for the rest).
+TEST_F(LayerwiseTest, EachKvCacheGroupMovesThroughItsOwnBlockTable) {
+  Cache a, b, c;
+  ASSERT_NO_FATAL_FAILURE(a.Init(*runtime_, compute_, 17));
+  ASSERT_NO_FATAL_FAILURE(b.Init(*runtime_, compute_, 0));
+  ASSERT_NO_FATAL_FAILURE(c.Init(*runtime_, compute_, 0));
+  a.desc.group_layers = b.desc.group_layers = {2, 2};
+  const std::vector<std::vector<int32_t>> ta = {Table(14, 21), Table(14, 22)};
+  LayerwiseStorer storer(*client_, ns_, *arena_, a.desc, *runtime_);
+  ASSERT_EQ(*storer.Start(tokens_, ta, store_), 3u);
+  for (int64_t l = 0; l < kLayers; ++l) ASSERT_TRUE(storer.LayerDone(l, compute_).ok());
+  auto stored = storer.Finish();
+  ASSERT_TRUE(stored.ok() && stored->fail_open.ok() && stored->stored_chunks == 3u);
+
+  // Group 1 holds only chunks 1 and 2 (a window past chunk 0): chunk 0's blocks are -1.
+  std::vector<std::vector<int32_t>> tb = {Table(14, 23), Table(14, 24)};
+  std::fill(tb[1].begin(), tb[1].begin() + kChunkTokens / kBlock, gpu::kSkipBlock);
+  // Layer l of b holds a's KV: every token of group 0, tokens 16-47 of group 1.
+  auto loaded = [&](int64_t l) {
+    const size_t g = static_cast<size_t>(l / 2);
+    for (int64_t t = g == 0 ? 0 : kChunkTokens; t < 3 * kChunkTokens; ++t) {
+      for (int64_t p = 0; p < 2; ++p) {
+        if (std::memcmp(b.Token(l, p, tb[g], t), a.Token(l, p, ta[g], t), kTokenBytes) != 0) {
+          return false;
+        }
+      }
+    }
+    return true;
+  };
+  LayerwiseLoader loader(*client_, ns_, *arena_, b.desc, *runtime_);
+  ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_), 3u * kChunkTokens);
+  std::vector<int> ready(kLayers, -1);
+  for (int64_t l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(loader.WaitLayer(l, compute_).ok());
+    ASSERT_TRUE(runtime_->LaunchHostFunc(compute_, [&, l] { ready[l] = loaded(l); }).ok());
+  }
+  ASSERT_TRUE(runtime_->Synchronize(compute_).ok());
+  auto recompute = loader.Finish();
+  ASSERT_TRUE(recompute.ok());
+  EXPECT_TRUE(recompute->empty());
+  for (int64_t l = 0; l < kLayers; ++l) {
+    EXPECT_EQ(ready[l], 1) << "layer " << l << " was not loaded when its compute began";
+  }
+  const std::vector<uint8_t> zeros(kTokenBytes, 0);
+  for (int64_t l = 2; l < kLayers; ++l) {  // group 1: only chunks 1 and 2's 8 blocks written
+    size_t written = 0;
+    for (int32_t block = 0; block < kBlocks; ++block) {
+      const auto* base = static_cast<const uint8_t*>(b.tensors[l].data());
+      bool nonzero = false;
+      for (int64_t p = 0; p < 2 && !nonzero; ++p) {
+        for (int64_t slot = 0; slot < kBlock && !nonzero; ++slot) {
+          nonzero = std::memcmp(base + Offset(p, block, slot), zeros.data(), kTokenBytes) != 0;
+        }
+      }
+      written += nonzero;
+    }
+    EXPECT_EQ(written, 8u) << "layer " << l;
+  }
+
+  // The payload holds group 0's layers, then group 1's: a one-group cache reads them so.
+  const auto tc = Table(14, 25);
+  LayerwiseLoader flat(*client_, ns_, *arena_, c.desc, *runtime_);
+  ASSERT_EQ(*flat.StartLoad(tokens_, tc, load_), 3u * kChunkTokens);
+  ASSERT_TRUE(flat.Finish()->empty());
+  for (int64_t l = 0; l < kLayers; ++l) {
+    EXPECT_TRUE(LayerMatches(a, ta[l / 2], c, tc, l, 3 * kChunkTokens)) << "payload layer " << l;
+  }
+
+  // A table per group, and groups that cover the layers, or a clear refusal.
+  LayerwiseLoader one_table(*client_, ns_, *arena_, b.desc, *runtime_);
+  auto st = one_table.StartLoad(tokens_, std::span<const int32_t>(tb[0]), load_);
+  EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.status().message().find("1 block tables for 2 KV cache groups"), std::string::npos)
+      << st.status().message();
+  PagedKvCache bad = b.desc;
+  bad.group_layers = {3, 2};
+  LayerwiseStorer bad_groups(*client_, ns_, *arena_, bad, *runtime_);
+  auto st2 = bad_groups.Start(tokens_, ta, store_);
+  EXPECT_EQ(st2.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st2.status().message().find("group_layers add up to 5"), std::string::npos)
+      << st2.status().message();
+  EXPECT_EQ(Stats()["active_leases"], 0);
+  EXPECT_EQ(Stats()["active_reservations"], 0);
+}
+
 // The same daemon with an HBM tier on the host backend: the pool is shared
 // host memory that GpuArena opens by its handle, as a CUDA client opens the
 // daemon's pool with CUDA IPC.

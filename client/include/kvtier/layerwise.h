@@ -49,8 +49,16 @@ Status FromGpu(const gpu::GpuStatus& st, const std::string& what);
 // layer's device tensors (K and V, or one tensor for MLA and flash-attn).
 struct PagedKvCache {
   gpu::KvLayoutSpec layout;
-  std::vector<gpu::LayerTensors> layers;  // one per model layer
+  std::vector<gpu::LayerTensors> layers;  // one per model layer, in payload order
+  // KV cache groups, each with a block table of its own (vLLM's hybrid allocator:
+  // full-attention and sliding-window layers): group g is the next group_layers[g]
+  // entries of `layers`, and a chunk payload holds the groups one after another
+  // in this order (docs/HYBRID.md). Empty: one group of every layer.
+  std::vector<uint32_t> group_layers = {};
 };
+
+// One engine block table per KV cache group of a PagedKvCache, in group order.
+using BlockTables = std::span<const std::vector<int32_t>>;
 
 // The client's mapping of kvtierd's arena, registered with a GPU runtime
 // (cudaHostRegister in pieces of at most 64 GiB) the first time a load or
@@ -138,6 +146,13 @@ class LayerwiseLoader {
   Result<uint64_t> StartLoad(std::span<const int32_t> tokens, std::span<const int32_t> block_ids,
                              gpu::Stream& load_stream, const PrefetchTicket* ticket = nullptr,
                              size_t first_chunk = 0, std::string_view request_id = {});
+  // The same with a block table per KV cache group (cache.group_layers): each
+  // group's layers are copied into its own table's blocks, and the load covers
+  // the chunks every table covers. Also INVALID_ARGUMENT when the number of
+  // tables is not the number of groups.
+  Result<uint64_t> StartLoad(std::span<const int32_t> tokens, BlockTables block_tables,
+                             gpu::Stream& load_stream, const PrefetchTicket* ticket = nullptr,
+                             size_t first_chunk = 0, std::string_view request_id = {});
 
   // Queues the copies of the layers up to options.queue_ahead_layers past
   // `layer` not queued yet, and makes work queued on `compute_stream` from now
@@ -149,8 +164,10 @@ class LayerwiseLoader {
   // Queues the layers not queued yet, waits until every copy completed, then
   // releases the lease. Returns the
   // block ids the engine must recompute (ascending): chunks whose copy failed,
-  // and chunks whose lease lapsed during the copy. No other error reaches the
-  // engine. Errors: INVALID_ARGUMENT when no load was started.
+  // and chunks whose lease lapsed during the copy. With several groups, each
+  // group's ids (ascending) follow the previous group's: ids are unique within
+  // a group only. No other error reaches the engine. Errors: INVALID_ARGUMENT
+  // when no load was started.
   Result<std::vector<int32_t>> Finish();
 
   // The event recorded after layer `layer`'s copies (once queued: see
@@ -168,11 +185,12 @@ class LayerwiseLoader {
   gpu::Runtime& runtime_;
   const gpu::KvTransferOptions options_;
   gpu::KvLayout layout_;
-  std::vector<int32_t> block_ids_;   // of the leased chunks
+  std::vector<uint32_t> groups_;  // layers per group
+  std::vector<std::vector<int32_t>> block_ids_;  // per group, of the copied chunks
   std::shared_ptr<const gpu::PinnedRange> range_;  // held until the copies are done
   std::shared_ptr<const gpu::DeviceBuffer> pool_;  // the HBM pool the HBM chunks are read from
   ChunkLease lease_;
-  std::unique_ptr<gpu::LayerwiseLoad> load_;
+  std::vector<std::unique_ptr<gpu::LayerwiseLoad>> loads_;  // per group; empty: nothing loads
   gpu::Stream* load_stream_ = nullptr;
   uint32_t hbm_chunks_ = 0;
   uint32_t first_chunk_ = 0;  // the first leased chunk copied
@@ -200,6 +218,11 @@ class LayerwiseStorer {
   // when the GPU runtime refuses the copies (the reservation is dropped).
   Result<uint32_t> Start(std::span<const int32_t> tokens, std::span<const int32_t> block_ids,
                          gpu::Stream& store_stream, size_t first_chunk = 0);
+  // The same with a block table per KV cache group (cache.group_layers), each
+  // long enough for the full chunks. Also INVALID_ARGUMENT when the number of
+  // tables is not the number of groups.
+  Result<uint32_t> Start(std::span<const int32_t> tokens, BlockTables block_tables,
+                         gpu::Stream& store_stream, size_t first_chunk = 0);
 
   // After the engine queued layer `layer`'s KV writes on `compute_stream`:
   // copies that layer of every new chunk into its slot on the store stream,
@@ -220,9 +243,10 @@ class LayerwiseStorer {
   gpu::Runtime& runtime_;
   const gpu::KvTransferOptions options_;
   gpu::KvLayout layout_;
+  std::vector<uint32_t> groups_;  // layers per group
   std::shared_ptr<const gpu::PinnedRange> range_;  // held until the copies are done
   ChunkReservation reservation_;
-  std::unique_ptr<gpu::LayerwiseStore> store_;
+  std::vector<std::unique_ptr<gpu::LayerwiseStore>> stores_;  // per group; empty: nothing to store
   bool started_ = false;
 };
 

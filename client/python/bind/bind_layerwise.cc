@@ -9,6 +9,7 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -130,7 +131,8 @@ gpu::KvLayoutSpec SpecFrom(KvLayoutKind kind, const TensorShape& s,
 }
 
 std::unique_ptr<PyPagedKvCache> MakeCache(const std::string& kind_name, nb::list layers,
-                                          std::optional<int64_t> page_size) {
+                                          std::optional<int64_t> page_size,
+                                          std::optional<std::vector<uint32_t>> group_layers) {
   const KvLayoutKind kind = KindFrom(kind_name);
   const bool pairs = kind == KvLayoutKind::kSglangMha;
   if (layers.size() == 0) throw StatusError(Status::InvalidArgument("layers: empty"));
@@ -174,6 +176,17 @@ std::unique_ptr<PyPagedKvCache> MakeCache(const std::string& kind_name, nb::list
     out->cache.layers.push_back(lt);
   }
   out->cache.layout = SpecFrom(kind, *first, page_size);
+  if (group_layers) {
+    uint64_t grouped = 0;
+    for (uint32_t n : *group_layers) grouped += n;
+    if (grouped != layers.size() || std::find(group_layers->begin(), group_layers->end(), 0u) !=
+                                        group_layers->end()) {
+      throw StatusError(Status::InvalidArgument(
+          "group_layers: each group needs a layer, and they must add up to the " +
+          std::to_string(layers.size()) + " layers; they add up to " + std::to_string(grouped)));
+    }
+    out->cache.group_layers = *group_layers;
+  }
   out->device_type = first->device_type;
   out->device_id = first->device_id;
   return out;
@@ -194,6 +207,25 @@ void CheckDevice(const PyPagedKvCache& cache, gpu::Runtime& rt) {
         std::string("cache: tensors on cuda:") + std::to_string(cache.device_id) +
         ", runtime on " + std::string(rt.name())));
   }
+}
+
+// `block_ids`: one block table (ints), or a tuple or list of them, one per KV cache
+// group (vLLM's per-group block ids).
+std::vector<std::vector<int32_t>> BlockTablesFrom(nb::handle block_ids) {
+  const bool sequence = PyList_Check(block_ids.ptr()) || PyTuple_Check(block_ids.ptr());
+  if (!sequence || PySequence_Fast_GET_SIZE(block_ids.ptr()) == 0) {
+    return {TokensFrom(block_ids, "block_ids")};
+  }
+  PyObject* first = PySequence_Fast_ITEMS(block_ids.ptr())[0];
+  nb::object index = nb::steal(PyNumber_Index(first));
+  if (index.is_valid()) return {TokensFrom(block_ids, "block_ids")};
+  PyErr_Clear();
+  std::vector<std::vector<int32_t>> tables;
+  for (nb::handle table : block_ids) {
+    const std::string what = "block_ids[" + std::to_string(tables.size()) + "]";
+    tables.push_back(TokensFrom(table, what.c_str()));
+  }
+  return tables;
 }
 
 }  // namespace
@@ -284,16 +316,25 @@ void BindLayerwise(nb::module_& m) {
       "alive by this object.")
       .def("__init__",
            [](PyPagedKvCache* self, const std::string& kind, nb::list layers,
-              std::optional<int64_t> page_size) {
-             new (self) PyPagedKvCache(std::move(*MakeCache(kind, layers, page_size)));
+              std::optional<int64_t> page_size, std::optional<std::vector<uint32_t>> groups) {
+             new (self) PyPagedKvCache(std::move(*MakeCache(kind, layers, page_size, groups)));
            },
            nb::arg("kind"), nb::arg("layers"), nb::arg("page_size").none() = nb::none(),
+           nb::arg("group_layers").none() = nb::none(),
            nb::sig("def __init__(self, kind: str, layers: list[typing.Any], "
-                   "page_size: int | None = None) -> None"),
-           "Raises InvalidArgument naming what does not fit (rank, a K/V dimension that is "
-           "not 2, layers that differ, strides that alias).")
+                   "page_size: int | None = None, group_layers: list[int] | None = None) "
+                   "-> None"),
+           "group_layers: KV cache groups (vLLM's hybrid allocator), each with a block table "
+           "of its own: group g is the next group_layers[g] layers, and a chunk holds the "
+           "groups in this order. None: one group. Raises InvalidArgument naming what does "
+           "not fit (rank, a K/V dimension that is not 2, layers that differ, strides that "
+           "alias, groups that do not add up to the layers).")
       .def_prop_ro("num_layers",
                    [](const PyPagedKvCache& c) { return c.cache.layers.size(); })
+      .def_prop_ro("num_groups",
+                   [](const PyPagedKvCache& c) {
+                     return c.cache.group_layers.empty() ? size_t{1} : c.cache.group_layers.size();
+                   })
       .def_prop_ro("num_blocks", [](const PyPagedKvCache& c) { return c.cache.layout.num_blocks; })
       .def_prop_ro("block_size",
                    [](const PyPagedKvCache& c) { return c.cache.layout.block_size_tokens; });
@@ -317,7 +358,7 @@ void BindLayerwise(nb::module_& m) {
           [](LayerwiseLoader& l, nb::handle tokens, nb::handle block_ids, gpu::Stream& stream,
              const PrefetchTicket* ticket, size_t first_chunk, const std::string& request_id) {
             std::vector<int32_t> t = TokensFrom(tokens);
-            std::vector<int32_t> b = TokensFrom(block_ids, "block_ids");
+            std::vector<std::vector<int32_t>> b = BlockTablesFrom(block_ids);
             nb::gil_scoped_release release;
             return ValueOrThrow(l.StartLoad(t, b, stream, ticket, first_chunk, request_id));
           },
@@ -326,7 +367,8 @@ void BindLayerwise(nb::module_& m) {
           nb::arg("request_id") = "",
           nb::keep_alive<1, 4>(),  // the loader queues on load_stream until finish()
           "Leases the cached prefix of `tokens`, then queues the first layers' copies into the "
-          "engine blocks `block_ids` (the prompt's block table) on load_stream; wait_layer "
+          "engine blocks `block_ids` (the prompt's block table, or a tuple of them, one per KV "
+          "cache group; -1 leaves a block out) on load_stream; wait_layer "
           "queues the later layers and finish the rest. Chunks before "
           "first_chunk are already in the engine's blocks: leased, not copied. request_id: "
           "as in Client.acquire. Returns the "
@@ -352,7 +394,8 @@ void BindLayerwise(nb::module_& m) {
             return ValueOrThrow(l.Finish());
           },
           "Queues the layers not queued yet, waits for every copy, releases the lease and returns the block ids to recompute "
-          "(ascending): chunks whose copy failed or whose lease lapsed. Raises "
+          "(ascending): chunks whose copy failed or whose lease lapsed; with several KV cache "
+          "groups, each group's ids follow the previous group's. Raises "
           "InvalidArgument when no load was started.")
       .def_prop_ro("hbm_chunks", &LayerwiseLoader::hbm_chunks,
                    "Of the chunks delivered, those copied from the daemon's HBM pool.");
@@ -376,7 +419,7 @@ void BindLayerwise(nb::module_& m) {
           [](LayerwiseStorer& s, nb::handle tokens, nb::handle block_ids, gpu::Stream& stream,
              size_t first_chunk) {
             std::vector<int32_t> t = TokensFrom(tokens);
-            std::vector<int32_t> b = TokensFrom(block_ids, "block_ids");
+            std::vector<std::vector<int32_t>> b = BlockTablesFrom(block_ids);
             nb::gil_scoped_release release;
             return ValueOrThrow(s.Start(t, b, stream, first_chunk));
           },
@@ -384,7 +427,8 @@ void BindLayerwise(nb::module_& m) {
           nb::arg("first_chunk") = 0,
           nb::keep_alive<1, 4>(),  // the storer copies on store_stream until finish()
           "Reserves arena slots for the full chunks of `tokens` from first_chunk on that are "
-          "not cached; their KV is in the engine blocks `block_ids`. Returns how many chunks "
+          "not cached; their KV is in the engine blocks `block_ids` (a table, or a tuple of them, "
+          "one per KV cache group). Returns how many chunks "
           "it will store (0 when all are cached or the daemon is unreachable).\n\n"
           "Raises InvalidArgument (layout mismatch, block_ids too short, already started), "
           "Unavailable when the runtime refuses the copies.")

@@ -140,3 +140,50 @@ def test_bad_caches_raise_invalid_argument(kvtierd: KvtierdProcess) -> None:
             assert kvtier.Runtime.cuda(0).name == "cuda:0"
         except kvtier.Unavailable:
             pass  # no GPU or driver here: a clear error, not a crash
+
+
+def test_kv_cache_groups_each_move_through_their_own_block_table(kvtierd: KvtierdProcess) -> None:
+    """vLLM's hybrid allocator: layer 0 in one group, layers 1-2 in another (a sliding window
+    that needs only chunks 1 and 2 back: -1 for chunk 0's blocks)."""
+    rt = kvtier.Runtime.host()
+    arena = kvtier.GpuArena(rt)
+    per_chunk = CHUNK // BLOCK
+    with kvtier.Client.connect(socket=kvtierd.socket, deadline_ms=2000) as c:
+        ns = open_ns(c)
+        tokens = np.arange(3 * CHUNK, dtype=np.int64) * 5 + 3
+        rng = np.random.default_rng(4)
+        src, dst = bhnc_cache(seed=5), bhnc_cache(seed=None)
+        src_tables = tuple(list(rng.permutation(BLOCKS)[:12]) for _ in range(2))
+        dst_tables = tuple(list(rng.permutation(BLOCKS)[:12]) for _ in range(2))
+        dst_tables[1][:per_chunk] = [-1] * per_chunk
+        cache = kvtier.PagedKvCache("vllm_bhnc", src, group_layers=[1, 2])
+        assert cache.num_groups == 2
+        storer = kvtier.LayerwiseStorer(c, ns, arena, cache, rt)
+        store_stream, compute = rt.create_stream(), rt.create_stream()
+        assert storer.start(tokens, src_tables, store_stream) == 3
+        for layer in range(LAYERS):
+            storer.layer_done(layer, compute)
+        assert storer.finish().stored_chunks == 3
+
+        loader = kvtier.LayerwiseLoader(
+            c, ns, arena, kvtier.PagedKvCache("vllm_bhnc", dst, group_layers=[1, 2]), rt)
+        assert loader.start_load(tokens, dst_tables, rt.create_stream()) == 3 * CHUNK
+        for layer in range(LAYERS):
+            loader.wait_layer(layer, compute)
+        assert loader.finish() == []
+        n = 3 * CHUNK
+        assert np.array_equal(tokens_kv(dst, dst_tables[0], n)[0].view(np.uint16),
+                              tokens_kv(src, src_tables[0], n)[0].view(np.uint16))
+        got = tokens_kv(dst, [0] * per_chunk + dst_tables[1][per_chunk:], n)
+        want = tokens_kv(src, src_tables[1], n)
+        assert np.array_equal(got[1:, CHUNK:].view(np.uint16), want[1:, CHUNK:].view(np.uint16))
+        written = set(dst_tables[1][per_chunk:])
+        assert not any(dst[layer][sorted(set(range(BLOCKS)) - written)].any() for layer in (1, 2))
+
+        with pytest.raises(kvtier.InvalidArgument, match="add up to the 3 layers"):
+            kvtier.PagedKvCache("vllm_bhnc", src, group_layers=[1, 1])
+        one_table = kvtier.LayerwiseLoader(c, ns, arena, cache, rt)
+        with pytest.raises(kvtier.InvalidArgument, match="1 block tables for 2 KV cache groups"):
+            one_table.start_load(tokens, src_tables[0], rt.create_stream())
+        with pytest.raises(kvtier.InvalidArgument, match=r"block_ids\[1\]"):
+            one_table.start_load(tokens, (src_tables[0], ["x"]), rt.create_stream())

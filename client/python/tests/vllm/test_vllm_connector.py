@@ -19,12 +19,16 @@ from vllm.distributed.kv_events import BlockStored, KVCacheEvent
 from vllm.lora.request import LoRARequest
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from vllm.v1.core.kv_cache_utils import ExternalBlockHash, maybe_convert_block_hash
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                        MambaSpec, SlidingWindowSpec)
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 
 import kvtier
 from engine_harness import BLOCK_SIZE, Engine
+from kvtier.integrations._vllm_groups import namespace_spec
+from kvtier.integrations._vllm_plan import _Settings
 from kvtier.integrations.vllm import KvtierConnector, KvtierConnectorMetadata, KvtierKVEvents
 from kvtierd_process import KvtierdProcess
 from redis_cluster import RedisCluster
@@ -310,6 +314,38 @@ def test_bad_extra_config_is_refused_with_its_name(kvtierd: KvtierdProcess,
             Engine(model_dir, kvtierd.socket, extra={name: value})
     with pytest.raises(kvtier.InvalidArgument):
         Engine(model_dir, "/nonexistent-dir/kvtierd.sock" + "x" * 200)
+
+
+def test_kv_cache_groups_kvtier_cannot_store_are_refused_with_the_reason(
+        kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine]) -> None:
+    """vLLM's hybrid allocator stays on with kvtier (SupportsHMA): full-attention and
+    sliding-window groups share a namespace naming the grouping; what kvtier cannot store
+    stops the engine at startup, naming the group."""
+    config = make(engines, model_dir, kvtierd).vllm_config
+    settings = _Settings.parse({"chunk_tokens": 2 * BLOCK_SIZE}, "m")
+    heads = dict(block_size=BLOCK_SIZE, num_kv_heads=2, head_size=16, dtype=torch.float16)
+
+    def groups(*specs: object) -> KVCacheConfig:
+        return KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[
+            KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn"], s)  # type: ignore[arg-type]
+            for i, s in enumerate(specs)])
+
+    full = FullAttentionSpec(**heads)  # type: ignore[arg-type]
+    spec = namespace_spec(config, groups(full, SlidingWindowSpec(**heads, sliding_window=32)),
+                          settings, 0)
+    assert spec["num_layers"] == 2
+    assert spec["model_id"].endswith("#kv-groups:full_attentionx1,sliding_window@32x1")
+    with pytest.raises(ValueError, match=r"chunk_tokens 32 exceeds the sliding window of KV "
+                                         r"cache group 1 \(16 tokens\)"):
+        namespace_spec(config, groups(full, SlidingWindowSpec(**heads, sliding_window=16)),
+                       settings, 0)
+    mamba = MambaSpec(block_size=BLOCK_SIZE, shapes=((4, 4),), dtypes=(torch.float16,))
+    with pytest.raises(ValueError, match="KV cache group 1 is MambaSpec"):
+        namespace_spec(config, groups(full, mamba), settings, 0)
+    with pytest.raises(ValueError, match="KV cache group 1 differs from group 0"):
+        namespace_spec(config, groups(full, FullAttentionSpec(
+            block_size=BLOCK_SIZE, num_kv_heads=4, head_size=16, dtype=torch.float16)),
+            settings, 0)
 
 
 def test_blocks_of_the_engines_own_prefix_hit_are_left_alone(

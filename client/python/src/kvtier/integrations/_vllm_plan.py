@@ -63,7 +63,7 @@ class _Settings:
 class _LoadSpec:
     req_id: str
     token_ids: list[int]
-    block_ids: list[int]
+    block_ids: list[list[int]]  # one table per KV cache group
     engine_tokens: int    # the engine's own prefix-cache hit (already in its blocks)
     promised_tokens: int  # engine_tokens + what get_num_new_matched_tokens promised
     cache_salt: Optional[str]
@@ -72,6 +72,10 @@ class _LoadSpec:
     # that rank's worker takes it over, so its chunks count as prefetched and are let go at once.
     ticket: Optional[tuple[int, int]] = None
     generation: str = ""  # the scheduler's cache generation (see reset_cache)
+    # Loaded whole before the step's forward pass and reported through
+    # get_transfer_results (the request waits in WAITING_FOR_REMOTE_KVS meanwhile), rather than
+    # layer by layer within it.
+    asynchronous: bool = False
 
 
 @dataclass
@@ -91,7 +95,7 @@ class _StoredBlocks:
 class _SaveSpec:
     req_id: str
     token_ids: list[int]  # the prompt through the last full chunk this step computed
-    block_ids: list[int]
+    block_ids: list[list[int]]  # one table per KV cache group
     first_chunk: int      # chunks before it were saved by earlier steps
     cache_salt: Optional[str]
     lora_key: Optional[str]
@@ -112,7 +116,7 @@ class _Tracker:
     """Scheduler-side state of one running request."""
 
     token_ids: list[int]  # kvtier's key ids of the prompt (see _key_tokens)
-    block_ids: list[int]
+    block_ids: list[list[int]]  # one table per KV cache group
     saved_chunks: int
     cache_salt: Optional[str]
     lora_key: Optional[str]

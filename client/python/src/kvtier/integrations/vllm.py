@@ -43,9 +43,11 @@ What runs where (the scheduler and each worker have their own ``kvtier.Client``)
   when the daemon has not answered within ``prefetch_wait_ms`` (its remote tier is slow to
   say what it holds), the answer is None, and vLLM asks again at its next step; the hit is the cached
   prefix, capped so that at least one prompt token is computed, aligned to vLLM's block
-  size. Loads are synchronous within the forward pass (``False``): they run layer by layer,
-  so vLLM calls ``update_state_after_alloc`` once per request (it calls it twice only after
-  an asynchronous load).
+  size. With one KV cache group, loads are synchronous within the forward pass (``False``):
+  they run layer by layer. With several (vLLM's hybrid allocator, which the connector supports:
+  ``SupportsHMA``), a load is asynchronous (``True``): vLLM fails only whole requests of such
+  models (``failed_recving``), so the worker copies the whole prefix in ``start_load_kv`` and
+  reports it in ``get_transfer_results`` (docs/HYBRID.md).
 - worker, ``start_load_kv``: a ``LayerwiseLoader`` per request leases the whole prefix and
   queues the first layers' copies on a load stream; ``wait_for_layer_load`` queues the
   copies of a layer more and makes the compute stream wait for that layer (no host sync on
@@ -69,7 +71,7 @@ the connector records nothing):
   (``maybe_convert_block_hash`` of ``request.block_hashes``, as vLLM's block pool publishes
   them), ``parent_block_hash`` the hash of the block before the first (None at the prompt's
   start), the tokens covered, vLLM's ``block_size``, the request's LoRA (``lora_id``,
-  ``lora_name``), ``group_idx`` 0 (the one full-attention group) with its
+  ``lora_name``), one event per KV cache group (``group_idx``) with its
   ``kv_cache_spec_kind`` and ``kv_cache_spec_sliding_window`` as vLLM's own events give them,
   and ``locality="LOCAL"``.
 - A store is announced only when its commit succeeded with nothing dropped, and then all the
@@ -117,17 +119,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.logger import init_logger
-from vllm.model_executor.models.utils import extract_layer_index
 from vllm.v1.core.kv_cache_utils import (
     maybe_convert_block_hash,
     resolve_block_hashes,
 )
 from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    MLAAttentionSpec,
     get_kv_cache_spec_kind,
     get_kv_cache_spec_sliding_window,
 )
@@ -136,7 +137,14 @@ from vllm.v1.outputs import KVConnectorOutput
 
 import kvtier
 from kvtier.integrations._names import namespace_text
-from kvtier.integrations._weights import namespace_model_id, weights_fingerprint
+from kvtier.integrations._vllm_groups import (
+    group_layer_names,
+    load_tables,
+    namespace_spec,
+    paged_cache,
+    sliding_windows,
+)
+from kvtier.integrations._weights import weights_fingerprint
 from kvtier.integrations._vllm_plan import (
     KvtierConnectorMetadata,
     _LoadSpec,
@@ -175,59 +183,7 @@ def _request_tag(request_id: str) -> str:
     return request_id if len(raw) <= 256 else hashlib.sha256(raw).hexdigest()
 
 
-def _namespace_spec(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
-                    settings: _Settings, tp_rank: int) -> dict[str, Any]:
-    """The open_namespace arguments (less salt and LoRA) from vLLM's KV cache config."""
-    groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        raise ValueError(f"kvtier: {len(groups)} KV cache groups (a hybrid model); kvtier "
-                         "stores models with one attention group only")
-    spec = groups[0].kv_cache_spec
-    if not isinstance(spec, FullAttentionSpec):
-        raise ValueError(f"kvtier: unsupported KV cache spec {type(spec).__name__}")
-    block_size = vllm_config.cache_config.block_size
-    if settings.chunk_tokens % block_size != 0:
-        raise ValueError(f"kvtier: chunk_tokens {settings.chunk_tokens} is not a multiple of "
-                         f"vLLM's block size {block_size}")
-    cache_dtype = str(vllm_config.cache_config.cache_dtype)
-    kv_dtype: Any = cache_dtype if cache_dtype.startswith("fp8") else spec.dtype
-    config = vllm_config.model_config
-    model_id = namespace_model_id(settings.model_id, settings.weights_fingerprint,
-                                  config.model if config is not None else "",
-                                  getattr(config, "revision", None))
-    args: dict[str, Any] = dict(model_id=model_id,
-                                num_layers=len(groups[0].layer_names), kv_dtype=kv_dtype,
-                                chunk_tokens=settings.chunk_tokens)
-    if isinstance(spec, MLAAttentionSpec):
-        args.update(layout="mla", latent_dim=spec.head_size)
-    else:
-        if spec.head_size_v not in (None, spec.head_size):
-            raise ValueError("kvtier: K and V head sizes differ; not supported")
-        tp_size = vllm_config.parallel_config.tensor_parallel_size
-        args.update(layout="mha", num_kv_heads=spec.num_kv_heads, head_dim=spec.head_size,
-                    tp_rank=tp_rank, tp_size=tp_size)
-    return args
-
-
-def _paged_cache(tensors: list[torch.Tensor], head_size: int, mla: bool) -> kvtier.PagedKvCache:
-    """kvtier's view of vLLM's per-layer KV cache tensors (see the module docstring)."""
-    t = tensors[0]
-    if mla:
-        if t.dim() == 4 and t.shape[1] == 1:
-            return kvtier.PagedKvCache("mla", [x[:, 0] for x in tensors])
-        if t.dim() == 3:
-            return kvtier.PagedKvCache("mla", tensors)
-    elif t.dim() == 4 and t.shape[3] == 2 * head_size:
-        return kvtier.PagedKvCache("vllm_bhnc", tensors)
-    elif t.dim() == 5 and t.shape[0] == 2:
-        return kvtier.PagedKvCache("vllm_flash_attn", tensors)
-    elif t.dim() == 5 and t.shape[1] == 2:
-        return kvtier.PagedKvCache("vllm_flashinfer", tensors)
-    raise ValueError(f"kvtier: unrecognised KV cache tensor shape {tuple(t.shape)} "
-                     f"(mla={mla}, head_size={head_size})")
-
-
-class KvtierConnector(KVConnectorBase_V1):
+class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     """Loads and stores vLLM's KV cache through kvtierd (see the module docstring)."""
 
     _cache_hit_source = CacheHitSource.HOST
@@ -249,7 +205,13 @@ class KvtierConnector(KVConnectorBase_V1):
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
             tp_rank = get_tensor_model_parallel_rank()
         self._tp_rank = tp_rank
-        self._spec = _namespace_spec(vllm_config, kv_cache_config, self._settings, tp_rank)
+        self._spec = namespace_spec(vllm_config, kv_cache_config, self._settings, tp_rank)
+        self._group_names = group_layer_names(kv_cache_config)
+        # Per KV cache group: its sliding window (0: full attention), whose blocks before the
+        # window are vLLM's null block (id 0). With several groups a load is asynchronous:
+        # vLLM has no per-block failure path for them, only a failed request (failed_recving).
+        self._windows = sliding_windows(kv_cache_config)
+        self._async_loads = len(self._windows) > 1
         self._client = kvtier.Client.connect(
             socket=self._settings.socket.replace("{tp_rank}", str(tp_rank)),
             deadline_ms=self._settings.deadline_ms,
@@ -266,6 +228,7 @@ class KvtierConnector(KVConnectorBase_V1):
                                        self._settings.prefetch_wait_ms)
         self._engine_tokens: dict[str, int] = {}
         self._pending_loads: dict[str, tuple[int, int]] = {}
+        self._async_loads_due: list[_LoadSpec] = []  # for the next build_connector_meta
         self._request_keys: dict[str, tuple[Optional[str], Optional[str], str]] = {}
         self._request_tokens: dict[str, list[int]] = {}  # kvtier's key ids (_key_tokens)
         self._lora_keys: dict[tuple[str, str], str] = {}  # (name, path) -> _lora_key
@@ -274,9 +237,9 @@ class KvtierConnector(KVConnectorBase_V1):
         # granularity vLLM hashes them; the events every worker reported, until take_events.
         self._event_requests: dict[str, "Request"] = {}
         self._hash_block_size = kv_cache_config.hash_block_size or self._block_size
-        group0 = kv_cache_config.kv_cache_groups[0].kv_cache_spec  # the one group kvtier stores
-        self._event_spec = (get_kv_cache_spec_kind(group0).value,
-                            get_kv_cache_spec_sliding_window(group0))
+        self._event_specs = [(get_kv_cache_spec_kind(g.kv_cache_spec).value,
+                              get_kv_cache_spec_sliding_window(g.kv_cache_spec))
+                             for g in kv_cache_config.kv_cache_groups]
         self._published: list[KVCacheEvent] = []
         # Worker side.
         self._runtime: Optional[kvtier.Runtime] = None
@@ -288,6 +251,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._host_compute_stream: Optional[kvtier.Stream] = None
         self._wrapped_streams: dict[int, kvtier.Stream] = {}
         self._loaders: list[tuple[_LoadSpec, kvtier.LayerwiseLoader]] = []
+        self._recved: KVConnectorTransferResults = KVConnectorTransferResults()
         # Per request of this step: the first token whose KV is not known good in the engine's
         # blocks (a load that delivered less than promised, or a copy that failed). Nothing
         # from there on is stored, neither the blocks whose load failed nor what this step
@@ -397,7 +361,7 @@ class KvtierConnector(KVConnectorBase_V1):
         limit = (max(len(tokens) - 1, 0) // self._block_size) * self._block_size
         external = max(0, min(cached, limit) - num_computed_tokens)
         self._engine_tokens[rid] = num_computed_tokens
-        return external, False
+        return external, self._async_loads and external > 0
 
     def get_external_cache_hit_sources(self, request: "Request",
                                        num_external_tokens: int) -> dict[CacheHitSource, int]:
@@ -420,12 +384,24 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
                                  num_external_tokens: int) -> None:
-        if num_external_tokens > 0:
-            engine = self._engine_tokens.get(request.request_id, 0)
-            self._pending_loads[request.request_id] = (engine, engine + num_external_tokens)
+        rid = request.request_id
+        if num_external_tokens == 0 or rid not in self._request_keys:
+            return  # also the second call after an asynchronous load
+        engine = self._engine_tokens.get(rid, 0)
+        if not self._async_loads:
+            self._pending_loads[rid] = (engine, engine + num_external_tokens)
+            return
+        # An asynchronous load: the request is not scheduled until it is done, so its blocks
+        # are taken here, one table per group.
+        tracker = _Tracker(self._request_tokens[rid],
+                           [list(b) for b in blocks.get_block_ids()], 0,
+                           *self._request_keys[rid])
+        self._pending_loads[rid] = (engine, engine + num_external_tokens)
+        self._add_load(self._async_loads_due, rid, tracker, asynchronous=True)
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
-        meta = KvtierConnectorMetadata()
+        meta = KvtierConnectorMetadata(loads=self._async_loads_due)
+        self._async_loads_due = []
         scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             rid = new.req_id
@@ -435,9 +411,13 @@ class KvtierConnector(KVConnectorBase_V1):
             tokens = self._request_tokens.get(rid)
             if tokens is None:
                 tokens = self._key_tokens(new.prompt_token_ids, new.mm_features)
-            tracker = _Tracker(tokens, list(new.block_ids[0]), 0, salt, lora, generation)
+            # With a sliding window, the blocks of what the engine held before this step (its
+            # prefix cache, an asynchronous load) may be gone: only what it computes is saved.
+            first = new.num_computed_tokens // self._chunk if any(self._windows) else 0
+            tracker = _Tracker(tokens, [list(b) for b in new.block_ids], first, salt, lora,
+                               generation)
             self._trackers[rid] = tracker
-            self._add_load(meta, rid, tracker)
+            self._add_load(meta.loads, rid, tracker)
             self._add_save(meta, rid, tracker, new.num_computed_tokens + scheduled.get(rid, 0))
         cached = scheduler_output.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
@@ -446,30 +426,33 @@ class KvtierConnector(KVConnectorBase_V1):
                 continue
             new_blocks = cached.new_block_ids[i]
             if rid in cached.resumed_req_ids:
-                tracker.block_ids = list(new_blocks[0]) if new_blocks else []
+                tracker.block_ids = ([list(b) for b in new_blocks] if new_blocks
+                                     else [[] for _ in self._windows])
             elif new_blocks:
-                tracker.block_ids.extend(new_blocks[0])
+                for table, added in zip(tracker.block_ids, new_blocks):
+                    table.extend(added)
             # vLLM moves num_computed_tokens back when it recomputes (a load failed, or the
             # request was preempted): a chunk counts as saved only while the engine still
             # holds what was computed of it, so the recomputed chunks are saved again.
             tracker.saved_chunks = min(tracker.saved_chunks,
                                        cached.num_computed_tokens[i] // self._chunk)
-            self._add_load(meta, rid, tracker)
+            self._add_load(meta.loads, rid, tracker)
             self._add_save(meta, rid, tracker, cached.num_computed_tokens[i] + scheduled.get(rid, 0))
         for rid in scheduler_output.finished_req_ids:
             self._forget(rid)
         self._pending_loads.clear()
         return meta
 
-    def _add_load(self, meta: KvtierConnectorMetadata, rid: str, tracker: _Tracker) -> None:
+    def _add_load(self, loads: list[_LoadSpec], rid: str, tracker: _Tracker,
+                  asynchronous: bool = False) -> None:
         plan = self._pending_loads.pop(rid, None)
         if plan is not None:
             ticket = self._tickets.get(rid)
-            meta.loads.append(_LoadSpec(rid, tracker.token_ids, list(tracker.block_ids), plan[0],
-                                        plan[1], tracker.cache_salt, tracker.lora_key,
-                                        (ticket.id, ticket.session_id)
-                                        if ticket is not None and ticket.id != 0 else None,
-                                        tracker.generation))
+            loads.append(_LoadSpec(rid, tracker.token_ids, [list(b) for b in tracker.block_ids],
+                                   plan[0], plan[1], tracker.cache_salt, tracker.lora_key,
+                                   (ticket.id, ticket.session_id)
+                                   if ticket is not None and ticket.id != 0 else None,
+                                   tracker.generation, asynchronous))
 
     def _add_save(self, meta: KvtierConnectorMetadata, rid: str, tracker: _Tracker,
                   computed_tokens: int) -> None:
@@ -478,7 +461,8 @@ class KvtierConnector(KVConnectorBase_V1):
         full_chunks = min(computed_tokens, len(tracker.token_ids)) // self._chunk
         if full_chunks > tracker.saved_chunks:
             meta.saves.append(_SaveSpec(rid, tracker.token_ids[:full_chunks * self._chunk],
-                                        list(tracker.block_ids), tracker.saved_chunks,
+                                        [list(b) for b in tracker.block_ids],
+                                        tracker.saved_chunks,
                                         tracker.cache_salt, tracker.lora_key,
                                         self._stored_blocks(rid, tracker.saved_chunks,
                                                             full_chunks),
@@ -545,13 +529,17 @@ class KvtierConnector(KVConnectorBase_V1):
         self._forget(request.request_id)
         return False, None  # saves complete within their step: the blocks can be freed
 
+    def request_finished_all_groups(self, request: "Request", block_ids: tuple[list[int], ...]
+                                    ) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished(request, [])
+
     # ---------------------------------------------------------------- worker
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        names = sorted(kv_caches, key=extract_layer_index)
-        if len(names) != self._spec["num_layers"]:
-            raise ValueError(f"kvtier: {len(names)} KV cache tensors registered, the KV cache "
-                             f"config has {self._spec['num_layers']} layers")
+        names = [n for group in self._group_names for n in group]  # the payload's order
+        if sorted(names) != sorted(kv_caches):
+            raise ValueError(f"kvtier: {len(kv_caches)} KV cache tensors registered, not the "
+                             f"{len(names)} layers of the KV cache config")
         tensors = [kv_caches[n] for n in names]
         mla = self._spec["layout"] == "mla"
         head = self._spec["latent_dim"] if mla else self._spec["head_dim"]
@@ -561,7 +549,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._runtime = (kvtier.Runtime.cuda(tensors[0].device.index or 0)
                          if backend == "cuda" else kvtier.Runtime.host())
         self._arena = kvtier.GpuArena(self._runtime)
-        self._cache = _paged_cache(tensors, head, mla)
+        self._cache = paged_cache(tensors, head, mla, [len(g) for g in self._group_names])
         self._layer_index = {n: i for i, n in enumerate(names)}
         self._load_stream = self._runtime.create_stream()
         self._store_stream = self._runtime.create_stream()
@@ -593,10 +581,8 @@ class KvtierConnector(KVConnectorBase_V1):
             assert self._arena is not None and self._cache is not None
             assert self._runtime is not None and self._load_stream is not None
             ns = self._namespace(spec.cache_salt, spec.lora_key, spec.generation)
-            # The engine's own prefix-cache blocks are left alone (-1), also inside the first
-            # chunk copied when its hit does not end on a chunk boundary.
-            owned = spec.engine_tokens // self._block_size
-            blocks = [-1] * min(owned, len(spec.block_ids)) + spec.block_ids[owned:]
+            blocks = load_tables(spec.block_ids, spec.engine_tokens // self._block_size,
+                                 self._windows)
             loader = (kvtier.LayerwiseLoader(self._client, ns, self._arena, self._cache,
                                              self._runtime) if ns is not None else None)
             try:
@@ -613,17 +599,38 @@ class KvtierConnector(KVConnectorBase_V1):
                                spec.req_id, e)
                 delivered = 0
             else:
-                if loader is not None:
+                if loader is not None and spec.asynchronous:
+                    delivered = self._finish_async_load(spec, loader, delivered)
+                elif loader is not None:
                     self._loaders.append((spec, loader))
-            if delivered < spec.promised_tokens:
+            if spec.asynchronous:
+                self._recved.finished_recving.add(spec.req_id)
+                if delivered < spec.promised_tokens:
+                    self._recved.failed_recving.add(spec.req_id)
+                    self._stats.data["load_error_blocks"] += math.ceil(
+                        (spec.promised_tokens - spec.engine_tokens) / self._block_size)
+            elif delivered < spec.promised_tokens:
                 # The prefix shrank since the scheduler counted it: recompute the rest.
                 good = max(delivered, spec.engine_tokens)
-                lost = self._block_range(spec.block_ids, good, spec.promised_tokens)
+                lost = self._block_range(spec.block_ids[0], good, spec.promised_tokens)
                 self._load_errors |= lost
                 self._stats.data["load_error_blocks"] += len(lost)
                 self._mark_bad(spec.req_id, good)
             self._stats.data["loaded_tokens"] += max(
                 0, min(delivered, spec.promised_tokens) - spec.engine_tokens)
+
+    def _finish_async_load(self, spec: _LoadSpec, loader: kvtier.LayerwiseLoader,
+                           delivered: int) -> int:
+        """Copies every layer of an asynchronous load now and returns the tokens it delivered:
+        0 when any copy failed (vLLM recomputes the request from its start)."""
+        failed = loader.finish()
+        return 0 if failed else delivered
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """The asynchronous loads done since the last call (each ran whole in its step's
+        start_load_kv), failed ones among them as failed_recving too."""
+        results, self._recved = self._recved, KVConnectorTransferResults()
+        return results
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if not self._loaders:
@@ -692,7 +699,7 @@ class KvtierConnector(KVConnectorBase_V1):
             self._load_errors.update(failed)
             self._stats.data["load_error_blocks"] += len(failed)
             failed_set = set(failed)
-            positions = [i for i, b in enumerate(load.block_ids) if b in failed_set]
+            positions = [i for i, b in enumerate(load.block_ids[0]) if b in failed_set]
             if positions:
                 self._mark_bad(load.req_id, min(positions) * self._block_size)
         self._loaders = []
@@ -719,22 +726,23 @@ class KvtierConnector(KVConnectorBase_V1):
             if (self._stored_events is not None and spec.stored_blocks is not None
                     and result.fail_open is None and result.dropped_chunks == 0
                     and result.being_written_chunks == 0 and result.stored_chunks > 0):
-                self._stored_events.append(self._block_stored(spec, spec.stored_blocks))
+                self._stored_events.extend(self._block_stored(spec, spec.stored_blocks))
         self._storers = None
         self._bad_from.clear()
 
-    def _block_stored(self, spec: _SaveSpec, blocks: _StoredBlocks) -> BlockStored:
-        """The BlockStored of a committed save: the chunks from spec.first_chunk on (see the
-        module docstring). Identical on every worker, so vLLM's aggregator can count it."""
-        return BlockStored(block_hashes=list(blocks.block_hashes),
-                           parent_block_hash=blocks.parent_block_hash,
-                           token_ids=blocks.token_ids[:len(spec.token_ids)
-                                                      - spec.first_chunk * self._chunk],
-                           block_size=self._block_size, lora_id=blocks.lora_id,
-                           medium=MEDIUM_CPU, lora_name=blocks.lora_name, group_idx=0,
-                           kv_cache_spec_kind=self._event_spec[0],
-                           kv_cache_spec_sliding_window=self._event_spec[1], locality="LOCAL",
-                           session_id=blocks.session_id)
+    def _block_stored(self, spec: _SaveSpec, blocks: _StoredBlocks) -> list[BlockStored]:
+        """The BlockStored of a committed save, one per KV cache group: the chunks from
+        spec.first_chunk on (see the module docstring). Identical on every worker, so vLLM's
+        aggregator can count them."""
+        return [BlockStored(block_hashes=list(blocks.block_hashes),
+                            parent_block_hash=blocks.parent_block_hash,
+                            token_ids=blocks.token_ids[:len(spec.token_ids)
+                                                       - spec.first_chunk * self._chunk],
+                            block_size=self._block_size, lora_id=blocks.lora_id,
+                            medium=MEDIUM_CPU, lora_name=blocks.lora_name, group_idx=g,
+                            kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window,
+                            locality="LOCAL", session_id=blocks.session_id)
+                for g, (kind, window) in enumerate(self._event_specs)]
 
     def get_kv_connector_kv_cache_events(self) -> Optional[KVConnectorKVEvents]:
         """This worker's BlockStored since the last call, each once; an empty KvtierKVEvents

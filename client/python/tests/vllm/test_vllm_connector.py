@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from vllm.distributed.kv_events import BlockStored, KVCacheEvent
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.lora.request import LoRARequest
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from vllm.v1.core.kv_cache_utils import ExternalBlockHash, maybe_convert_block_hash
@@ -469,6 +470,38 @@ def test_kv_events_a_store_after_a_partial_hit_announces_the_loaded_chunks_too(
     [event] = stored(step.published, "CPU")
     assert event.block_hashes == vllm_hashes(request, 3 * BLOCKS_PER_CHUNK)
     assert event.token_ids == tokens[:3 * CHUNK]
+
+
+def test_kv_events_relay_kvtierds_evictions_of_announced_chunks_as_block_removed(
+        model_dir: str, engines: list[Engine], tmp_path: Path) -> None:
+    """kvtier_events names kvtierd's own events endpoint: the scheduler relays the DRAM
+    removals of the chunks it announced, with vLLM's block hashes, and nothing of chunks it
+    never announced (another client's)."""
+    endpoint = f"ipc://{tmp_path}/events"
+    with KvtierdProcess(extra_args=["--events-address", endpoint]) as daemon:
+        a = make(engines, model_dir, daemon, kv_events=True, extra={"kvtierd_events": endpoint})
+        request = a.add("a", prompt(27, 2 * CHUNK + 5))
+        [event] = stored(a.step().published, "CPU")
+        assert event.block_hashes == vllm_hashes(request, 2 * BLOCKS_PER_CHUNK)
+        with kvtier.Client.connect(socket=daemon.socket, deadline_ms=2000) as other:
+            ns = other.open_namespace(model_id="someone-else", num_layers=1, kv_dtype="fp16",
+                                      num_kv_heads=1, head_dim=8, chunk_tokens=CHUNK)
+            assert other.store(ns, prompt(28, CHUNK), np.zeros((1, 2, CHUNK, 1, 8), np.float16)
+                               ).stored_chunks == 1
+        assert sum(int(t["removed"]) for t in daemon.admin().evict(all=True).values()) >= 3
+        removed: list[BlockRemoved] = []
+        deadline = time.monotonic() + 10
+        while sum(len(e.block_hashes) for e in removed) < len(event.block_hashes):
+            assert time.monotonic() < deadline, f"relayed so far: {removed}"
+            removed += [e for e in scheduler_connector(a).take_events()
+                        if isinstance(e, BlockRemoved)]
+            time.sleep(0.02)
+        time.sleep(0.2)  # anything more kvtierd published comes too
+        removed += [e for e in scheduler_connector(a).take_events() if isinstance(e, BlockRemoved)]
+        assert sorted(h for e in removed for h in e.block_hashes) == sorted(event.block_hashes)
+        assert {(e.medium, e.group_idx) for e in removed} == {("CPU", 0)}
+    with pytest.raises(ValueError, match="kvtierd_events 'tcp:/nowhere' is not a ZMQ endpoint"):
+        make(engines, model_dir, daemon, kv_events=True, extra={"kvtierd_events": "tcp:/nowhere"})
 
 
 def test_kv_events_disabled_record_nothing(

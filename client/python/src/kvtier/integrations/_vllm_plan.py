@@ -26,6 +26,7 @@ class _Settings:
     prefetch_wait_ms: int = 20
     gpu_backend: str = "auto"
     weights_fingerprint: str = "auto"
+    kvtierd_events: str = ""
 
     @classmethod
     def parse(cls, extra: dict[str, Any], default_model: str) -> "_Settings":
@@ -46,7 +47,7 @@ class _Settings:
             raise ValueError(f"kvtier: prefetch_wait_ms ({s.prefetch_wait_ms}) must not exceed "
                              f"prefetch_deadline_ms ({s.prefetch_deadline_ms}), after which the "
                              f"daemon lets the prefetch go")
-        for name in ("socket", "model_id"):
+        for name in ("socket", "model_id", "kvtierd_events"):
             if not isinstance(getattr(s, name), str):
                 raise ValueError(f"kvtier: {name} must be a string, not {getattr(s, name)!r}")
         if s.gpu_backend not in ("auto", "cuda", "host"):
@@ -115,7 +116,7 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
 class _Tracker:
     """Scheduler-side state of one running request."""
 
-    token_ids: list[int]  # kvtier's key ids of the prompt (see _key_tokens)
+    token_ids: list[int]  # kvtier's key ids of the prompt (see _names.key_tokens)
     block_ids: list[list[int]]  # one table per KV cache group
     saved_chunks: int
     cache_salt: Optional[str]

@@ -35,6 +35,8 @@ disaggregation) loads and stores nothing of its own; ``kv_producer`` stores, and
   ``prefetch_deadline_ms``. Default: 20.
 - ``gpu_backend``: ``"cuda"``, ``"host"`` (emulation: CPU tensors) or ``"auto"`` (by the
   device of the KV cache tensors). Default: ``"auto"``.
+- ``kvtierd_events``: kvtierd's ``--events-address`` (ZMQ), from which the scheduler relays
+  evictions as ``BlockRemoved`` when vLLM's KV cache events are on. Default: none.
 
 What runs where (the scheduler and each worker have their own ``kvtier.Client``):
 
@@ -85,8 +87,10 @@ the connector records nothing):
 - Each worker reports the stores it committed (``get_kv_connector_kv_cache_events``); the
   scheduler publishes (``take_events``) only the events every worker reported in that step,
   i.e. a chunk counts as stored only when every tensor-parallel rank stored its shard.
-- ``BlockRemoved`` and ``AllBlocksCleared`` are never sent: the connector does not learn of
-  kvtier's evictions. They will come from the daemon's own KV events (planned, issue 13).
+- ``BlockRemoved`` (``medium="CPU"``, one per group), with ``kvtierd_events`` set: the
+  scheduler subscribes to kvtierd's own events and, at each step, relays the DRAM removals
+  (evictions, ``kvtierctl evict``; all of them when kvtierd restarts) of chunks it announced,
+  with their vLLM block hashes (_vllm_removals). ``AllBlocksCleared`` is never sent.
   ``reset_cache`` (vLLM's ``reset_prefix_cache(reset_connector=True)``) starts a new
   generation of this engine's namespaces, so nothing stored before is served to it again; it
   sends no ``AllBlocksCleared`` (the chunks stay, for other engines).
@@ -103,7 +107,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import struct
 import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Optional
@@ -136,7 +139,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from vllm.v1.outputs import KVConnectorOutput
 
 import kvtier
-from kvtier.integrations._names import namespace_text
+from kvtier.integrations._names import key_tokens, namespace_text
 from kvtier.integrations._vllm_groups import (
     group_layer_names,
     load_tables,
@@ -154,6 +157,7 @@ from kvtier.integrations._vllm_plan import (
     _StoredBlocks,
     _Tracker,
 )
+from kvtier.integrations._vllm_removals import removal_relay
 from kvtier.integrations._vllm_reports import (
     KvtierConnectorStats,
     KvtierKVEvents,
@@ -230,7 +234,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._pending_loads: dict[str, tuple[int, int]] = {}
         self._async_loads_due: list[_LoadSpec] = []  # for the next build_connector_meta
         self._request_keys: dict[str, tuple[Optional[str], Optional[str], str]] = {}
-        self._request_tokens: dict[str, list[int]] = {}  # kvtier's key ids (_key_tokens)
+        self._request_tokens: dict[str, list[int]] = {}  # kvtier's key ids (_names.key_tokens)
         self._lora_keys: dict[tuple[str, str], str] = {}  # (name, path) -> _lora_key
         self._trackers: dict[str, _Tracker] = {}
         # KV cache events (empty unless enabled): the requests, for their block hashes, at the
@@ -241,6 +245,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                               get_kv_cache_spec_sliding_window(g.kv_cache_spec))
                              for g in kv_cache_config.kv_cache_groups]
         self._published: list[KVCacheEvent] = []
+        self._relay = (removal_relay(self._settings.kvtierd_events, len(self._windows))
+                       if self._events_enabled and role == KVConnectorRole.SCHEDULER else None)
         # Worker side.
         self._runtime: Optional[kvtier.Runtime] = None
         self._arena: Optional[kvtier.GpuArena] = None
@@ -305,32 +311,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _key_tokens(self, prompt_token_ids: Optional[list[int]],
                     mm_features: Optional[list[Any]]) -> list[int]:
-        """The ids kvtier keys a prompt's chunks on. Without multimodal items, the prompt's own.
-        A chunk that holds any part of an image, audio or video item has every id replaced: a
-        placeholder id is the same whatever the content, so the ids alone would give two
-        requests with the same text and other images the same keys. Each id of such a chunk
-        becomes ``-1 - ((id ^ w) & 0x7FFFFFFF)`` with w a word of the SHA-256 of the content
-        hashes (vLLM's ``identifier``, as its own block hasher mixes in) and offsets of the
-        items in the chunk: negative, so never a vocabulary id, and one-to-one for given items.
-        """
-        tokens = list(prompt_token_ids or [])
-        if not mm_features:
-            return tokens
-        items: dict[int, list[str]] = {}
-        for feature in mm_features:
-            offset, length = feature.mm_position.offset, feature.mm_position.length
-            if length <= 0:
-                continue
-            for c in range(offset // self._chunk, (offset + length - 1) // self._chunk + 1):
-                items.setdefault(c, []).append(f"{feature.identifier}@{offset}+{length}")
-        for c, names in items.items():
-            words = struct.unpack("<8I", hashlib.sha256("\0".join(names).encode()).digest())
-            for i in range(c * self._chunk, min((c + 1) * self._chunk, len(tokens))):
-                tokens[i] = -1 - ((tokens[i] ^ words[i % 8]) & 0x7FFFFFFF)
-        return tokens
+        """The ids kvtier keys a prompt's chunks on (see _names.key_tokens)."""
+        return key_tokens(prompt_token_ids, mm_features, self._chunk)
 
     def shutdown(self) -> None:
         self._prefetcher.shutdown()
+        if self._relay is not None:
+            self._relay.close()
         self._client.close()
 
     # ------------------------------------------------------------- scheduler
@@ -490,6 +477,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                                 "(%d of %d); its KV cache events are not sent", len(hashes), end)
             return None
         lora = request.lora_request
+        tracker, keys = self._trackers.get(rid), self._request_keys.get(rid)
+        ns = self._namespace(*keys) if keys is not None else None
+        if self._relay is not None and tracker is not None and ns is not None:
+            self._relay.remember(kvtier.Client.chunk_keys(
+                ns, tracker.token_ids[:end_chunk * self._chunk])[first_chunk:],
+                [maybe_convert_block_hash(h) for h in hashes[first:end]])
         return _StoredBlocks(
             block_hashes=[maybe_convert_block_hash(h) for h in hashes[first:end]],
             parent_block_hash=maybe_convert_block_hash(hashes[first - 1]) if first > 0 else None,
@@ -520,9 +513,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         """The KV cache events kept since the last call (BlockStored, in the order the first
-        worker reported them), and forgets them."""
+        worker reported them), then kvtierd's removals since (BlockRemoved), and forgets them."""
         events, self._published = self._published, []
-        return events
+        return events + (self._relay.poll() if self._relay is not None else [])
 
     def request_finished(self, request: "Request",
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:

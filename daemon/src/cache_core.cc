@@ -421,6 +421,11 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
   std::unique_lock lock(mu_);
   Status st = CheckSession(req.session_id);  // it may have ended meanwhile
   std::optional<Promoter::Table::iterator> ticket;
+  // An adopted ticket still promoting: where its promoted chunks start, they, and which came
+  // from the remote tier.
+  uint32_t adopted_from = 0;
+  std::vector<uint32_t> adopted_ready;
+  std::vector<bool> adopted_remote;
   if (st.ok() && req.prefetch_ticket != 0) {
     auto found = req.adopt_ticket
                      ? promoter_->FindRequestTicket(req.prefetch_ticket, tally.request, ns.id)
@@ -428,6 +433,11 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
     if (found.ok() && req.adopt_ticket && !(*found)->second.done) {
       // Another session's prefetch still promoting: ended, and this Lookup
       // reads what it had not promoted yet (its worker may still finish a step).
+      // What it promoted counts as prefetched, from its tier.
+      const Promotion& p = (*found)->second;
+      adopted_from = p.dram_at_start;
+      adopted_ready = p.ready;
+      adopted_remote = p.from_remote;
       ++counters_.prefetches.used_early;
       promoter_->End(*found);
     } else if (found.ok()) {
@@ -451,6 +461,9 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
   }
   std::vector<uint32_t> hits = DramPrefix(ns, keys, all, tally.max_hits);
   tally.dram_hits = hits.size();
+  if (!adopted_ready.empty()) {
+    MarkPromoted(adopted_from, adopted_ready, adopted_remote, hits, &tally);
+  }
   if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kSelective) {
     for (uint32_t h : hits) {  // parents are hit at least as often: they go first
       if (dram_->AddHit(h) == options_.selective_min_hits && !nvme_->Contains(dram_->Get(h).key)) {
@@ -463,15 +476,7 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
     // them. Count those it promoted, lease them, then end the ticket.
     const Promotion& p = (*ticket)->second;
     tally.request = p.request;  // the Prefetch's request
-    tally.prefetched_at.assign(hits.size(), false);
-    tally.remote_at.assign(hits.size(), false);
-    for (size_t i = p.dram_at_start; i < std::min(hits.size(), p.ready.size()); ++i) {
-      if (hits[i] == p.ready[i]) {
-        ++tally.prefetched;
-        tally.prefetched_at[i] = true;
-        tally.remote_at[i] = i < p.from_remote.size() && p.from_remote[i];
-      }
-    }
+    MarkPromoted(p.dram_at_start, p.ready, p.from_remote, hits, &tally);
     for (uint32_t h : hits) dram_->Pin(h);
     ++(p.done ? counters_.prefetches.used : counters_.prefetches.used_early);
     promoter_->End(*ticket);
@@ -519,7 +524,11 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
       if (result.ok()) {
         // Remote chunks are in nvme_hits too (LookupResponse.remote_chunks).
         tally.nvme_hits = promoted.ready.size() - tally.dram_hits;
-        tally.remote_at = promoted.from_remote;
+        // With what an adopted ticket had read from the remote tier (MarkPromoted).
+        tally.remote_at.resize(std::max(tally.remote_at.size(), promoted.from_remote.size()));
+        for (size_t i = 0; i < promoted.from_remote.size(); ++i) {
+          if (promoted.from_remote[i]) tally.remote_at[i] = true;
+        }
         GrantLookup(tally, ns, promoted.ready, resp);  // its pins become the lease's
       } else {
         for (uint32_t h : promoted.ready) dram_->Unpin(h);
@@ -528,6 +537,20 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
     done(result);
   };
   promoter_->Start(next_id_++, std::move(p));
+}
+
+void CacheCore::MarkPromoted(uint32_t dram_at_start, const std::vector<uint32_t>& ready,
+                             const std::vector<bool>& from_remote,
+                             const std::vector<uint32_t>& hits, LookupTally* t) {
+  t->prefetched_at.assign(hits.size(), false);
+  t->remote_at.assign(hits.size(), false);
+  for (size_t i = dram_at_start; i < std::min(hits.size(), ready.size()); ++i) {
+    if (hits[i] == ready[i]) {
+      ++t->prefetched;
+      t->prefetched_at[i] = true;
+      t->remote_at[i] = i < from_remote.size() && from_remote[i];
+    }
+  }
 }
 
 Status CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* resp) {

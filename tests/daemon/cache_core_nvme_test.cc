@@ -556,6 +556,49 @@ TEST_F(CacheCorePrefetchTest, AnAdoptedTicketStillPromotingIsEndedAndTheLookupRe
   EXPECT_EQ(Stats().tiers(0).pinned_chunks(), 0u);
 }
 
+// The same with a ticket that promoted a batch (8 chunks) and is reading the next when
+// adopted: the 8 it promoted are prefetched NVMe hits, not DRAM hits.
+TEST_F(CacheCoreNvmeTest, AnAdoptedTicketsPromotedChunksCountAsNvmeHitsNotDramHits) {
+  StartWithNvme(/*dram_slots=*/48, /*good_writes=*/1000);
+  auto drain = [&] {
+    while (core_->WriteThroughOnce() > 0) {
+    }
+  };
+  const auto prompt = Tokens(48, 300);  // 12 chunks
+  ASSERT_EQ(Store(prompt), 12u);
+  drain();
+  for (int32_t i = 0; i < 4; ++i) {  // 48 more chunks push it out of DRAM
+    ASSERT_EQ(Store(Tokens(48, 1000 + 100 * i)), 12u);
+    drain();
+  }
+  ASSERT_EQ(Lookup(prompt, false).nvme_chunks(), 12u);
+  request_id = "req-9";
+  faulty_->HoldReads(true, /*pass_first=*/8);  // the second batch's reads wait
+  v1::PrefetchResponse p;
+  ASSERT_TRUE(Prefetch(prompt, &p).ok());
+  ASSERT_EQ(p.total_chunks(), 12u);
+  v1::PrefetchStatusResponse progress;
+  ASSERT_TRUE(WaitUntil([&] {
+    return PrefetchStatus(p.ticket(), &progress).ok() && progress.ready_chunks() == 8 &&
+           faulty_->reads_held() > 0;
+  }));
+  const v1::StatsResponse before = Stats();
+  const uint64_t worker = core_->OpenSession("worker", static_cast<uint32_t>(getpid()));
+  v1::LookupResponse l;
+  std::thread lookup([&] { l = LookupWithTicket(prompt, p.ticket(), nullptr, worker, true); });
+  ASSERT_TRUE(WaitUntil([&] { return Stats().active_prefetches() == 0; }));
+  faulty_->HoldReads(false);
+  lookup.join();
+  EXPECT_EQ(l.num_chunks(), 12u);
+  EXPECT_EQ(l.prefetched_chunks(), 8u) << "promoted by the adopted ticket";
+  EXPECT_EQ(l.nvme_chunks(), 4u) << "read by the Lookup itself";
+  EXPECT_TRUE(LeasedBytesMatch(prompt, l));
+  const v1::StatsResponse after = Stats();
+  EXPECT_EQ(after.tiers(0).hits() - before.tiers(0).hits(), 0u) << "no chunk was in DRAM";
+  EXPECT_EQ(after.tiers(1).hits() - before.tiers(1).hits(), 12u);
+  ASSERT_TRUE(Release(l.lease_id(), worker).ok());
+}
+
 TEST_F(CacheCorePrefetchTest, ATicketHoldsItsChunksUntilItsDeadlineThenLetsGo) {
   v1::PrefetchResponse p;
   ASSERT_TRUE(Prefetch(a_, &p, /*deadline_ms=*/500).ok());

@@ -36,10 +36,12 @@ class FaultInjectionDevice final : public BlockDevice {
 
   void set_good_writes(uint64_t n) { good_left_.store(n); }
 
-  void HoldReads(bool hold) {
+  // With `pass_first`, that many reads still go through before the hold starts.
+  void HoldReads(bool hold, int pass_first = 0) {
     {
       std::lock_guard lock(hold_mu_);
       hold_reads_ = hold;
+      pass_before_hold_ = pass_first;
     }
     hold_cv_.notify_all();
   }
@@ -54,9 +56,13 @@ class FaultInjectionDevice final : public BlockDevice {
     for (const IoRequest& r : batch) {
       if (r.op == IoRequest::Op::kRead) {
         std::unique_lock lock(hold_mu_);
-        ++reads_held_;
-        hold_cv_.wait(lock, [&] { return !hold_reads_; });
-        --reads_held_;
+        if (hold_reads_ && pass_before_hold_ > 0) {
+          --pass_before_hold_;
+        } else {
+          ++reads_held_;
+          hold_cv_.wait(lock, [&] { return !hold_reads_; });
+          --reads_held_;
+        }
       }
       const bool faulted_op = (r.op == IoRequest::Op::kRead) == (fault_ == Fault::kReadEio);
       if (faulted_op && !TakeGood()) {
@@ -106,6 +112,7 @@ class FaultInjectionDevice final : public BlockDevice {
   mutable std::mutex hold_mu_;
   std::condition_variable hold_cv_;
   bool hold_reads_ = false;
+  int pass_before_hold_ = 0;
   int reads_held_ = 0;
 };
 

@@ -394,6 +394,12 @@ class CacheCore {
     std::vector<bool> prefetched_at;    // hit i was promoted from NVMe or remote by the ticket
     std::vector<bool> remote_at;        // hit i was read from the remote tier
   };
+  // Marks in `t` the `hits` that a prefetch promoted into the slots it left them in:
+  // ready[i] from i = dram_at_start on, from the remote tier where from_remote[i]. They are
+  // NVMe or remote hits, not DRAM ones.
+  static void MarkPromoted(uint32_t dram_at_start, const std::vector<uint32_t>& ready,
+                           const std::vector<bool>& from_remote,
+                           const std::vector<uint32_t>& hits, LookupTally* t);
   // REQUIRES: mu_ held. A Lookup without lease whose cached run (`hits`, then
   // `run` on NVMe) ends before tally.max_hits, with a remote tier not degraded:
   // queues an I/O worker to ask the remote tier which chunks past it it holds

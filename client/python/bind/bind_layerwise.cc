@@ -9,7 +9,6 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
-#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -178,12 +177,17 @@ std::unique_ptr<PyPagedKvCache> MakeCache(const std::string& kind_name, nb::list
   out->cache.layout = SpecFrom(kind, *first, page_size);
   if (group_layers) {
     uint64_t grouped = 0;
-    for (uint32_t n : *group_layers) grouped += n;
-    if (grouped != layers.size() || std::find(group_layers->begin(), group_layers->end(), 0u) !=
-                                        group_layers->end()) {
+    for (size_t g = 0; g < group_layers->size(); ++g) {
+      if ((*group_layers)[g] == 0) {
+        throw StatusError(Status::InvalidArgument("group_layers[" + std::to_string(g) +
+                                                  "] is 0: every group needs a layer"));
+      }
+      grouped += (*group_layers)[g];
+    }
+    if (grouped != layers.size()) {
       throw StatusError(Status::InvalidArgument(
-          "group_layers: each group needs a layer, and they must add up to the " +
-          std::to_string(layers.size()) + " layers; they add up to " + std::to_string(grouped)));
+          "group_layers must add up to the " + std::to_string(layers.size()) +
+          " layers; they add up to " + std::to_string(grouped)));
     }
     out->cache.group_layers = *group_layers;
   }

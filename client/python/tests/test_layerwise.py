@@ -182,6 +182,8 @@ def test_kv_cache_groups_each_move_through_their_own_block_table(kvtierd: Kvtier
 
         with pytest.raises(kvtier.InvalidArgument, match="add up to the 3 layers"):
             kvtier.PagedKvCache("vllm_bhnc", src, group_layers=[1, 1])
+        with pytest.raises(kvtier.InvalidArgument, match=r"group_layers\[0\] is 0"):
+            kvtier.PagedKvCache("vllm_bhnc", src, group_layers=[0, 3])
         one_table = kvtier.LayerwiseLoader(c, ns, arena, cache, rt)
         with pytest.raises(kvtier.InvalidArgument, match="1 block tables for 2 KV cache groups"):
             one_table.start_load(tokens, src_tables[0], rt.create_stream())

@@ -17,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.lora.request import LoRARequest
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from vllm.v1.core.kv_cache_utils import ExternalBlockHash, maybe_convert_block_hash
@@ -27,9 +28,9 @@ from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 
 import kvtier
-from engine_harness import BLOCK_SIZE, Engine
+from engine_harness import BLOCK_SIZE, LAYER_NAMES, Engine
 from kvtier.integrations._vllm_groups import namespace_spec
-from kvtier.integrations._vllm_plan import _Settings
+from kvtier.integrations._vllm_plan import _LoadSpec, _Settings
 from kvtier.integrations.vllm import KvtierConnector, KvtierConnectorMetadata, KvtierKVEvents
 from kvtierd_process import KvtierdProcess
 from redis_cluster import RedisCluster
@@ -335,7 +336,11 @@ def test_kv_cache_groups_kvtier_cannot_store_are_refused_with_the_reason(
     spec = namespace_spec(config, groups(full, SlidingWindowSpec(**heads, sliding_window=32)),
                           settings, 0)
     assert spec["num_layers"] == 2
-    assert spec["model_id"].endswith("#kv-groups:full_attentionx1,sliding_window@32x1")
+    assert re.search(r"#kv-groups:full_attentionx1,sliding_window@32x1/[0-9a-f]{16}$",
+                     spec["model_id"]), spec["model_id"]
+    swapped = namespace_spec(config, groups(SlidingWindowSpec(**heads, sliding_window=32), full),
+                             settings, 0)
+    assert swapped["model_id"] != spec["model_id"]  # another grouping: another namespace
     with pytest.raises(ValueError, match=r"chunk_tokens 32 exceeds the sliding window of KV "
                                          r"cache group 1 \(16 tokens\)"):
         namespace_spec(config, groups(full, SlidingWindowSpec(**heads, sliding_window=16)),
@@ -347,6 +352,30 @@ def test_kv_cache_groups_kvtier_cannot_store_are_refused_with_the_reason(
         namespace_spec(config, groups(full, FullAttentionSpec(
             block_size=BLOCK_SIZE, num_kv_heads=4, head_size=16, dtype=torch.float16)),
             settings, 0)
+
+
+def test_a_sliding_window_models_short_load_never_reports_the_null_block(
+        kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine]) -> None:
+    """Every layer in one sliding-window group: loads stay synchronous, and a table's blocks
+    before the window are vLLM's null block 0, which every request shares. A load that falls
+    short reports the request's own blocks only (block 0 would fail other requests)."""
+    config = make(engines, model_dir, kvtierd).vllm_config
+    window = SlidingWindowSpec(block_size=BLOCK_SIZE, num_kv_heads=2, head_size=16,
+                               dtype=torch.float16, sliding_window=CHUNK)
+    worker = KvtierConnector(config, KVConnectorRole.WORKER, KVCacheConfig(
+        num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(LAYER_NAMES,
+                                                                              window)]))
+    try:
+        worker.register_kv_caches({n: torch.zeros(16, 2, BLOCK_SIZE, 32, dtype=torch.float16)
+                                   for n in LAYER_NAMES})
+        # Nothing is cached: the 2 chunks promised (blocks 0, 0, 5, 6) all fall short.
+        worker.bind_connector_metadata(KvtierConnectorMetadata(loads=[_LoadSpec(
+            "r", prompt(29, 3 * CHUNK), [[0, 0, 5, 6, 7, 8]], 0, 2 * CHUNK, None, None)]))
+        worker.start_load_kv(None)  # type: ignore[arg-type]
+        assert worker.get_block_ids_with_load_errors() == {5, 6}
+    finally:
+        worker.clear_connector_metadata()
+        worker.shutdown()
 
 
 def test_blocks_of_the_engines_own_prefix_hit_are_left_alone(

@@ -63,6 +63,19 @@ def test_a_sliding_window_model_keeps_its_kv_cache_groups_and_loads_equal_cold(
     assert cached_q == (200 // CHUNK) * CHUNK and out_q == cold_q
 
 
+def test_a_prompt_of_whole_chunks_loads_all_but_its_last_chunk(engine: RealEngine) -> None:
+    """A 256-token prompt: vLLM computes at least its last token, so kvtier promises the
+    whole chunks before it (192 tokens), never a part of a chunk it cannot deliver (an
+    asynchronous load that falls short fails the request, which would then be looked up and
+    fail again)."""
+    p = prompt(7, 4 * CHUNK)
+    cold, _ = engine.one(p, salt=cold_salt())
+    engine.one(p)  # stored
+    out, cached = engine.one(p)
+    assert cached == 3 * CHUNK
+    assert out == cold
+
+
 def test_a_failed_load_of_a_hybrid_model_recomputes_the_request(engine: RealEngine) -> None:
     """vLLM cannot take a per-block load failure from a model with several groups (it raises);
     kvtier reports the request as failed_recving, and vLLM recomputes it."""

@@ -5,6 +5,7 @@ vLLM's group order, each layer-major (docs/HYBRID.md). Used by kvtier.integratio
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,6 +49,19 @@ def load_tables(block_ids: list[list[int]], owned_blocks: int,
                   for i, b in enumerate(table)] for table, window in zip(block_ids, windows))
 
 
+def live_chunks(block_ids: list[list[int]], windows: list[int], first_chunk: int,
+                num_chunks: int, blocks_per_chunk: int) -> int:
+    """The first chunk from `first_chunk` on (else `num_chunks`) with a block of a
+    sliding-window group that is no longer the request's (vLLM's null block 0, or past the
+    table): a store stops before it."""
+    for c in range(first_chunk, num_chunks):
+        for table, window in zip(block_ids, windows):
+            blocks = table[c * blocks_per_chunk:(c + 1) * blocks_per_chunk]
+            if window and (len(blocks) < blocks_per_chunk or 0 in blocks):
+                return c
+    return num_chunks
+
+
 def namespace_spec(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
                    settings: _Settings, tp_rank: int) -> dict[str, Any]:
     """The open_namespace arguments (less salt and LoRA) from vLLM's KV cache config. Raises
@@ -85,11 +99,14 @@ def namespace_spec(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
                                   config.model if config is not None else "",
                                   getattr(config, "revision", None))
     if len(groups) > 1:
-        # Another grouping of the layers is another payload: never the same namespace.
+        # Another grouping of the layers is another payload: never the same namespace. The
+        # kinds, windows and sizes, then a digest of which layers each group has.
+        names = ";".join(",".join(g) for g in group_layer_names(kv_cache_config))
         model_id += "#kv-groups:" + ",".join(
             f"{get_kv_cache_spec_kind(g.kv_cache_spec).value}"
             f"{'@' + str(w) if w else ''}x{len(g.layer_names)}"
-            for g, w in zip(groups, sliding_windows(kv_cache_config)))
+            for g, w in zip(groups, sliding_windows(kv_cache_config))
+        ) + "/" + hashlib.sha256(names.encode()).hexdigest()[:16]
     args: dict[str, Any] = dict(model_id=model_id,
                                 num_layers=sum(len(g.layer_names) for g in groups),
                                 kv_dtype=kv_dtype, chunk_tokens=settings.chunk_tokens)

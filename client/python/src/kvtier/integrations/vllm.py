@@ -43,10 +43,10 @@ What runs where (the scheduler and each worker have their own ``kvtier.Client``)
 - scheduler, ``get_num_new_matched_tokens``: on a request's first call a prefetch (the
   daemon promotes its NVMe chunks into DRAM while the request waits), on a thread of its own:
   when the daemon has not answered within ``prefetch_wait_ms`` (its remote tier is slow to
-  say what it holds), the answer is None, and vLLM asks again at its next step; the hit is the cached
-  prefix, capped so that at least one prompt token is computed, aligned to vLLM's block
-  size. With one KV cache group, loads are synchronous within the forward pass (``False``):
-  they run layer by layer. With several (vLLM's hybrid allocator, which the connector supports:
+  say what it holds), the answer is None, and vLLM asks again at its next step; the hit is the
+  cached prefix in whole chunks (what a load delivers), short of the prompt's last token. With
+  one KV cache group, loads are synchronous within the forward pass (``False``): they run layer
+  by layer. With several (vLLM's hybrid allocator, which the connector supports:
   ``SupportsHMA``), a load is asynchronous (``True``): vLLM fails only whole requests of such
   models (``failed_recving``), so the worker copies the whole prefix in ``start_load_kv`` and
   reports it in ``get_transfer_results`` (docs/HYBRID.md).
@@ -142,6 +142,7 @@ import kvtier
 from kvtier.integrations._names import key_tokens, namespace_text
 from kvtier.integrations._vllm_groups import (
     group_layer_names,
+    live_chunks,
     load_tables,
     namespace_spec,
     paged_cache,
@@ -233,6 +234,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._engine_tokens: dict[str, int] = {}
         self._pending_loads: dict[str, tuple[int, int]] = {}
         self._async_loads_due: list[_LoadSpec] = []  # for the next build_connector_meta
+        self._failed_loads: set[str] = set()  # requests whose asynchronous load failed
         self._request_keys: dict[str, tuple[Optional[str], Optional[str], str]] = {}
         self._request_tokens: dict[str, list[int]] = {}  # kvtier's key ids (_names.key_tokens)
         self._lora_keys: dict[tuple[str, str], str] = {}  # (name, path) -> _lora_key
@@ -333,7 +335,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if self._events_enabled:
             self._event_requests[rid] = request
         ns = self._namespace(*self._request_keys[rid])
-        if ns is None:
+        if ns is None or rid in self._failed_loads:  # a failed load is not tried again
             return 0, False
         if rid not in self._tickets:
             ticket = self._prefetcher.ask(rid, ns, tokens, _request_tag(rid))
@@ -345,8 +347,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             cached = ticket.total_chunks * self._chunk
         else:
             cached = self._client.lookup(ns, tokens, request_id=_request_tag(rid)).cached_tokens
+        # At least one prompt token is computed, and a load delivers whole chunks only.
         limit = (max(len(tokens) - 1, 0) // self._block_size) * self._block_size
-        external = max(0, min(cached, limit) - num_computed_tokens)
+        external = max(0, min(cached, limit) // self._chunk * self._chunk - num_computed_tokens)
         self._engine_tokens[rid] = num_computed_tokens
         return external, self._async_loads and external > 0
 
@@ -494,6 +497,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _forget(self, rid: str) -> None:
         self._tickets.pop(rid, None)
+        self._failed_loads.discard(rid)
         self._prefetcher.forget(rid)
         self._engine_tokens.pop(rid, None)
         self._pending_loads.pop(rid, None)
@@ -505,7 +509,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         """Keeps the step's KV cache events that every worker reported (vLLM's executor merged
         one KvtierKVEvents per worker into connector_output.kv_cache_events). Counted per
-        output, not across outputs: two ranks' reports of different steps are not a quorum."""
+        output, not across outputs: two ranks' reports of different steps are not a quorum.
+        Remembers the requests whose asynchronous load failed, so they are not loaded again."""
+        self._failed_loads |= connector_output.failed_recving
         events = connector_output.kv_cache_events
         if not self._events_enabled or not isinstance(events, KvtierKVEvents):
             return
@@ -605,7 +611,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             elif delivered < spec.promised_tokens:
                 # The prefix shrank since the scheduler counted it: recompute the rest.
                 good = max(delivered, spec.engine_tokens)
-                lost = self._block_range(spec.block_ids[0], good, spec.promised_tokens)
+                lost = self._block_range(spec.block_ids[0], good, spec.promised_tokens) - (
+                    {0} if self._windows[0] else set())  # a window's null block is no one's
                 self._load_errors |= lost
                 self._stats.data["load_error_blocks"] += len(lost)
                 self._mark_bad(spec.req_id, good)
@@ -662,10 +669,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         ns = self._namespace(spec.cache_salt, spec.lora_key, spec.generation)
         if ns is None:
             return
-        bad_from = self._bad_from.get(spec.req_id)
-        if bad_from is not None:
-            # Only the chunks before the first block whose load failed (see _bad_from).
-            good_chunks = bad_from // self._chunk
+        # Only the chunks before the first block whose load failed (see _bad_from), and before
+        # the first with a sliding-window block already let go (never a null block's bytes).
+        bad_from = self._bad_from.get(spec.req_id, len(spec.token_ids))
+        good_chunks = min(bad_from // self._chunk, live_chunks(
+            spec.block_ids, self._windows, spec.first_chunk, len(spec.token_ids) // self._chunk,
+            self._chunk // self._block_size))
+        if good_chunks < len(spec.token_ids) // self._chunk:
             self._stats.data["unsafe_chunks"] += max(
                 0, len(spec.token_ids) // self._chunk - max(good_chunks, spec.first_chunk))
             if good_chunks <= spec.first_chunk:

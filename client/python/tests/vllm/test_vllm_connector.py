@@ -503,7 +503,7 @@ def test_kv_events_a_store_after_a_partial_hit_announces_the_loaded_chunks_too(
 
 def test_kv_events_relay_kvtierds_evictions_of_announced_chunks_as_block_removed(
         model_dir: str, engines: list[Engine], tmp_path: Path) -> None:
-    """kvtier_events names kvtierd's own events endpoint: the scheduler relays the DRAM
+    """kvtierd_events names kvtierd's own events endpoint: the scheduler relays the DRAM
     removals of the chunks it announced, with vLLM's block hashes, and nothing of chunks it
     never announced (another client's)."""
     endpoint = f"ipc://{tmp_path}/events"

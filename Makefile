@@ -23,8 +23,9 @@ build: deps $(BUILD_DIR)/CMakeCache.txt
 
 # make test builds and runs every test once: the Python suites and the install checks (labels
 # python and install) in the release build, against the programs users run; every C++ suite in
-# the ASan + UBSan build; CacheCore, the client and the integration suites again under TSan;
-# each fuzz target briefly. test-release runs every test of the release build (make build).
+# the ASan + UBSan build, then each fuzz target briefly in that same build; CacheCore, the client
+# and the integration suites again under TSan. test-release runs every test of the release build
+# (make build).
 # RELEASE_ONLY: the C++ tests that skip under the sanitizers (a capped address space, an RSS
 # bound), run in the release build too.
 RELEASE_ONLY = ^(CacheCoreNvmeOutOfMemory\.|WritePipelinedTest\.WithoutAHelperThread|LoadTest\.)
@@ -33,15 +34,15 @@ test: deps-engines $(BUILD_DIR)/CMakeCache.txt
 	  daemon_cache_core_nvme_test tiers_write_pipeline_test load_test
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS) -L '^(python|install)$$'
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -R '$(RELEASE_ONLY)'
-	@$(MAKE) --no-print-directory fuzz-smoke
 	@$(MAKE) --no-print-directory test-asan
 	@$(MAKE) --no-print-directory test-tsan
 
 test-release: build deps-engines
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS)
 
-# libFuzzer targets (tests/fuzz; clang, ASan + UBSan) in build-fuzz/: `make fuzz` runs each
-# FUZZ_RUNS times (default 1,000,000); fuzz-smoke, part of `make test`, each briefly.
+# libFuzzer targets (tests/fuzz; clang, ASan + UBSan) in build-fuzz/, coverage in every file:
+# `make fuzz` runs each FUZZ_RUNS times (default 1,000,000), fuzz-smoke each briefly. (make test
+# runs them briefly in build-asan instead, which saves a third clang build.)
 fuzz: deps
 	@JOBS=$(JOBS) bash tests/fuzz/run.sh long
 
@@ -49,8 +50,8 @@ fuzz-smoke: deps
 	@JOBS=$(JOBS) bash tests/fuzz/run.sh smoke
 
 # Sanitizer builds in build-asan / build-tsan (tools/sanitizers/test.sh; no Python tests):
-# ASan + UBSan (clang) over every C++ test, TSan (g++) over CacheCore, the client and the
-# integration tests. Both are part of `make test`.
+# ASan + UBSan (clang) over every C++ test, then the fuzz targets briefly; TSan (g++) over
+# CacheCore, the client and the integration tests. Both are part of `make test`.
 test-asan: deps
 	@bash tools/sanitizers/test.sh address build-asan $(JOBS)
 

@@ -2,11 +2,13 @@
 # Builds the libFuzzer targets (clang, ASan + UBSan; tests/fuzz/CMakeLists.txt) and runs them.
 #
 #   tests/fuzz/run.sh smoke [TARGET...]   each target over its seed corpus, then briefly
-#                                         (make fuzz-smoke; part of make test)
+#                                         (make fuzz-smoke; make test runs it in the ASan tree,
+#                                         FUZZ_BUILD_DIR=build-asan, from tools/sanitizers/test.sh)
 #   tests/fuzz/run.sh long  [TARGET...]   each target FUZZ_RUNS times (make fuzz)
 #   tests/fuzz/run.sh build               only build them
 #
-# Environment: FUZZ_BUILD_DIR (default build-fuzz), JOBS (build jobs, default nproc),
+# Environment: FUZZ_BUILD_DIR (default build-fuzz, configured here when absent; an existing
+# clang ASan tree, configured by tools/sanitizers/test.sh, has the targets too), JOBS (build jobs, default nproc),
 # FUZZ_RUNS (long: runs per target, default 1000000), FUZZ_SMOKE_RUNS and FUZZ_SMOKE_SECONDS
 # (smoke: runs per target after the seed corpus, default 10000, at most this many seconds,
 # default 30). Seeds come from tests/fuzz/corpus/<target>/ and stay untouched; new inputs go

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # make test-asan / make test-tsan: builds kvtier with sanitizers into its own build folder and
 # runs the tests there, with the run-time options below (children such as kvtierd inherit them).
-#   tools/sanitizers/test.sh address [BUILD_DIR] [JOBS]   ASan + UBSan (clang): every C++ test
+#   tools/sanitizers/test.sh address [BUILD_DIR] [JOBS]   ASan + UBSan (clang): every C++ test,
+#                                                          then each libFuzzer target briefly
+#                                                          (tests/fuzz/run.sh smoke, same tree)
 #   tools/sanitizers/test.sh thread  [BUILD_DIR] [JOBS]   TSan (g++): CacheCore, WritePipelined,
 #                                                          client, integration (builds only
 #                                                          the programs these run)
@@ -98,6 +100,13 @@ status=0
 ctest --output-on-failure --timeout 900 -j "$jobs" "${ctest_args[@]}" || status=$?
 if [ "$kind" = thread ]; then
   ctest --output-on-failure --timeout 900 -j "$jobs" -R '^(CacheCore|WritePipelinedTest)' || status=$?
+fi
+cd - >/dev/null
+if [ "$kind" = address ]; then
+  # The fuzz targets were built above with everything else. The fuzzers run with the sanitizers'
+  # default options, as in their own build (libFuzzer bounds memory itself: -rss_limit_mb).
+  env -u ASAN_OPTIONS -u UBSAN_OPTIONS FUZZ_BUILD_DIR="$build" JOBS="$jobs" \
+    bash tests/fuzz/run.sh smoke || status=$?
 fi
 end=$(date +%s)
 echo "test.sh $kind: build $((built - start)) s, tests $((end - built)) s, total $((end - start)) s"

@@ -6,6 +6,7 @@ KV cache events the scheduler publishes for what the workers stored."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import time
@@ -29,6 +30,7 @@ from vllm.v1.request import Request
 
 import kvtier
 from engine_harness import BLOCK_SIZE, LAYER_NAMES, Engine
+from kvtier.integrations import _vllm_removals
 from kvtier.integrations._vllm_groups import namespace_spec
 from kvtier.integrations._vllm_plan import _LoadSpec, _Settings
 from kvtier.integrations.vllm import KvtierConnector, KvtierConnectorMetadata, KvtierKVEvents
@@ -531,6 +533,39 @@ def test_kv_events_relay_kvtierds_evictions_of_announced_chunks_as_block_removed
         assert {(e.medium, e.group_idx) for e in removed} == {("CPU", 0)}
     with pytest.raises(ValueError, match="kvtierd_events 'tcp:/nowhere' is not a ZMQ endpoint"):
         make(engines, model_dir, daemon, kv_events=True, extra={"kvtierd_events": "tcp:/nowhere"})
+
+
+def test_kv_events_relay_warns_once_when_its_endpoint_stays_silent(
+        kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """kvtierd_events naming an address where no kvtierd publishes (a typo, another port) is
+    no error, as kvtierd may start later; once chunks were stored and nothing came for
+    QUIET_WARN_S, the relay says so, once, naming the address."""
+    monkeypatch.setattr(_vllm_removals, "QUIET_WARN_S", 0.3)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    log = logging.getLogger("vllm.kvtier_connector")
+    log.addHandler(handler)
+    try:
+        endpoint = f"ipc://{tmp_path}/nobody"  # kvtierd here publishes no events
+        a = make(engines, model_dir, kvtierd, kv_events=True, extra={"kvtierd_events": endpoint})
+        scheduler_connector(a).take_events()
+        time.sleep(0.5)
+        scheduler_connector(a).take_events()
+        assert not records, "warned before any chunk was stored"
+        a.add("a", prompt(29, 2 * CHUNK + 5))
+        assert stored(a.step().published, "CPU")
+        scheduler_connector(a).take_events()
+        assert not records, "warned before QUIET_WARN_S"
+        time.sleep(0.5)
+        for _ in range(3):
+            scheduler_connector(a).take_events()
+        warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and endpoint in warnings[0] and "--events-address" in \
+            warnings[0], warnings
+    finally:
+        log.removeHandler(handler)
 
 
 def test_kv_events_disabled_record_nothing(

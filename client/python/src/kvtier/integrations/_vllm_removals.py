@@ -7,6 +7,7 @@ Used by kvtier.integrations.vllm."""
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from typing import Optional
 
@@ -22,6 +23,9 @@ logger = init_logger("vllm.kvtier_connector")
 # forgotten first, and their evictions are then not relayed (a router keeps a stale entry: a
 # miss, not a wrong byte).
 MAX_CHUNKS = 1_000_000
+# Seconds after the first store announced with no message at all from the endpoint before the
+# relay warns (once) that it may name the wrong thing: kvtierd publishes each chunk it stores.
+QUIET_WARN_S = 30.0
 
 
 class _RemovalRelay:
@@ -29,8 +33,12 @@ class _RemovalRelay:
     (``take_events``), and the block hashes of the chunks announced."""
 
     def __init__(self, endpoint: str, groups: int, max_chunks: int = MAX_CHUNKS) -> None:
+        self._endpoint = endpoint
         self._groups = groups
         self._max = max_chunks
+        self._first_store: Optional[float] = None  # time.monotonic() of the first remember
+        self._heard = False  # a message came from the endpoint
+        self._warned = False
         self._chunks: OrderedDict[bytes, list[ExternalBlockHash]] = OrderedDict()
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(zmq.SUB)
@@ -50,6 +58,8 @@ class _RemovalRelay:
         of blocks each)."""
         if not chunk_keys:
             return
+        if self._first_store is None:
+            self._first_store = time.monotonic()
         per_chunk = len(block_hashes) // len(chunk_keys)
         for i, key in enumerate(chunk_keys):
             self._chunks[key] = list(block_hashes[i * per_chunk:(i + 1) * per_chunk])
@@ -66,11 +76,24 @@ class _RemovalRelay:
             try:
                 frames = self._socket.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
+                self._warn_if_quiet()
                 return removed
+            self._heard = True
             hashes = self._removed_hashes(frames)
             if hashes:
                 removed.extend(BlockRemoved(block_hashes=hashes, medium=MEDIUM_CPU, group_idx=g,
                                             locality="LOCAL") for g in range(self._groups))
+
+    def _warn_if_quiet(self) -> None:
+        if self._heard or self._warned or self._first_store is None:
+            return
+        if time.monotonic() - self._first_store < QUIET_WARN_S:
+            return
+        self._warned = True
+        logger.warning("kvtier: nothing came from kvtierd_events %r in %.0f s although chunks "
+                       "were stored, so kvtierd's evictions are not relayed as BlockRemoved: "
+                       "is it the address kvtierd was started with (--events-address), "
+                       "reachable from here?", self._endpoint, QUIET_WARN_S)
 
     def _removed_hashes(self, frames: list[bytes]) -> list[ExternalBlockHash]:
         try:

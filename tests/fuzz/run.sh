@@ -7,8 +7,9 @@
 #   tests/fuzz/run.sh long  [TARGET...]   each target FUZZ_RUNS times (make fuzz)
 #   tests/fuzz/run.sh build               only build them
 #
-# Environment: FUZZ_BUILD_DIR (default build-fuzz, configured here when absent; an existing
-# clang ASan tree, configured by tools/sanitizers/test.sh, has the targets too), JOBS (build jobs, default nproc),
+# Environment: FUZZ_JOBS (targets run at once; smoke: JOBS, long: 1), FUZZ_BUILD_DIR (default
+# build-fuzz, configured here when absent; an existing clang ASan tree, configured by
+# tools/sanitizers/test.sh, has the targets too), JOBS (build jobs, default nproc),
 # FUZZ_RUNS (long: runs per target, default 1000000), FUZZ_SMOKE_RUNS and FUZZ_SMOKE_SECONDS
 # (smoke: runs per target after the seed corpus, default 10000, at most this many seconds,
 # default 30). Seeds come from tests/fuzz/corpus/<target>/ and stay untouched; new inputs go
@@ -51,10 +52,10 @@ fi
 mkdir -p "$BUILD/artifacts" "$BUILD/logs"
 report="$BUILD/report.txt"
 echo "# $(date -u +%FT%TZ) $mode, $(git rev-parse --short HEAD 2>/dev/null || echo '?')" >>"$report"
-failed=()
-for t in "${targets[@]}"; do
+# One target: its log in logs/<target>.<mode>.log, its report line in logs/<target>.<mode>.line.
+fuzz_one() {
+  local t="$1" seeds work args seed_count log start status runs rate line
   seeds="tests/fuzz/corpus/${t%_nvme}"  # fuzz_cache_core_nvme reads fuzz_cache_core's inputs
-  [ -d "$seeds" ] || { echo "fuzz: $seeds is missing (every target has seeds)" >&2; exit 1; }
   work="$BUILD/corpus/$t"
   mkdir -p "$work"
   args=(-timeout=60 -rss_limit_mb=4096 -print_final_stats=1 "-artifact_prefix=$BUILD/artifacts/$t-")
@@ -77,8 +78,31 @@ for t in "${targets[@]}"; do
   line="$t: ${runs:-?} runs in $((SECONDS - start)) s (${rate:-?} exec/s)"
   if [ "$status" -ne 0 ]; then
     line+=" FAILED (exit $status): $(grep -m1 -E 'Test unit written to' "$log" || echo "see $log")"
+  fi
+  echo "$line" >"$BUILD/logs/$t.$mode.line"
+  return "$status"
+}
+
+for t in "${targets[@]}"; do
+  [ -d "tests/fuzz/corpus/${t%_nvme}" ] || {
+    echo "fuzz: tests/fuzz/corpus/${t%_nvme} is missing (every target has seeds)" >&2; exit 1; }
+done
+# FUZZ_JOBS targets at once: smoke, JOBS (each fuzzer is one process on one core); long, 1.
+if [ "$mode" = smoke ]; then parallel="${FUZZ_JOBS:-$JOBS}"; else parallel="${FUZZ_JOBS:-1}"; fi
+rm -f "$BUILD"/logs/*."$mode".line
+running=0
+for t in "${targets[@]}"; do
+  if [ "$running" -ge "$parallel" ]; then wait -n || true; running=$((running - 1)); fi
+  fuzz_one "$t" &
+  running=$((running + 1))
+done
+wait || true
+failed=()
+for t in "${targets[@]}"; do
+  line=$(cat "$BUILD/logs/$t.$mode.line" 2>/dev/null || echo "$t: no result (see $BUILD/logs)")
+  if [[ "$line" != *" runs in "* || "$line" == *FAILED* ]]; then
     failed+=("$t")
-    grep -m5 -E 'FUZZ_CHECK|ERROR:|SUMMARY' "$log" >&2 || true
+    grep -m5 -E 'FUZZ_CHECK|ERROR:|SUMMARY' "$BUILD/logs/$t.$mode.log" >&2 || true
   fi
   echo "fuzz: $line"
   echo "$line" >>"$report"

@@ -19,6 +19,26 @@ Status FromGpu(const gpu::GpuStatus& st, const std::string& what) {
   }
 }
 
+Result<std::vector<uint32_t>> KvCacheGroups(const PagedKvCache& cache) {
+  if (cache.group_layers.empty()) {
+    return std::vector<uint32_t>{static_cast<uint32_t>(cache.layers.size())};
+  }
+  uint64_t grouped = 0;
+  for (size_t g = 0; g < cache.group_layers.size(); ++g) {
+    if (cache.group_layers[g] == 0) {
+      return Status::InvalidArgument("cache.group_layers[" + std::to_string(g) +
+                                     "] is 0: every group needs a layer");
+    }
+    grouped += cache.group_layers[g];
+  }
+  if (grouped != cache.layers.size()) {
+    return Status::InvalidArgument("cache.group_layers add up to " + std::to_string(grouped) +
+                                   " layers; cache.layers holds " +
+                                   std::to_string(cache.layers.size()));
+  }
+  return cache.group_layers;
+}
+
 namespace {
 
 // `options`, borrowing device buffers from `arena` unless they name a cache.
@@ -32,20 +52,9 @@ gpu::KvTransferOptions WithScratch(gpu::KvTransferOptions options, GpuArena& are
 Status CheckCache(const PagedKvCache& cache, const NamespaceHandle& ns, gpu::KvLayout* layout,
                   std::vector<uint32_t>* groups) {
   KVTIER_RETURN_IF_ERROR(FromGpu(gpu::KvLayout::Create(cache.layout, layout), "cache.layout"));
-  *groups = cache.group_layers;
-  if (groups->empty()) groups->push_back(static_cast<uint32_t>(cache.layers.size()));
-  uint64_t grouped = 0;
-  for (size_t g = 0; g < groups->size(); ++g) {
-    if ((*groups)[g] == 0) {
-      return Status::InvalidArgument("cache.group_layers[" + std::to_string(g) + "] is 0");
-    }
-    grouped += (*groups)[g];
-  }
-  if (grouped != cache.layers.size()) {
-    return Status::InvalidArgument("cache.group_layers add up to " + std::to_string(grouped) +
-                                   " layers; cache.layers holds " +
-                                   std::to_string(cache.layers.size()));
-  }
+  auto grouped = KvCacheGroups(cache);
+  if (!grouped.ok()) return grouped.status();
+  *groups = std::move(grouped).value();
   const uint32_t ct = ns.spec.chunk_tokens;
   if (cache.layers.size() != ns.spec.num_layers) {
     return Status::InvalidArgument("cache.layers holds " + std::to_string(cache.layers.size()) +

@@ -57,6 +57,11 @@ struct PagedKvCache {
   std::vector<uint32_t> group_layers = {};
 };
 
+// The layers of each KV cache group of `cache`, in group order: group_layers, or one
+// group of every layer when it is empty. InvalidArgument when a group has 0 layers or
+// the groups do not add up to cache.layers.size().
+Result<std::vector<uint32_t>> KvCacheGroups(const PagedKvCache& cache);
+
 // One engine block table per KV cache group of a PagedKvCache, in group order.
 using BlockTables = std::span<const std::vector<int32_t>>;
 

@@ -176,20 +176,9 @@ std::unique_ptr<PyPagedKvCache> MakeCache(const std::string& kind_name, nb::list
   }
   out->cache.layout = SpecFrom(kind, *first, page_size);
   if (group_layers) {
-    uint64_t grouped = 0;
-    for (size_t g = 0; g < group_layers->size(); ++g) {
-      if ((*group_layers)[g] == 0) {
-        throw StatusError(Status::InvalidArgument("group_layers[" + std::to_string(g) +
-                                                  "] is 0: every group needs a layer"));
-      }
-      grouped += (*group_layers)[g];
-    }
-    if (grouped != layers.size()) {
-      throw StatusError(Status::InvalidArgument(
-          "group_layers must add up to the " + std::to_string(layers.size()) +
-          " layers; they add up to " + std::to_string(grouped)));
-    }
     out->cache.group_layers = *group_layers;
+    auto groups = KvCacheGroups(out->cache);
+    if (!groups.ok()) throw StatusError(groups.status());
   }
   out->device_type = first->device_type;
   out->device_id = first->device_id;

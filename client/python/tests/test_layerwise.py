@@ -180,7 +180,7 @@ def test_kv_cache_groups_each_move_through_their_own_block_table(kvtierd: Kvtier
         written = set(dst_tables[1][per_chunk:])
         assert not any(dst[layer][sorted(set(range(BLOCKS)) - written)].any() for layer in (1, 2))
 
-        with pytest.raises(kvtier.InvalidArgument, match="add up to the 3 layers"):
+        with pytest.raises(kvtier.InvalidArgument, match="add up to 2 layers; cache.layers holds 3"):
             kvtier.PagedKvCache("vllm_bhnc", src, group_layers=[1, 1])
         with pytest.raises(kvtier.InvalidArgument, match=r"group_layers\[0\] is 0"):
             kvtier.PagedKvCache("vllm_bhnc", src, group_layers=[0, 3])

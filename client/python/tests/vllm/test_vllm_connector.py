@@ -84,6 +84,24 @@ def test_second_engine_loads_what_the_first_stored_bit_exact(
     assert b.kv_matches("b", tokens, range(len(tokens)))  # loaded and computed, bit for bit
 
 
+def test_a_request_whose_asynchronous_load_failed_is_not_loaded_again(
+        kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine]) -> None:
+    """vLLM recomputes a request its connector reported in failed_recving, asking the connector
+    for its hit again: a second load of the same prefix could fail the same way, forever (a
+    hybrid engine once looped so 349,000 times in 30 s). Other requests for that prefix still
+    hit, and the request's id is forgotten when it finishes."""
+    tokens = prompt(31, 3 * CHUNK + 5)
+    a = make(engines, model_dir, kvtierd)
+    a.add("a", tokens)
+    a.step()
+    b = make(engines, model_dir, kvtierd)
+    assert b.matched(b.request("x", tokens)) == 3 * CHUNK
+    scheduler_connector(b).update_connector_output(KVConnectorOutput(failed_recving={"y"}))
+    assert b.matched(b.request("y", tokens)) == 0
+    assert b.matched(b.request("z", tokens)) == 3 * CHUNK
+    assert b.matched(b.request("y", tokens)) == 3 * CHUNK  # a new request under the old id
+
+
 def test_the_daemon_counts_an_engine_request_once_and_only_what_it_served(
         kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine]) -> None:
     tokens = prompt(41, 3 * CHUNK + 10)

@@ -553,35 +553,51 @@ def test_kv_events_relay_kvtierds_evictions_of_announced_chunks_as_block_removed
         make(engines, model_dir, daemon, kv_events=True, extra={"kvtierd_events": "tcp:/nowhere"})
 
 
-def test_kv_events_relay_warns_once_when_its_endpoint_stays_silent(
+def test_kv_events_relay_warns_once_when_nothing_listens_at_its_endpoint(
         kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """kvtierd_events naming an address where no kvtierd publishes (a typo, another port) is
-    no error, as kvtierd may start later; once chunks were stored and nothing came for
-    QUIET_WARN_S, the relay says so, once, naming the address."""
-    monkeypatch.setattr(_vllm_removals, "QUIET_WARN_S", 0.3)
+    """kvtierd_events naming an address where nothing listens (a typo, another port) is no
+    error, as kvtierd may start later; after QUIET_WARN_S the relay says so, once, naming the
+    address. A kvtierd that listens but publishes nothing (the engine's stores are of chunks it
+    holds already) gets no warning; kvtierd_events with vLLM's KV events off gets one."""
+    monkeypatch.setattr(_vllm_removals, "QUIET_WARN_S", 0.5)
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
     log = logging.getLogger("vllm.kvtier_connector")
     log.addHandler(handler)
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in records if r.levelno == logging.WARNING]
+
     try:
-        endpoint = f"ipc://{tmp_path}/nobody"  # kvtierd here publishes no events
-        a = make(engines, model_dir, kvtierd, kv_events=True, extra={"kvtierd_events": endpoint})
+        nobody = f"ipc://{tmp_path}/nobody"
+        a = make(engines, model_dir, kvtierd, kv_events=True, extra={"kvtierd_events": nobody})
         scheduler_connector(a).take_events()
-        time.sleep(0.5)
-        scheduler_connector(a).take_events()
-        assert not records, "warned before any chunk was stored"
-        a.add("a", prompt(29, 2 * CHUNK + 5))
-        assert stored(a.step().published, "CPU")
-        scheduler_connector(a).take_events()
-        assert not records, "warned before QUIET_WARN_S"
-        time.sleep(0.5)
+        assert not warnings(), "warned before QUIET_WARN_S"
+        time.sleep(0.7)
         for _ in range(3):
             scheduler_connector(a).take_events()
-        warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
-        assert len(warnings) == 1 and endpoint in warnings[0] and "--events-address" in \
-            warnings[0], warnings
+        [warned] = warnings()
+        assert nobody in warned and "--events-address" in warned, warned
+        records.clear()
+
+        endpoint = f"ipc://{tmp_path}/events"
+        tokens = prompt(29, 2 * CHUNK + 5)
+        with KvtierdProcess(extra_args=["--events-address", endpoint]) as daemon:
+            make(engines, model_dir, daemon).add("first", tokens)
+            engines[-1].step()  # kvtierd holds the prefix before the relay below connects
+            b = make(engines, model_dir, daemon, kv_events=True,
+                     extra={"kvtierd_events": endpoint})
+            b.add("b", tokens)
+            assert b.step().computed["b"] == (2 * CHUNK, len(tokens))
+            time.sleep(0.7)
+            for _ in range(3):
+                scheduler_connector(b).take_events()
+            assert not warnings(), "warned though kvtierd listens at the address"
+            make(engines, model_dir, daemon, kv_events=False, extra={"kvtierd_events": endpoint})
+            [warned] = warnings()
+            assert "KV cache events are off" in warned, warned
     finally:
         log.removeHandler(handler)
 

@@ -13,6 +13,7 @@ from typing import Optional
 
 import msgspec
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 from vllm.distributed.kv_events import MEDIUM_CPU, BlockRemoved
 from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_utils import ExternalBlockHash
@@ -23,8 +24,10 @@ logger = init_logger("vllm.kvtier_connector")
 # forgotten first, and their evictions are then not relayed (a router keeps a stale entry: a
 # miss, not a wrong byte).
 MAX_CHUNKS = 1_000_000
-# Seconds after the first store announced with no message at all from the endpoint before the
-# relay warns (once) that it may name the wrong thing: kvtierd publishes each chunk it stores.
+# Seconds the SUB socket may go without connecting to anything at the endpoint before the relay
+# warns (once) that nothing listens there. ZMQ connects lazily and retries, so a kvtierd that
+# starts later is no error; its events are (a store of a chunk kvtierd holds publishes none,
+# so silence alone says nothing).
 QUIET_WARN_S = 30.0
 
 
@@ -36,21 +39,23 @@ class _RemovalRelay:
         self._endpoint = endpoint
         self._groups = groups
         self._max = max_chunks
-        self._first_store: Optional[float] = None  # time.monotonic() of the first remember
-        self._heard = False  # a message came from the endpoint
-        self._warned = False
         self._chunks: OrderedDict[bytes, list[ExternalBlockHash]] = OrderedDict()
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(zmq.SUB)
         self._socket.setsockopt(zmq.SUBSCRIBE, b"")
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED)
         try:
             self._socket.connect(endpoint)
         except zmq.ZMQError as e:
-            self._socket.close(linger=0)
+            self.close()
             raise ValueError(f"kvtier: kvtierd_events {endpoint!r} is not a ZMQ endpoint "
                              f"(kvtierd's --events-address, e.g. tcp://127.0.0.1:5557): {e}"
                              ) from e
+        self._started = time.monotonic()
+        self._connected = False  # the SUB socket reached a listener at the endpoint
+        self._warned_unconnected = False
+        self._warned_undecodable = False
         self._decoder = msgspec.msgpack.Decoder()
 
     def remember(self, chunk_keys: list[bytes], block_hashes: list[ExternalBlockHash]) -> None:
@@ -58,8 +63,6 @@ class _RemovalRelay:
         of blocks each)."""
         if not chunk_keys:
             return
-        if self._first_store is None:
-            self._first_store = time.monotonic()
         per_chunk = len(block_hashes) // len(chunk_keys)
         for i, key in enumerate(chunk_keys):
             self._chunks[key] = list(block_hashes[i * per_chunk:(i + 1) * per_chunk])
@@ -76,24 +79,30 @@ class _RemovalRelay:
             try:
                 frames = self._socket.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
-                self._warn_if_quiet()
+                self._warn_if_unconnected()
                 return removed
-            self._heard = True
             hashes = self._removed_hashes(frames)
             if hashes:
                 removed.extend(BlockRemoved(block_hashes=hashes, medium=MEDIUM_CPU, group_idx=g,
                                             locality="LOCAL") for g in range(self._groups))
 
-    def _warn_if_quiet(self) -> None:
-        if self._heard or self._warned or self._first_store is None:
+    def _warn_if_unconnected(self) -> None:
+        if self._connected or self._warned_unconnected:
             return
-        if time.monotonic() - self._first_store < QUIET_WARN_S:
-            return
-        self._warned = True
-        logger.warning("kvtier: nothing came from kvtierd_events %r in %.0f s although chunks "
-                       "were stored, so kvtierd's evictions are not relayed as BlockRemoved: "
-                       "is it the address kvtierd was started with (--events-address), "
-                       "reachable from here?", self._endpoint, QUIET_WARN_S)
+        while True:
+            try:
+                event = parse_monitor_message(self._monitor.recv_multipart(flags=zmq.NOBLOCK))
+            except zmq.Again:
+                break
+            if event["event"] == zmq.EVENT_CONNECTED:
+                self._connected = True
+                return
+        if time.monotonic() - self._started >= QUIET_WARN_S:
+            self._warned_unconnected = True
+            logger.warning("kvtier: nothing listens at kvtierd_events %r after %.0f s, so "
+                           "kvtierd's evictions are not relayed as BlockRemoved: is it the "
+                           "address kvtierd was started with (--events-address), reachable "
+                           "from here?", self._endpoint, QUIET_WARN_S)
 
     def _removed_hashes(self, frames: list[bytes]) -> list[ExternalBlockHash]:
         try:
@@ -108,15 +117,28 @@ class _RemovalRelay:
                         out.extend(self._chunks.pop(bytes(key), []))
             return out
         except (msgspec.DecodeError, ValueError, TypeError, AttributeError) as err:
-            logger.warning("kvtier: a message on kvtierd's events endpoint is not a KV event "
-                           "batch (%s); skipped", err)
+            # Once, not every step: a publisher that is not kvtierd (vLLM's own events on the
+            # same port, say) sends nothing else.
+            log = logger.debug if self._warned_undecodable else logger.warning
+            self._warned_undecodable = True
+            log("kvtier: a message on kvtierd_events %r is not a kvtierd KV event batch (%s); "
+                "skipped (is another publisher at that address?)", self._endpoint, err)
             return []
 
     def close(self) -> None:
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
         self._socket.close(linger=0)
 
 
-def removal_relay(endpoint: str, groups: int) -> Optional[_RemovalRelay]:
-    """The relay of kvtierd's events at `endpoint`, or None when it is empty."""
-    return _RemovalRelay(endpoint, groups) if endpoint else None
-
+def removal_relay(endpoint: str, groups: int, events_enabled: bool) -> Optional[_RemovalRelay]:
+    """The relay of kvtierd's events at `endpoint`, or None when it is empty or vLLM's KV cache
+    events are off (then with a warning: there is no stream to relay into)."""
+    if not endpoint:
+        return None
+    if not events_enabled:
+        logger.warning("kvtier: kvtierd_events is set but vLLM's KV cache events are off "
+                       "(--kv-events-config with enable_kv_cache_events): no evictions are "
+                       "relayed")
+        return None
+    return _RemovalRelay(endpoint, groups)

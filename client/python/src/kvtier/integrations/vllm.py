@@ -247,8 +247,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                               get_kv_cache_spec_sliding_window(g.kv_cache_spec))
                              for g in kv_cache_config.kv_cache_groups]
         self._published: list[KVCacheEvent] = []
-        self._relay = (removal_relay(self._settings.kvtierd_events, len(self._windows))
-                       if self._events_enabled and role == KVConnectorRole.SCHEDULER else None)
+        self._relay = (removal_relay(self._settings.kvtierd_events, len(self._windows),
+                                     self._events_enabled)
+                       if role == KVConnectorRole.SCHEDULER else None)
         # Worker side.
         self._runtime: Optional[kvtier.Runtime] = None
         self._arena: Optional[kvtier.GpuArena] = None

@@ -153,7 +153,7 @@ def test_chunks_lost_between_lookup_and_load_are_never_stored_wrong(
     engine_a.one(p)  # stored
     # Other requests' KV in the engine's blocks: the stale data a failed load leaves there.
     engine_a.generate([{"prompt": prompt(6, 300), "max_tokens": 4}])
-    assert engine_a.call({"op": "evict_before_next_load", "wait_s": 2.2})["armed"]
+    assert engine_a.call({"op": "evict_before_next_load", "wait_s": 3.0})["armed"]
     faulty = engine_a.generate([{"prompt": p, "max_tokens": 12}])
     assert faulty["fault"]["evicted"] > 0, "the fault did not run"
     assert faulty["outputs"][0]["tokens"] == cold  # vLLM recomputed the lost blocks

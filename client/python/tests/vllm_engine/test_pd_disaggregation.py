@@ -102,13 +102,12 @@ def test_the_decode_engine_loads_the_prefills_kv_and_answers_as_one_engine(
     assert cached == (300 // CHUNK) * CHUNK, "the decode engine computed more than the last " \
         "partial chunk"
     assert out == single
-    # D served the 4 chunks, read from the store (D itself stores nothing): they count as
-    # remote hits whether the worker took the scheduler's prefetch over while it was still
-    # promoting or after it had finished.
+    # D served the 4 chunks, read from the store (D itself stores nothing). Which tier's hits
+    # count them depends on timing: the scheduler's prefetch, when its worker takes it over
+    # still promoting, leaves the chunks it read in DRAM, and they count as DRAM hits then.
     after = tier(rig["d"], "remote")
     assert rig["d"].admin().stats()["hit_tokens"] - d_hit_tokens == (300 // CHUNK) * CHUNK
     assert after["read_bytes"] - d_remote["read_bytes"] >= 4 * PAYLOAD_BYTES, after
-    assert after["hits"] - d_remote["hits"] == 4, (d_remote, after)
     # Wrong KV would show: the same prompt with one early token changed answers otherwise.
     changed = list(p)
     changed[5] = (changed[5] + 1) % 2048

@@ -103,8 +103,9 @@ def test_the_decode_engine_loads_the_prefills_kv_and_answers_as_one_engine(
         "partial chunk"
     assert out == single
     # D served the 4 chunks, read from the store (D itself stores nothing). Which tier's hits
-    # count them depends on timing: the scheduler's prefetch, when its worker takes it over
-    # still promoting, leaves the chunks it read in DRAM, and they count as DRAM hits then.
+    # count them still depends on timing: the scheduler's prefetch promotes them into D's DRAM,
+    # and the worker's load has counted them as remote hits in some runs and as DRAM hits in
+    # others (0 remote hits at 2c6c745), so only the bytes read are checked.
     after = tier(rig["d"], "remote")
     assert rig["d"].admin().stats()["hit_tokens"] - d_hit_tokens == (300 // CHUNK) * CHUNK
     assert after["read_bytes"] - d_remote["read_bytes"] >= 4 * PAYLOAD_BYTES, after

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -20,3 +21,12 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     from engine_harness import write_tiny_model
     return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture
+def engines(kvtierd: Any, model_dir: str) -> Iterator[list[Any]]:
+    """The harness engines a test made (connector_helpers.make), closed after it."""
+    made: list[Any] = []
+    yield made
+    for e in made:
+        e.close()

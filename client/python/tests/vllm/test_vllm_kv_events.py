@@ -122,10 +122,10 @@ def test_kv_events_relay_warns_once_when_nothing_listens_at_its_endpoint(
         kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """kvtierd_events naming an address where nothing listens (a typo, another port) is no
-    error, as kvtierd may start later; after QUIET_WARN_S the relay says so, once, naming the
+    error, as kvtierd may start later; after CONNECT_WARN_S the relay says so, once, naming the
     address. A kvtierd that listens but publishes nothing (the engine's stores are of chunks it
     holds already) gets no warning; kvtierd_events with vLLM's KV events off gets one."""
-    monkeypatch.setattr(_vllm_removals, "QUIET_WARN_S", 0.5)
+    monkeypatch.setattr(_vllm_removals, "CONNECT_WARN_S", 0.5)
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
@@ -139,7 +139,7 @@ def test_kv_events_relay_warns_once_when_nothing_listens_at_its_endpoint(
         nobody = f"ipc://{tmp_path}/nobody"
         a = make(engines, model_dir, kvtierd, kv_events=True, extra={"kvtierd_events": nobody})
         scheduler_connector(a).take_events()
-        assert not warnings(), "warned before QUIET_WARN_S"
+        assert not warnings(), "warned before CONNECT_WARN_S"
         time.sleep(0.7)
         for _ in range(3):
             scheduler_connector(a).take_events()

@@ -28,7 +28,7 @@ MAX_CHUNKS = 1_000_000
 # warns (once) that nothing listens there. ZMQ connects lazily and retries, so a kvtierd that
 # starts later is no error; its events are (a store of a chunk kvtierd holds publishes none,
 # so silence alone says nothing).
-QUIET_WARN_S = 30.0
+CONNECT_WARN_S = 30.0
 
 
 class _RemovalRelay:
@@ -97,12 +97,12 @@ class _RemovalRelay:
             if event["event"] == zmq.EVENT_CONNECTED:
                 self._connected = True
                 return
-        if time.monotonic() - self._started >= QUIET_WARN_S:
+        if time.monotonic() - self._started >= CONNECT_WARN_S:
             self._warned_unconnected = True
             logger.warning("kvtier: nothing listens at kvtierd_events %r after %.0f s, so "
                            "kvtierd's evictions are not relayed as BlockRemoved: is it the "
                            "address kvtierd was started with (--events-address), reachable "
-                           "from here?", self._endpoint, QUIET_WARN_S)
+                           "from here?", self._endpoint, CONNECT_WARN_S)
 
     def _removed_hashes(self, frames: list[bytes]) -> list[ExternalBlockHash]:
         try:

@@ -5,6 +5,7 @@ cache events it publishes: test_vllm_kv_events.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -25,7 +26,8 @@ from vllm.v1.outputs import KVConnectorOutput
 import kvtier
 from connector_helpers import CHUNK, dram_chunks, make, prompt, scheduler_connector
 from engine_harness import BLOCK_SIZE, LAYER_NAMES, Engine
-from kvtier.integrations._vllm_groups import namespace_spec
+from kvtier.integrations._vllm_groups import group_layer_names, namespace_spec
+from kvtier.integrations._vllm_mamba import MambaStates
 from kvtier.integrations._vllm_plan import _LoadSpec, _Settings
 from kvtier.integrations.vllm import KvtierConnector, KvtierConnectorMetadata
 from kvtierd_process import KvtierdProcess
@@ -333,9 +335,21 @@ def test_kv_cache_groups_kvtier_cannot_store_are_refused_with_the_reason(
                                          r"cache group 1 \(16 tokens\)"):
         namespace_spec(config, groups(full, SlidingWindowSpec(**heads, sliding_window=16)),
                        settings, 0)
-    mamba = MambaSpec(block_size=BLOCK_SIZE, shapes=((4, 4),), dtypes=(torch.float16,))
-    with pytest.raises(ValueError, match="KV cache group 1 is MambaSpec"):
-        namespace_spec(config, groups(full, mamba), settings, 0)
+    # A Mamba group is kept apart (_vllm_mamba): named in the grouping, not in the KV payload.
+    mamba = MambaSpec(block_size=BLOCK_SIZE, shapes=((4, 4),), dtypes=(torch.float16,),
+                      mamba_cache_mode="align")
+    hybrid = groups(full, mamba)
+    spec = namespace_spec(config, hybrid, settings, 0)
+    assert spec["num_layers"] == 1
+    assert re.search(r"#kv-groups:full_attentionx1,mambax1/", spec["model_id"]), spec["model_id"]
+    states = MambaStates(hybrid, group_layer_names(hybrid))
+    state_spec = states.namespace_spec(spec)
+    assert state_spec["model_id"].startswith(spec["model_id"] + "#mamba-state:")
+    assert state_spec["engine_keyed"] and states.row_bytes >= 4 * 4 * 2
+    with pytest.raises(ValueError, match="kvtier stores it only in 'align' mode"):
+        MambaStates(groups(full, dataclasses.replace(mamba, mamba_cache_mode="none")), [])
+    with pytest.raises(ValueError, match="the model has no attention layers"):
+        namespace_spec(config, groups(mamba), settings, 0)
     with pytest.raises(ValueError, match="KV cache group 1 differs from group 0"):
         namespace_spec(config, groups(full, FullAttentionSpec(
             block_size=BLOCK_SIZE, num_kv_heads=4, head_size=16, dtype=torch.float16)),

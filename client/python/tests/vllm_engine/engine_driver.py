@@ -74,6 +74,28 @@ def _install_fault_hook() -> None:
     KvtierConnector.start_load_kv = start_load_kv  # type: ignore[method-assign]
 
 
+def _without_prefill_checkpoints() -> None:
+    """vLLM 0.33's CPU SSM scan returns only each sequence's final state, not the per-chunk
+    states that MambaMixer2's prefill checkpoint (the state at the prompt's last block boundary,
+    exported from inside the final prefill chunk) indexes, so a Mamba2 model fails there on the
+    CPU (IndexError in conv_ssm_forward). Without the checkpoint, vLLM's scheduler ends a
+    prefill step at that boundary instead, as for a model that has none."""
+    from dataclasses import replace
+
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    real = MambaMixer2.get_kv_cache_spec
+
+    def get_kv_cache_spec(self: Any, vllm_config: Any) -> Any:
+        spec = real(self, vllm_config)
+        if isinstance(spec, MambaSpec):
+            spec = replace(spec, num_prefill_checkpoint_blocks=0)
+        return spec
+
+    MambaMixer2.get_kv_cache_spec = get_kv_cache_spec  # type: ignore[method-assign]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
@@ -90,6 +112,7 @@ def main() -> int:
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
+    _without_prefill_checkpoints()
     kv_transfer = None
     if args.kvtier_socket:
         _Fault.socket = args.kvtier_socket

@@ -11,7 +11,9 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
+
+from kvtierd_process import KvtierdProcess
 
 DRIVER = Path(__file__).with_name("engine_driver.py")
 START_TIMEOUT_S = 600.0  # about 55 s alone on 2 cores; more beside a parallel ctest
@@ -110,3 +112,47 @@ class RealEngine:
                 self.proc.kill()
                 self.proc.wait(timeout=30)
         self._log.close()
+
+
+def hybrid_rig(root: Path, write_model: Callable[[Path, int], str], extra: dict[str, Any]
+               ) -> Iterator[tuple[KvtierdProcess, RealEngine]]:
+    """A kvtierd and one engine on it serving the model `write_model` writes (seed 1) under
+    `root`: a module fixture's body (stopped when the generator closes)."""
+    (root / "kvtierd").mkdir(parents=True, exist_ok=True)
+    daemon = KvtierdProcess(dram_bytes="256MiB", workdir=root / "kvtierd").start()
+    try:
+        engine = RealEngine(write_model(root / "model", 1), root / "engine.log", daemon.socket,
+                            extra, num_blocks=64).wait_ready()
+        try:
+            yield daemon, engine
+        finally:
+            engine.close()
+    finally:
+        daemon.stop()
+
+
+def cold_context_sensitive(engine: RealEngine, p: list[int]) -> list[int]:
+    """The cold greedy output of `p`, checked to change when one early token does."""
+    changed = list(p)
+    changed[3] = (changed[3] + 1) % 2048
+    cold, cached_cold = engine.one(p, salt=cold_salt())
+    assert cached_cold == 0
+    assert engine.one(changed, salt=cold_salt())[0] != cold, "the model is not context-sensitive"
+    return cold
+
+
+def check_a_failed_load_recomputes(engine: RealEngine, p: list[int], stored_tokens: int,
+                                   wait_s: float) -> None:
+    """A hybrid model's load whose chunks are evicted under it (after `wait_s`, past the
+    prefetch's deadline) fails the request (failed_recving) and vLLM recomputes it; the prefix
+    is then stored again."""
+    cold, _ = engine.one(p, salt=cold_salt())
+    engine.one(p)  # stored
+    engine.generate([{"prompt": prompt(99, 300), "max_tokens": 4}])  # stale data in the blocks
+    assert engine.call({"op": "evict_before_next_load", "wait_s": wait_s})["armed"]
+    faulty = engine.generate([{"prompt": p, "max_tokens": 12}])
+    assert faulty["fault"]["evicted"] > 0, "the fault did not run"
+    assert faulty["outputs"][0]["tokens"] == cold
+    out, cached = engine.one(p)
+    assert cached == stored_tokens, "the prefix was not stored again"
+    assert out == cold

@@ -12,6 +12,7 @@ import torch
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
+    MambaSpec,
     MLAAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
@@ -33,10 +34,20 @@ def group_layer_names(kv_cache_config: "KVCacheConfig") -> list[list[str]]:
             for g in kv_cache_config.kv_cache_groups]
 
 
+def kv_groups(kv_cache_config: "KVCacheConfig") -> list[int]:
+    """The indices of the groups whose KV a chunk's payload holds: all but Mamba state."""
+    return [i for i, g in enumerate(kv_cache_config.kv_cache_groups)
+            if not isinstance(g.kv_cache_spec, MambaSpec)]
+
+
+def _window(spec: Any) -> int:
+    return spec.sliding_window if isinstance(spec, SlidingWindowSpec) else 0
+
+
 def sliding_windows(kv_cache_config: "KVCacheConfig") -> list[int]:
-    """Each group's sliding window in tokens, 0 for full attention."""
-    return [g.kv_cache_spec.sliding_window if isinstance(g.kv_cache_spec, SlidingWindowSpec)
-            else 0 for g in kv_cache_config.kv_cache_groups]
+    """Each KV group's sliding window in tokens (kv_groups' order), 0 for full attention."""
+    groups = kv_cache_config.kv_cache_groups
+    return [_window(groups[i].kv_cache_spec) for i in kv_groups(kv_cache_config)]
 
 
 def load_tables(block_ids: list[list[int]], owned_blocks: int,
@@ -64,19 +75,26 @@ def live_chunks(block_ids: list[list[int]], windows: list[int], first_chunk: int
 
 def namespace_spec(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
                    settings: _Settings, tp_rank: int) -> dict[str, Any]:
-    """The open_namespace arguments (less salt and LoRA) from vLLM's KV cache config. Raises
-    ValueError naming what kvtier cannot store: a group that is neither full attention nor
-    sliding window (Mamba state, say), groups of different head shapes, or a chunk longer than
+    """The open_namespace arguments (less salt and LoRA) of the KV namespace from vLLM's KV
+    cache config: every group but Mamba state (_vllm_mamba keeps that apart). Raises
+    ValueError naming what kvtier cannot store: a group that is none of full attention,
+    sliding window and Mamba state, KV groups of different head shapes, or a chunk longer than
     a sliding window (its first blocks would leave the window before the chunk is stored)."""
-    groups = kv_cache_config.kv_cache_groups
+    all_groups = kv_cache_config.kv_cache_groups
+    groups = [all_groups[i] for i in kv_groups(kv_cache_config)]
+    if not groups:
+        raise ValueError("kvtier: the model has no attention layers; kvtier keys Mamba state "
+                         "on the attention KV it ends")
     spec = groups[0].kv_cache_spec
-    for i, group in enumerate(groups):
+    for i, group in enumerate(all_groups):
         s = group.kv_cache_spec
+        if isinstance(s, MambaSpec):
+            continue
         if isinstance(s, SlidingWindowMLASpec) or not isinstance(
                 s, (FullAttentionSpec, SlidingWindowSpec)):
             raise ValueError(f"kvtier: KV cache group {i} is {type(s).__name__}; kvtier stores "
-                             "full-attention and sliding-window groups (MLA without a window), "
-                             "not yet Mamba or linear-attention state")
+                             "full-attention, sliding-window (MLA without a window) and Mamba "
+                             "groups")
         if isinstance(s, SlidingWindowSpec) and settings.chunk_tokens > s.sliding_window:
             raise ValueError(f"kvtier: chunk_tokens {settings.chunk_tokens} exceeds the sliding "
                              f"window of KV cache group {i} ({s.sliding_window} tokens): set "
@@ -98,14 +116,14 @@ def namespace_spec(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
     model_id = namespace_model_id(settings.model_id, settings.weights_fingerprint,
                                   config.model if config is not None else "",
                                   getattr(config, "revision", None))
-    if len(groups) > 1:
+    if len(all_groups) > 1:
         # Another grouping of the layers is another payload: never the same namespace. The
         # kinds, windows and sizes, then a digest of which layers each group has.
         names = ";".join(",".join(g) for g in group_layer_names(kv_cache_config))
         model_id += "#kv-groups:" + ",".join(
             f"{get_kv_cache_spec_kind(g.kv_cache_spec).value}"
             f"{'@' + str(w) if w else ''}x{len(g.layer_names)}"
-            for g, w in zip(groups, sliding_windows(kv_cache_config))
+            for g in all_groups for w in [_window(g.kv_cache_spec)]
         ) + "/" + hashlib.sha256(names.encode()).hexdigest()[:16]
     args: dict[str, Any] = dict(model_id=model_id,
                                 num_layers=sum(len(g.layer_names) for g in groups),

@@ -105,11 +105,24 @@ class _SaveSpec:
 
 
 @dataclass
+class _StateSave:
+    """A Mamba state to store after the step's forward pass (see _vllm_mamba)."""
+
+    req_id: str
+    token_ids: list[int]  # the prompt through the boundary the state follows
+    blocks: list[int]  # the block holding it, one per Mamba group
+    cache_salt: Optional[str]
+    lora_key: Optional[str]
+    generation: str
+
+
+@dataclass
 class KvtierConnectorMetadata(KVConnectorMetadata):
     """What the scheduler tells the workers each step: the loads and saves to run."""
 
     loads: list[_LoadSpec] = field(default_factory=list)
     saves: list[_SaveSpec] = field(default_factory=list)
+    state_saves: list[_StateSave] = field(default_factory=list)
 
 
 @dataclass

@@ -35,7 +35,7 @@ class _RemovalRelay:
     """A SUB socket on kvtierd's events endpoint, read without blocking at each scheduler step
     (``take_events``), and the block hashes of the chunks announced."""
 
-    def __init__(self, endpoint: str, groups: int, max_chunks: int = MAX_CHUNKS) -> None:
+    def __init__(self, endpoint: str, groups: list[int], max_chunks: int = MAX_CHUNKS) -> None:
         self._endpoint = endpoint
         self._groups = groups
         self._max = max_chunks
@@ -84,7 +84,7 @@ class _RemovalRelay:
             hashes = self._removed_hashes(frames)
             if hashes:
                 removed.extend(BlockRemoved(block_hashes=hashes, medium=MEDIUM_CPU, group_idx=g,
-                                            locality="LOCAL") for g in range(self._groups))
+                                            locality="LOCAL") for g in self._groups)
 
     def _warn_if_unconnected(self) -> None:
         if self._connected or self._warned_unconnected:
@@ -131,8 +131,10 @@ class _RemovalRelay:
         self._socket.close(linger=0)
 
 
-def removal_relay(endpoint: str, groups: int, events_enabled: bool) -> Optional[_RemovalRelay]:
-    """The relay of kvtierd's events at `endpoint`, or None when it is empty or vLLM's KV cache
+def removal_relay(endpoint: str, groups: list[int],
+                  events_enabled: bool) -> Optional[_RemovalRelay]:
+    """The relay of kvtierd's events at `endpoint` (BlockRemoved for each of `groups`, vLLM's
+    indices of the KV groups), or None when it is empty or vLLM's KV cache
     events are off (then with a warning: there is no stream to relay into)."""
     if not endpoint:
         return None

@@ -64,36 +64,10 @@ What runs where (the scheduler and each worker have their own ``kvtier.Client``)
   the daemon no longer had when the worker loaded (the prefix shrank after the scheduler
   counted it). vLLM recomputes them.
 
-KV cache events (vLLM's ``--kv-events-config '{"enable_kv_cache_events": true}'``; without it
-the connector records nothing):
+KV cache events (``BlockStored`` of committed stores, ``BlockRemoved`` relayed from kvtierd's
+own events with ``kvtierd_events``): see kvtier.integrations._vllm_reports.
 
-- ``BlockStored``, ``medium="CPU"`` (kvtier's DRAM tier, where stores land; the medium vLLM's
-  CPU offloading uses), one per committed store of a request's step: the vLLM blocks its
-  chunks cover (``chunk_tokens / block_size`` blocks a chunk), with vLLM's own block hashes
-  (``maybe_convert_block_hash`` of ``request.block_hashes``, as vLLM's block pool publishes
-  them), ``parent_block_hash`` the hash of the block before the first (None at the prompt's
-  start), the tokens covered, vLLM's ``block_size``, the request's LoRA (``lora_id``,
-  ``lora_name``), one event per KV cache group (``group_idx``) with its
-  ``kv_cache_spec_kind`` and ``kv_cache_spec_sliding_window`` as vLLM's own events give them,
-  and ``locality="LOCAL"``.
-- A store is announced only when its commit succeeded with nothing dropped, and then all the
-  chunks of that store: kvtier's ``StoreResult`` counts the chunks it stored now and those it
-  already held, but does not say which are which, so chunks kvtier already held (e.g. the
-  prefix this request loaded) are announced again; consumers deduplicate repeated
-  announcements of a hash, as they must for vLLM's offloading connector and for its
-  ``kv_cache_report_mode="full"`` prefix-cache hits. A store that failed or dropped any
-  chunk announces nothing (a missed announcement costs a router one cache miss; a false one
-  would send it requests kvtier cannot serve).
-- Each worker reports the stores it committed (``get_kv_connector_kv_cache_events``); the
-  scheduler publishes (``take_events``) only the events every worker reported in that step,
-  i.e. a chunk counts as stored only when every tensor-parallel rank stored its shard.
-- ``BlockRemoved`` (``medium="CPU"``, one per group), with ``kvtierd_events`` set: the
-  scheduler subscribes to kvtierd's own events and, at each step, relays the DRAM removals
-  (evictions, ``kvtierctl evict``; all of them when kvtierd restarts) of chunks it announced,
-  with their vLLM block hashes (_vllm_removals). ``AllBlocksCleared`` is never sent.
-  ``reset_cache`` (vLLM's ``reset_prefix_cache(reset_connector=True)``) starts a new
-  generation of this engine's namespaces, so nothing stored before is served to it again; it
-  sends no ``AllBlocksCleared`` (the chunks stay, for other engines).
+Mamba and linear-attention state (vLLM's "align" mode): see kvtier.integrations._vllm_mamba.
 
 KV layouts: vLLM's standardized per-layer view ``[num_blocks, num_kv_heads, block_size,
 2 * head_size]`` of every MHA backend (flash-attn, flashinfer, triton, CPU), in any
@@ -113,7 +87,6 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from vllm.distributed.kv_events import (
-    MEDIUM_CPU,
     BlockStored,
     KVCacheEvent,
     KVConnectorKVEvents,
@@ -127,10 +100,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.logger import init_logger
-from vllm.v1.core.kv_cache_utils import (
-    maybe_convert_block_hash,
-    resolve_block_hashes,
-)
 from vllm.v1.kv_cache_interface import (
     get_kv_cache_spec_kind,
     get_kv_cache_spec_sliding_window,
@@ -142,12 +111,14 @@ import kvtier
 from kvtier.integrations._names import key_tokens, namespace_text
 from kvtier.integrations._vllm_groups import (
     group_layer_names,
+    kv_groups,
     live_chunks,
     load_tables,
     namespace_spec,
     paged_cache,
     sliding_windows,
 )
+from kvtier.integrations._vllm_mamba import MambaStates
 from kvtier.integrations._weights import weights_fingerprint
 from kvtier.integrations._vllm_plan import (
     KvtierConnectorMetadata,
@@ -163,6 +134,8 @@ from kvtier.integrations._vllm_reports import (
     KvtierConnectorStats,
     KvtierKVEvents,
     KvtierPromMetrics,
+    block_stored,
+    stored_blocks,
 )
 
 if TYPE_CHECKING:
@@ -212,16 +185,21 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._tp_rank = tp_rank
         self._spec = namespace_spec(vllm_config, kv_cache_config, self._settings, tp_rank)
         self._group_names = group_layer_names(kv_cache_config)
-        # Per KV cache group: its sliding window (0: full attention), whose blocks before the
-        # window are vLLM's null block (id 0). With several groups a load is asynchronous:
-        # vLLM has no per-block failure path for them, only a failed request (failed_recving).
+        # The groups whose KV a chunk holds (all but Mamba state, which _vllm_mamba keeps in a
+        # namespace of its own), and per KV group its sliding window (0: full attention),
+        # whose blocks before the window are vLLM's null block (id 0). With several groups a
+        # load is asynchronous: vLLM has no per-block failure path for them, only a failed
+        # request (failed_recving).
+        self._kv_groups = kv_groups(kv_cache_config)
         self._windows = sliding_windows(kv_cache_config)
-        self._async_loads = len(self._windows) > 1
+        self._mamba = MambaStates(kv_cache_config, self._group_names)
+        self._num_groups = len(kv_cache_config.kv_cache_groups)
+        self._async_loads = self._num_groups > 1
         self._client = kvtier.Client.connect(
             socket=self._settings.socket.replace("{tp_rank}", str(tp_rank)),
             deadline_ms=self._settings.deadline_ms,
             client_name=f"vllm-{role.name.lower()}-tp{tp_rank}")
-        self._namespaces: dict[tuple[str, str, str], Optional[kvtier.Namespace]] = {}
+        self._namespaces: dict[tuple[str, str, str, bool], Optional[kvtier.Namespace]] = {}
         # "" until reset_cache; then a fresh random tag in every namespace's model id: what
         # was cached before (under weights since updated in place, say) is never served again.
         self._generation = ""
@@ -243,11 +221,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         # granularity vLLM hashes them; the events every worker reported, until take_events.
         self._event_requests: dict[str, "Request"] = {}
         self._hash_block_size = kv_cache_config.hash_block_size or self._block_size
-        self._event_specs = [(get_kv_cache_spec_kind(g.kv_cache_spec).value,
+        self._event_specs = [(i, get_kv_cache_spec_kind(g.kv_cache_spec).value,
                               get_kv_cache_spec_sliding_window(g.kv_cache_spec))
-                             for g in kv_cache_config.kv_cache_groups]
+                             for i, g in enumerate(kv_cache_config.kv_cache_groups)
+                             if i in self._kv_groups]
         self._published: list[KVCacheEvent] = []
-        self._relay = (removal_relay(self._settings.kvtierd_events, len(self._windows),
+        self._relay = (removal_relay(self._settings.kvtierd_events, self._kv_groups,
                                      self._events_enabled)
                        if role == KVConnectorRole.SCHEDULER else None)
         # Worker side.
@@ -278,16 +257,18 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     # ---------------------------------------------------------------- shared
 
     def _namespace(self, cache_salt: Optional[str], lora_key: Optional[str],
-                   generation: str = "") -> Optional[kvtier.Namespace]:
-        """The namespace of a salt, a LoRA adapter and a cache generation (reset_cache); None
-        when the daemon refuses it (e.g. it holds too many namespaces): those requests run
-        without the cache."""
-        key = (namespace_text(cache_salt), namespace_text(lora_key), generation)
+                   generation: str = "", state: bool = False) -> Optional[kvtier.Namespace]:
+        """The namespace of a salt, a LoRA adapter and a cache generation (reset_cache), or
+        with `state` the Mamba state namespace beside it; None when the daemon refuses it (e.g.
+        it holds too many namespaces): those requests run without the cache."""
+        key = (namespace_text(cache_salt), namespace_text(lora_key), generation, state)
         if key in self._namespaces:
             return self._namespaces[key]
         spec = dict(self._spec)
         if generation:
             spec["model_id"] = namespace_text(f"{spec['model_id']}#reset:{generation}")
+        if state:
+            spec = self._mamba.namespace_spec(spec)
         ns: Optional[kvtier.Namespace] = None
         try:
             ns = self._client.open_namespace(**spec, cache_salt=key[0], lora_id=key[1])
@@ -350,7 +331,14 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             cached = self._client.lookup(ns, tokens, request_id=_request_tag(rid)).cached_tokens
         # At least one prompt token is computed, and a load delivers whole chunks only.
         limit = (max(len(tokens) - 1, 0) // self._block_size) * self._block_size
-        external = max(0, min(cached, limit) // self._chunk * self._chunk - num_computed_tokens)
+        end = min(cached, limit) // self._chunk
+        if self._mamba and end * self._chunk > num_computed_tokens:
+            # Only up to the last chunk whose Mamba state kvtierd holds.
+            state_ns = self._namespace(*self._request_keys[rid], state=True)
+            first = -(-num_computed_tokens // self._chunk)
+            end = 0 if state_ns is None else self._mamba.hit(
+                self._client, ns, state_ns, tokens, first, end)
+        external = max(0, end * self._chunk - num_computed_tokens)
         self._engine_tokens[rid] = num_computed_tokens
         return external, self._async_loads and external > 0
 
@@ -418,7 +406,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             new_blocks = cached.new_block_ids[i]
             if rid in cached.resumed_req_ids:
                 tracker.block_ids = ([list(b) for b in new_blocks] if new_blocks
-                                     else [[] for _ in self._windows])
+                                     else [[] for _ in range(self._num_groups)])
             elif new_blocks:
                 for table, added in zip(tracker.block_ids, new_blocks):
                     table.extend(added)
@@ -429,10 +417,18 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                                        cached.num_computed_tokens[i] // self._chunk)
             self._add_load(meta.loads, rid, tracker)
             self._add_save(meta, rid, tracker, cached.num_computed_tokens[i] + scheduled.get(rid, 0))
+        if self._mamba and self._stores and scheduler_output.kv_connector_block_state:
+            meta.state_saves = self._mamba.saves(
+                scheduler_output.kv_connector_block_state.boundary_state_offloads,
+                self._trackers, self._chunk)
         for rid in scheduler_output.finished_req_ids:
             self._forget(rid)
         self._pending_loads.clear()
         return meta
+
+    def _kv_tables(self, block_ids: list[list[int]]) -> list[list[int]]:
+        """The block tables of the KV groups (all but Mamba state), in payload order."""
+        return [block_ids[g] for g in self._kv_groups]
 
     def _add_load(self, loads: list[_LoadSpec], rid: str, tracker: _Tracker,
                   asynchronous: bool = False) -> None:
@@ -462,39 +458,19 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _stored_blocks(self, rid: str, first_chunk: int, end_chunk: int) -> Optional[_StoredBlocks]:
         """vLLM's hashes of the blocks of chunks [first_chunk, end_chunk) of a request, for the
-        worker's BlockStored; None when events are off or vLLM has not hashed those blocks.
-
-        The workers announce a save, not the scheduler: only a worker knows whether its commit
-        succeeded, and vLLM's executor merges the workers' events so that take_events can keep
-        those every rank reported. The hashes are the scheduler's (the workers never see the
-        Request), so they travel with the save: 8 bytes a block with vLLM's default int hashes.
-        """
+        worker's BlockStored (see _vllm_reports.stored_blocks), remembered by the relay of
+        removals; None when events are off or vLLM has not hashed those blocks."""
         request = self._event_requests.get(rid)
-        if request is None:
-            return None
-        hashes = resolve_block_hashes(request.block_hashes, self._hash_block_size,
-                                      self._block_size)
-        per_chunk = self._chunk // self._block_size
-        first, end = first_chunk * per_chunk, end_chunk * per_chunk
-        if len(hashes) < end:
-            logger.warning_once("kvtier: vLLM has not hashed the blocks of a stored prompt "
-                                "(%d of %d); its KV cache events are not sent", len(hashes), end)
-            return None
-        lora = request.lora_request
+        blocks = None if request is None else stored_blocks(
+            request, self._hash_block_size, self._block_size,
+            self._chunk // self._block_size, first_chunk, end_chunk)
         tracker, keys = self._trackers.get(rid), self._request_keys.get(rid)
         ns = self._namespace(*keys) if keys is not None else None
-        if self._relay is not None and tracker is not None and ns is not None:
+        if self._relay is not None and blocks and tracker is not None and ns is not None:
             self._relay.remember(kvtier.Client.chunk_keys(
                 ns, tracker.token_ids[:end_chunk * self._chunk])[first_chunk:],
-                [maybe_convert_block_hash(h) for h in hashes[first:end]])
-        return _StoredBlocks(
-            block_hashes=[maybe_convert_block_hash(h) for h in hashes[first:end]],
-            parent_block_hash=maybe_convert_block_hash(hashes[first - 1]) if first > 0 else None,
-            token_ids=list(request.prompt_token_ids or [])[first_chunk * self._chunk:
-                                                           end_chunk * self._chunk],
-            lora_id=lora.adapter_id if lora is not None else None,
-            lora_name=lora.lora_name if lora is not None else None,
-            session_id=request.session_id)
+                blocks.block_hashes)
+        return blocks
 
     def _forget(self, rid: str) -> None:
         self._tickets.pop(rid, None)
@@ -540,7 +516,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if sorted(names) != sorted(kv_caches):
             raise ValueError(f"kvtier: {len(kv_caches)} KV cache tensors registered, not the "
                              f"{len(names)} layers of the KV cache config")
+        names = [n for g in self._kv_groups for n in self._group_names[g]]
         tensors = [kv_caches[n] for n in names]
+        self._mamba.register(kv_caches)
         mla = self._spec["layout"] == "mla"
         head = self._spec["latent_dim"] if mla else self._spec["head_dim"]
         backend = self._settings.gpu_backend
@@ -549,7 +527,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._runtime = (kvtier.Runtime.cuda(tensors[0].device.index or 0)
                          if backend == "cuda" else kvtier.Runtime.host())
         self._arena = kvtier.GpuArena(self._runtime)
-        self._cache = paged_cache(tensors, head, mla, [len(g) for g in self._group_names])
+        self._cache = paged_cache(tensors, head, mla,
+                                  [len(self._group_names[g]) for g in self._kv_groups])
         self._layer_index = {n: i for i, n in enumerate(names)}
         self._load_stream = self._runtime.create_stream()
         self._store_stream = self._runtime.create_stream()
@@ -581,8 +560,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             assert self._arena is not None and self._cache is not None
             assert self._runtime is not None and self._load_stream is not None
             ns = self._namespace(spec.cache_salt, spec.lora_key, spec.generation)
-            blocks = load_tables(spec.block_ids, spec.engine_tokens // self._block_size,
-                                 self._windows)
+            blocks = load_tables(self._kv_tables(spec.block_ids),
+                                 spec.engine_tokens // self._block_size, self._windows)
             loader = (kvtier.LayerwiseLoader(self._client, ns, self._arena, self._cache,
                                              self._runtime) if ns is not None else None)
             try:
@@ -601,6 +580,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             else:
                 if loader is not None and spec.asynchronous:
                     delivered = self._finish_async_load(spec, loader, delivered)
+                    if self._mamba and delivered >= spec.promised_tokens and not self._load_state(
+                            spec):
+                        delivered = 0
                 elif loader is not None:
                     self._loaders.append((spec, loader))
             if spec.asynchronous:
@@ -626,6 +608,22 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         0 when any copy failed (vLLM recomputes the request from its start)."""
         failed = loader.finish()
         return 0 if failed else delivered
+
+    def _state_namespaces(self, salt: Optional[str], lora_key: Optional[str],
+                          generation: str) -> Optional[tuple[kvtier.Namespace, kvtier.Namespace]]:
+        """The KV namespace and the Mamba state namespace beside it; None if either is refused."""
+        ns = self._namespace(salt, lora_key, generation)
+        state_ns = self._namespace(salt, lora_key, generation, state=True)
+        return None if ns is None or state_ns is None else (ns, state_ns)
+
+    def _load_state(self, spec: _LoadSpec) -> bool:
+        """Writes the Mamba state after the loaded prefix into the request's blocks at that
+        boundary (vLLM copies them into the running blocks before the forward pass)."""
+        loaded = self._mamba.load(
+            self._client, self._state_namespaces(spec.cache_salt, spec.lora_key, spec.generation),
+            spec.token_ids[:spec.promised_tokens], spec.block_ids, self._block_size)
+        self._stats.data["loaded_states" if loaded else "load_error_states"] += 1
+        return loaded
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         """The asynchronous loads done since the last call (each ran whole in its step's
@@ -674,7 +672,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         # the first with a sliding-window block already let go (never a null block's bytes).
         bad_from = self._bad_from.get(spec.req_id, len(spec.token_ids))
         good_chunks = min(bad_from // self._chunk, live_chunks(
-            spec.block_ids, self._windows, spec.first_chunk, len(spec.token_ids) // self._chunk,
+            self._kv_tables(spec.block_ids), self._windows, spec.first_chunk,
+            len(spec.token_ids) // self._chunk,
             self._chunk // self._block_size))
         if good_chunks < len(spec.token_ids) // self._chunk:
             self._stats.data["unsafe_chunks"] += max(
@@ -685,7 +684,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                                        stored_blocks=None)
         storer = kvtier.LayerwiseStorer(self._client, ns, self._arena, self._cache, self._runtime)
         try:
-            if storer.start(spec.token_ids, spec.block_ids, self._store_stream,
+            if storer.start(spec.token_ids, self._kv_tables(spec.block_ids), self._store_stream,
                             first_chunk=spec.first_chunk) > 0:
                 self._storers.append((spec, storer))
         except kvtier.Error as e:
@@ -730,23 +729,17 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             if (self._stored_events is not None and spec.stored_blocks is not None
                     and result.fail_open is None and result.dropped_chunks == 0
                     and result.being_written_chunks == 0 and result.stored_chunks > 0):
-                self._stored_events.extend(self._block_stored(spec, spec.stored_blocks))
+                self._stored_events.extend(block_stored(
+                    spec.stored_blocks, len(spec.token_ids) - spec.first_chunk * self._chunk,
+                    self._block_size, self._event_specs))
         self._storers = None
+        for state in meta.state_saves if isinstance(meta, KvtierConnectorMetadata) else []:
+            bad_from = self._bad_from.get(state.req_id, len(state.token_ids))
+            if bad_from >= len(state.token_ids):  # else computed on KV whose load failed
+                stored = self._mamba.store(self._client, self._state_namespaces(
+                    state.cache_salt, state.lora_key, state.generation), state)
+                self._stats.data["stored_states" if stored else "dropped_states"] += 1
         self._bad_from.clear()
-
-    def _block_stored(self, spec: _SaveSpec, blocks: _StoredBlocks) -> list[BlockStored]:
-        """The BlockStored of a committed save, one per KV cache group: the chunks from
-        spec.first_chunk on (see the module docstring). Identical on every worker, so vLLM's
-        aggregator can count them."""
-        return [BlockStored(block_hashes=list(blocks.block_hashes),
-                            parent_block_hash=blocks.parent_block_hash,
-                            token_ids=blocks.token_ids[:len(spec.token_ids)
-                                                       - spec.first_chunk * self._chunk],
-                            block_size=self._block_size, lora_id=blocks.lora_id,
-                            medium=MEDIUM_CPU, lora_name=blocks.lora_name, group_idx=g,
-                            kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window,
-                            locality="LOCAL", session_id=blocks.session_id)
-                for g, (kind, window) in enumerate(self._event_specs)]
 
     def get_kv_connector_kv_cache_events(self) -> Optional[KVConnectorKVEvents]:
         """This worker's BlockStored since the last call, each once; an empty KvtierKVEvents

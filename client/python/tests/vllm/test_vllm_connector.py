@@ -28,7 +28,7 @@ from connector_helpers import CHUNK, dram_chunks, make, prompt, scheduler_connec
 from engine_harness import BLOCK_SIZE, LAYER_NAMES, Engine
 from kvtier.integrations._vllm_groups import group_layer_names, namespace_spec
 from kvtier.integrations._vllm_mamba import MambaStates
-from kvtier.integrations._vllm_plan import _LoadSpec, _Settings
+from kvtier.integrations._vllm_plan import _LoadSpec, _Settings, _StateSave, _Tracker
 from kvtier.integrations.vllm import KvtierConnector, KvtierConnectorMetadata
 from kvtierd_process import KvtierdProcess
 from redis_cluster import RedisCluster
@@ -354,6 +354,41 @@ def test_kv_cache_groups_kvtier_cannot_store_are_refused_with_the_reason(
         namespace_spec(config, groups(full, FullAttentionSpec(
             block_size=BLOCK_SIZE, num_kv_heads=4, head_size=16, dtype=torch.float16)),
             settings, 0)
+
+
+def test_mamba_states_are_saved_only_at_chunk_boundaries_every_mamba_group_offers() -> None:
+    """vLLM hands off each Mamba group's state with its block (boundary_state_offloads); a save
+    needs a chunk boundary within the prompt that every Mamba group offered with a real block.
+    The state namespace's rows hold each layer's state bytes, padded to 16."""
+    heads = dict(block_size=BLOCK_SIZE, num_kv_heads=2, head_size=16, dtype=torch.float16)
+    mamba = MambaSpec(block_size=BLOCK_SIZE, shapes=((3, 10), (2, 4, 4)),
+                      dtypes=(torch.float32, torch.float32), mamba_cache_mode="align")
+    config = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["model.layers.0.mixer"], mamba),
+        KVCacheGroupSpec(["model.layers.1.self_attn.attn"],
+                         FullAttentionSpec(**heads)),  # type: ignore[arg-type]
+        KVCacheGroupSpec(["model.layers.2.mixer"], mamba)])
+    states = MambaStates(config, group_layer_names(config))
+    assert states.groups == [0, 2] and states.state_bytes == (30 + 32) * 4
+    assert states.row_bytes == 256  # 248 bytes, padded to a multiple of 16
+    chunk = 2 * BLOCK_SIZE
+    tokens = list(range(3 * chunk + 5))
+    trackers = {"r": _Tracker(tokens, [[], [], []], 0, "salt", None, ""),
+                "s": _Tracker(tokens[:chunk], [[], [], []], 0, None, None, "")}
+    offers = {"r": [(0, 5, chunk), (2, 6, chunk),            # saved
+                    (0, 7, chunk + BLOCK_SIZE), (2, 8, chunk + BLOCK_SIZE),  # not a chunk end
+                    (0, 9, 2 * chunk),                        # group 2 did not offer it
+                    (0, 0, 3 * chunk), (2, 4, 3 * chunk)],    # the null block
+              "s": [(0, 1, 2 * chunk), (2, 2, 2 * chunk)],   # past the prompt
+              "gone": [(0, 3, chunk), (2, 4, chunk)]}        # a request not tracked
+    assert states.saves(offers, trackers, chunk) == [
+        _StateSave("r", tokens[:chunk], [5, 6], "salt", None, "")]
+    big = MambaStates(KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["model.layers.0.mixer"], dataclasses.replace(
+            mamba, shapes=((100_000,),), dtypes=(torch.float32,)))]), [["model.layers.0.mixer"]])
+    spec = big.namespace_spec({"model_id": "m", "tp_rank": 0, "tp_size": 1})
+    assert big.row_bytes >= 400_000 and spec["head_dim"] <= 4096  # kvtierd's bound on head_dim
+    assert big.row_bytes == 16 * spec["num_kv_heads"] * spec["head_dim"]
 
 
 def test_a_sliding_window_models_short_load_never_reports_the_null_block(

@@ -391,6 +391,50 @@ def test_mamba_states_are_saved_only_at_chunk_boundaries_every_mamba_group_offer
     assert big.row_bytes == 16 * spec["num_kv_heads"] * spec["head_dim"]
 
 
+def test_mamba_states_round_trip_through_kvtierd_with_groups_of_unequal_size(
+        kvtierd: KvtierdProcess) -> None:
+    """vLLM splits a model's Mamba layers into groups that may differ by a layer (Bamba: nine
+    groups of 3 and one of 2); each layer's row is read from and written to its own group's
+    block, bit for bit, and the state namespace's model id stays within kvtierd's 512 bytes
+    however many groups name their layers in it."""
+    mamba = MambaSpec(block_size=BLOCK_SIZE, shapes=((3, 10), (2, 4, 4)),
+                      dtypes=(torch.float32, torch.float32), mamba_cache_mode="align")
+    names = [[f"model.layers.{i}.mixer" for i in range(g, 29, 10)] for g in range(10)]
+    config = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(layers, mamba) for layers in names] + [KVCacheGroupSpec(
+            ["model.layers.29.self_attn.attn"], FullAttentionSpec(  # type: ignore[arg-type]
+                block_size=BLOCK_SIZE, num_kv_heads=2, head_size=16, dtype=torch.float16))])
+    assert [len(n) for n in names] == [3] * 9 + [2]
+    states = MambaStates(config, group_layer_names(config))
+    gen = torch.Generator().manual_seed(3)
+    caches = {n: torch.randint(-128, 128, (8, 1, 1, states.state_bytes), generator=gen,
+                               dtype=torch.int8) for group in names for n in group}
+    states.register(caches)
+    kv_spec = {"model_id": "m" * 400, "num_layers": 1, "kv_dtype": "fp16",
+               "chunk_tokens": 2 * BLOCK_SIZE, "layout": "mha", "num_kv_heads": 2,
+               "head_dim": 16}
+    state_spec = states.namespace_spec(kv_spec)
+    assert len(state_spec["model_id"].encode()) <= 512
+    tokens = list(range(4 * BLOCK_SIZE))
+    with kvtier.Client.connect(socket=kvtierd.socket, deadline_ms=2000) as client:
+        namespaces = (client.open_namespace(**kv_spec), client.open_namespace(**state_spec))
+        saved = [1 + g % 7 for g in range(10)]  # each group's block
+        stored = {n: caches[n][saved[g]].clone() for g, group in enumerate(names) for n in group}
+        assert states.store(client, namespaces, _StateSave("r", tokens, saved, None, None,
+                                                           "")) == "stored"
+        assert states.store(client, namespaces, _StateSave("r", tokens, saved, None, None,
+                                                           "")) == "held"
+        target = [7 - g % 7 for g in range(10)]
+        tables = [[0, target[g]] for g in range(10)] + [[0, 0]]
+        assert states.load(client, namespaces, tokens, tables, 2 * BLOCK_SIZE, None, "")
+        for g, group in enumerate(names):
+            for n in group:
+                assert torch.equal(caches[n][target[g]], stored[n]), (g, n)
+        # A state ends a whole chunk: a prefix that is not one is never loaded.
+        assert not states.load(client, namespaces, tokens[:3 * BLOCK_SIZE],
+                               [[0, 0, 1]] * 11, BLOCK_SIZE, None, "")
+
+
 def test_a_sliding_window_models_short_load_never_reports_the_null_block(
         kvtierd: KvtierdProcess, model_dir: str, engines: list[Engine]) -> None:
     """Every layer in one sliding-window group: loads stay synchronous, and a table's blocks

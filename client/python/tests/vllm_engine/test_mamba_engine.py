@@ -44,10 +44,10 @@ def test_a_mamba_hybrid_loads_its_state_and_equals_cold(hybrid_engine: RealEngin
 
 
 def test_a_hit_ends_at_the_last_stored_state(hybrid_engine: RealEngine) -> None:
-    """vLLM 0.33 offers a prompt's Mamba state at its last block boundary (and at the ends of
-    prefill steps it caches): a prompt that shares 200 tokens with a stored one finds three
-    chunks of attention KV but no state within them, so it loads nothing (the KV alone would
-    resume the Mamba layers from the wrong state)."""
+    """vLLM 0.33 keeps (and offers) a prompt's Mamba state at its last block boundary (by
+    default; prefix_cache_retention_interval adds more): a prompt that shares 200 tokens with
+    a stored one finds three chunks of attention KV but no state within them, so it loads
+    nothing (the KV alone would resume the Mamba layers from the wrong state)."""
     p = prompt(4, 300)
     hybrid_engine.one(p)  # stored: KV chunks 0..3, the state at 256
     r = p[:200] + prompt(5, 90)

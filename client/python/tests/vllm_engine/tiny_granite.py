@@ -1,8 +1,8 @@
 """A tiny Granite-4.0-H-shaped hybrid (GraniteMoeHybridForCausalLM) written with random weights
 (fixed seed), for the real-engine test of Mamba state: layers Mamba2, attention, Mamba2,
 attention, so that vLLM's hybrid allocator gives it a Mamba group and a full-attention group.
-The Mamba2 state (8 heads of 32, state 16, conv 4) fits in one 32-token attention page, so
-vLLM keeps the block size the test asks for. Context-sensitive as tiny_llama is (projections
+vLLM raises the block size from the 32 the test asks for to 64, so that one attention page
+holds the Mamba2 state (8 heads of 32, state 16, conv 4: 19,840 bytes). Context-sensitive as tiny_llama is (projections
 of std 0.1, the norms' weights 1)."""
 
 from __future__ import annotations

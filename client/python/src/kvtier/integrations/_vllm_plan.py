@@ -77,6 +77,8 @@ class _LoadSpec:
     # get_transfer_results (the request waits in WAITING_FOR_REMOTE_KVS meanwhile), rather than
     # layer by layer within it.
     asynchronous: bool = False
+    # The scheduler's prefetch ticket (id, session_id) of a Mamba model's state (_vllm_mamba).
+    state_ticket: Optional[tuple[int, int]] = None
 
 
 @dataclass

@@ -73,9 +73,11 @@ _STAT_DOCS = {
     "unsafe_chunks": "Chunks not stored because their KV was not known good in the engine "
                      "(a load below them failed in the same step, or a copy of the store).",
     "fail_open_calls": "Stores whose call to kvtierd failed open (dropped).",
-    "stored_states": "Mamba states (one per request and chunk boundary) stored in kvtier.",
+    "stored_states": "Mamba states (one per request, chunk boundary and tensor-parallel rank) "
+                     "stored in kvtier.",
     "dropped_states": "Mamba states a store did not place in kvtier.",
-    "loaded_states": "Mamba states loaded from kvtier (one per loaded request).",
+    "loaded_states": "Mamba states loaded from kvtier (one per loaded request and "
+                     "tensor-parallel rank).",
     "load_error_states": "Mamba states a load promised but did not deliver (the request "
                          "is recomputed).",
 }

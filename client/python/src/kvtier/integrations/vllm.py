@@ -161,6 +161,11 @@ def _request_tag(request_id: str) -> str:
     return request_id if len(raw) <= 256 else hashlib.sha256(raw).hexdigest()
 
 
+def _state_tag(request_id: str) -> str:
+    """The request id of a request's Mamba state prefetch and load (a request of its own)."""
+    return _request_tag(f"{request_id}#mamba-state")
+
+
 class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     """Loads and stores vLLM's KV cache through kvtierd (see the module docstring)."""
 
@@ -185,14 +190,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._tp_rank = tp_rank
         self._spec = namespace_spec(vllm_config, kv_cache_config, self._settings, tp_rank)
         self._group_names = group_layer_names(kv_cache_config)
-        # The groups whose KV a chunk holds (all but Mamba state, which _vllm_mamba keeps in a
-        # namespace of its own), and per KV group its sliding window (0: full attention),
-        # whose blocks before the window are vLLM's null block (id 0). With several groups a
-        # load is asynchronous: vLLM has no per-block failure path for them, only a failed
-        # request (failed_recving).
+        # The KV groups (all but Mamba state: _vllm_mamba), each's sliding window (0: full
+        # attention; blocks before it are the null block 0). With several groups a load is
+        # asynchronous: vLLM fails only whole requests of them (failed_recving).
         self._kv_groups = kv_groups(kv_cache_config)
         self._windows = sliding_windows(kv_cache_config)
-        self._mamba = MambaStates(kv_cache_config, self._group_names)
+        self._mamba = MambaStates(kv_cache_config, self._group_names, tp_rank,
+                                  vllm_config.parallel_config.tensor_parallel_size)
         self._num_groups = len(kv_cache_config.kv_cache_groups)
         self._async_loads = self._num_groups > 1
         self._client = kvtier.Client.connect(
@@ -207,6 +211,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._events_enabled = bool(events is not None and events.enable_kv_cache_events)
         # Scheduler side.
         self._tickets: dict[str, kvtier.PrefetchTicket] = {}
+        # Per request of a Mamba model: MambaStates.hit's (chunk end, state ticket).
+        self._state_hits: dict[str, tuple[int, Optional[tuple[int, int]]]] = {}
         self._prefetcher = _Prefetcher(self._client, self._settings.prefetch_deadline_ms,
                                        self._settings.prefetch_wait_ms)
         self._engine_tokens: dict[str, int] = {}
@@ -333,11 +339,15 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         limit = (max(len(tokens) - 1, 0) // self._block_size) * self._block_size
         end = min(cached, limit) // self._chunk
         if self._mamba and end * self._chunk > num_computed_tokens:
-            # Only up to the last chunk whose Mamba state kvtierd holds.
+            # Only up to the last chunk whose Mamba state kvtierd holds (found once).
+            found = self._state_hits.get(rid)
             state_ns = self._namespace(*self._request_keys[rid], state=True)
-            first = -(-num_computed_tokens // self._chunk)
-            end = 0 if state_ns is None else self._mamba.hit(
-                self._client, ns, state_ns, tokens, first, end)
+            if (found is None or found[0] > end) and state_ns is not None:
+                found = self._mamba.hit(self._client, ns, state_ns, tokens,
+                                        num_computed_tokens // self._chunk, end,
+                                        self._settings.prefetch_deadline_ms, _state_tag(rid))
+                self._state_hits[rid] = found
+            end = found[0] if found is not None and found[0] <= end else 0
         external = max(0, end * self._chunk - num_computed_tokens)
         self._engine_tokens[rid] = num_computed_tokens
         return external, self._async_loads and external > 0
@@ -439,7 +449,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                                    plan[0], plan[1], tracker.cache_salt, tracker.lora_key,
                                    (ticket.id, ticket.session_id)
                                    if ticket is not None and ticket.id != 0 else None,
-                                   tracker.generation, asynchronous))
+                                   tracker.generation, asynchronous,
+                                   self._state_hits.get(rid, (0, None))[1]))
 
     def _add_save(self, meta: KvtierConnectorMetadata, rid: str, tracker: _Tracker,
                   computed_tokens: int) -> None:
@@ -474,6 +485,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _forget(self, rid: str) -> None:
         self._tickets.pop(rid, None)
+        self._state_hits.pop(rid, None)
         self._failed_loads.discard(rid)
         self._prefetcher.forget(rid)
         self._engine_tokens.pop(rid, None)
@@ -579,9 +591,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 delivered = 0
             else:
                 if loader is not None and spec.asynchronous:
-                    delivered = self._finish_async_load(spec, loader, delivered)
-                    if self._mamba and delivered >= spec.promised_tokens and not self._load_state(
-                            spec):
+                    # Every layer copied now; any copy failed or (for a Mamba model) the state
+                    # missing: nothing delivered (vLLM recomputes the request from its start).
+                    if loader.finish() or (self._mamba and delivered >= spec.promised_tokens
+                                           and not self._load_state(spec)):
                         delivered = 0
                 elif loader is not None:
                     self._loaders.append((spec, loader))
@@ -602,13 +615,6 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self._stats.data["loaded_tokens"] += max(
                 0, min(delivered, spec.promised_tokens) - spec.engine_tokens)
 
-    def _finish_async_load(self, spec: _LoadSpec, loader: kvtier.LayerwiseLoader,
-                           delivered: int) -> int:
-        """Copies every layer of an asynchronous load now and returns the tokens it delivered:
-        0 when any copy failed (vLLM recomputes the request from its start)."""
-        failed = loader.finish()
-        return 0 if failed else delivered
-
     def _state_namespaces(self, salt: Optional[str], lora_key: Optional[str],
                           generation: str) -> Optional[tuple[kvtier.Namespace, kvtier.Namespace]]:
         """The KV namespace and the Mamba state namespace beside it; None if either is refused."""
@@ -617,11 +623,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         return None if ns is None or state_ns is None else (ns, state_ns)
 
     def _load_state(self, spec: _LoadSpec) -> bool:
-        """Writes the Mamba state after the loaded prefix into the request's blocks at that
-        boundary (vLLM copies them into the running blocks before the forward pass)."""
+        """Writes the Mamba state after the loaded prefix into the request's blocks there."""
         loaded = self._mamba.load(
             self._client, self._state_namespaces(spec.cache_salt, spec.lora_key, spec.generation),
-            spec.token_ids[:spec.promised_tokens], spec.block_ids, self._block_size)
+            spec.token_ids[:spec.promised_tokens], spec.block_ids, self._block_size,
+            kvtier.PrefetchTicket(*spec.state_ticket)
+            if spec.state_ticket is not None and self._tp_rank == 0 else None,
+            _state_tag(spec.req_id))
         self._stats.data["loaded_states" if loaded else "load_error_states"] += 1
         return loaded
 
@@ -736,9 +744,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         for state in meta.state_saves if isinstance(meta, KvtierConnectorMetadata) else []:
             bad_from = self._bad_from.get(state.req_id, len(state.token_ids))
             if bad_from >= len(state.token_ids):  # else computed on KV whose load failed
-                stored = self._mamba.store(self._client, self._state_namespaces(
+                outcome = self._mamba.store(self._client, self._state_namespaces(
                     state.cache_salt, state.lora_key, state.generation), state)
-                self._stats.data["stored_states" if stored else "dropped_states"] += 1
+                if outcome != "held":
+                    self._stats.data[f"{outcome}_states"] += 1
         self._bad_from.clear()
 
     def get_kv_connector_kv_cache_events(self) -> Optional[KVConnectorKVEvents]:

@@ -7,6 +7,8 @@ import struct
 import unicodedata
 from typing import Any, Optional
 
+import numpy as np
+
 
 def _fits(value: str) -> bool:
     """Whether kvtier takes `value` as it is: at most 512 bytes of UTF-8, no '|' and no
@@ -55,3 +57,13 @@ def key_tokens(prompt_token_ids: Optional[list[int]], mm_features: Optional[list
         for i in range(c * chunk_tokens, min((c + 1) * chunk_tokens, len(tokens))):
             tokens[i] = -1 - ((tokens[i] ^ words[i % 8]) & 0x7FFFFFFF)
     return tokens
+
+
+def engine_key_tokens(hashes: list[bytes], chunk_tokens: int) -> np.ndarray:
+    """The "token ids" of engine-keyed chunks (``open_namespace(engine_keyed=True)``),
+    [len(hashes) * chunk_tokens] int32: each hash (at most 32 bytes, zero-padded to 32) as its
+    chunk's first 8 little-endian int32, zeros after."""
+    out = np.zeros((len(hashes), chunk_tokens), dtype=np.int32)
+    for i, h in enumerate(hashes):
+        out[i, :8] = np.frombuffer(h.ljust(32, b"\0"), dtype="<i4")
+    return out.reshape(-1)

@@ -30,7 +30,7 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
 import kvtier
-from kvtier.integrations._names import namespace_text
+from kvtier.integrations._names import engine_key_tokens, namespace_text
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +52,7 @@ def page_hash(key: str) -> bytes:
 
 def page_tokens(keys: List[str], chunk_tokens: int) -> np.ndarray:
     """[len(keys) * chunk_tokens] int32: each page's hash as its first 8 'token ids'."""
-    out = np.zeros((len(keys), chunk_tokens), dtype=np.int32)
-    for i, key in enumerate(keys):
-        out[i, :8] = np.frombuffer(page_hash(key), dtype="<i4")
-    return out.reshape(-1)
+    return engine_key_tokens([page_hash(key) for key in keys], chunk_tokens)
 
 
 def model_field(model_id: str, **tags: Any) -> str:

@@ -35,7 +35,7 @@ from vllm.logger import init_logger
 from vllm.v1.kv_cache_interface import MambaSpec
 
 import kvtier
-from kvtier.integrations._names import namespace_text
+from kvtier.integrations._names import engine_key_tokens, namespace_text
 from kvtier.integrations._vllm_plan import _StateSave, _Tracker
 
 if TYPE_CHECKING:
@@ -53,10 +53,9 @@ def mamba_groups(kv_cache_config: "KVCacheConfig") -> list[int]:
             if isinstance(g.kv_cache_spec, MambaSpec)]
 
 
-def state_key_tokens(kv_chunk_key: bytes) -> list[int]:
+def state_key_tokens(kv_chunk_key: bytes) -> Any:
     """The state namespace's "token ids" of the state ending the KV chunk `kv_chunk_key`."""
-    raw = kv_chunk_key.ljust(4 * STATE_CHUNK_TOKENS, b"\0")
-    return [int.from_bytes(raw[i:i + 4], "little", signed=True) for i in range(0, len(raw), 4)]
+    return engine_key_tokens([kv_chunk_key], STATE_CHUNK_TOKENS)
 
 
 class MambaStates:

@@ -3,8 +3,8 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps deps-engines build test test-release test-asan test-tsan sanitize-smoke soak fuzz fuzz-smoke \
-        demo bench gpu-check gpu-bundle wheel install deb clean
+.PHONY: all deps deps-engines build format format-check test test-release test-asan test-tsan \
+        sanitize-smoke soak fuzz fuzz-smoke demo bench gpu-check gpu-bundle wheel install deb clean
 
 all: build
 
@@ -21,15 +21,24 @@ $(BUILD_DIR)/CMakeCache.txt:
 build: deps $(BUILD_DIR)/CMakeCache.txt
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# make test builds and runs every test once: the Python suites and the install checks (labels
-# python and install) in the release build, against the programs users run; every C++ suite in
-# the ASan + UBSan build, then each fuzz target briefly in that same build; CacheCore, the client
-# and the integration suites again under TSan. test-release runs every test of the release build
-# (make build).
+# The C++ and CUDA sources as clang-format 14 lays them out (.clang-format): `make format`
+# rewrites them, `make format-check` (the first step of make test) names those that differ.
+format: deps
+	@bash tools/format.sh
+
+format-check: deps
+	@bash tools/format.sh --check
+
+# make test checks the layout of the sources (format-check), then builds and runs every test
+# once: the Python suites and the install checks (labels python and install) in the release
+# build, against the programs users run; every C++ suite in the ASan + UBSan build, then each fuzz
+# target briefly in that same build; CacheCore, the client and the integration suites again under
+# TSan. test-release runs every test of the release build (make build).
 # RELEASE_ONLY: the C++ tests that skip under the sanitizers (a capped address space, an RSS
 # bound), run in the release build too.
 RELEASE_ONLY = ^(CacheCoreNvmeOutOfMemory\.|WritePipelinedTest\.WithoutAHelperThread|LoadTest\.)
 test: deps-engines $(BUILD_DIR)/CMakeCache.txt
+	@bash tools/format.sh --check
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target kvtier_tests_python kvtier_installed \
 	  daemon_cache_core_nvme_test tiers_write_pipeline_test load_test
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS) -L '^(python|install)$$'

@@ -30,6 +30,7 @@ PACKAGES=(
   libsodium-dev  # the remote tier's keyed MAC (--remote-key-file)
   python3 python3-dev python3-venv
   clang libclang-rt-14-dev llvm-14  # libFuzzer and llvm-symbolizer (make fuzz, fuzz-smoke)
+  clang-format-14  # tools/format.sh (make format, format-check; make test checks)
 )
 
 missing=()

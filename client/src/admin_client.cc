@@ -44,11 +44,26 @@ Result<DaemonStats> AdminClient::Stats() {
   KVTIER_RETURN_IF_ERROR((impl_->Call<v1::StatsRequest>(&v1::Admin::Stub::Stats, &r)));
   DaemonStats s;
   for (const auto& t : r.tiers()) {
-    s.tiers.push_back({t.name(), t.capacity_bytes(), t.used_bytes(), t.capacity_chunks(),
-                       t.chunks(), t.hits(), t.misses(), t.evictions(), t.read_bytes(),
-                       t.write_bytes(), t.pending_writes(), t.corrupt_reads(), t.io_errors(),
-                       t.degraded(), t.skipped_writes(), t.lost_writes(), t.pinned_chunks(),
-                       t.uncommitted_bytes(), t.throttled_writes(), t.unserved_hits(),
+    s.tiers.push_back({t.name(),
+                       t.capacity_bytes(),
+                       t.used_bytes(),
+                       t.capacity_chunks(),
+                       t.chunks(),
+                       t.hits(),
+                       t.misses(),
+                       t.evictions(),
+                       t.read_bytes(),
+                       t.write_bytes(),
+                       t.pending_writes(),
+                       t.corrupt_reads(),
+                       t.io_errors(),
+                       t.degraded(),
+                       t.skipped_writes(),
+                       t.lost_writes(),
+                       t.pinned_chunks(),
+                       t.uncommitted_bytes(),
+                       t.throttled_writes(),
+                       t.unserved_hits(),
                        t.unserved_read_bytes()});
   }
   s.lookups = r.lookups();
@@ -73,15 +88,18 @@ Result<DaemonStats> AdminClient::Stats() {
                         tier_tokens(m.unserved_hit_tokens())});
   }
   const v1::PrefetchOutcomes& p = r.prefetches();
-  s.prefetches = {p.nothing_cached(), p.over_budget(), p.used(), p.used_early(), p.expired(),
-                  p.session_ended()};
+  s.prefetches = {p.nothing_cached(), p.over_budget(), p.used(),
+                  p.used_early(),     p.expired(),     p.session_ended()};
   return s;
 }
 
 Result<DaemonHealth> AdminClient::Health() {
   v1::HealthResponse r;
   KVTIER_RETURN_IF_ERROR((impl_->Call<v1::HealthRequest>(&v1::Admin::Stub::Health, &r)));
-  return DaemonHealth{r.serving(), r.version(), r.epoch(), r.pid(),
+  return DaemonHealth{r.serving(),
+                      r.version(),
+                      r.epoch(),
+                      r.pid(),
                       {r.degraded_tiers().begin(), r.degraded_tiers().end()}};
 }
 
@@ -118,8 +136,8 @@ Result<std::vector<TierEviction>> AdminClient::Evict(const EvictScope& scope) {
   return out;
 }
 
-Result<ChunkList> AdminClient::ListChunks(const NamespaceId& ns,
-                                          const std::vector<int32_t>& tokens, uint32_t limit) {
+Result<ChunkList> AdminClient::ListChunks(const NamespaceId& ns, const std::vector<int32_t>& tokens,
+                                          uint32_t limit) {
   v1::ListChunksRequest req;
   req.set_namespace_id(ns.ToBytes());
   if (!tokens.empty()) req.set_tokens(PackTokens(tokens));
@@ -130,8 +148,9 @@ Result<ChunkList> AdminClient::ListChunks(const NamespaceId& ns,
   out.left_out = r.left_out();
   for (const v1::ChunkInfo& c : r.chunks()) {
     auto key = ChunkKey::FromWire(c.key());
-    if (!key) return Status::Internal("kvtierd answered a chunk key of " +
-                                      std::to_string(c.key().size()) + " bytes");
+    if (!key)
+      return Status::Internal("kvtierd answered a chunk key of " + std::to_string(c.key().size()) +
+                              " bytes");
     ChunkInfo info;
     info.key = *key;
     info.tiers.assign(c.tiers().begin(), c.tiers().end());

@@ -11,9 +11,9 @@ struct ChunkLease::State {
   uint64_t lease_id = 0;  // 0 once released
   uint64_t payload_bytes = 0;
   uint64_t header_bytes = 0;
-  std::vector<uint64_t> offsets;    // payload offsets in the arena
-  std::vector<uint64_t> sequences;  // slot sequence numbers at lookup
-  std::vector<uint64_t> hbm_offsets;  // payload offsets in the HBM pool; 0 = not in HBM
+  std::vector<uint64_t> offsets;        // payload offsets in the arena
+  std::vector<uint64_t> sequences;      // slot sequence numbers at lookup
+  std::vector<uint64_t> hbm_offsets;    // payload offsets in the HBM pool; 0 = not in HBM
   std::vector<uint64_t> hbm_sequences;  // the HBM copies' own sequences; 0 = not in HBM
 };
 
@@ -76,7 +76,8 @@ void ChunkLease::Release() {
 Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const int32_t> tokens,
                                    size_t max_chunks, const PrefetchTicket* ticket, bool hbm,
                                    std::string_view request_id, size_t first_chunk) {
-  if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
+  if (!impl_->Knows(ns.id))
+    return Status::InvalidArgument("namespace was not opened by this client");
   KVTIER_RETURN_IF_ERROR(CheckRequestId(request_id));
   const uint64_t pb = ns.layout.payload_bytes;
   max_chunks = std::min<size_t>(max_chunks, tokens.size() / ns.spec.chunk_tokens);
@@ -129,8 +130,7 @@ Result<ChunkLease> Client::Acquire(const NamespaceHandle& ns, std::span<const in
   if (static_cast<uint32_t>(resp.chunks_size()) != resp.num_chunks() ||
       resp.num_chunks() > max_chunks) {
     bad = Status::DataLoss("daemon returned " + std::to_string(resp.chunks_size()) +
-                           " chunk locations for " + std::to_string(resp.num_chunks()) +
-                           " chunks");
+                           " chunk locations for " + std::to_string(resp.num_chunks()) + " chunks");
   }
   for (int i = 0; bad.ok() && i < resp.chunks_size(); ++i) {
     const v1::ChunkLocation& loc = resp.chunks(i);

@@ -15,9 +15,9 @@ struct ChunkReservation::State {
   std::chrono::milliseconds deadline{0};
   uint64_t reservation_id = 0;
   uint64_t payload_bytes = 0;
-  std::vector<size_t> indices;     // chunk index in the prompt, per reserved chunk
-  std::vector<uint64_t> offsets;   // payload offset in the arena, per reserved chunk
-  bool finished = false;           // committed or aborted
+  std::vector<size_t> indices;    // chunk index in the prompt, per reserved chunk
+  std::vector<uint64_t> offsets;  // payload offset in the arena, per reserved chunk
+  bool finished = false;          // committed or aborted
 };
 
 ChunkReservation::ChunkReservation() = default;
@@ -59,11 +59,10 @@ void ChunkReservation::Abort() {
   v1::AbortWriteResponse resp;
   Connection& c = *state_->conn;
   // A failed abort is not the caller's problem: the session or TTL frees it.
-  state_->report(state_->conn,
-                 CallUnary(c, RingOp::kAbortWrite, Clock::now() + state_->deadline, req, &resp,
-                           [&c](auto* ctx, const auto& r, auto* o) {
-                             return c.stub->AbortWrite(ctx, r, o);
-                           }));
+  state_->report(state_->conn, CallUnary(c, RingOp::kAbortWrite, Clock::now() + state_->deadline,
+                                         req, &resp, [&c](auto* ctx, const auto& r, auto* o) {
+                                           return c.stub->AbortWrite(ctx, r, o);
+                                         }));
 }
 
 Result<StoreResult> ChunkReservation::Commit() {
@@ -82,10 +81,9 @@ Result<StoreResult> ChunkReservation::Commit() {
   req.set_reservation_id(state_->reservation_id);
   v1::CommitWriteResponse resp;
   Connection& c = *state_->conn;
-  Status st = CallUnary(c, RingOp::kCommitWrite, Clock::now() + state_->deadline, req, &resp,
-                        [&c](auto* ctx, const auto& r, auto* o) {
-                          return c.stub->CommitWrite(ctx, r, o);
-                        });
+  Status st =
+      CallUnary(c, RingOp::kCommitWrite, Clock::now() + state_->deadline, req, &resp,
+                [&c](auto* ctx, const auto& r, auto* o) { return c.stub->CommitWrite(ctx, r, o); });
   state_->report(state_->conn, st);
   if (!st.ok()) {
     // Unanswered, the commit may never run; the reservation would then hold
@@ -103,7 +101,8 @@ Result<StoreResult> ChunkReservation::Commit() {
 
 Result<ChunkReservation> Client::Reserve(const NamespaceHandle& ns, std::span<const int32_t> tokens,
                                          size_t first_chunk) {
-  if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
+  if (!impl_->Knows(ns.id))
+    return Status::InvalidArgument("namespace was not opened by this client");
   const uint32_t ct = ns.spec.chunk_tokens;
   const std::vector<ChunkKey> keys = ChunkKeys(ns, tokens);
   ChunkReservation r;
@@ -129,10 +128,9 @@ Result<ChunkReservation> Client::Reserve(const NamespaceHandle& ns, std::span<co
   }
   v1::ReserveWriteResponse resp;
   {
-    Status st = CallUnary(c, RingOp::kReserveWrite, deadline, req, &resp,
-                          [&c](auto* ctx, const auto& r, auto* o) {
-                            return c.stub->ReserveWrite(ctx, r, o);
-                          });
+    Status st = CallUnary(
+        c, RingOp::kReserveWrite, deadline, req, &resp,
+        [&c](auto* ctx, const auto& r, auto* o) { return c.stub->ReserveWrite(ctx, r, o); });
     impl_->Report(*conn, st, &ns.id);
     if (!st.ok()) {
       r.fail_open = st;
@@ -162,8 +160,12 @@ Result<ChunkReservation> Client::Reserve(const NamespaceHandle& ns, std::span<co
   int loc_index = 0;
   for (int i = 0; bad.ok() && i < resp.outcomes_size(); ++i) {
     switch (resp.outcomes(i)) {
-      case v1::ALREADY_STORED: ++r.already_stored_chunks; break;
-      case v1::BEING_WRITTEN: ++r.being_written_chunks; break;
+      case v1::ALREADY_STORED:
+        ++r.already_stored_chunks;
+        break;
+      case v1::BEING_WRITTEN:
+        ++r.being_written_chunks;
+        break;
       case v1::RESERVED: {
         if (loc_index >= resp.chunks_size()) {
           bad = Status::DataLoss("daemon returned too few chunk locations");
@@ -179,7 +181,9 @@ Result<ChunkReservation> Client::Reserve(const NamespaceHandle& ns, std::span<co
         s.offsets.push_back(loc.payload_offset());
         break;
       }
-      default: ++r.dropped_chunks; break;
+      default:
+        ++r.dropped_chunks;
+        break;
     }
   }
   if (!bad.ok()) {  // the daemon's fault: fail open

@@ -42,8 +42,7 @@ Result<NamespaceHandle> Client::OpenNamespace(const NamespaceSpec& spec) {
     Status st = impl_->EnsureRegistered(*conn, spec, ns.id, deadline);
     // The daemon's refusals of this namespace itself are the caller's to see:
     // a slot larger than the arena, or the daemon's namespace limit.
-    if (st.code() == StatusCode::kInvalidArgument ||
-        st.code() == StatusCode::kResourceExhausted) {
+    if (st.code() == StatusCode::kInvalidArgument || st.code() == StatusCode::kResourceExhausted) {
       return st;
     }
   }
@@ -56,10 +55,10 @@ std::vector<ChunkKey> Client::ChunkKeys(const NamespaceHandle& ns,
   return ns.spec.ChunkKeys(ns.id, tokens);
 }
 
-
 Result<LookupResult> Client::Lookup(const NamespaceHandle& ns, std::span<const int32_t> tokens,
                                     std::string_view request_id) {
-  if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
+  if (!impl_->Knows(ns.id))
+    return Status::InvalidArgument("namespace was not opened by this client");
   KVTIER_RETURN_IF_ERROR(CheckRequestId(request_id));
   LookupResult result;
   const auto deadline = impl_->CallDeadline();
@@ -85,7 +84,8 @@ Result<LookupResult> Client::Lookup(const NamespaceHandle& ns, std::span<const i
 Result<PrefetchTicket> Client::Prefetch(const NamespaceHandle& ns, std::span<const int32_t> tokens,
                                         const PrefetchOptions& options,
                                         std::string_view request_id) {
-  if (!impl_->Knows(ns.id)) return Status::InvalidArgument("namespace was not opened by this client");
+  if (!impl_->Knows(ns.id))
+    return Status::InvalidArgument("namespace was not opened by this client");
   KVTIER_RETURN_IF_ERROR(CheckRequestId(request_id));
   if (options.deadline.count() < 1 || options.deadline.count() > 600000) {
     return Status::InvalidArgument("PrefetchOptions.deadline " +
@@ -99,12 +99,18 @@ Result<PrefetchTicket> Client::Prefetch(const NamespaceHandle& ns, std::span<con
   ticket.options = options;
   const auto now = Clock::now();
   switch (options.policy) {
-    case PrefetchPolicy::kBestEffort: ticket.wait_until = now; break;
-    case PrefetchPolicy::kWaitComplete: ticket.wait_until = now + options.deadline; break;
+    case PrefetchPolicy::kBestEffort:
+      ticket.wait_until = now;
+      break;
+    case PrefetchPolicy::kWaitComplete:
+      ticket.wait_until = now + options.deadline;
+      break;
     case PrefetchPolicy::kTimeout:
-      ticket.wait_until = now + std::min<Clock::duration>(
-          options.deadline, options.timeout_base + options.timeout_per_1k_tokens *
-                                                       static_cast<int64_t>(tokens.size()) / 1000);
+      ticket.wait_until =
+          now + std::min<Clock::duration>(
+                    options.deadline,
+                    options.timeout_base +
+                        options.timeout_per_1k_tokens * static_cast<int64_t>(tokens.size()) / 1000);
       break;
   }
   const auto deadline = impl_->CallDeadline();
@@ -113,7 +119,8 @@ Result<PrefetchTicket> Client::Prefetch(const NamespaceHandle& ns, std::span<con
     ticket.fail_open = conn.status();
     return ticket;
   }
-  if (options.to_hbm && !(*conn)->hbm) {  // asked here: the daemon's refusal would look like a lost session
+  if (options.to_hbm &&
+      !(*conn)->hbm) {  // asked here: the daemon's refusal would look like a lost session
     ticket.fail_open = Status::FailedPrecondition("to_hbm: kvtierd runs without an HBM tier");
     return ticket;
   }
@@ -145,15 +152,15 @@ Result<PrefetchTicket> Client::Prefetch(const NamespaceHandle& ns, std::span<con
 PrefetchProgress Client::PrefetchStatus(const PrefetchTicket& ticket) {
   PrefetchProgress progress;
   if (ticket.id == 0) {
-    progress.fail_open = ticket.fail_open.ok() ? Status::NotFound("no prefetch ticket")
-                                               : ticket.fail_open;
+    progress.fail_open =
+        ticket.fail_open.ok() ? Status::NotFound("no prefetch ticket") : ticket.fail_open;
     return progress;
   }
   const auto deadline = impl_->CallDeadline();
   auto conn = impl_->Get(deadline);
   if (!conn.ok() || (*conn)->session_id != ticket.session_id) {
-    progress.fail_open = conn.ok() ? Status::NotFound("the ticket's session ended (reconnected)")
-                                   : conn.status();
+    progress.fail_open =
+        conn.ok() ? Status::NotFound("the ticket's session ended (reconnected)") : conn.status();
     return progress;
   }
   v1::PrefetchStatusRequest req;
@@ -161,10 +168,9 @@ PrefetchProgress Client::PrefetchStatus(const PrefetchTicket& ticket) {
   req.set_ticket(ticket.id);
   v1::PrefetchStatusResponse resp;
   Connection& c = **conn;
-  Status st = CallUnary(c, RingOp::kPrefetchStatus, deadline, req, &resp,
-                        [&c](auto* ctx, const auto& r, auto* o) {
-                          return c.stub->PrefetchStatus(ctx, r, o);
-                        });
+  Status st = CallUnary(
+      c, RingOp::kPrefetchStatus, deadline, req, &resp,
+      [&c](auto* ctx, const auto& r, auto* o) { return c.stub->PrefetchStatus(ctx, r, o); });
   impl_->Report(*conn, st);
   if (!st.ok()) {
     progress.fail_open = st;

@@ -11,10 +11,10 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <cctype>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "daemon_socket.h"
 #include "kvtier/arena.h"
 #include "kvtier/client.h"
 #include "kvtier/fd_passing.h"
@@ -33,7 +34,6 @@
 #include "kvtier/sanitizers.h"
 #include "kvtier/socket_path.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
-#include "daemon_socket.h"
 #include "ring_client.h"
 
 namespace kvtier::client_internal {
@@ -71,7 +71,8 @@ class SessionStream final : public grpc::ClientBidiReactor<v1::SessionHello, v1:
     {
       // One write at a time: the hello's must have completed.
       std::unique_lock lock(mu_);
-      if (!cv_.wait_until(lock, deadline, [&] { return (got_opened_ && hello_written_) || done_; }) ||
+      if (!cv_.wait_until(lock, deadline,
+                          [&] { return (got_opened_ && hello_written_) || done_; }) ||
           done_) {
         return false;
       }
@@ -186,7 +187,7 @@ struct Connection {
   std::unique_ptr<SessionStream> session;
   std::shared_ptr<Arena> arena;
   std::unique_ptr<RingClient> ring;  // the session's control ring; null: gRPC only
-  std::optional<HbmPoolInfo> hbm;  // the daemon's HBM pool, from SessionOpened
+  std::optional<HbmPoolInfo> hbm;    // the daemon's HBM pool, from SessionOpened
   uint64_t session_id = 0;
   // Written once, when the session opens and before any other call on the
   // channel; the channel's interceptor sends it with every call.
@@ -347,8 +348,8 @@ class Releaser {
   std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<CallBase*, std::shared_ptr<CallBase>> in_flight_;  // GUARDED_BY(mu_)
-  std::vector<std::shared_ptr<CallBase>> finished_;                      // GUARDED_BY(mu_)
-  bool stopped_ = false;                                                 // GUARDED_BY(mu_)
+  std::vector<std::shared_ptr<CallBase>> finished_;                     // GUARDED_BY(mu_)
+  bool stopped_ = false;                                                // GUARDED_BY(mu_)
   std::thread thread_;
 };
 
@@ -386,10 +387,18 @@ inline Status CallLookup(Connection& c, const NamespaceHandle& ns, Clock::time_p
                          v1::LookupRequest& req, std::span<const int32_t> tokens,
                          v1::LookupResponse* resp) {
   if (c.ring) {
-    const RingClient::LookupArgs args{&ns.id, tokens, ns.spec.chunk_tokens, req.acquire(),
-                                      req.hbm(), req.max_chunks(), req.prefetch_ticket(),
-                                      req.request_id(), req.first_chunk(), req.adopt_ticket()};
-    if (auto st = c.ring->Lookup(args, deadline, [&c] { return c.alive(); }, resp)) {
+    const RingClient::LookupArgs args{&ns.id,
+                                      tokens,
+                                      ns.spec.chunk_tokens,
+                                      req.acquire(),
+                                      req.hbm(),
+                                      req.max_chunks(),
+                                      req.prefetch_ticket(),
+                                      req.request_id(),
+                                      req.first_chunk(),
+                                      req.adopt_ticket()};
+    if (auto st = c.ring->Lookup(
+            args, deadline, [&c] { return c.alive(); }, resp)) {
       return *std::move(st);
     }
   }
@@ -404,7 +413,8 @@ template <typename Request, typename Response, typename Grpc>
 Status CallUnary(Connection& c, RingOp op, Clock::time_point deadline, const Request& req,
                  Response* resp, Grpc grpc) {
   if (c.ring) {
-    if (auto st = c.ring->Call(op, req, deadline, [&c] { return c.alive(); }, resp)) {
+    if (auto st = c.ring->Call(
+            op, req, deadline, [&c] { return c.alive(); }, resp)) {
       return *std::move(st);
     }
   }
@@ -451,9 +461,10 @@ class Client::Impl {
       if (v == "0" || v == "false" || v == "off" || v == "no") {
         options_.control_ring = false;
       } else if (v != "1" && v != "true" && v != "on" && v != "yes") {
-        spdlog::warn("kvtier client: KVTIER_CONTROL_RING='{}' is neither off (0, false, off, no) "
-                     "nor on (1, true, on, yes); the control ring stays {}", ring,
-                     options_.control_ring ? "on" : "off");
+        spdlog::warn(
+            "kvtier client: KVTIER_CONTROL_RING='{}' is neither off (0, false, off, no) "
+            "nor on (1, true, on, yes); the control ring stays {}",
+            ring, options_.control_ring ? "on" : "off");
       }
     }
   }
@@ -475,8 +486,7 @@ class Client::Impl {
       if (conn_ && conn_->alive()) return conn_;
       if (!dialing_) break;
       if (!dial_done_.wait_until(lock, deadline, [&] { return !dialing_; })) {
-        return Status::DeadlineExceeded("still connecting to kvtierd at " +
-                                        options_.socket_path);
+        return Status::DeadlineExceeded("still connecting to kvtierd at " + options_.socket_path);
       }
     }
     const auto now = Clock::now();
@@ -601,7 +611,8 @@ class Client::Impl {
     grpc::ChannelArguments args;
     for (const auto& [name, value] : TransportArgs()) args.SetInt(name, value);
     std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> tokens;
-    tokens.push_back(std::make_unique<client_internal::SessionTokenInterceptorFactory>(c->session_token));
+    tokens.push_back(
+        std::make_unique<client_internal::SessionTokenInterceptorFactory>(c->session_token));
     int grpc_fd = -1;
     auto socket = client_internal::DaemonSocket::Connect(options_.socket_path, deadline, &grpc_fd);
     if (!socket.ok()) return socket.status();
@@ -623,7 +634,8 @@ class Client::Impl {
     if (arena && arena->epoch() == c->epoch) {
       c->arena = arena;
     } else {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       auto got = ReceiveArenaFd(ArenaSocketPath(options_.socket_path),
                                 static_cast<int>(std::max<int64_t>(left.count(), 1)));
       if (!got.ok()) return got.status();
@@ -636,10 +648,11 @@ class Client::Impl {
       if (!mapped.ok()) return mapped.status();
       c->arena = std::shared_ptr<Arena>(std::move(mapped).value());
       spdlog::debug("kvtier client: mapped arena epoch {:016x} ({} bytes)", msg.epoch,
-                   msg.arena_bytes);
+                    msg.arena_bytes);
     }
     if (options_.control_ring) {  // without one, calls go over gRPC
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       auto fd = RequestRingFd(options_.socket_path, c->session_id, *c->session_token,
                               static_cast<int>(std::max<int64_t>(left.count(), 1)));
       auto ring = fd.ok() ? RingMemory::Map(*fd, c->session_id) : Result<RingMemory>(fd.status());
@@ -655,12 +668,12 @@ class Client::Impl {
 
   ClientOptions options_;
   std::mutex mu_;
-  std::shared_ptr<Connection> conn_;                           // GUARDED_BY(mu_)
-  std::shared_ptr<Arena> arena_;                               // GUARDED_BY(mu_)
+  std::shared_ptr<Connection> conn_;                                         // GUARDED_BY(mu_)
+  std::shared_ptr<Arena> arena_;                                             // GUARDED_BY(mu_)
   std::unordered_map<NamespaceId, NamespaceSpec, ChunkKeyHash> namespaces_;  // GUARDED_BY(mu_)
-  Clock::time_point last_attempt_{};                           // GUARDED_BY(mu_)
-  std::string last_error_ = "never connected";                 // GUARDED_BY(mu_)
-  bool closed_ = false;                                        // GUARDED_BY(mu_)
+  Clock::time_point last_attempt_{};                                         // GUARDED_BY(mu_)
+  std::string last_error_ = "never connected";                               // GUARDED_BY(mu_)
+  bool closed_ = false;                                                      // GUARDED_BY(mu_)
   bool dialing_ = false;  // a thread is connecting, outside mu_   // GUARDED_BY(mu_)
   std::condition_variable dial_done_;
   Releaser releaser_;

@@ -25,7 +25,8 @@ Result<std::shared_ptr<DaemonSocket>> DaemonSocket::Connect(const std::string& p
   const int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (dup_fd < 0) return Status::Unavailable(std::string("dup: ") + std::strerror(errno));
   // O_NONBLOCK belongs to the open file, which both descriptors share; gRPC needs it.
-  if (const int flags = fcntl(dup_fd, F_GETFL); flags < 0 || fcntl(dup_fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+  if (const int flags = fcntl(dup_fd, F_GETFL);
+      flags < 0 || fcntl(dup_fd, F_SETFL, flags | O_NONBLOCK) != 0) {
     const int err = errno;
     close(dup_fd);
     return Status::Unavailable(std::string("fcntl O_NONBLOCK: ") + std::strerror(err));
@@ -98,8 +99,10 @@ void CallWatchdog::Loop() {
       }
     }
     lock.unlock();
-    spdlog::warn("kvtier client: {} call(s) ran {} ms past their deadline (kvtierd not reading?); "
-                 "closing their connection", overdue.size(), kGrace.count());
+    spdlog::warn(
+        "kvtier client: {} call(s) ran {} ms past their deadline (kvtierd not reading?); "
+        "closing their connection",
+        overdue.size(), kGrace.count());
     for (auto& s : overdue) s->Shutdown();
     overdue.clear();
     lock.lock();

@@ -1,11 +1,11 @@
 #include "kvtier/layerwise.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <set>
 #include <utility>
-
-#include <spdlog/spdlog.h>
 
 namespace kvtier {
 
@@ -13,9 +13,12 @@ Status FromGpu(const gpu::GpuStatus& st, const std::string& what) {
   if (st.ok()) return Status::Ok();
   const std::string message = what + ": " + st.ToString();
   switch (st.code()) {
-    case gpu::GpuCode::kInvalidArgument: return Status::InvalidArgument(message);
-    case gpu::GpuCode::kOutOfMemory: return Status::ResourceExhausted(message);
-    default: return Status::Unavailable(message);
+    case gpu::GpuCode::kInvalidArgument:
+      return Status::InvalidArgument(message);
+    case gpu::GpuCode::kOutOfMemory:
+      return Status::ResourceExhausted(message);
+    default:
+      return Status::Unavailable(message);
   }
 }
 
@@ -159,9 +162,9 @@ Result<std::shared_ptr<const gpu::PinnedRange>> GpuArena::For(
   }
   auto entry = std::make_shared<Entry>();
   entry->mapping = mapping;
-  KVTIER_RETURN_IF_ERROR(FromGpu(runtime_.RegisterHost(mapping->base(), mapping->bytes(),
-                                                       gpu::PinOptions(), &entry->range),
-                                 "registering the kvtier arena with the GPU runtime"));
+  KVTIER_RETURN_IF_ERROR(FromGpu(
+      runtime_.RegisterHost(mapping->base(), mapping->bytes(), gpu::PinOptions(), &entry->range),
+      "registering the kvtier arena with the GPU runtime"));
   entries_.push_back(entry);
   DropStale();
   return std::shared_ptr<const gpu::PinnedRange>(entry, &entry->range);
@@ -179,13 +182,13 @@ Result<std::shared_ptr<const gpu::DeviceBuffer>> GpuArena::Pool(const HbmPoolInf
   opened->epoch = pool.epoch;
   const bool host = runtime_.backend() == gpu::Backend::kHost;
   if ((pool.backend == "host") != host) {
-    opened->error = Status::FailedPrecondition("the daemon's HBM pool is on the '" +
-                                               pool.backend + "' backend; this runtime is " +
-                                               std::string(runtime_.name()));
+    opened->error =
+        Status::FailedPrecondition("the daemon's HBM pool is on the '" + pool.backend +
+                                   "' backend; this runtime is " + std::string(runtime_.name()));
   } else {
-    opened->error = FromGpu(runtime_.OpenExported(pool.ipc_handle, pool.pool_bytes,
-                                                  &opened->buffer),
-                            "opening kvtierd's HBM pool");
+    opened->error =
+        FromGpu(runtime_.OpenExported(pool.ipc_handle, pool.pool_bytes, &opened->buffer),
+                "opening kvtierd's HBM pool");
   }
   pools_.push_back(opened);
   DropStale();
@@ -202,9 +205,9 @@ void GpuArena::DropStale() {
     return e.use_count() == 1 && e->mapping.use_count() == 1;
   });
   std::erase_if(pools_, [&](const std::shared_ptr<OpenedPool>& p) {
-    return p.use_count() == 1 &&
-           std::none_of(entries_.begin(), entries_.end(),
-                        [&](const auto& e) { return e->mapping->epoch() == p->epoch; });
+    return p.use_count() == 1 && std::none_of(entries_.begin(), entries_.end(), [&](const auto& e) {
+             return e->mapping->epoch() == p->epoch;
+           });
   });
 }
 
@@ -237,9 +240,8 @@ LayerwiseLoader::~LayerwiseLoader() {
 
 Result<uint64_t> LayerwiseLoader::StartLoad(std::span<const int32_t> tokens,
                                             std::span<const int32_t> block_ids,
-                                            gpu::Stream& load_stream,
-                                            const PrefetchTicket* ticket, size_t first_chunk,
-                                            std::string_view request_id) {
+                                            gpu::Stream& load_stream, const PrefetchTicket* ticket,
+                                            size_t first_chunk, std::string_view request_id) {
   const std::vector<int32_t> table(block_ids.begin(), block_ids.end());
   return StartLoad(tokens, BlockTables(&table, 1), load_stream, ticket, first_chunk, request_id);
 }
@@ -313,8 +315,7 @@ Status LayerwiseLoader::WaitLayer(int64_t layer, gpu::Stream& compute_stream) {
   // A layer the load could not queue has no event: its chunks are reported
   // failed by Finish, so the engine need not wait for them.
   const gpu::GpuStatus st = loads_[g]->WaitLayer(local, compute_stream);
-  return st.code() == gpu::GpuCode::kInvalidArgument ? Status::Ok()
-                                                     : FromGpu(st, "WaitLayer");
+  return st.code() == gpu::GpuCode::kInvalidArgument ? Status::Ok() : FromGpu(st, "WaitLayer");
 }
 
 const gpu::Event* LayerwiseLoader::layer_event(int64_t layer) const {
@@ -368,8 +369,8 @@ uint32_t LayerwiseLoader::ValidHbmChunks() {
   gpu::GpuStatus st;
   for (uint32_t i = first_chunk_; i < n && st.ok(); ++i) {
     if (const uint64_t off = lease_.hbm_payload_offset(i); off != 0) {
-      st = runtime_.CopyAsync(&seen[i], static_cast<const std::byte*>(pool_->data()) + off -
-                                            to_sequence,
+      st = runtime_.CopyAsync(&seen[i],
+                              static_cast<const std::byte*>(pool_->data()) + off - to_sequence,
                               sizeof(uint64_t), *load_stream_);
     }
   }
@@ -416,11 +417,12 @@ Result<uint32_t> LayerwiseStorer::Start(std::span<const int32_t> tokens, BlockTa
   const size_t full_chunks = tokens.size() / ct;
   for (size_t g = 0; g < block_tables.size(); ++g) {
     if (block_tables[g].size() < full_chunks * per_chunk) {
-      return Status::InvalidArgument(
-          (block_tables.size() > 1 ? "block table " + std::to_string(g) : std::string("block_ids")) +
-          " holds " + std::to_string(block_tables[g].size()) + " blocks; the prompt's " +
-          std::to_string(full_chunks) + " full chunks need " +
-          std::to_string(full_chunks * per_chunk));
+      return Status::InvalidArgument((block_tables.size() > 1 ? "block table " + std::to_string(g)
+                                                              : std::string("block_ids")) +
+                                     " holds " + std::to_string(block_tables[g].size()) +
+                                     " blocks; the prompt's " + std::to_string(full_chunks) +
+                                     " full chunks need " +
+                                     std::to_string(full_chunks * per_chunk));
     }
   }
   started_ = true;
@@ -441,8 +443,7 @@ Result<uint32_t> LayerwiseStorer::Start(std::span<const int32_t> tokens, BlockTa
     for (size_t g = 0; g < groups_.size(); ++g) {
       const std::vector<int32_t> blocks =
           ChunkBlocks(block_tables[g], reservation_.chunk_index(k), 1, per_chunk);
-      sets.chunks[g].block_ids.insert(sets.chunks[g].block_ids.end(), blocks.begin(),
-                                      blocks.end());
+      sets.chunks[g].block_ids.insert(sets.chunks[g].block_ids.end(), blocks.begin(), blocks.end());
     }
   }
   gpu::GpuStatus st;
@@ -481,7 +482,8 @@ Result<StoreResult> LayerwiseStorer::Finish() {
     StoreResult result;
     result.already_stored_chunks = reservation_.already_stored_chunks;
     result.being_written_chunks = reservation_.being_written_chunks;
-    result.dropped_chunks = reservation_.dropped_chunks + static_cast<uint32_t>(reservation_.size());
+    result.dropped_chunks =
+        reservation_.dropped_chunks + static_cast<uint32_t>(reservation_.size());
     result.fail_open = st.ok() ? Status::Aborted(std::to_string(failed.size()) +
                                                  " chunks failed to copy; nothing was committed")
                                : FromGpu(st, "layerwise store");

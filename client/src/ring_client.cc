@@ -91,14 +91,15 @@ Status RingClient::Wait(uint32_t slot, uint32_t seq, Clock::time_point deadline,
       unanswered_.push_back({slot, seq, now});  // kvtierd undoes the call if it ever answers it
       if (closed) return Status::Unavailable("kvtierd stopped serving the control ring");
       if (gone) return Status::Unavailable("kvtierd ended the session during a control ring call");
-      return Status::DeadlineExceeded("kvtierd did not answer on the control ring within the "
-                                      "deadline");
+      return Status::DeadlineExceeded(
+          "kvtierd did not answer on the control ring within the "
+          "deadline");
     }
     if (now < spin_until) {
       RingSpinStep();
     } else {
-      RingFutexWait(s.done, done, std::min<Clock::duration>(deadline - now,
-                                                            std::chrono::milliseconds(10)));
+      RingFutexWait(s.done, done,
+                    std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(10)));
     }
   }
   std::memcpy(c, &s.completion, sizeof(*c));

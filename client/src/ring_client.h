@@ -73,7 +73,7 @@ class RingClient {
 
   RingMemory mem_;
   std::mutex mu_;
-  std::vector<uint32_t> free_;                         // GUARDED_BY(mu_)
+  std::vector<uint32_t> free_;  // GUARDED_BY(mu_)
   // Calls not waited for (releases, calls past their deadline): each slot is
   // free again once the daemon answered its seq. One left unanswered for
   // kStuckAfter means kvtierd is not serving the ring (stopped, say): calls
@@ -85,8 +85,8 @@ class RingClient {
   };
   static constexpr std::chrono::milliseconds kStuckAfter{100};
   std::vector<Unanswered> unanswered_;  // GUARDED_BY(mu_)
-  std::mutex submit_mu_;  // one producer at a time on the submission queue
-  uint32_t next_seq_ = 1;  // GUARDED_BY(submit_mu_)
+  std::mutex submit_mu_;                // one producer at a time on the submission queue
+  uint32_t next_seq_ = 1;               // GUARDED_BY(submit_mu_)
 };
 
 }  // namespace kvtier::client_internal

@@ -15,16 +15,15 @@ namespace kvtier::chunk_hash {
 // Writes num_chunks keys (lo, hi pairs) to `out`: key_0 = XXH3-128(parent || chunk 0),
 // key_i = XXH3-128(key_{i-1} || chunk i). Chunk i is tokens[i*chunk_tokens, (i+1)*chunk_tokens).
 using ChainFn = void (*)(uint64_t parent_lo, uint64_t parent_hi, const int32_t* tokens,
-                         size_t chunk_tokens, size_t num_chunks,
-                         uint64_t* out);
+                         size_t chunk_tokens, size_t num_chunks, uint64_t* out);
 
 void ChainBaseline(uint64_t parent_lo, uint64_t parent_hi, const int32_t* tokens,
                    size_t chunk_tokens, size_t num_chunks, uint64_t* out);
 #if KVTIER_HASH_X86
-void ChainAvx2(uint64_t parent_lo, uint64_t parent_hi, const int32_t* tokens,
-               size_t chunk_tokens, size_t num_chunks, uint64_t* out);
-void ChainAvx512(uint64_t parent_lo, uint64_t parent_hi, const int32_t* tokens,
-                 size_t chunk_tokens, size_t num_chunks, uint64_t* out);
+void ChainAvx2(uint64_t parent_lo, uint64_t parent_hi, const int32_t* tokens, size_t chunk_tokens,
+               size_t num_chunks, uint64_t* out);
+void ChainAvx512(uint64_t parent_lo, uint64_t parent_hi, const int32_t* tokens, size_t chunk_tokens,
+                 size_t num_chunks, uint64_t* out);
 #endif
 
 }  // namespace kvtier::chunk_hash

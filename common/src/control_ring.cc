@@ -114,11 +114,10 @@ Result<RingCall> DecodeSubmission(const RingSubmission& entry, std::span<const u
       return Status::InvalidArgument("ring entry op " + std::to_string(entry.op) +
                                      " takes no flags, tokens, request id or first chunk");
     }
-    if (op == RingOp::kReleaseRead ? entry.message_bytes != 0
-                                   : entry.message_bytes > data.size()) {
+    if (op == RingOp::kReleaseRead ? entry.message_bytes != 0 : entry.message_bytes > data.size()) {
       return Status::InvalidArgument("ring entry op " + std::to_string(entry.op) + ": message of " +
-                                     std::to_string(entry.message_bytes) + " bytes (the slot holds " +
-                                     std::to_string(data.size()) + ")");
+                                     std::to_string(entry.message_bytes) +
+                                     " bytes (the slot holds " + std::to_string(data.size()) + ")");
     }
     RingCall call;
     call.op = op;

@@ -58,7 +58,6 @@ Status CheckDaemonPeer(int sock, const std::string& path) {
                                   ": its arena is not mapped");
 }
 
-
 Result<int> ConnectUnixSocket(const std::string& path, int timeout_ms) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -143,6 +142,5 @@ Result<int> ReceiveFd(int sock, int timeout_ms, void* msg, size_t bytes, const s
   }
   return fd;
 }
-
 
 }  // namespace kvtier

@@ -1,10 +1,9 @@
 #include "kvtier/kv_event.h"
 
 #define MSGPACK_NO_BOOST 1
-#include <msgpack.hpp>
-
 #include <array>
 #include <cstring>
+#include <msgpack.hpp>
 
 namespace kvtier {
 namespace {
@@ -150,18 +149,24 @@ Result<KvEvent> DecodeEvent(const msgpack::object& o) {
 
 std::string_view KvEventTypeName(KvEventType type) {
   switch (type) {
-    case KvEventType::kBlockStored: return "BlockStored";
-    case KvEventType::kBlockRemoved: return "BlockRemoved";
-    case KvEventType::kAllBlocksCleared: return "AllBlocksCleared";
+    case KvEventType::kBlockStored:
+      return "BlockStored";
+    case KvEventType::kBlockRemoved:
+      return "BlockRemoved";
+    case KvEventType::kAllBlocksCleared:
+      return "AllBlocksCleared";
   }
   return "";
 }
 
 std::string_view KvMediumName(KvMedium medium) {
   switch (medium) {
-    case KvMedium::kGpu: return "GPU";
-    case KvMedium::kCpu: return "CPU";
-    case KvMedium::kStorage: return "STORAGE";
+    case KvMedium::kGpu:
+      return "GPU";
+    case KvMedium::kCpu:
+      return "CPU";
+    case KvMedium::kStorage:
+      return "STORAGE";
   }
   return "";
 }

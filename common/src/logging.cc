@@ -44,7 +44,8 @@ std::optional<uint64_t> LogLimiter::Admit() {
 }
 
 std::string HeldBack(uint64_t n) {
-  return n == 0 ? std::string() : " (" + std::to_string(n) + " more like it since the last warning)";
+  return n == 0 ? std::string()
+                : " (" + std::to_string(n) + " more like it since the last warning)";
 }
 
 }  // namespace kvtier

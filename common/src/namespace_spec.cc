@@ -59,8 +59,8 @@ Status NamespaceSpec::Validate() const {
     return Status::InvalidArgument("tp_size " + std::to_string(tp_size) + " is outside 1..1024");
   }
   if (tp_rank >= tp_size) {
-    return Status::InvalidArgument("tp_rank " + std::to_string(tp_rank) +
-                                   " is not below tp_size " + std::to_string(tp_size));
+    return Status::InvalidArgument("tp_rank " + std::to_string(tp_rank) + " is not below tp_size " +
+                                   std::to_string(tp_size));
   }
   if (layout == "mha") {
     if (num_kv_heads < 1 || num_kv_heads > 1024) {

@@ -32,16 +32,15 @@ uint32_t HeaderChecksum(const std::byte* slot, uint32_t num_tokens) {
 SlotLayout SlotLayout::For(const NamespaceSpec& spec) {
   SlotLayout l;
   l.chunk_tokens = spec.chunk_tokens;
-  l.header_bytes =
-      static_cast<uint32_t>(AlignUp(sizeof(SlotHeader) + uint64_t{4} * spec.chunk_tokens,
-                                    kPayloadAlignment));
+  l.header_bytes = static_cast<uint32_t>(
+      AlignUp(sizeof(SlotHeader) + uint64_t{4} * spec.chunk_tokens, kPayloadAlignment));
   l.payload_bytes = spec.PayloadBytes();
   l.slot_bytes = AlignUp(l.header_bytes + l.payload_bytes, kSlotAlignment);
   return l;
 }
 
-void SealSlot(std::byte* slot, const SlotLayout& layout, const SlotIdentity& id,
-              uint64_t sequence, bool with_payload_checksum) {
+void SealSlot(std::byte* slot, const SlotLayout& layout, const SlotIdentity& id, uint64_t sequence,
+              bool with_payload_checksum) {
   SlotHeader h{};
   h.magic = kSlotMagic;
   h.format_version = kSlotFormatVersion;
@@ -106,7 +105,8 @@ void InvalidateSlot(std::byte* slot) {
 
 uint64_t SlotSequence(const std::byte* slot) {
   std::atomic_thread_fence(std::memory_order_acquire);
-  auto* magic = reinterpret_cast<uint64_t*>(const_cast<std::byte*>(slot) + offsetof(SlotHeader, magic));
+  auto* magic =
+      reinterpret_cast<uint64_t*>(const_cast<std::byte*>(slot) + offsetof(SlotHeader, magic));
   auto* sequence =
       reinterpret_cast<uint64_t*>(const_cast<std::byte*>(slot) + offsetof(SlotHeader, sequence));
   if (std::atomic_ref<uint64_t>(*magic).load(std::memory_order_relaxed) != kSlotMagic) return 0;

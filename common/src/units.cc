@@ -25,7 +25,8 @@ Result<uint64_t> ParseBytes(std::string_view text) {
   }
   while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
   std::string suffix;
-  for (char c : rest) suffix.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
+  for (char c : rest)
+    suffix.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
   uint64_t unit = 1;
   if (suffix.empty() || suffix == "B") {
     unit = 1;

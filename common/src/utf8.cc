@@ -49,8 +49,7 @@ std::string ControlCharacterIn(std::string_view s) {
       char code[8];
       std::snprintf(code, sizeof(code), "U+%04X",
                     c1 ? static_cast<unsigned char>(s[i + 1]) : unsigned{c});
-      return std::string(" holds control character ") + code + " (byte " + std::to_string(i) +
-             ")";
+      return std::string(" holds control character ") + code + " (byte " + std::to_string(i) + ")";
     }
   }
   return "";

@@ -47,7 +47,8 @@ Status CacheCoreOptions::Validate() const {
   if (!remote.url.empty()) {
     KVTIER_RETURN_IF_ERROR(remote.Validate());
     if (nvme.paths.empty()) {
-      return Status::InvalidArgument("remote " + remote.url + " needs the NVMe tier (--nvme-path): "
+      return Status::InvalidArgument("remote " + remote.url +
+                                     " needs the NVMe tier (--nvme-path): "
                                      "remote writes go with the NVMe writer's batches");
     }
   }
@@ -87,9 +88,10 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
         core->mu_, *core->dram_, *core->hbm_, core->namespaces_, core->work_cv_,
         [self = core.get()](size_t n) { return self->TakeSequences(n); });
     if (options.hbm.bytes > options.dram_bytes) {
-      spdlog::warn("hbm_bytes {} is more than dram_bytes {}: HBM holds a subset of DRAM, so at "
-                   "most {} bytes of the pool can be used", options.hbm.bytes, options.dram_bytes,
-                   options.dram_bytes);
+      spdlog::warn(
+          "hbm_bytes {} is more than dram_bytes {}: HBM holds a subset of DRAM, so at "
+          "most {} bytes of the pool can be used",
+          options.hbm.bytes, options.dram_bytes, options.dram_bytes);
     }
   }
   if (!options.remote.url.empty()) {
@@ -100,7 +102,8 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
   auto nvme = open_nvme();
   if (!nvme.ok()) return nvme.status();
   if (core->remote_ && !*nvme) {
-    return Status::InvalidArgument("remote " + options.remote.url + " needs the NVMe tier "
+    return Status::InvalidArgument("remote " + options.remote.url +
+                                   " needs the NVMe tier "
                                    "(--nvme-path): remote writes go with the NVMe writer's "
                                    "batches");
   }
@@ -122,17 +125,16 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
   }
   CacheCore* self = core.get();
   core->promoter_ = std::make_unique<Promoter>(
-      core->mu_, *core->dram_, core->nvme_.get(), core->nvme_health_.get(),
-      core->hbm_copier_.get(), core->remote_.get(), core->work_cv_,
+      core->mu_, *core->dram_, core->nvme_.get(), core->nvme_health_.get(), core->hbm_copier_.get(),
+      core->remote_.get(), core->work_cv_,
       Promoter::Hooks{
           .live_namespace = [self](const NamespaceId& id) -> CoreNamespace* {
             auto it = self->ns_by_id_.find(id);
             return it == self->ns_by_id_.end() ? nullptr : it->second;
           },
           .token_check = [self](const CoreNamespace& ns, const std::vector<ChunkKey>& keys,
-                                std::span<const int32_t> tokens, size_t i, uint32_t h) {
-            return self->TokenCheck(ns, keys, tokens, i, h);
-          },
+                                std::span<const int32_t> tokens, size_t i,
+                                uint32_t h) { return self->TokenCheck(ns, keys, tokens, i, h); },
           .hold = [self](uint64_t session_id, uint64_t bytes) { self->Hold(session_id, bytes); },
           .drop = [self](uint64_t session_id, uint64_t bytes) { self->Drop(session_id, bytes); },
           .take_sequences = [self](size_t n) { return self->TakeSequences(n); },
@@ -140,25 +142,29 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
           // as well, so that what this node stores past it (NVMe holds no
           // chunk without its parent) reaches its NVMe. Not written back to
           // the remote tier, which has it.
-          .remote_promoted = [self](uint32_t h) {
-            if (self->options_.nvme_write_policy == NvmeWritePolicy::kWriteThrough) {
-              self->nvme_writer_->Queue(h, /*to_remote=*/false);
-            }
-          },
+          .remote_promoted =
+              [self](uint32_t h) {
+                if (self->options_.nvme_write_policy == NvmeWritePolicy::kWriteThrough) {
+                  self->nvme_writer_->Queue(h, /*to_remote=*/false);
+                }
+              },
       });
   if (core->remote_) {
     spdlog::info("remote tier: {} (pool of {} connections per node, {} ms timeout)",
                  options.remote.url, options.remote.pool_size, options.remote.timeout.count());
     if (options.remote.mac_key.empty()) {
-      spdlog::warn("remote tier: images carry no MAC (no --remote-key-file): whoever can write "
-                   "to the store can plant KV that kvtierd serves; trust it, or give every "
-                   "kvtierd of the store the same key file");
+      spdlog::warn(
+          "remote tier: images carry no MAC (no --remote-key-file): whoever can write "
+          "to the store can plant KV that kvtierd serves; trust it, or give every "
+          "kvtierd of the store the same key file");
     } else {
       spdlog::info("remote tier: images carry a keyed MAC (BLAKE2b-256)");
     }
     if (Status st = core->remote_->CheckAtStart(); !st.ok()) {
-      spdlog::warn("remote tier: the store does not answer at start ({}); the tier starts "
-                   "degraded (misses, no waits) and is probed once a second", st.message());
+      spdlog::warn(
+          "remote tier: the store does not answer at start ({}); the tier starts "
+          "degraded (misses, no waits) and is probed once a second",
+          st.message());
     } else {
       spdlog::info("remote tier: {} answers ({} node(s) own slots)",
                    core->remote_->cluster_mode() ? "the cluster" : "the server",
@@ -246,9 +252,10 @@ Status CacheCore::OpenNamespace(const core::OpenNamespaceRequest& req,
       if (hbm_) hbm_->AddNamespace(layout.slot_bytes);  // the same numbering
     }
     if (hbm_ && layout.slot_bytes > hbm_->capacity_bytes()) {
-      spdlog::warn("namespace {}: a chunk slot of {} bytes is larger than the HBM pool of {} "
-                   "bytes; its chunks are served from DRAM", id.ToHex(), layout.slot_bytes,
-                   hbm_->capacity_bytes());
+      spdlog::warn(
+          "namespace {}: a chunk slot of {} bytes is larger than the HBM pool of {} "
+          "bytes; its chunks are served from DRAM",
+          id.ToHex(), layout.slot_bytes, hbm_->capacity_bytes());
     }
     state->spec = spec;
     state->id = id;
@@ -258,9 +265,10 @@ Status CacheCore::OpenNamespace(const core::OpenNamespaceRequest& req,
     it = ns_by_id_.emplace(id, state).first;
     spdlog::info("namespace {} opened: {}", id.ToHex(), spec.RedactedString());
     if (layout.slot_bytes > options_.SessionMaxBytes()) {
-      spdlog::warn("session_max_bytes {} is less than one slot of namespace {} ({} bytes): each "
-                   "session holds one chunk of it at a time", options_.SessionMaxBytes(),
-                   id.ToHex(), layout.slot_bytes);
+      spdlog::warn(
+          "session_max_bytes {} is less than one slot of namespace {} ({} bytes): each "
+          "session holds one chunk of it at a time",
+          options_.SessionMaxBytes(), id.ToHex(), layout.slot_bytes);
     }
   }
   resp->namespace_id = id;
@@ -271,7 +279,7 @@ Status CacheCore::OpenNamespace(const core::OpenNamespaceRequest& req,
 }
 
 Result<CacheCore::NamespaceState> CacheCore::ResolveRequest(uint64_t session_id, uint64_t epoch,
-                                                          std::string_view namespace_id) const {
+                                                            std::string_view namespace_id) const {
   std::lock_guard lock(mu_);
   KVTIER_RETURN_IF_ERROR(CheckSession(session_id));
   KVTIER_RETURN_IF_ERROR(CheckEpoch(epoch));
@@ -335,7 +343,7 @@ size_t CacheCore::ContinuationRun(const std::vector<ChunkKey>& keys, size_t from
 }
 
 size_t CacheCore::PromotionReach(const std::vector<ChunkKey>& keys, size_t from, size_t limit,
-                                  size_t run) const {
+                                 size_t run) const {
   if (!remote_ || remote_->Degraded() || from >= limit) return run;
   if (run == 0 && dram_->Find(keys[from]) != ChunkIndex::kNone) return 0;  // failed its check
   return limit - from;
@@ -352,35 +360,35 @@ bool CacheCore::ProbeRemote(LookupTally& tally, const NamespaceState& ns,
   // The DRAM hits stay pinned while mu_ is dropped, so their handles hold.
   for (uint32_t h : hits) dram_->Pin(h);
   tally.nvme_hits = run;
-  remote_probes_.push_back(
-      [this, tally, ns, resp, hits, done = std::move(done),
-       tail = std::vector<ChunkKey>(keys.begin() + static_cast<ptrdiff_t>(from),
-                                    keys.begin() + static_cast<ptrdiff_t>(tally.max_hits))]() mutable {
-        const size_t present = remote_->PresentRun(ns.id, tail);
-        Status result;
-        {
-          std::lock_guard relock(mu_);
-          result = CheckSession(tally.session_id);
-          if (result.ok()) {
-            // Remote chunks count in nvme_chunks too (LookupResponse.remote_chunks).
-            tally.remote_at.assign(tally.dram_hits + tally.nvme_hits + present, false);
-            std::fill(tally.remote_at.end() - static_cast<ptrdiff_t>(present),
-                      tally.remote_at.end(), true);
-            tally.nvme_hits += present;
-            GrantLookup(tally, ns, hits, resp);
-          }
-          for (uint32_t h : hits) dram_->Unpin(h);
-        }
-        done(result);
-      });
+  remote_probes_.push_back([this, tally, ns, resp, hits, done = std::move(done),
+                            tail = std::vector<ChunkKey>(
+                                keys.begin() + static_cast<ptrdiff_t>(from),
+                                keys.begin() + static_cast<ptrdiff_t>(tally.max_hits))]() mutable {
+    const size_t present = remote_->PresentRun(ns.id, tail);
+    Status result;
+    {
+      std::lock_guard relock(mu_);
+      result = CheckSession(tally.session_id);
+      if (result.ok()) {
+        // Remote chunks count in nvme_chunks too (LookupResponse.remote_chunks).
+        tally.remote_at.assign(tally.dram_hits + tally.nvme_hits + present, false);
+        std::fill(tally.remote_at.end() - static_cast<ptrdiff_t>(present), tally.remote_at.end(),
+                  true);
+        tally.nvme_hits += present;
+        GrantLookup(tally, ns, hits, resp);
+      }
+      for (uint32_t h : hits) dram_->Unpin(h);
+    }
+    done(result);
+  });
   work_cv_.notify_one();
   return true;
 }
 
 size_t CacheCore::LocalRun(const std::vector<ChunkKey>& keys, size_t limit) const {
   size_t n = 0;
-  while (n < limit && (dram_->Find(keys[n]) != ChunkIndex::kNone ||
-                       (nvme_ && nvme_->Contains(keys[n])))) {
+  while (n < limit &&
+         (dram_->Find(keys[n]) != ChunkIndex::kNone || (nvme_ && nvme_->Contains(keys[n])))) {
     ++n;
   }
   return n;
@@ -392,13 +400,15 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
   if (!prompt.ok()) return done(prompt.status());
   if (Status st = CheckRequestId(req.request_id); !st.ok()) return done(st);
   if (req.prefetch_ticket != 0 && !req.acquire) {
-    return done(Status::InvalidArgument("prefetch_ticket is set without acquire (a ticket's "
-                                        "chunks are taken over by a Lookup that leases them)"));
+    return done(
+        Status::InvalidArgument("prefetch_ticket is set without acquire (a ticket's "
+                                "chunks are taken over by a Lookup that leases them)"));
   }
   if (req.adopt_ticket && (req.prefetch_ticket == 0 || req.request_id.empty())) {
-    return done(Status::InvalidArgument("adopt_ticket is set without a prefetch_ticket and a "
-                                        "request_id (it takes over another session's Prefetch "
-                                        "of the same request)"));
+    return done(
+        Status::InvalidArgument("adopt_ticket is set without a prefetch_ticket and a "
+                                "request_id (it takes over another session's Prefetch "
+                                "of the same request)"));
   }
   auto resolved = ResolveRequest(req.session_id, req.epoch, req.namespace_id);
   if (!resolved.ok()) return done(resolved.status());
@@ -413,8 +423,8 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
   tally.hbm = req.hbm && hbm_ != nullptr;
   tally.prompt_tokens = all.size();
   tally.num_keys = keys.size();
-  tally.max_hits = req.max_chunks == 0 ? keys.size()
-                                         : std::min<size_t>(keys.size(), req.max_chunks);
+  tally.max_hits =
+      req.max_chunks == 0 ? keys.size() : std::min<size_t>(keys.size(), req.max_chunks);
   tally.request = RequestLedger::Named(req.request_id);
   tally.first_chunk = req.first_chunk;
 
@@ -490,9 +500,8 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
   const size_t run = own_ticket ? 0 : ContinuationRun(keys, hits.size(), tally.max_hits);
   // Without a lease nothing is read: NVMe chunks are checked when read, and
   // the remote tier is asked what it holds (ProbeRemote), not read.
-  const size_t reach = req.acquire && !own_ticket
-                           ? PromotionReach(keys, hits.size(), tally.max_hits, run)
-                           : run;
+  const size_t reach =
+      req.acquire && !own_ticket ? PromotionReach(keys, hits.size(), tally.max_hits, run) : run;
   if (!req.acquire && ProbeRemote(tally, ns, keys, hits, run, resp, done)) return;
   if (!req.acquire || reach == 0) {
     // Without a lease nothing is read: NVMe chunks are checked when read.
@@ -511,8 +520,8 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
   p.ns = ns;
   p.held_bytes = (hits.size() + reach) * ns.layout.slot_bytes;
   p.keys.assign(keys.begin(), keys.begin() + static_cast<ptrdiff_t>(hits.size() + reach));
-  p.tokens.assign(all.begin(), all.begin() + static_cast<ptrdiff_t>(p.keys.size() *
-                                                                    ns.spec.chunk_tokens));
+  p.tokens.assign(all.begin(),
+                  all.begin() + static_cast<ptrdiff_t>(p.keys.size() * ns.spec.chunk_tokens));
   for (uint32_t h : hits) dram_->Pin(h);
   p.ready = std::move(hits);
   p.dram_at_start = static_cast<uint32_t>(p.ready.size());
@@ -575,8 +584,8 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
   resp->nvme_chunks = static_cast<uint32_t>(t.nvme_hits);
   resp->prefetched_chunks = static_cast<uint32_t>(t.prefetched);
   resp->hbm_chunks = static_cast<uint32_t>(hbm_hits);
-  resp->remote_chunks = static_cast<uint32_t>(
-      std::count(t.remote_at.begin(), t.remote_at.end(), true));
+  resp->remote_chunks =
+      static_cast<uint32_t>(std::count(t.remote_at.begin(), t.remote_at.end(), true));
   if (t.hbm) hbm_copier_->Queue(hits);
   resp->cached_tokens = num_hits * ct;
   resp->lease_ttl_ms = static_cast<uint64_t>(options_.lease_ttl.count());
@@ -674,9 +683,10 @@ void CacheCore::ExpireNow() {
     quarantined_[r.session_id].push_back(std::move(r));
   }
   if (leases.size() + reservations.size() + tickets > 0) {
-    spdlog::info("expired {} leases, {} prefetch tickets and {} reservations past their TTL or "
-                 "deadline (the reservations' slots return when their sessions end)",
-                 leases.size(), tickets, reservations.size());
+    spdlog::info(
+        "expired {} leases, {} prefetch tickets and {} reservations past their TTL or "
+        "deadline (the reservations' slots return when their sessions end)",
+        leases.size(), tickets, reservations.size());
   }
 }
 

@@ -19,24 +19,20 @@ void CacheCore::SetKvEventSink(KvEventSink* sink) {
   KvEvent cleared;
   cleared.type = KvEventType::kAllBlocksCleared;
   sink->Add(std::move(cleared));
-  dram_->SetResidencyListener([this](uint32_t h, bool resident) {
-    OnSlotResidency(*dram_, KvMedium::kCpu, h, resident);
-  });
+  dram_->SetResidencyListener(
+      [this](uint32_t h, bool resident) { OnSlotResidency(*dram_, KvMedium::kCpu, h, resident); });
   if (hbm_) {
-    hbm_->SetResidencyListener([this](uint32_t h, bool resident) {
-      OnSlotResidency(*hbm_, KvMedium::kGpu, h, resident);
-    });
+    hbm_->SetResidencyListener(
+        [this](uint32_t h, bool resident) { OnSlotResidency(*hbm_, KvMedium::kGpu, h, resident); });
   }
   if (nvme_) {
-    nvme_->SetResidencyListener([this](const ChunkKey& key, const ChunkKey& parent,
-                                       const NamespaceId& ns, std::span<const std::byte> image) {
-      OnNvmeResidency(key, parent, ns, image);
-    });
+    nvme_->SetResidencyListener(
+        [this](const ChunkKey& key, const ChunkKey& parent, const NamespaceId& ns,
+               std::span<const std::byte> image) { OnNvmeResidency(key, parent, ns, image); });
   }
 }
 
-void CacheCore::OnSlotResidency(const SlotTier& tier, KvMedium medium, uint32_t h,
-                                bool resident) {
+void CacheCore::OnSlotResidency(const SlotTier& tier, KvMedium medium, uint32_t h, bool resident) {
   const SlotEntry& entry = tier.Get(h);
   KvEvent e;
   e.type = resident ? KvEventType::kBlockStored : KvEventType::kBlockRemoved;
@@ -62,8 +58,8 @@ void CacheCore::OnSlotResidency(const SlotTier& tier, KvMedium medium, uint32_t 
   events_->Add(std::move(e));
 }
 
-void CacheCore::OnNvmeResidency(const ChunkKey& key, const ChunkKey& parent,
-                                const NamespaceId& ns, std::span<const std::byte> image) {
+void CacheCore::OnNvmeResidency(const ChunkKey& key, const ChunkKey& parent, const NamespaceId& ns,
+                                std::span<const std::byte> image) {
   KvEvent e;
   e.type = image.empty() ? KvEventType::kBlockRemoved : KvEventType::kBlockStored;
   e.medium = KvMedium::kStorage;

@@ -79,8 +79,9 @@ Status CacheCore::Prefetch(const core::PrefetchRequest& req, core::PrefetchRespo
       req.max_chunks == 0 ? keys.size() : std::min<size_t>(keys.size(), req.max_chunks);
 
   if (req.to_hbm && !hbm_) {
-    return Status::FailedPrecondition("to_hbm: the HBM tier is off (start kvtierd with "
-                                      "--hbm-bytes)");
+    return Status::FailedPrecondition(
+        "to_hbm: the HBM tier is off (start kvtierd with "
+        "--hbm-bytes)");
   }
   // The remote tier, asked without mu_ held: which chunks past what DRAM and
   // NVMe hold it has, so that the ticket promises only those.
@@ -119,7 +120,7 @@ Status CacheCore::Prefetch(const core::PrefetchRequest& req, core::PrefetchRespo
   std::string request = RequestLedger::Named(req.request_id);
   if (hits.size() + reach == 0) {
     ++(affordable == 0 && limit > 0 ? counters_.prefetches.over_budget
-                                     : counters_.prefetches.nothing_cached);
+                                    : counters_.prefetches.nothing_cached);
     CountPrompt(request, ns, all.size(), keys.size());
     return Status::Ok();
   }
@@ -129,8 +130,8 @@ Status CacheCore::Prefetch(const core::PrefetchRequest& req, core::PrefetchRespo
   p.ns = ns;
   p.held_bytes = (hits.size() + reach) * ns.layout.slot_bytes;
   p.keys.assign(keys.begin(), keys.begin() + static_cast<ptrdiff_t>(hits.size() + reach));
-  p.tokens.assign(all.begin(), all.begin() + static_cast<ptrdiff_t>(p.keys.size() *
-                                                                    ns.spec.chunk_tokens));
+  p.tokens.assign(all.begin(),
+                  all.begin() + static_cast<ptrdiff_t>(p.keys.size() * ns.spec.chunk_tokens));
   for (uint32_t h : hits) {
     dram_->Touch(h);
     dram_->Pin(h);
@@ -188,9 +189,7 @@ size_t CacheCore::PendingNvmeWrites() const {
   return nvme_writer_ ? nvme_writer_->Pending() : 0;
 }
 
-size_t CacheCore::WriteBackDramOnly() const {
-  return nvme_writer_ ? nvme_writer_->DramOnly() : 0;
-}
+size_t CacheCore::WriteBackDramOnly() const { return nvme_writer_ ? nvme_writer_->DramOnly() : 0; }
 
 size_t CacheCore::FlushWriteBack(const std::function<bool()>& keep_going) {
   return nvme_writer_ ? nvme_writer_->FlushWriteBack(keep_going) : 0;
@@ -198,8 +197,7 @@ size_t CacheCore::FlushWriteBack(const std::function<bool()>& keep_going) {
 
 size_t CacheCore::WriteThroughOnce() { return nvme_writer_ ? nvme_writer_->WriteOnce() : 0; }
 
-size_t CacheCore::WriteThroughBatches(size_t max_batches,
-                                      const std::function<bool()>& keep_going) {
+size_t CacheCore::WriteThroughBatches(size_t max_batches, const std::function<bool()>& keep_going) {
   return nvme_writer_ ? nvme_writer_->WriteBatches(max_batches, keep_going) : 0;
 }
 

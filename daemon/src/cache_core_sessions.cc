@@ -109,15 +109,16 @@ void CacheCore::EndSession(uint64_t session_id, bool writers_stopped) {
     }
   }
   if (running) {
-    spdlog::info("session {} of {} ended while its process runs: the slots of its {} open "
-                 "reservations stay held until it exits (it may still be writing them)",
-                 session_id, info.name, reservations);
+    spdlog::info(
+        "session {} of {} ended while its process runs: the slots of its {} open "
+        "reservations stay held until it exits (it may still be writing them)",
+        session_id, info.name, reservations);
     orphans_.push_back({pidfd, info.pid, std::move(open)});
   } else {
     for (const Reservation& r : open) FreeReservationSlots(r);
   }
-  spdlog::debug("session {} ended: freed {} leases and {} reservations", session_id,
-                leases.size(), running ? 0 : reservations);
+  spdlog::debug("session {} ended: freed {} leases and {} reservations", session_id, leases.size(),
+                running ? 0 : reservations);
 }
 
 void CacheCore::ReapOrphans() {

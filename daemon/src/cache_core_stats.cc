@@ -57,10 +57,18 @@ CacheCore::Leased CacheCore::LeaseCredit::Hits(uint64_t lo, uint64_t hi) const {
   for (uint64_t i = std::max(lo, range.from); i < std::min(hi, range.to); ++i) {
     n.hit_tokens += chunk_tokens;
     switch (tier[i - range.from]) {
-      case kRemoteHit: ++n.remote_hits; break;
-      case kNvmeHit: ++n.nvme_hits; break;
-      case kHbmHit: ++n.hbm_hits; break;
-      default: ++n.hits; break;
+      case kRemoteHit:
+        ++n.remote_hits;
+        break;
+      case kNvmeHit:
+        ++n.nvme_hits;
+        break;
+      case kHbmHit:
+        ++n.hbm_hits;
+        break;
+      default:
+        ++n.hits;
+        break;
     }
   }
   return n;
@@ -81,8 +89,7 @@ CacheCore::LeaseCredit CacheCore::CountRequest(const LookupTally& t, const Names
   c.chunk_tokens = ns.spec.chunk_tokens;
   // Per chunk hits (kvtierctl ls): here, once per request, unless the selective
   // policy counts them already (at every Lookup that finds the chunk in DRAM).
-  const bool count_chunk_hits =
-      !nvme_ || options_.nvme_write_policy != NvmeWritePolicy::kSelective;
+  const bool count_chunk_hits = !nvme_ || options_.nvme_write_policy != NvmeWritePolicy::kSelective;
   for (size_t i = fresh.from; i < fresh.to; ++i) {
     if (count_chunk_hits) dram_->AddHit(hits[i]);
     if (i < t.remote_at.size() && t.remote_at[i]) {

@@ -21,8 +21,8 @@
 
 #include "grpc_services.h"
 #include "kvtier/control_ring.h"
-#include "kvtier/fd_passing.h"
 #include "kvtier/daemon/metrics.h"
+#include "kvtier/fd_passing.h"
 #include "kvtier/logging.h"
 #include "kvtier/proto/transport_args.h"
 #include "kvtier/socket_path.h"
@@ -55,19 +55,23 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   // chunk (llama3-8b fp16 with 256-token chunks: a 32 MiB slot) fits.
   constexpr uint64_t kSmallTierBytes = uint64_t{1} << 20;
   if (options.core.dram_bytes < kSmallTierBytes) {
-    spdlog::warn("dram_bytes {} is less than 1 MiB: a namespace whose slot is larger is refused "
-                 "at open (llama3-8b fp16 with 256-token chunks needs 32 MiB a slot)",
-                 options.core.dram_bytes);
+    spdlog::warn(
+        "dram_bytes {} is less than 1 MiB: a namespace whose slot is larger is refused "
+        "at open (llama3-8b fp16 with 256-token chunks needs 32 MiB a slot)",
+        options.core.dram_bytes);
   }
   if (!options.core.nvme.paths.empty() && options.core.nvme.bytes_per_path < kSmallTierBytes) {
-    spdlog::warn("nvme_bytes {} is less than 1 MiB: the NVMe tier holds almost nothing (0 "
-                 "turns it off)", options.core.nvme.bytes_per_path);
+    spdlog::warn(
+        "nvme_bytes {} is less than 1 MiB: the NVMe tier holds almost nothing (0 "
+        "turns it off)",
+        options.core.nvme.bytes_per_path);
   }
   for (const std::string& ignored : options.ignored) spdlog::warn("{}", ignored);
   if (options.core.session_max_bytes > options.core.dram_bytes) {
-    spdlog::warn("session_max_bytes {} is more than dram_bytes {}: one session may hold the whole "
-                 "DRAM arena (0 means half of it)", options.core.session_max_bytes,
-                 options.core.dram_bytes);
+    spdlog::warn(
+        "session_max_bytes {} is more than dram_bytes {}: one session may hold the whole "
+        "DRAM arena (0 means half of it)",
+        options.core.session_max_bytes, options.core.dram_bytes);
   }
   std::unique_ptr<Daemon> d(new Daemon(options));
   KVTIER_RETURN_IF_ERROR(d->PrepareSocketDir());
@@ -99,8 +103,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
     }
     return Status(nvme.status().code(),
                   "NVMe tier (" + FormatBytes(options.core.nvme.bytes_per_path) +
-                      " under the default path ./" + options.core.nvme.paths[0] + "): " +
-                      nvme.status().message() +
+                      " under the default path ./" + options.core.nvme.paths[0] +
+                      "): " + nvme.status().message() +
                       " (give --nvme-path DIR and --nvme-bytes SIZE, or --nvme-bytes 0 for "
                       "DRAM only)");
   };
@@ -112,8 +116,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   KVTIER_RETURN_IF_ERROR(d->StartArenaSocket());
   auto ring_fd = ListenUnix(RingSocketPath(options.socket_path), d->SocketMode(), d->SocketGroup());
   if (!ring_fd.ok()) return ring_fd.status();
-  d->ring_server_ = std::make_unique<RingServer>(*d->core_, *ring_fd,
-                                                 PeerPolicy(geteuid(), d->SocketGroup()));
+  d->ring_server_ =
+      std::make_unique<RingServer>(*d->core_, *ring_fd, PeerPolicy(geteuid(), d->SocketGroup()));
 
   d->kv_service_ = std::make_unique<KvCacheService>(*d->core_);
   d->peer_book_ = std::make_unique<PeerBook>();
@@ -124,8 +128,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
     effective.events_address = d->events_->address();
     effective.events_replay_address = d->events_->replay_address();
   }
-  d->admin_service_ = std::make_unique<AdminService>(*d->core_, EffectiveConfig(effective),
-                                                     d->peer_book_.get());
+  d->admin_service_ =
+      std::make_unique<AdminService>(*d->core_, EffectiveConfig(effective), d->peer_book_.get());
   grpc::ServerBuilder builder;  // no listening port: AcceptLoop hands it checked connections
   builder.RegisterService(d->kv_service_.get());
   builder.RegisterService(d->admin_service_.get());
@@ -141,11 +145,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   d->arena_thread_ = std::thread([p = d.get()] { p->AcceptLoop(); });
   d->sweep_thread_ = std::thread([p = d.get()] { p->SweepLoop(); });
   if (d->core_->nvme_enabled()) d->nvme_thread_ = std::thread([p = d.get()] { p->NvmeLoop(); });
-  spdlog::info("kvtierd serving on {} (DRAM arena {} bytes, {} eviction, epoch {:016x}; control "
-               "rings on {})",
-               options.socket_path, options.core.dram_bytes,
-               EvictionPolicyName(options.core.dram_eviction), d->core_->epoch(),
-               RingSocketPath(options.socket_path));
+  spdlog::info(
+      "kvtierd serving on {} (DRAM arena {} bytes, {} eviction, epoch {:016x}; control "
+      "rings on {})",
+      options.socket_path, options.core.dram_bytes, EvictionPolicyName(options.core.dram_eviction),
+      d->core_->epoch(), RingSocketPath(options.socket_path));
   d->started_ = true;
   return d;
 }
@@ -157,8 +161,8 @@ Status Daemon::PrepareSocketDir() {
   if (!options_.socket_group.empty()) {
     group* g = getgrnam(options_.socket_group.c_str());
     if (g == nullptr) {
-      return Status::InvalidArgument(options_.Where("socket_group") + " '" +
-                                     options_.socket_group + "' is not a known group");
+      return Status::InvalidArgument(options_.Where("socket_group") + " '" + options_.socket_group +
+                                     "' is not a known group");
     }
     socket_gid_ = g->gr_gid;
   }
@@ -199,9 +203,10 @@ Status Daemon::PrepareSocketDir() {
         "its own (kvtierd creates a missing one with mode 0700, e.g. --socket " +
         (dir / "kvtier" / "kvtierd.sock").string() + ")");
   } else if ((st.st_mode & 0777 & ~mode) != 0) {
-    spdlog::warn("socket directory {} has mode {:o}, wider than {:o}; the sockets are {:o} and "
-                 "every peer's uid is checked", dir.string(), st.st_mode & 07777, mode,
-                 SocketMode());
+    spdlog::warn(
+        "socket directory {} has mode {:o}, wider than {:o}; the sockets are {:o} and "
+        "every peer's uid is checked",
+        dir.string(), st.st_mode & 07777, mode, SocketMode());
   }
   const std::string lock_path = options_.socket_path + ".lock";
   lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -271,8 +276,10 @@ void Daemon::AcceptLoop() {
       // waits in the backlog and poll says so again at once. Say it once a
       // run of failures, and back off instead of spinning.
       if (!accept_failing_) {
-        spdlog::error("{} socket: accept failed: {}; clients cannot connect until it succeeds "
-                      "(raise the open-files limit?)", arena ? "arena" : "gRPC", std::strerror(err));
+        spdlog::error(
+            "{} socket: accept failed: {}; clients cannot connect until it succeeds "
+            "(raise the open-files limit?)",
+            arena ? "arena" : "gRPC", std::strerror(err));
         accept_failing_ = true;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -284,14 +291,14 @@ void Daemon::AcceptLoop() {
     }
     if (Status allowed = peers.Check(conn); !allowed.ok()) {
       if (auto held_back = refusals[arena ? 0 : 1].Admit()) {
-        spdlog::warn("{} socket: refused a peer: {}{}", arena ? "arena" : "gRPC",
-                     allowed.message(), HeldBack(*held_back));
+        spdlog::warn("{} socket: refused a peer: {}{}", arena ? "arena" : "gRPC", allowed.message(),
+                     HeldBack(*held_back));
       }
       close(conn);
       continue;
     }
     if (!arena) {
-      peer_book_->Record(conn);  // before gRPC may read a call from it
+      peer_book_->Record(conn);                             // before gRPC may read a call from it
       grpc::AddInsecureChannelFromFd(server_.get(), conn);  // gRPC owns it now
       continue;
     }
@@ -375,7 +382,7 @@ size_t Daemon::Shutdown(const std::atomic<bool>* abort) {
   if (shut_down_) return 0;
   shut_down_ = true;
   stopping_.store(true);
-  metrics_.reset();  // before core_ goes: it reads its stats
+  metrics_.reset();                                    // before core_ goes: it reads its stats
   if (arena_thread_.joinable()) arena_thread_.join();  // hands gRPC no connection after this
   if (ring_server_) ring_server_->Stop();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
@@ -434,18 +441,18 @@ Status Daemon::StartEvents() {
   events.replay_address = options_.events_replay_address;
   auto p = KvEventPublisher::Create(events);
   if (!p.ok()) {
-    const bool replay = !options_.events_replay_address.empty() &&
-                        p.status().message().rfind(
-                            "cannot bind " + options_.events_replay_address + ":", 0) == 0;
+    const bool replay =
+        !options_.events_replay_address.empty() &&
+        p.status().message().rfind("cannot bind " + options_.events_replay_address + ":", 0) == 0;
     return Status(p.status().code(),
                   options_.Where(replay ? "events_replay_address" : "events_address") + ": " +
                       p.status().message());
   }
   events_ = std::move(p).value();
   core_->SetKvEventSink(events_.get());
-  spdlog::info("KV events on {}{}", events_->address(),
-               events_->replay_address().empty() ? ""
-                                                 : " (replay on " + events_->replay_address() + ")");
+  spdlog::info(
+      "KV events on {}{}", events_->address(),
+      events_->replay_address().empty() ? "" : " (replay on " + events_->replay_address() + ")");
   return Status::Ok();
 }
 
@@ -453,8 +460,6 @@ int Daemon::metrics_port() const { return metrics_ ? metrics_->port() : 0; }
 
 Daemon::Daemon(const DaemonOptions& options) : options_(options) {}
 
-Daemon::~Daemon() {
-  Shutdown();
-}
+Daemon::~Daemon() { Shutdown(); }
 
 }  // namespace kvtier

@@ -46,7 +46,7 @@ std::string DaemonOptions::Where(const std::string& key) const {
 }
 
 Status CheckDramFitsMemory(uint64_t dram_bytes, const std::string& where) {
-  if (struct sysinfo si {}; sysinfo(&si) == 0) {
+  if (struct sysinfo si{}; sysinfo(&si) == 0) {
     const uint64_t ram = uint64_t{si.totalram} * si.mem_unit;
     if (dram_bytes > ram) {
       return Status::InvalidArgument(where + " " + std::to_string(dram_bytes) +
@@ -72,24 +72,24 @@ struct RawOptions {
   int64_t lease_ttl_ms = 0, reservation_ttl_ms = 0, drain_timeout_ms = 0;
   std::string hbm_bytes = "0", gpu_backend = "cuda";
   std::string metrics_address = "127.0.0.1:9400";
-  std::string remote;  // "" = no remote tier
+  std::string remote;           // "" = no remote tier
   std::string remote_key_file;  // "" = no MAC on remote images
   int64_t remote_pool_size = 4, remote_timeout_ms = 200;
   std::string events_address, events_replay_address;
   int64_t gpu = 0;
-  std::string config_path;            // --config, when given
+  std::string config_path;                 // --config, when given
   std::map<std::string, int> from_config;  // key -> its line (from 1), when no flag gave it
-  bool config_empty = false;           // it sets nothing (no keys: empty, comments, {} or null)
+  bool config_empty = false;               // it sets nothing (no keys: empty, comments, {} or null)
   // The first bad value of the config file among those flags override: reported
   // after the values in use are checked.
   Status overridden_error;
 
   // The value of `key` when it names a tier's eviction policy, else nullptr.
   std::string* Eviction(const std::string& key) {
-    return key == "dram_eviction"  ? &dram_eviction
-           : key == "hbm_eviction" ? &hbm_eviction
+    return key == "dram_eviction"   ? &dram_eviction
+           : key == "hbm_eviction"  ? &hbm_eviction
            : key == "nvme_eviction" ? &nvme_eviction
-                                   : nullptr;
+                                    : nullptr;
   }
   const std::string* Eviction(const std::string& key) const {
     return const_cast<RawOptions*>(this)->Eviction(key);
@@ -103,12 +103,13 @@ struct RawOptions {
   // `st`, whose message starts with the key it is about (as CacheCoreOptions::
   // Validate's do), naming where that key's value came from instead.
   Status Named(const Status& st) const {
-    for (const std::string key : {"socket", "dram_bytes", "lease_ttl_ms", "reservation_ttl_ms",
-                                  "nvme_workers", "selective_min_hits", "nvme_write_policy",
-                                  "gpu_backend", "dram_eviction", "hbm_eviction",
-                                  "nvme_eviction"}) {
+    for (const std::string key :
+         {"socket", "dram_bytes", "lease_ttl_ms", "reservation_ttl_ms", "nvme_workers",
+          "selective_min_hits", "nvme_write_policy", "gpu_backend", "dram_eviction", "hbm_eviction",
+          "nvme_eviction"}) {
       const std::string& m = st.message();
-      if (m.size() > key.size() && m.rfind(key, 0) == 0 && (m[key.size()] == ' ' || m[key.size()] == ':')) {
+      if (m.size() > key.size() && m.rfind(key, 0) == 0 &&
+          (m[key.size()] == ' ' || m[key.size()] == ':')) {
         return Status(st.code(), Where(key) + m.substr(key.size()));
       }
     }
@@ -170,7 +171,8 @@ Status ApplyRemote(const RawOptions& raw, uint64_t nvme_bytes, bool remote_given
   }
   if (nvme_bytes == 0) {
     return Status::InvalidArgument(raw.Where("remote") + " needs the NVMe tier, but " +
-                                   raw.Where("nvme_bytes") + " is 0 (remote writes go with the "
+                                   raw.Where("nvme_bytes") +
+                                   " is 0 (remote writes go with the "
                                    "NVMe writer's batches)");
   }
   opts->core.remote.url = raw.remote;
@@ -179,8 +181,8 @@ Status ApplyRemote(const RawOptions& raw, uint64_t nvme_bytes, bool remote_given
   if (!raw.remote_key_file.empty()) {
     auto key = ReadRemoteKeyFile(raw.remote_key_file);
     if (!key.ok()) {
-      return Status(key.status().code(), raw.Where("remote_key_file") + ": " +
-                                             key.status().message());
+      return Status(key.status().code(),
+                    raw.Where("remote_key_file") + ": " + key.status().message());
     }
     opts->core.remote.mac_key = std::move(key).value();
     opts->remote_key_file = raw.remote_key_file;
@@ -243,8 +245,10 @@ Result<size_t> CountYamlDocuments(const std::string& path, const std::string& te
 // depend on the machine or on other settings are checked on the values in use.
 Status CheckForm(const std::string& key, const RawOptions& r) {
   const std::map<std::string, const std::string*> sizes = {
-      {"dram_bytes", &r.dram_bytes}, {"session_max_bytes", &r.session_max_bytes},
-      {"nvme_bytes", &r.nvme_bytes}, {"hbm_bytes", &r.hbm_bytes}};
+      {"dram_bytes", &r.dram_bytes},
+      {"session_max_bytes", &r.session_max_bytes},
+      {"nvme_bytes", &r.nvme_bytes},
+      {"hbm_bytes", &r.hbm_bytes}};
   if (auto it = sizes.find(key); it != sizes.end()) {
     auto bytes = ParseBytes(*it->second);
     if (!bytes.ok()) return Status::InvalidArgument(r.Where(key) + ": " + bytes.status().message());
@@ -257,7 +261,8 @@ Status CheckForm(const std::string& key, const RawOptions& r) {
       return Status::InvalidArgument(r.Where(key) + ": " + kind.status().message());
     }
   } else if (key == "gpu_backend") {
-    if (auto backend = ParseHbmBackend(r.gpu_backend); !backend.ok()) return r.Named(backend.status());
+    if (auto backend = ParseHbmBackend(r.gpu_backend); !backend.ok())
+      return r.Named(backend.status());
   } else if (key == "metrics_address") {
     if (auto a = ParseMetricsAddress(r.metrics_address); !a.ok()) {
       return Status::InvalidArgument(r.Where(key) + " " + a.status().message());
@@ -274,7 +279,8 @@ Status CheckForm(const std::string& key, const RawOptions& r) {
     }
   } else if (key == "remote") {  // given: empty is a variable that expanded to nothing, say
     if (r.remote.empty()) {
-      return Status::InvalidArgument(r.Where(key) + " is empty: give redis://host:port, or "
+      return Status::InvalidArgument(r.Where(key) +
+                                     " is empty: give redis://host:port, or "
                                      "leave it out for no remote tier");
     }
     if (auto seeds = ParseRedisUrl(r.remote); !seeds.ok()) {
@@ -333,7 +339,7 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
     dst->from_config[key] = kv.first.Mark().line + 1;
     const char* expected = "a string";
     const int line = kv.first.Mark().line + 1;
-    if (key == "nvme_paths") {  // a list of directories, or one
+    if (key == "nvme_paths") {   // a list of directories, or one
       if (kv.second.IsNull()) {  // as<std::string> reads it as the text "null"
         return ConfigError(path, line, "key 'nvme_paths' needs a value");
       }
@@ -355,8 +361,9 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
           return ConfigError(path, empty_at, "nvme_paths gives an empty path: name a directory");
         }
         if (dst->nvme_paths.empty()) {
-          return ConfigError(path, line, "nvme_paths is empty (give nvme_bytes: 0 to turn the "
-                                         "NVMe tier off)");
+          return ConfigError(path, line,
+                             "nvme_paths is empty (give nvme_bytes: 0 to turn the "
+                             "NVMe tier off)");
         }
         dst->nvme_paths_from_config = true;
       } catch (const YAML::Exception& e) {
@@ -367,8 +374,9 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
     }
     if (!kv.second.IsScalar()) {
       if (kv.second.IsNull()) return ConfigError(path, line, "key '" + key + "' needs a value");
-      return ConfigError(path, line, "key '" + key + "' takes one value, not " +
-                                         (kv.second.IsSequence() ? "a list" : "a map"));
+      return ConfigError(path, line,
+                         "key '" + key + "' takes one value, not " +
+                             (kv.second.IsSequence() ? "a list" : "a map"));
     }
     try {
       if (key == "socket") {
@@ -433,16 +441,17 @@ Status ApplyYaml(const std::string& path, const CLI::App& app, RawOptions* raw) 
          : key == "reservation_ttl_ms" ? dst->reservation_ttl_ms
                                        : dst->drain_timeout_ms) = kv.second.as<int64_t>();
       } else {
-        return ConfigError(path, line, "unknown key '" + key +
-                                       "' (socket, socket_group, metrics_address, events_address, "
-                                       "events_replay_address, log_level, "
-                                       "dram_bytes, session_max_bytes, lease_ttl_ms, "
-                                       "reservation_ttl_ms, "
-                                       "drain_timeout_ms, nvme_paths, nvme_bytes, "
-                                       "nvme_queue_depth, nvme_workers, nvme_write_policy, "
-                                       "selective_min_hits, hbm_bytes, gpu, gpu_backend, "
-                                       "dram_eviction, hbm_eviction, nvme_eviction, remote, "
-                                       "remote_pool_size, remote_timeout_ms, remote_key_file)");
+        return ConfigError(path, line,
+                           "unknown key '" + key +
+                               "' (socket, socket_group, metrics_address, events_address, "
+                               "events_replay_address, log_level, "
+                               "dram_bytes, session_max_bytes, lease_ttl_ms, "
+                               "reservation_ttl_ms, "
+                               "drain_timeout_ms, nvme_paths, nvme_bytes, "
+                               "nvme_queue_depth, nvme_workers, nvme_write_policy, "
+                               "selective_min_hits, hbm_bytes, gpu, gpu_backend, "
+                               "dram_eviction, hbm_eviction, nvme_eviction, remote, "
+                               "remote_pool_size, remote_timeout_ms, remote_key_file)");
       }
     } catch (const YAML::Exception& e) {
       return ConfigError(path, e.mark.is_null() ? line : e.mark.line + 1,
@@ -471,9 +480,9 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
 
   CLI::App app{"kvtierd: tiered KV-cache offload daemon (HBM, DRAM and NVMe tiers)", "kvtierd"};
   app.set_version_flag("--version", "kvtierd " KVTIER_VERSION);
-  app.add_option("--config", config, "YAML config file; flags win over it")->check(CLI::ExistingFile);
-  app.add_option("--socket", raw.socket, "gRPC Unix socket path")
-      ->capture_default_str();
+  app.add_option("--config", config, "YAML config file; flags win over it")
+      ->check(CLI::ExistingFile);
+  app.add_option("--socket", raw.socket, "gRPC Unix socket path")->capture_default_str();
   app.add_option("--socket-group", raw.socket_group,
                  "group allowed to connect (directory 0750, socket 0660)");
   app.add_option("--dram-bytes", raw.dram_bytes,
@@ -522,8 +531,10 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
                                    std::tuple{"--hbm-eviction", &raw.hbm_eviction, "HBM"},
                                    std::tuple{"--nvme-eviction", &raw.nvme_eviction, "NVMe"}}) {
     app.add_option(flag, *value,
-                   std::string("which chunk the ") + tier + " tier evicts when full: lru "
-                   "(leaf-first least recently used), s3fifo (leaf-first S3-FIFO) or arc (leaf-first ARC)")
+                   std::string("which chunk the ") + tier +
+                       " tier evicts when full: lru "
+                       "(leaf-first least recently used), s3fifo (leaf-first S3-FIFO) or arc "
+                       "(leaf-first ARC)")
         ->capture_default_str();
   }
   app.add_option("--selective-min-hits", raw.selective_min_hits,
@@ -623,13 +634,11 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   }
   if (raw.nvme_queue_depth < 1 || raw.nvme_queue_depth > 4096) {
     return Status::InvalidArgument(raw.Where("nvme_queue_depth") + " " +
-                                   std::to_string(raw.nvme_queue_depth) +
-                                   " is outside 1..4096");
+                                   std::to_string(raw.nvme_queue_depth) + " is outside 1..4096");
   }
   if (raw.nvme_workers < 1 || raw.nvme_workers > 64) {
     return Status::InvalidArgument(raw.Where("nvme_workers") + " " +
-                                   std::to_string(raw.nvme_workers) +
-                                   " is outside 1..64");
+                                   std::to_string(raw.nvme_workers) + " is outside 1..64");
   }
   auto policy = ParseNvmeWritePolicy(raw.nvme_write_policy);
   if (!policy.ok()) return raw.Named(policy.status());
@@ -650,8 +659,8 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
     const CLI::Option* flag = app.get_option_no_throw(DaemonOptions::FlagOf(key));
     if ((flag == nullptr || flag->count() == 0) && raw.from_config.count(key) == 0) return;
     const bool same_file = raw.from_config.count(key) > 0 && raw.from_config.count(off_key) > 0;
-    opts.ignored.push_back(raw.Where(key) + " has no effect: " +
-                           (same_file ? off_key : raw.Where(off_key)) + why);
+    opts.ignored.push_back(raw.Where(key) +
+                           " has no effect: " + (same_file ? off_key : raw.Where(off_key)) + why);
   };
   const CLI::Option* bytes_flag = app.get_option_no_throw("--nvme-bytes");
   if (*nvme_bytes == 0 && raw.nvme_paths_from_config && bytes_flag != nullptr &&
@@ -662,14 +671,15 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   if (*nvme_bytes == 0) {  // DRAM only
     if (!raw.nvme_paths.empty()) {
       return Status::InvalidArgument(raw.Where("nvme_bytes") + " 0 turns the NVMe tier off, but " +
-                                     raw.Where("nvme_paths") + " gives paths: drop them or give "
+                                     raw.Where("nvme_paths") +
+                                     " gives paths: drop them or give "
                                      "a size");
     }
     if (rebuild_index) {
       return Status::InvalidArgument("--rebuild-index needs the NVMe tier (nvme_bytes is 0)");
     }
-    for (const std::string key : {"nvme_write_policy", "selective_min_hits", "nvme_queue_depth",
-                                  "nvme_eviction"}) {
+    for (const std::string key :
+         {"nvme_write_policy", "selective_min_hits", "nvme_queue_depth", "nvme_eviction"}) {
       ignore_if_given(key, "nvme_bytes", " 0 turns the NVMe tier off");
     }
   } else {
@@ -677,8 +687,8 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
     opts.core.nvme_workers = static_cast<uint32_t>(raw.nvme_workers);
     opts.core.nvme_write_policy = *policy;
     opts.core.selective_min_hits = static_cast<uint32_t>(raw.selective_min_hits);
-    opts.core.nvme.paths = raw.nvme_paths.empty() ? std::vector<std::string>{kDefaultNvmePath}
-                                                  : raw.nvme_paths;
+    opts.core.nvme.paths =
+        raw.nvme_paths.empty() ? std::vector<std::string>{kDefaultNvmePath} : raw.nvme_paths;
     opts.core.nvme.bytes_per_path = *nvme_bytes;
     opts.core.nvme.queue_depth = static_cast<uint32_t>(raw.nvme_queue_depth);
   }
@@ -706,8 +716,8 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
   }
   const CLI::Option* remote_flag = app.get_option_no_throw("--remote");
   KVTIER_RETURN_IF_ERROR(ApplyRemote(
-      raw, *nvme_bytes, (remote_flag != nullptr && remote_flag->count() > 0) ||
-                            raw.from_config.count("remote") > 0,
+      raw, *nvme_bytes,
+      (remote_flag != nullptr && remote_flag->count() > 0) || raw.from_config.count("remote") > 0,
       ignore_if_given, &opts));
   for (const auto& [key, line] : raw.from_config) opts.from_config[key] = raw.Where(key);
   for (const CLI::Option* o : app.get_options()) {
@@ -717,8 +727,7 @@ Result<DaemonOptions> ParseDaemonOptions(int argc, char** argv, int* exit_code) 
     opts.from_flags.insert(key == "nvme_path" ? "nvme_paths" : key);
   }
   if (raw.config_empty) {
-    opts.ignored.push_back("config " + raw.config_path +
-                           " sets nothing (it holds no keys)");
+    opts.ignored.push_back("config " + raw.config_path + " sets nothing (it holds no keys)");
   }
   opts.rebuild_index = rebuild_index;
   opts.core.reservation_ttl = std::chrono::milliseconds(raw.reservation_ttl_ms);

@@ -35,8 +35,8 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionHello, v1
     if (session_id_ == 0) {
       if (hello_.client_name().size() > CacheCore::kMaxClientNameBytes) {
         Finish(ToGrpcStatus(Status::InvalidArgument(
-            "client_name is " + std::to_string(hello_.client_name().size()) +
-            " bytes, more than " + std::to_string(CacheCore::kMaxClientNameBytes))));
+            "client_name is " + std::to_string(hello_.client_name().size()) + " bytes, more than " +
+            std::to_string(CacheCore::kMaxClientNameBytes))));
         return;
       }
       session_id_ = core_.OpenSession(hello_.client_name(), hello_.pid());

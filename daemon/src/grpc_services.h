@@ -9,8 +9,8 @@
 
 #include "kvtier/daemon/cache_core.h"
 #include "kvtier/daemon/daemon_options.h"
-#include "peer_listener.h"
 #include "kvtier/v1/kvtier.grpc.pb.h"
+#include "peer_listener.h"
 
 namespace kvtier {
 

@@ -34,11 +34,11 @@ void HbmCopier::OnDramEviction(uint32_t handle) {
 void HbmCopier::Step() {
   constexpr size_t kBatch = 8;
   struct Copy {
-    uint32_t dram;          // pinned while copied
-    uint32_t hbm_parent;    // pinned while copied; kNone for a first chunk
+    uint32_t dram;        // pinned while copied
+    uint32_t hbm_parent;  // pinned while copied; kNone for a first chunk
     ChunkKey key, parent, ns_root;
     uint32_t ns_index;
-    uint64_t slot_offset;   // in HBM
+    uint64_t slot_offset;  // in HBM
     SlotLayout layout;
     const std::byte* image;
     uint64_t sequence = 0;  // the HBM copy's own
@@ -77,8 +77,8 @@ void HbmCopier::Step() {
       continue;  // everything in HBM is leased: the chunk is served from DRAM
     }
     dram_.Pin(h);
-    plan.push_back({h, hbm_parent, key, parent, ns.id, e.ns_index, *offset,
-                    ns.layout, dram_.SlotAddress(e.slot_offset)});
+    plan.push_back({h, hbm_parent, key, parent, ns.id, e.ns_index, *offset, ns.layout,
+                    dram_.SlotAddress(e.slot_offset)});
     planned.insert(key);
   }
   if (plan.empty()) return;

@@ -4,8 +4,8 @@
 #include <net/if.h>
 #include <spdlog/spdlog.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <iterator>
 #include <optional>
@@ -21,7 +21,7 @@ namespace kvtier {
 struct KvEventPublisher::Sockets {
   zmq::context_t context{1};
   zmq::socket_t pub{context, zmq::socket_type::pub};
-  std::optional<zmq::socket_t> replay;  // ROUTER, when a replay address is given
+  std::optional<zmq::socket_t> replay;                  // ROUTER, when a replay address is given
   std::deque<std::pair<uint64_t, std::string>> buffer;  // (sequence, payload), oldest first
   LogLimiter replay_log;  // malformed replay requests, one warning per 10 s
 };
@@ -47,8 +47,7 @@ Result<std::string> Bind(zmq::socket_t& socket, const std::string& address) {
 }
 
 double UnixSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -181,8 +180,10 @@ void KvEventPublisher::ServeReplay() {
   if (frames.size() == 3) start = KvEventSequenceFrom(frames[2].to_string_view());
   if (!start) {
     if (auto held_back = sockets_->replay_log.Admit()) {
-      spdlog::warn("KV events: a replay request of {} frames is not [identity, '', 8-byte "
-                   "start sequence]; ignored{}", frames.size(), HeldBack(*held_back));
+      spdlog::warn(
+          "KV events: a replay request of {} frames is not [identity, '', 8-byte "
+          "start sequence]; ignored{}",
+          frames.size(), HeldBack(*held_back));
     }
     return;
   }
@@ -258,11 +259,14 @@ std::string KvEventMetricsText(const KvEventPublisher* publisher) {
   return "# HELP kvtier_events_published_total KV events sent on the events socket "
          "(--events-address).\n"
          "# TYPE kvtier_events_published_total counter\n"
-         "kvtier_events_published_total " + std::to_string(published) + "\n"
+         "kvtier_events_published_total " +
+         std::to_string(published) +
+         "\n"
          "# HELP kvtier_events_dropped_total KV events dropped because the publisher's queue was "
          "full (each drop leaves a gap in the batch sequence numbers).\n"
          "# TYPE kvtier_events_dropped_total counter\n"
-         "kvtier_events_dropped_total " + std::to_string(dropped) + "\n";
+         "kvtier_events_dropped_total " +
+         std::to_string(dropped) + "\n";
 }
 
 }  // namespace kvtier

@@ -2,7 +2,6 @@
 #include <malloc.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
-
 #include <unistd.h>
 
 #include <atomic>

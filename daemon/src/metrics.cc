@@ -2,7 +2,6 @@
 
 #include <httplib.h>
 #include <spdlog/spdlog.h>
-
 #include <sys/socket.h>
 
 #include <charconv>
@@ -33,40 +32,49 @@ constexpr TierSeries kTierSeries[] = {
     {"capacity_chunks", false, "Chunks the tier can hold at its namespaces' slot sizes.",
      [](const TierStats& t) { return t.capacity_chunks; }},
     {"chunks", false, "Chunks in the tier.", [](const TierStats& t) { return t.chunks; }},
-    {"hits", true, "Chunks leased from the tier, once per engine request (those whose Lookup "
-                   "answer never reached the client too: see kvtier_tier_unserved_hits_total).",
+    {"hits", true,
+     "Chunks leased from the tier, once per engine request (those whose Lookup "
+     "answer never reached the client too: see kvtier_tier_unserved_hits_total).",
      [](const TierStats& t) { return t.hits + t.unserved_hits; }},
-    {"unserved_hits", true, "Of kvtier_tier_hits_total, chunks whose Lookup answer never "
-                            "reached the client (its deadline passed first).",
+    {"unserved_hits", true,
+     "Of kvtier_tier_hits_total, chunks whose Lookup answer never "
+     "reached the client (its deadline passed first).",
      [](const TierStats& t) { return t.unserved_hits; }},
     // Not a counter: a later Lookup of the same engine request may serve chunks
     // counted here, and an unserved lease adds them back.
-    {"misses", false, "dram: full chunks of the engine requests looked up that no tier served "
-                      "so far (goes down when a later lookup of a request serves them); "
-                      "remote: images read that the store did not hold or that failed "
-                      "verification.",
+    {"misses", false,
+     "dram: full chunks of the engine requests looked up that no tier served "
+     "so far (goes down when a later lookup of a request serves them); "
+     "remote: images read that the store did not hold or that failed "
+     "verification.",
      [](const TierStats& t) { return t.misses; }},
     {"evictions", true, "Chunks the tier evicted to make room.",
      [](const TierStats& t) { return t.evictions; }},
-    {"read_bytes", true, "Payload bytes read from the tier (dram, hbm: leased to clients, "
-                         "unserved leases too; nvme, remote: promoted into DRAM).",
+    {"read_bytes", true,
+     "Payload bytes read from the tier (dram, hbm: leased to clients, "
+     "unserved leases too; nvme, remote: promoted into DRAM).",
      [](const TierStats& t) { return t.read_bytes + t.unserved_read_bytes; }},
-    {"unserved_read_bytes", true, "Of kvtier_tier_read_bytes_total, bytes of leases whose "
-                                  "Lookup answer never reached the client.",
+    {"unserved_read_bytes", true,
+     "Of kvtier_tier_read_bytes_total, bytes of leases whose "
+     "Lookup answer never reached the client.",
      [](const TierStats& t) { return t.unserved_read_bytes; }},
     {"written_bytes", true, "Payload bytes written into the tier.",
      [](const TierStats& t) { return t.write_bytes; }},
-    {"pending_writes", false, "Writes into the tier queued or in flight (nvme: NVMe writes; "
-                              "hbm: copies into the pool).",
+    {"pending_writes", false,
+     "Writes into the tier queued or in flight (nvme: NVMe writes; "
+     "hbm: copies into the pool).",
      [](const TierStats& t) { return t.pending_writes; }},
     {"corrupt_reads", true, "Reads that failed verification (counted as misses).",
      [](const TierStats& t) { return t.corrupt_reads; }},
-    {"io_errors", true, "I/O operations that failed.", [](const TierStats& t) { return t.io_errors; }},
-    {"skipped_writes", true, "Chunks evicted from DRAM before their NVMe write (remote: "
-                           "images not written or read because the tier was degraded).",
+    {"io_errors", true, "I/O operations that failed.",
+     [](const TierStats& t) { return t.io_errors; }},
+    {"skipped_writes", true,
+     "Chunks evicted from DRAM before their NVMe write (remote: "
+     "images not written or read because the tier was degraded).",
      [](const TierStats& t) { return t.skipped_writes; }},
-    {"lost_writes", true, "NVMe writes that failed or were dropped at shutdown (remote: "
-                        "images the store did not take).",
+    {"lost_writes", true,
+     "NVMe writes that failed or were dropped at shutdown (remote: "
+     "images the store did not take).",
      [](const TierStats& t) { return t.lost_writes; }},
     {"throttled_writes", true, "Stores dropped because the NVMe writer was behind.",
      [](const TierStats& t) { return t.throttled_writes; }},
@@ -93,15 +101,18 @@ constexpr DaemonSeries kDaemonSeries[] = {
      [](const StatsResponse& s) { return s.ring_calls; }},
     {"lookup_tokens", true, "Prompt tokens looked up, once per engine request.",
      [](const StatsResponse& s) { return s.lookup_tokens; }},
-    {"lookup_chunks", true, "Full chunks of the prompt tokens looked up, once per engine "
-                            "request.",
+    {"lookup_chunks", true,
+     "Full chunks of the prompt tokens looked up, once per engine "
+     "request.",
      [](const StatsResponse& s) { return s.lookup_chunks; }},
-    {"hit_tokens", true, "Prompt tokens leased from a tier, once per engine request (those "
-                         "whose Lookup answer never reached the client too: see "
-                         "kvtier_unserved_hit_tokens_total).",
+    {"hit_tokens", true,
+     "Prompt tokens leased from a tier, once per engine request (those "
+     "whose Lookup answer never reached the client too: see "
+     "kvtier_unserved_hit_tokens_total).",
      [](const StatsResponse& s) { return s.hit_tokens + s.unserved_hit_tokens; }},
-    {"unserved_hit_tokens", true, "Of kvtier_hit_tokens_total, tokens whose Lookup answer "
-                                  "never reached the client (its deadline passed first).",
+    {"unserved_hit_tokens", true,
+     "Of kvtier_hit_tokens_total, tokens whose Lookup answer "
+     "never reached the client (its deadline passed first).",
      [](const StatsResponse& s) { return s.unserved_hit_tokens; }},
     {"prefetched_chunks", true, "Chunks promoted by a prefetch and leased in time.",
      [](const StatsResponse& s) { return s.prefetched_chunks; }},
@@ -127,13 +138,13 @@ struct HistogramSeries {
 constexpr HistogramSeries kHistograms[] = {
     {"lookup", "Lookup calls, request in to response out (with any NVMe promotion waited for).",
      &core::Latencies::lookup},
-    {"load", "Read leases, granted to released (the client's copy out and whatever else it "
-             "does meanwhile; leases that lapse or whose client dies are not counted).",
+    {"load",
+     "Read leases, granted to released (the client's copy out and whatever else it "
+     "does meanwhile; leases that lapse or whose client dies are not counted).",
      &core::Latencies::load},
     {"store", "Writes, reserved to committed: the client's copy into the arena.",
      &core::Latencies::store},
-    {"promotion", "Promotions from NVMe into DRAM, started to done.",
-     &core::Latencies::promotion},
+    {"promotion", "Promotions from NVMe into DRAM, started to done.", &core::Latencies::promotion},
     {"nvme_read", "Batches of NVMe reads (one promotion step).", &core::Latencies::nvme_read},
     {"nvme_write", "Batches of NVMe writes.", &core::Latencies::nvme_write},
 };
@@ -166,11 +177,12 @@ uint64_t OfTier(const core::TierTokens& t, std::string_view tier) {
 // Tokens by model (labels bounded by kMaxModelLabels) and prefetch outcomes.
 void ModelAndPrefetchSeries(std::string& out, const StatsResponse& stats) {
   std::string name = "kvtier_model_lookup_tokens_total";
-  Family(out, name, "counter", "Prompt tokens looked up, once per engine request, by model "
-                               "(a namespace's model_id; past 64 models, \"_other\").");
+  Family(out, name, "counter",
+         "Prompt tokens looked up, once per engine request, by model "
+         "(a namespace's model_id; past 64 models, \"_other\").");
   for (const core::ModelStats& m : stats.models) {
-    out += name + "{model=" + LabelValue(m.model_id) + "} " + std::to_string(m.lookup_tokens) +
-           "\n";
+    out +=
+        name + "{model=" + LabelValue(m.model_id) + "} " + std::to_string(m.lookup_tokens) + "\n";
   }
   for (const bool unserved : {false, true}) {
     name = unserved ? "kvtier_model_unserved_hit_tokens_total" : "kvtier_model_hit_tokens_total";
@@ -181,22 +193,25 @@ void ModelAndPrefetchSeries(std::string& out, const StatsResponse& stats) {
                       "tier they were leased from (unserved ones too).");
     for (const core::ModelStats& m : stats.models) {
       for (const TierStats& t : stats.tiers) {
-        const uint64_t v = OfTier(m.unserved_hit_tokens, t.name) +
-                           (unserved ? 0 : OfTier(m.hit_tokens, t.name));
+        const uint64_t v =
+            OfTier(m.unserved_hit_tokens, t.name) + (unserved ? 0 : OfTier(m.hit_tokens, t.name));
         out += name + "{model=" + LabelValue(m.model_id) + ",tier=\"" + t.name + "\"} " +
                std::to_string(v) + "\n";
       }
     }
   }
   name = "kvtier_prefetches_total";
-  Family(out, name, "counter", "Prefetch calls by how they ended: used (a Lookup took the "
-                               "ticket over after its promotion finished), used_early (before), "
-                               "expired, session_ended, nothing_cached, over_budget (no ticket).");
+  Family(out, name, "counter",
+         "Prefetch calls by how they ended: used (a Lookup took the "
+         "ticket over after its promotion finished), used_early (before), "
+         "expired, session_ended, nothing_cached, over_budget (no ticket).");
   const core::PrefetchOutcomes& p = stats.prefetches;
-  const std::pair<const char*, uint64_t> outcomes[] = {
-      {"used", p.used},           {"used_early", p.used_early},
-      {"expired", p.expired},     {"session_ended", p.session_ended},
-      {"nothing_cached", p.nothing_cached}, {"over_budget", p.over_budget}};
+  const std::pair<const char*, uint64_t> outcomes[] = {{"used", p.used},
+                                                       {"used_early", p.used_early},
+                                                       {"expired", p.expired},
+                                                       {"session_ended", p.session_ended},
+                                                       {"nothing_cached", p.nothing_cached},
+                                                       {"over_budget", p.over_budget}};
   for (const auto& [outcome, v] : outcomes) {
     out += name + "{outcome=\"" + outcome + "\"} " + std::to_string(v) + "\n";
   }
@@ -263,7 +278,8 @@ Result<MetricsAddress> ParseMetricsAddress(std::string_view text) {
     return Status::InvalidArgument(shown + ": put an IPv6 address in brackets, [::1]:9400");
   }
   int port = -1;
-  const auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  const auto [end, ec] =
+      std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
   if (ec != std::errc() || end != port_text.data() + port_text.size() || port < 0 || port > 65535) {
     return Status::InvalidArgument(shown + ": port '" + std::string(port_text) +
                                    "' is not a number in 0..65535");

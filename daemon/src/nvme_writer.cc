@@ -1,5 +1,7 @@
 #include "kvtier/daemon/nvme_writer.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -9,8 +11,6 @@
 #include <system_error>
 #include <thread>
 #include <vector>
-
-#include <spdlog/spdlog.h>
 
 #include "kvtier/tiers/write_pipeline.h"
 
@@ -25,17 +25,20 @@ Result<NvmeWritePolicy> ParseNvmeWritePolicy(const std::string& name) {
 }
 
 NvmeWriter::NvmeWriter(const Options& options, std::mutex& mu, DramTier& dram, NvmeTier& nvme,
-                       NvmeHealth& health, const CoreNamespaces& namespaces,
-                       RemoteTier* remote)
-    : options_(options), mu_(mu), dram_(dram), nvme_(nvme), health_(health), remote_(remote),
+                       NvmeHealth& health, const CoreNamespaces& namespaces, RemoteTier* remote)
+    : options_(options),
+      mu_(mu),
+      dram_(dram),
+      nvme_(nvme),
+      health_(health),
+      remote_(remote),
       namespaces_(namespaces) {}
 
 void NvmeWriter::Queue(uint32_t handle, bool to_remote) {
   const SlotEntry& e = dram_.Get(handle);
   dram_.HoldForWrite(handle);  // evicted before its write only when nothing else can be
   const uint64_t slot_bytes = namespaces_[e.ns_index]->layout.slot_bytes;
-  queue_.push_back(
-      {e.key, SlotSequence(dram_.SlotAddress(e.slot_offset)), slot_bytes, to_remote});
+  queue_.push_back({e.key, SlotSequence(dram_.SlotAddress(e.slot_offset)), slot_bytes, to_remote});
   queue_bytes_ += slot_bytes;
 }
 
@@ -73,7 +76,10 @@ void NvmeWriter::Demote(uint32_t handle, bool count_skips) {
       if (count_skips) ++counters_.skipped_writes;
       return;
     }
-    Demotion d{e.key, dram_.ParentKey(*it), ns.id, ns.layout,
+    Demotion d{e.key,
+               dram_.ParentKey(*it),
+               ns.id,
+               ns.layout,
                {static_cast<std::byte*>(std::aligned_alloc(kBlockBytes, ns.layout.slot_bytes)),
                 &std::free}};
     std::memcpy(d.image.get(), dram_.SlotAddress(e.slot_offset), ns.layout.slot_bytes);
@@ -288,7 +294,8 @@ Result<size_t> NvmeWriter::WriteTiers(std::span<const NvmeImage> images,
 void NvmeWriter::WriteBatch(const ThroughBatch& batch) {
   const Result<size_t> stored = WriteTiers(batch.images, batch.remote_images);
   std::lock_guard lock(mu_);
-  if (!batch.images.empty()) health_.NoteWrite(stored.status(), "write-through", batch.images.size());
+  if (!batch.images.empty())
+    health_.NoteWrite(stored.status(), "write-through", batch.images.size());
   EndWrites(batch.images.size());
   for (size_t i = 0; i < batch.images.size(); ++i) {
     CountWritten(batch.images[i].key, batch.layouts[i]);

@@ -1,7 +1,5 @@
 #include "peer_listener.h"
 
-#include <charconv>
-
 #include <grp.h>
 #include <pwd.h>
 #include <spdlog/spdlog.h>
@@ -11,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -56,8 +55,8 @@ Status PeerPolicy::Check(int fd) const {
   }
   return Status::PermissionDenied(
       "peer pid " + std::to_string(cred.pid) + " (uid " + std::to_string(cred.uid) + ", gid " +
-      std::to_string(cred.gid) + ") is neither kvtierd's uid " + std::to_string(self_) +
-      ", root" + (group_ ? ", nor a member of --socket-group" : " (no --socket-group)"));
+      std::to_string(cred.gid) + ") is neither kvtierd's uid " + std::to_string(self_) + ", root" +
+      (group_ ? ", nor a member of --socket-group" : " (no --socket-group)"));
 }
 
 void PeerBook::Record(int fd) {

@@ -14,8 +14,14 @@ constexpr const char* kTicketGone = "taken over by a Lookup, expired or never gr
 Promoter::Promoter(std::mutex& mu, DramTier& dram, NvmeTier* nvme, NvmeHealth* health,
                    HbmCopier* hbm, RemoteTier* remote, std::condition_variable& work_cv,
                    Hooks hooks)
-    : mu_(mu), dram_(dram), nvme_(nvme), health_(health), hbm_(hbm), remote_(remote),
-      work_cv_(work_cv), hooks_(std::move(hooks)) {}
+    : mu_(mu),
+      dram_(dram),
+      nvme_(nvme),
+      health_(health),
+      hbm_(hbm),
+      remote_(remote),
+      work_cv_(work_cv),
+      hooks_(std::move(hooks)) {}
 
 void Promoter::Start(uint64_t id, Promotion p) {
   p.started = std::chrono::steady_clock::now();
@@ -59,9 +65,9 @@ size_t Promoter::ExpireTickets(Clock::TimePoint now) {
 }
 
 size_t Promoter::ActiveTickets() const {
-  return static_cast<size_t>(std::count_if(
-      promotions_.begin(), promotions_.end(),
-      [](const auto& entry) { return entry.second.is_ticket(); }));
+  return static_cast<size_t>(
+      std::count_if(promotions_.begin(), promotions_.end(),
+                    [](const auto& entry) { return entry.second.is_ticket(); }));
 }
 
 void Promoter::End(Table::iterator it) {
@@ -194,11 +200,11 @@ void Promoter::Step(uint64_t id) {
   ++ns->active_reservations;  // the namespace keeps its slot class while the lock is dropped
   std::vector<NvmeTier::ReadRequest> reads;
   for (size_t k = 0; k < plan.size(); ++k) {
-    reads.push_back({{snap.id, keys[k], parents[k],
-                      std::span<const int32_t>(tokens).subspan(k * ct, ct)},
-                     &snap.layout,
-                     {dram_.SlotAddress(plan[k].slot_offset), snap.layout.slot_bytes},
-                     Status::Ok()});
+    reads.push_back(
+        {{snap.id, keys[k], parents[k], std::span<const int32_t>(tokens).subspan(k * ct, ct)},
+         &snap.layout,
+         {dram_.SlotAddress(plan[k].slot_offset), snap.layout.slot_bytes},
+         Status::Ok()});
   }
   // Every promoted image gets a sequence of its own, wherever it was read from: one that kept
   // the sequence it was stored with would show a slot that held it, then another chunk, then

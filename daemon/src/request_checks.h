@@ -34,9 +34,9 @@ inline Result<std::vector<ChunkKey>> PromptKeys(const CoreNamespace* live, const
                                                 std::span<const int32_t> tokens,
                                                 const std::string& instead) {
   if (live == nullptr) {
-    return Status::NotFound("namespace_id " + id.ToHex() +
-                            " is not open in this daemon, so its tokens cannot be keyed: " +
-                            instead);
+    return Status::NotFound(
+        "namespace_id " + id.ToHex() +
+        " is not open in this daemon, so its tokens cannot be keyed: " + instead);
   }
   std::vector<ChunkKey> keys = live->spec.ChunkKeys(live->id, tokens);
   if (keys.empty()) {

@@ -46,7 +46,7 @@ struct RingServer::Ring {
   const uint64_t session_id;
   const RingMemory mem;
   std::atomic<bool> ended{false};  // no longer served; ReapEnded forgets it
-  uint32_t head = 0;  // its poller's: what it took (the shared sq_head is only told)
+  uint32_t head = 0;               // its poller's: what it took (the shared sq_head is only told)
   LogLimiter bad_entries;
   // Ours, not the client's: a slot whose call is still being answered (a
   // Lookup promoting from NVMe). A client that submits it again is ignored.
@@ -68,10 +68,11 @@ bool Answer(RingServer::Ring& ring, uint32_t slot, uint32_t seq, const Status& s
   RingCompletion c;
   c.seq = seq;
   // As the gRPC path maps it (IO_ERROR is INTERNAL on the wire).
-  c.code = static_cast<int32_t>(st.code() == StatusCode::kIOError ? StatusCode::kInternal
-                                                                  : st.code());
+  c.code =
+      static_cast<int32_t>(st.code() == StatusCode::kIOError ? StatusCode::kInternal : st.code());
   if (!st.ok()) {
-    c.message_bytes = static_cast<uint32_t>(std::min<size_t>(st.message().size(), kRingMaxMessageBytes));
+    c.message_bytes =
+        static_cast<uint32_t>(std::min<size_t>(st.message().size(), kRingMaxMessageBytes));
     std::memcpy(data.data(), st.message().data(), c.message_bytes);
   } else if (message != nullptr) {
     c.message_bytes = static_cast<uint32_t>(message->ByteSizeLong());
@@ -111,11 +112,11 @@ void RunMessage(RingServer::Ring& ring, uint32_t slot, const RingCall& call, uin
                 uint64_t epoch, Run run, Undo undo, GivenUp given_up) {
   Request req;
   if (!req.ParseFromString(call.message)) {
-    (void)Answer(ring, slot, call.seq,
-                 Status::InvalidArgument("ring entry op " +
-                                         std::to_string(static_cast<uint32_t>(call.op)) + ": not a " +
-                                         req.GetTypeName()),
-                 nullptr);
+    (void)Answer(
+        ring, slot, call.seq,
+        Status::InvalidArgument("ring entry op " + std::to_string(static_cast<uint32_t>(call.op)) +
+                                ": not a " + req.GetTypeName()),
+        nullptr);
     return;
   }
   req.set_session_id(session_id);
@@ -145,7 +146,7 @@ struct RingServer::Poller {
   std::atomic<uint32_t> wake{0};
   std::mutex mu;
   std::vector<std::shared_ptr<Ring>> added;  // handed over, not yet taken; GUARDED_BY(mu)
-  std::atomic<size_t> rings{0};  // handed to it and not yet closed
+  std::atomic<size_t> rings{0};              // handed to it and not yet closed
 };
 
 RingServer::RingServer(CacheCore& core, int listen_fd, PeerPolicy peers)
@@ -241,8 +242,10 @@ void RingServer::AcceptLoop() {
     }
     if (waiting.size() >= kMaxWaiting) {
       if (auto held_back = crowded.Admit()) {
-        spdlog::warn("ring socket: {} connections wait for their hello; refused one more (its "
-                     "client uses gRPC){}", waiting.size(), HeldBack(*held_back));
+        spdlog::warn(
+            "ring socket: {} connections wait for their hello; refused one more (its "
+            "client uses gRPC){}",
+            waiting.size(), HeldBack(*held_back));
       }
       Refuse(conn, Status::ResourceExhausted("too many connections wait for their hello"));
       close(conn);
@@ -264,13 +267,13 @@ void RingServer::Handshake(int conn, const RingHello& hello) {
   RingAnnouncement answer;
   auto refuse = [&](const Status& st) { Refuse(conn, st); };
   if (hello.magic != kRingHelloMagic || hello.version != kRingVersion) {
-    return refuse(Status::InvalidArgument("RingHello magic or version " +
-                                          std::to_string(hello.version) + " is not this kvtierd's"));
+    return refuse(Status::InvalidArgument(
+        "RingHello magic or version " + std::to_string(hello.version) + " is not this kvtierd's"));
   }
   const std::string want = core_.SessionToken(hello.session_id);  // one look: no race with its end
   if (want.empty()) {
-    return refuse(Status::FailedPrecondition("session " + std::to_string(hello.session_id) +
-                                             " is unknown"));
+    return refuse(
+        Status::FailedPrecondition("session " + std::to_string(hello.session_id) + " is unknown"));
   }
   uint8_t diff = want.size() == sizeof(hello.session_token) ? 0 : 1;
   for (size_t i = 0; i < sizeof(hello.session_token); ++i) {  // constant time
@@ -346,9 +349,10 @@ bool RingServer::Serve(const std::shared_ptr<Ring>& shared) {
   const uint32_t tail = h.sq_tail.load(std::memory_order_acquire);
   if (tail == ring.head) return false;
   if (tail - ring.head > kRingDepth) {
-    spdlog::warn("control ring of session {}: its tail ran {} entries ahead of what kvtierd "
-                 "took (at most {}): the ring is no longer served; its client uses gRPC",
-                 ring.session_id, tail - ring.head, kRingDepth);
+    spdlog::warn(
+        "control ring of session {}: its tail ran {} entries ahead of what kvtierd "
+        "took (at most {}): the ring is no longer served; its client uses gRPC",
+        ring.session_id, tail - ring.head, kRingDepth);
     ring.ended.store(true);
     return false;
   }
@@ -430,7 +434,7 @@ void RingServer::Poll(Poller& p) {
 }
 
 void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
-  core_.CountRingCall();  // every call that came, run or not (given up, malformed)
+  core_.CountRingCall();     // every call that came, run or not (given up, malformed)
   if (slot >= kRingDepth) {  // no slot to answer into
     if (auto held_back = ring->bad_entries.Admit()) {
       spdlog::warn("control ring of session {}: slot index {} is past its {} slots{}",
@@ -493,16 +497,16 @@ void RingServer::Submit(const std::shared_ptr<Ring>& ring, uint32_t slot) {
                 .first_chunk = call->first_chunk,
                 .adopt_ticket = call->adopt_ticket},
                resp.get(), [ring, slot, seq = call->seq, resp, core = &core_](Status st) {
-    if (st.ok()) core->CountRingLookup();
-    if (!Answer(*ring, slot, seq, st, resp.get()) && st.ok() && resp->lease_id != 0) {
-      // its client gave up waiting, as a cancelled RPC
-      (void)core->ReleaseUnserved(ring->session_id, resp->lease_id);
-    }
-  });
+                 if (st.ok()) core->CountRingLookup();
+                 if (!Answer(*ring, slot, seq, st, resp.get()) && st.ok() && resp->lease_id != 0) {
+                   // its client gave up waiting, as a cancelled RPC
+                   (void)core->ReleaseUnserved(ring->session_id, resp->lease_id);
+                 }
+               });
 }
 
-void RingServer::RunMessageOp(const std::shared_ptr<Ring>& ring, uint32_t slot, const RingCall& call,
-                              uint64_t session, uint64_t epoch) {
+void RingServer::RunMessageOp(const std::shared_ptr<Ring>& ring, uint32_t slot,
+                              const RingCall& call, uint64_t session, uint64_t epoch) {
   auto nothing = [](const auto&) {};
   auto abort = [&](uint64_t reservation_id) {
     if (reservation_id != 0) (void)core_.AbortWrite(session, reservation_id);

@@ -101,8 +101,8 @@ class RingServer {
   std::mutex mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Ring>> rings_;  // by session; GUARDED_BY(mu_)
   std::vector<std::unique_ptr<Poller>> pollers_;               // GUARDED_BY(mu_)
-  Workers reserves_;  // ReserveWrite
-  Workers quick_;     // CommitWrite, AbortWrite, PrefetchStatus
+  Workers reserves_;                                           // ReserveWrite
+  Workers quick_;  // CommitWrite, AbortWrite, PrefetchStatus
 };
 
 }  // namespace kvtier

@@ -124,8 +124,7 @@ cudaError_t LaunchMaskedSoftmaxKernel(ScalarType type, const float* scores, uint
         scores, reinterpret_cast<__half*>(probs), tile_rows, row_len, first_visible, scale);
   } else {
     MaskedSoftmaxKernel<__nv_bfloat16><<<grid, kThreadsPerBlock, 0, stream>>>(
-        scores, reinterpret_cast<__nv_bfloat16*>(probs), tile_rows, row_len, first_visible,
-        scale);
+        scores, reinterpret_cast<__nv_bfloat16*>(probs), tile_rows, row_len, first_visible, scale);
   }
   return cudaGetLastError();
 }

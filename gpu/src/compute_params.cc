@@ -55,8 +55,8 @@ GpuStatus BuildPagedKv(const PagedKvView& view, const char* what, PagedKvParams*
   for (int t = 0; t < 2; ++t) p.tensors[t] = static_cast<uint16_t*>(view.cache.tensors[t]);
   for (int i = 0; i < 2; ++i) {
     const KvPlane& q = layout->plane(i);
-    p.planes[i] = {q.tensor, q.offset_elems, q.block_stride, q.token_stride, q.head_stride,
-                   q.dim_stride};
+    p.planes[i] = {q.tensor,       q.offset_elems, q.block_stride,
+                   q.token_stride, q.head_stride,  q.dim_stride};
   }
   p.heads = layout->heads();
   p.head_dim = layout->head_dim();
@@ -86,7 +86,9 @@ GpuStatus CheckPositions(const KvLayout& layout, int64_t first, int64_t n, const
 }  // namespace
 
 GpuStatus BuildGemmParams(const GemmArgs& args, GemmParams* out) {
-  auto bad = [](const std::string& msg) { return GpuStatus::InvalidArgument("LaunchGemm: " + msg); };
+  auto bad = [](const std::string& msg) {
+    return GpuStatus::InvalidArgument("LaunchGemm: " + msg);
+  };
   if (!ValidType(args.type)) return bad("type is not fp16 or bf16");
   if (args.m < 0 || args.n < 0 || args.k <= 0) return bad("m, n must be >= 0 and k > 0");
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();  // cuBLAS takes int sizes.
@@ -114,8 +116,8 @@ GpuStatus BuildKvAppendParams(const KvAppendArgs& args, KvAppendParams* out) {
   KvAppendParams p{};
   if (!ValidType(args.type)) return GpuStatus::InvalidArgument("LaunchKvAppend: bad type");
   if (GpuStatus s = BuildPagedKv(args.kv, "LaunchKvAppend", &p.kv); !s.ok()) return s;
-  if (GpuStatus s = CheckPositions(*args.kv.layout, args.first_position, args.num_tokens,
-                                   "LaunchKvAppend");
+  if (GpuStatus s =
+          CheckPositions(*args.kv.layout, args.first_position, args.num_tokens, "LaunchKvAppend");
       !s.ok()) {
     return s;
   }
@@ -181,7 +183,8 @@ GpuStatus BuildPagedAttentionParams(const PagedAttentionArgs& args, PagedAttenti
   }
   p.ws = PlanAttentionWorkspace(p.kv.heads, p.kv.head_dim, args.num_q_heads, args.first_position,
                                 args.num_tokens);
-  if (args.num_tokens > 0 && (args.workspace == nullptr || args.workspace_bytes < p.ws.total_bytes)) {
+  if (args.num_tokens > 0 &&
+      (args.workspace == nullptr || args.workspace_bytes < p.ws.total_bytes)) {
     return bad("workspace of " + std::to_string(args.workspace_bytes) + " bytes; " +
                std::to_string(p.ws.total_bytes) + " needed (PagedAttentionWorkspaceBytes)");
   }
@@ -194,8 +197,9 @@ GpuStatus BuildPagedAttentionParams(const PagedAttentionArgs& args, PagedAttenti
   p.num_q_heads = args.num_q_heads;
   p.q = static_cast<const uint16_t*>(args.q);
   p.out = static_cast<uint16_t*>(args.out);
-  p.scale = args.scale != 0 ? args.scale
-                            : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.kv.head_dim)));
+  p.scale = args.scale != 0
+                ? args.scale
+                : static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.kv.head_dim)));
   p.workspace = static_cast<unsigned char*>(args.workspace);
   p.tile_tokens = kAttentionQueryTileTokens;
   *out = p;

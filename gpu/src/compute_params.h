@@ -47,8 +47,8 @@ struct PagedKvParams {
 #if defined(__CUDACC__)
 __host__ __device__
 #endif
-inline uint16_t* PagedElement(const PagedKvParams& kv, int p, int64_t pos, int64_t h,
-                              int64_t d) {
+    inline uint16_t*
+    PagedElement(const PagedKvParams& kv, int p, int64_t pos, int64_t h, int64_t d) {
   const PagedPlaneParams& q = kv.planes[p];
   const int64_t block = kv.block_table[pos / kv.block_size];
   return kv.tensors[q.tensor] + q.offset + block * q.block_stride +

@@ -15,15 +15,15 @@ struct CublasApi {
   decltype(&cublasSetStream) set_stream = nullptr;
   // The C entry points (C++ also sees inline overloads taking cudaDataType compute types).
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                            const void*, const void*, cudaDataType, int, const void*,
-                            cudaDataType, int, const void*, void*, cudaDataType, int,
-                            cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,
+                            int, const void*, void*, cudaDataType, int, cublasComputeType_t,
+                            cublasGemmAlgo_t) = nullptr;
   cublasStatus_t (*gemm_strided_batched_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t,
-                                            int, int, int, const void*, const void*,
-                                            cudaDataType, int, long long, const void*,
-                                            cudaDataType, int, long long, const void*, void*,
-                                            cudaDataType, int, long long, int,
-                                            cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+                                            int, int, int, const void*, const void*, cudaDataType,
+                                            int, long long, const void*, cudaDataType, int,
+                                            long long, const void*, void*, cudaDataType, int,
+                                            long long, int, cublasComputeType_t,
+                                            cublasGemmAlgo_t) = nullptr;
   decltype(&cublasGetStatusName) status_name = nullptr;
   decltype(&cublasGetStatusString) status_string = nullptr;
 };

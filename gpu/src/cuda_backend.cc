@@ -1,6 +1,5 @@
 #include "cuda_backend.h"
 
-#include "cublas_loader.h"
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 #include <utility>
 
 #include "compute_kernels.h"
+#include "cublas_loader.h"
 #include "fill_kernel.h"
 #include "host_ipc_handle.h"
 #include "kv_copy_kernel.h"
@@ -65,8 +65,8 @@ class DeviceGuard {
 
 GpuStatus FromBlas(const internal::CublasApi& api, cublasStatus_t st, const char* what) {
   if (st == CUBLAS_STATUS_SUCCESS) return GpuStatus::Ok();
-  std::string msg = std::string(what) + ": " + api.status_name(st) + " (" +
-                    api.status_string(st) + ")";
+  std::string msg =
+      std::string(what) + ": " + api.status_name(st) + " (" + api.status_string(st) + ")";
   switch (st) {
     case CUBLAS_STATUS_ALLOC_FAILED:
       return GpuStatus::OutOfMemory(std::move(msg));
@@ -356,8 +356,8 @@ GpuStatus CudaRuntime::BlasOn(void* stream, cublasContext** handle) {
     }
     blas_ = created;
   }
-  if (GpuStatus s = FromBlas(*blas_api_, blas_api_->set_stream(blas_, AsStream(stream)),
-                             "cublasSetStream");
+  if (GpuStatus s =
+          FromBlas(*blas_api_, blas_api_->set_stream(blas_, AsStream(stream)), "cublasSetStream");
       !s.ok()) {
     return s;
   }
@@ -381,12 +381,13 @@ GpuStatus CudaRuntime::LaunchGemmImpl(const internal::GemmParams& p, void* strea
   // B as the first operand (PyTorch's nn.Linear call).
   const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
   const cudaDataType_t t = BlasType(p.type);
-  return FromBlas(*blas_api_, blas_api_->gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n),
-                               static_cast<int>(p.m), static_cast<int>(p.k), &alpha, p.b, t,
-                               static_cast<int>(p.ldb), p.a, t, static_cast<int>(p.lda), &beta,
-                               p.c, t, static_cast<int>(p.ldc), CUBLAS_COMPUTE_32F,
-                               CUBLAS_GEMM_DEFAULT),
-                  "cublasGemmEx");
+  return FromBlas(
+      *blas_api_,
+      blas_api_->gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n),
+                         static_cast<int>(p.m), static_cast<int>(p.k), &alpha, p.b, t,
+                         static_cast<int>(p.ldb), p.a, t, static_cast<int>(p.lda), &beta, p.c, t,
+                         static_cast<int>(p.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
 }
 
 GpuStatus CudaRuntime::LaunchKvAppendImpl(const internal::KvAppendParams& p, void* stream) {
@@ -429,7 +430,8 @@ GpuStatus CudaRuntime::LaunchPagedAttentionImpl(const internal::PagedAttentionPa
       // scores[h] (row-major [tq, keys]) = Q_h [tq, dim] K_g [keys, dim]^T.
       const uint16_t* q = p.q + t0 * p.q_token_stride + j * dim;
       if (GpuStatus s = FromBlas(
-              *blas_api_, blas_api_->gemm_strided_batched_ex(
+              *blas_api_,
+              blas_api_->gemm_strided_batched_ex(
                   handle, CUBLAS_OP_T, CUBLAS_OP_N, i32(keys), i32(tq), i32(dim), &one, k, t,
                   i32(dim), context * dim, q, t, i32(p.q_token_stride), group * dim, &zero,
                   scores + j * head_scores, CUDA_R_32F, i32(keys), group * head_scores,
@@ -439,23 +441,24 @@ GpuStatus CudaRuntime::LaunchPagedAttentionImpl(const internal::PagedAttentionPa
         return s;
       }
     }
-    if (GpuStatus s = FromCuda(internal::LaunchMaskedSoftmaxKernel(
-                                   p.type, scores, probs, p.num_q_heads * tq, tq, keys,
-                                   p.first_position + t0, p.scale, AsStream(stream)),
-                               "softmax kernel launch");
+    if (GpuStatus s = FromCuda(
+            internal::LaunchMaskedSoftmaxKernel(p.type, scores, probs, p.num_q_heads * tq, tq, keys,
+                                                p.first_position + t0, p.scale, AsStream(stream)),
+            "softmax kernel launch");
         !s.ok()) {
       return s;
     }
     for (int64_t j = 0; j < group; ++j) {
       // out_h (row-major [tq, dim], row stride out_token_stride) = P_h [tq, keys] V_g [keys, dim].
       uint16_t* out = p.out + t0 * p.out_token_stride + j * dim;
-      if (GpuStatus s = FromBlas(
-              *blas_api_, blas_api_->gemm_strided_batched_ex(
-                  handle, CUBLAS_OP_N, CUBLAS_OP_N, i32(dim), i32(tq), i32(keys), &one, v, t,
-                  i32(dim), context * dim, probs + j * head_scores, t, i32(keys),
-                  group * head_scores, &zero, out, t, i32(p.out_token_stride), group * dim,
-                  i32(kv_heads), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-              "cublasGemmStridedBatchedEx (PV)");
+      if (GpuStatus s =
+              FromBlas(*blas_api_,
+                       blas_api_->gemm_strided_batched_ex(
+                           handle, CUBLAS_OP_N, CUBLAS_OP_N, i32(dim), i32(tq), i32(keys), &one, v,
+                           t, i32(dim), context * dim, probs + j * head_scores, t, i32(keys),
+                           group * head_scores, &zero, out, t, i32(p.out_token_stride), group * dim,
+                           i32(kv_heads), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                       "cublasGemmStridedBatchedEx (PV)");
           !s.ok()) {
         return s;
       }

@@ -15,7 +15,7 @@
 struct cublasContext;
 namespace kvtier::gpu::internal {
 struct CublasApi;
-}  // cublasHandle_t is cublasContext* (<cublas_v2.h>).
+}  // namespace kvtier::gpu::internal
 
 namespace kvtier::gpu {
 

@@ -51,7 +51,7 @@ inline uint16_t FloatToFloat16(float f) {
     return static_cast<uint16_t>(sign | 0x7C00u | (abs > 0x7F800000u ? 0x200u : 0u));
   }
   if (abs >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // Rounds to Inf.
-  if (abs < 0x38800000u) {  // Below the smallest normal (2^-14): subnormal or zero.
+  if (abs < 0x38800000u) {               // Below the smallest normal (2^-14): subnormal or zero.
     if (abs < 0x33000000u) return sign;  // Below half the smallest subnormal: 0.
     const uint32_t exp = abs >> 23;
     const uint32_t mant = (abs & 0x7FFFFFu) | 0x800000u;

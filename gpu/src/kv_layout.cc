@@ -188,7 +188,8 @@ GpuStatus KvLayout::Create(const KvLayoutSpec& spec, KvLayout* out) {
       layout.planes_[0] = {0, 0, st[0], st[1], 0, st[2]};
       break;
     case KvLayoutKind::kVllmBhnc:  // K, then V, along the content dimension
-      for (int p = 0; p < 2; ++p) layout.planes_[p] = {0, p * d * st[3], st[0], st[2], st[1], st[3]};
+      for (int p = 0; p < 2; ++p)
+        layout.planes_[p] = {0, p * d * st[3], st[0], st[2], st[1], st[3]};
       break;
   }
   *out = std::move(layout);

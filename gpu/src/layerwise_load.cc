@@ -28,8 +28,7 @@ GpuStatus LayerwiseLoad::Create(Runtime& runtime, KvChunkSet chunks,
   if (GpuStatus s = internal::CheckLayerTensors(chunks, layers, "LayerwiseLoad"); !s.ok()) return s;
   if (options.queue_ahead_layers < 0) {
     return GpuStatus::InvalidArgument("LayerwiseLoad: queue_ahead_layers " +
-                                      std::to_string(options.queue_ahead_layers) +
-                                      " is negative");
+                                      std::to_string(options.queue_ahead_layers) + " is negative");
   }
   std::unordered_set<int32_t> seen;
   for (int32_t id : chunks.block_ids) {
@@ -43,9 +42,8 @@ GpuStatus LayerwiseLoad::Create(Runtime& runtime, KvChunkSet chunks,
       !s.ok()) {
     return s;
   }
-  std::unique_ptr<LayerwiseLoad> load(
-      new LayerwiseLoad(runtime, std::move(transfer), std::move(layers),
-                        options.queue_ahead_layers));
+  std::unique_ptr<LayerwiseLoad> load(new LayerwiseLoad(
+      runtime, std::move(transfer), std::move(layers), options.queue_ahead_layers));
   load->events_.resize(load->layers_.size());
   for (Event& event : load->events_) {
     if (GpuStatus s = runtime.CreateEvent(&event); !s.ok()) return s;
@@ -87,9 +85,9 @@ GpuStatus LayerwiseLoad::WaitLayer(int64_t layer, Stream& compute_stream) {
   // can still be waited for.
   (void)QueueUpTo(layer + 1 + queue_ahead_layers_);
   if (layer >= queued_layers_) {
-    return GpuStatus::InvalidArgument("LayerwiseLoad::WaitLayer: layer " + std::to_string(layer) +
-                                      " is not queued (queueing failed: " +
-                                      queue_error_.ToString() + ")");
+    return GpuStatus::InvalidArgument(
+        "LayerwiseLoad::WaitLayer: layer " + std::to_string(layer) +
+        " is not queued (queueing failed: " + queue_error_.ToString() + ")");
   }
   return runtime_.StreamWaitEvent(compute_stream, events_[layer]);
 }

@@ -24,8 +24,9 @@ GpuStatus LayerwiseStore::Create(Runtime& runtime, KvChunkSet chunks,
   }
   for (int32_t id : chunks.block_ids) {
     if (id == kSkipBlock) {
-      return GpuStatus::InvalidArgument("LayerwiseStore: block id -1 (skip): every block of a "
-                                        "stored chunk must be copied");
+      return GpuStatus::InvalidArgument(
+          "LayerwiseStore: block id -1 (skip): every block of a "
+          "stored chunk must be copied");
     }
   }
   std::unique_ptr<KvTransfer> transfer;

@@ -307,7 +307,8 @@ int Main(int argc, char** argv) {
 
   std::printf(
       "kvtier-engine-standalone: %s (%lld layers, %lld/%lld heads, head_dim %lld, "
-      "hidden %lld), fp16, on %s, KV source: pinned host buffer (no daemon), copy path %s, queue ahead %lld\n",
+      "hidden %lld), fp16, on %s, KV source: pinned host buffer (no daemon), copy path %s, queue "
+      "ahead %lld\n",
       shape.name.c_str(), static_cast<long long>(shape.num_layers),
       static_cast<long long>(shape.num_q_heads), static_cast<long long>(shape.num_kv_heads),
       static_cast<long long>(shape.head_dim), static_cast<long long>(shape.hidden),

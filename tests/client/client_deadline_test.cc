@@ -15,10 +15,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
@@ -147,8 +146,7 @@ class StoppedDaemonTest : public ::testing::Test {
     ASSERT_EQ(kill(daemon_.pid(), SIGSTOP), 0);
     stopped_ = true;
     const std::string tasks = "/proc/" + std::to_string(daemon_.pid()) + "/task";
-    for (auto until = Clock::now() + 5s; Clock::now() < until;
-         std::this_thread::sleep_for(1ms)) {
+    for (auto until = Clock::now() + 5s; Clock::now() < until; std::this_thread::sleep_for(1ms)) {
       bool all = true;
       for (const auto& t : std::filesystem::directory_iterator(tasks)) {
         std::ifstream stat(t.path() / "stat");
@@ -201,10 +199,18 @@ TEST_F(StoppedDaemonTest, EveryCallFailsOpenWithinItsDeadlineAndCloseWithinASeco
     const auto tokens = Tokens(1000 * (t * 2 + r + 1), 64);
     std::vector<std::byte> out(4 * pb);
     switch ((t + r) % 4) {
-      case 0: EXPECT_FALSE((*client)->Lookup(*ns, stored)->fail_open.ok()); break;
-      case 1: EXPECT_FALSE((*client)->Load(*ns, stored, out)->fail_open.ok()); break;
-      case 2: EXPECT_FALSE((*client)->Store(*ns, tokens, data)->fail_open.ok()); break;
-      case 3: EXPECT_FALSE((*client)->Prefetch(*ns, stored)->fail_open.ok()); break;
+      case 0:
+        EXPECT_FALSE((*client)->Lookup(*ns, stored)->fail_open.ok());
+        break;
+      case 1:
+        EXPECT_FALSE((*client)->Load(*ns, stored, out)->fail_open.ok());
+        break;
+      case 2:
+        EXPECT_FALSE((*client)->Store(*ns, tokens, data)->fail_open.ok());
+        break;
+      case 3:
+        EXPECT_FALSE((*client)->Prefetch(*ns, stored)->fail_open.ok());
+        break;
     }
   });
   EXPECT_LE(longest, kDeadline + kMargin);
@@ -220,8 +226,7 @@ TEST_F(StoppedDaemonTest, EveryCallFailsOpenWithinItsDeadlineAndCloseWithinASeco
 // ring and over gRPC. Before, the reservation held the prompt's keys until its
 // TTL (30 s): every later Store was told they were already stored, and every
 // Lookup missed.
-class StoppedMidStoreTest : public StoppedDaemonTest,
-                            public ::testing::WithParamInterface<bool> {};
+class StoppedMidStoreTest : public StoppedDaemonTest, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(StoppedMidStoreTest, ACommitThatGotNoAnswerLeavesNoReservationBehind) {
   ClientOptions o;
@@ -262,8 +267,8 @@ TEST_P(StoppedMidStoreTest, ACommitThatGotNoAnswerLeavesNoReservationBehind) {
   ASSERT_TRUE(second.ok() && second->fail_open.ok());
   auto found = (*other)->Lookup(*other_ns, tokens);
   ASSERT_TRUE(found.ok() && found->fail_open.ok());
-  EXPECT_EQ(found->num_chunks, 4u) << "stored " << second->stored_chunks << ", already stored "
-                                   << second->already_stored_chunks;
+  EXPECT_EQ(found->num_chunks, 4u)
+      << "stored " << second->stored_chunks << ", already stored " << second->already_stored_chunks;
 }
 
 INSTANTIATE_TEST_SUITE_P(RingAndGrpc, StoppedMidStoreTest, ::testing::Bool(),
@@ -284,10 +289,18 @@ TEST_F(StoppedDaemonTest, ACallWhoseRequestFillsTheSocketStillFailsOpenWithinIts
   std::vector<std::byte> data(4 * pb, std::byte{7}), out(4 * pb);
   const auto longest = LongestCall(1, 8, [&](int, int r) {
     switch (r % 4) {
-      case 0: EXPECT_FALSE((*client)->Lookup(*ns, huge)->fail_open.ok()); break;
-      case 1: EXPECT_FALSE((*client)->Lookup(*ns, small)->fail_open.ok()); break;
-      case 2: EXPECT_FALSE((*client)->Load(*ns, small, out)->fail_open.ok()); break;
-      case 3: EXPECT_FALSE((*client)->Store(*ns, small, data)->fail_open.ok()); break;
+      case 0:
+        EXPECT_FALSE((*client)->Lookup(*ns, huge)->fail_open.ok());
+        break;
+      case 1:
+        EXPECT_FALSE((*client)->Lookup(*ns, small)->fail_open.ok());
+        break;
+      case 2:
+        EXPECT_FALSE((*client)->Load(*ns, small, out)->fail_open.ok());
+        break;
+      case 3:
+        EXPECT_FALSE((*client)->Store(*ns, small, data)->fail_open.ok());
+        break;
     }
   });
   EXPECT_LE(longest, kDeadline + kMargin) << "a call waited for the stopped daemon to read";
@@ -305,8 +318,7 @@ TEST_F(StoppedDaemonTest, AReplayWhoseDaemonStopsMidRunFailsOpenAndFinishes) {
   std::string error;
   const std::string json = dir_.Sub("replay.json");
   ASSERT_TRUE(replay.Spawn({testing::BinPath("kvtier-replay"), "--socket", daemon_.socket_path(),
-                            "--generate", "300", "--deadline-ms", "100", "--quiet", "--json",
-                            json},
+                            "--generate", "300", "--deadline-ms", "100", "--quiet", "--json", json},
                            dir_.Sub("replay.out"), dir_.Sub("replay.err"), &error))
       << error;
   // Mid-run: once the replay's first requests are served (300 take well under

@@ -13,11 +13,11 @@ namespace kvtier {
 namespace {
 
 using testing::DaemonProcess;
+using testing::kChunkTokens;
 using testing::Payloads;
 using testing::TempDir;
 using testing::TinySpec;
 using testing::Tokens;
-using testing::kChunkTokens;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
@@ -70,7 +70,6 @@ TEST(ClientLeaseLapse, CopyThatOutlivesItsLeaseIsReportedInvalidNotServed) {
   EXPECT_EQ(again->num_chunks, 0u);
 }
 
-
 // A writer that outlives its reservation's TTL must not be able to scribble
 // over another client's chunk: the expired reservation cannot commit, and its
 // slot is not handed to anyone while the writer's session lives.
@@ -99,8 +98,8 @@ TEST(ClientReservationLapse, LateWriterNeverCorruptsAnotherClientsChunk) {
 
   std::optional<Result<StoreResult>> b_store;
   auto a_store = (*a)->Store(*ns_a, p, [&](size_t, std::span<std::byte> payload) {
-    std::this_thread::sleep_for(400ms);  // the reservation (100 ms) lapses meanwhile
-    b_store = (*b)->Store(*ns_b, q, q_bytes);  // wants the only slot
+    std::this_thread::sleep_for(400ms);                 // the reservation (100 ms) lapses meanwhile
+    b_store = (*b)->Store(*ns_b, q, q_bytes);           // wants the only slot
     std::memset(payload.data(), 0xAB, payload.size());  // the late write
     return Status::Ok();
   });

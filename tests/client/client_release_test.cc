@@ -24,7 +24,7 @@ using namespace std::chrono_literals;
 
 constexpr uint32_t kChunkTokens = 32;  // tiny: 16 KiB payloads in 20 KiB slots
 constexpr size_t kPromptChunks = 16;
-constexpr int kPrompts = 48;           // 768 chunks: most of them only on NVMe
+constexpr int kPrompts = 48;  // 768 chunks: most of them only on NVMe
 // Each thread holds at most one lease of 16 chunks and has at most one more
 // on its way back: 6 * 2 * 16 = 192 of the 204 slots.
 constexpr int kThreads = 6;
@@ -45,8 +45,8 @@ TEST(ClientRelease, LoadsFromManyThreadsOfOneClientNeverPinTheArenaThroughQueued
   o.socket_path = dir.Sub("kvtierd.sock");
   o.dram_bytes = "4MiB";  // 204 slots of 20 KiB
   // One client may hold the whole arena: this is about releases, not the per-session limit.
-  o.extra_args = {"--nvme-path", nvme.path(), "--nvme-bytes", "64MiB", "--session-max-bytes",
-                  o.dram_bytes};
+  o.extra_args = {"--nvme-path", nvme.path(),           "--nvme-bytes",
+                  "64MiB",       "--session-max-bytes", o.dram_bytes};
   o.log_path = dir.Sub("kvtierd.log");
   DaemonProcess daemon(o);
   ASSERT_EQ(daemon.Start(), "");

@@ -5,10 +5,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <functional>
-#include <optional>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -97,8 +97,8 @@ TEST_F(ClientTest, PrefetchHoldsTheCachedPrefixForTheLoadThatTakesItOver) {
   const auto source = Payloads(ns, tokens);
   ASSERT_EQ(client->Store(ns, tokens, std::span<const std::byte>(source))->stored_chunks, 4u);
 
-  for (PrefetchPolicy policy : {PrefetchPolicy::kBestEffort, PrefetchPolicy::kWaitComplete,
-                                PrefetchPolicy::kTimeout}) {
+  for (PrefetchPolicy policy :
+       {PrefetchPolicy::kBestEffort, PrefetchPolicy::kWaitComplete, PrefetchPolicy::kTimeout}) {
     PrefetchOptions po;
     po.policy = policy;
     auto ticket = client->Prefetch(ns, tokens, po);
@@ -236,8 +236,7 @@ TEST_F(ClientTest, ARequestIdThatIsNotUtf8IsRefusedOverTheRingAndGrpc) {
       auto l = client->Lookup(ns, tokens, id);
       ASSERT_FALSE(l.ok()) << "accepted; fail_open: " << l->fail_open.ToString();
       EXPECT_EQ(l.status().code(), StatusCode::kInvalidArgument);
-      EXPECT_NE(l.status().message().find("request_id"), std::string::npos)
-          << l.status().message();
+      EXPECT_NE(l.status().message().find("request_id"), std::string::npos) << l.status().message();
       EXPECT_FALSE(client->Prefetch(ns, tokens, PrefetchOptions{}, id).ok());
     }
     auto fine = client->Lookup(ns, tokens, "cmpl-\xc3\xa9");  // é
@@ -525,8 +524,10 @@ TEST_F(ClientTest, ConcurrentStoreAndLoadFromFourThreadsOfOneClient) {
           tools::FillPayload(keys[i], ns.spec.num_layers, p);
           return Status::Ok();
         });
-        if (!st.ok()) ++api_errors;
-        else if (!st->fail_open.ok()) ++fail_open;
+        if (!st.ok())
+          ++api_errors;
+        else if (!st->fail_open.ok())
+          ++fail_open;
         std::vector<std::byte> dest(keys.size() * pb);
         auto ld = client->Load(ns, tokens, dest);
         if (!ld.ok()) {

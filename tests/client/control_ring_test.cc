@@ -2,6 +2,8 @@
 // Lookups go over it with the answers gRPC gives, and kvtierd treats a ring
 // as hostile: a client that scribbles over its own ring gets errors or
 // nothing, while other sessions keep being served.
+#include "kvtier/control_ring.h"
+
 #include <grpcpp/grpcpp.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
@@ -16,7 +18,6 @@
 
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
-#include "kvtier/control_ring.h"
 #include "kvtier/fd_passing.h"
 #include "kvtier/proto/convert.h"
 #include "kvtier/proto/transport_args.h"
@@ -168,8 +169,8 @@ TEST_F(ControlRingTest, LookupsGoOverTheRingAndAnswerAsGrpcDoes) {
   ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*plain, *ns_p, Tokens(5, 3 * kChunkTokens)));
   EXPECT_EQ(RingStat("ring_calls"), calls_before + 4) << "the plain client used the ring";
 
-  for (size_t prefix : {size_t{0}, size_t{kChunkTokens - 1}, size_t{3 * kChunkTokens + 2},
-                        tokens.size()}) {
+  for (size_t prefix :
+       {size_t{0}, size_t{kChunkTokens - 1}, size_t{3 * kChunkTokens + 2}, tokens.size()}) {
     const std::span<const int32_t> p(tokens.data(), prefix);
     auto a = ringed->Lookup(*ns_r, p);
     auto b = plain->Lookup(*ns_p, p);
@@ -192,7 +193,8 @@ TEST_F(ControlRingTest, TheEnvironmentTurnsTheRingOffInAnyCase) {
     ASSERT_TRUE(ns.ok());
     const uint64_t calls = RingStat("ring_calls");
     ASSERT_NO_FATAL_FAILURE(StoreAndVerify(*c, *ns, Tokens(60, 2 * kChunkTokens)));
-    EXPECT_EQ(RingStat("ring_calls"), calls) << "KVTIER_CONTROL_RING=" << off << " left the ring on";
+    EXPECT_EQ(RingStat("ring_calls"), calls)
+        << "KVTIER_CONTROL_RING=" << off << " left the ring on";
   }
 }
 
@@ -292,8 +294,8 @@ TEST_F(ControlRingTest, ARingIsHandedOnlyToItsSessionsToken) {
   auto refused = RequestRingFd(socket_, raw.opened.session_id(), wrong, 2000);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied) << refused.status().ToString();
-  auto unknown = RequestRingFd(socket_, raw.opened.session_id() + 1000, raw.opened.session_token(),
-                               2000);
+  auto unknown =
+      RequestRingFd(socket_, raw.opened.session_id() + 1000, raw.opened.session_token(), 2000);
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::kFailedPrecondition);
   auto fd = RequestRingFd(socket_, raw.opened.session_id(), raw.opened.session_token(), 2000);

@@ -8,10 +8,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <functional>
 #include <csignal>
 #include <cstddef>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -29,8 +29,9 @@ using namespace std::chrono_literals;
 
 constexpr int64_t kLayers = 4, kHeads = 2, kHeadDim = 16, kElem = 2;
 constexpr int64_t kBlock = 4, kBlocks = 64, kChunkTokens = 16;
-constexpr int64_t kTokenBytes = kHeads * kHeadDim * kElem;           // one plane, one token
-constexpr int64_t kLayerTensorBytes = 2 * kBlocks * kBlock * kTokenBytes;  // [2, blocks, block, H, D]
+constexpr int64_t kTokenBytes = kHeads * kHeadDim * kElem;  // one plane, one token
+constexpr int64_t kLayerTensorBytes =
+    2 * kBlocks * kBlock * kTokenBytes;  // [2, blocks, block, H, D]
 
 NamespaceSpec Spec() {
   NamespaceSpec s;
@@ -244,7 +245,8 @@ TEST_F(LayerwiseTest, StoreThenLoadMovesEveryElementAndComputeWaitsForEachLayer)
   const std::vector<uint8_t> zeros(kTokenBytes, 0);
   EXPECT_EQ(std::memcmp(b.Token(0, 0, tb, 48), zeros.data(), kTokenBytes), 0);
   nlohmann::json s = Stats();
-  for (int i = 0; i < 50 && s["active_leases"] != 0; ++i, s = Stats()) std::this_thread::sleep_for(20ms);
+  for (int i = 0; i < 50 && s["active_leases"] != 0; ++i, s = Stats())
+    std::this_thread::sleep_for(20ms);
   EXPECT_EQ(s["active_leases"], 0);
 }
 
@@ -254,8 +256,7 @@ TEST_F(LayerwiseTest, ChunksTheEngineAlreadyHoldsAreLeasedButNotCopied) {
   ASSERT_NO_FATAL_FAILURE(StorePrompt(31, &a, &b, &ta, &tb));
   LayerwiseLoader loader(*client_, ns_, *arena_, b.desc, *runtime_);
   // The engine's prefix cache holds chunk 0 (num_computed_tokens = 16).
-  ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_, nullptr, /*first_chunk=*/1),
-            3u * kChunkTokens);
+  ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_, nullptr, /*first_chunk=*/1), 3u * kChunkTokens);
   for (int64_t l = 0; l < kLayers; ++l) ASSERT_TRUE(loader.WaitLayer(l, compute_).ok());
   ASSERT_TRUE(loader.Finish()->empty());
   const std::vector<uint8_t> zeros(kTokenBytes, 0);
@@ -271,9 +272,11 @@ TEST_F(LayerwiseTest, ChunksTheEngineAlreadyHoldsAreLeasedButNotCopied) {
   EXPECT_EQ(*all_held.StartLoad(tokens_, tb, load_, nullptr, 5), 3u * kChunkTokens);
   EXPECT_TRUE(all_held.Finish()->empty());
   nlohmann::json s = Stats();
-  for (int i = 0; i < 50 && s["active_leases"] != 0; ++i, s = Stats()) std::this_thread::sleep_for(20ms);
+  for (int i = 0; i < 50 && s["active_leases"] != 0; ++i, s = Stats())
+    std::this_thread::sleep_for(20ms);
   EXPECT_EQ(s["active_leases"], 0);
-  EXPECT_GT(arena_->scratch().idle_bytes(), 0u) << "the load's device buffers went back to the arena";
+  EXPECT_GT(arena_->scratch().idle_bytes(), 0u)
+      << "the load's device buffers went back to the arena";
 }
 
 TEST_F(LayerwiseTest, AFailedChunkCopyIsReportedWithItsBlockIdsAndTheRestLoads) {
@@ -514,16 +517,16 @@ TEST_F(LayerwiseHbmTest, AnHbmSlotRewrittenDuringTheLoadIsReportedForRecompute) 
   lease->Release();
   // As a daemon would after a lapsed lease: the slot gets another image.
   gpu::DeviceBuffer pool;
-  ASSERT_TRUE(runtime_->OpenExported(client_->HbmPool()->ipc_handle,
-                                     client_->HbmPool()->pool_bytes, &pool)
-                  .ok());
+  ASSERT_TRUE(
+      runtime_->OpenExported(client_->HbmPool()->ipc_handle, client_->HbmPool()->pool_bytes, &pool)
+          .ok());
   LayerwiseLoader loader(*client_, ns_, *arena_, b.desc, *runtime_);
   ASSERT_EQ(*loader.StartLoad(tokens_, tb, load_, &ticket), 3u * kChunkTokens);
   ASSERT_EQ(loader.hbm_chunks(), 3u);
   ASSERT_TRUE(runtime_->Synchronize(load_).ok());
-  auto* sequence = reinterpret_cast<uint64_t*>(static_cast<std::byte*>(pool.data()) + chunk1 -
-                                               ns_.layout.header_bytes +
-                                               offsetof(SlotHeader, sequence));
+  auto* sequence =
+      reinterpret_cast<uint64_t*>(static_cast<std::byte*>(pool.data()) + chunk1 -
+                                  ns_.layout.header_bytes + offsetof(SlotHeader, sequence));
   *sequence += 1000;
   auto recompute = loader.Finish();
   ASSERT_TRUE(recompute.ok());

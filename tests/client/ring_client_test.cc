@@ -31,7 +31,8 @@ std::pair<uint32_t, uint32_t> TakeSubmission(RingMemory& ring, uint32_t head) {
 
 // Answers a Lookup with a lease, as kvtierd's RingServer does; returns whether
 // the client still wanted the answer (false: the daemon must end the lease).
-bool AnswerWithLease(RingMemory& ring, uint32_t slot, uint32_t seq, std::chrono::milliseconds stall) {
+bool AnswerWithLease(RingMemory& ring, uint32_t slot, uint32_t seq,
+                     std::chrono::milliseconds stall) {
   RingSlot& s = ring.slot(slot);
   RingCompletion c;
   c.seq = seq;
@@ -64,7 +65,8 @@ std::optional<Status> LookupOne(RingClient& client, std::chrono::milliseconds de
   args.tokens = tokens;
   args.chunk_tokens = 16;
   args.acquire = true;
-  return client.Lookup(args, Clock::now() + deadline, [] { return true; }, resp);
+  return client.Lookup(
+      args, Clock::now() + deadline, [] { return true; }, resp);
 }
 
 // A daemon stalled in the middle of its answer past the client's deadline:

@@ -290,7 +290,8 @@ TEST_F(ArenaSocketTest, SendOnASocketpairDeliversTheFd) {
   int fd;
   std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));
   EXPECT_EQ(in.epoch, 3u);
-  struct stat a {}, b {};
+  struct stat a {
+  }, b{};
   ASSERT_EQ(fstat(fd, &a), 0);
   ASSERT_EQ(fstat(arena->fd(), &b), 0);
   EXPECT_EQ(a.st_ino, b.st_ino);  // the same memfd

@@ -91,7 +91,8 @@ constexpr SizedGolden kSizedKeys[] = {
 
 std::vector<int32_t> Golden32(size_t n) {  // token i: (i * 2654435761) mod 2^32 as int32
   std::vector<int32_t> t(n);
-  for (size_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(static_cast<uint32_t>(i * 2654435761u));
+  for (size_t i = 0; i < n; ++i)
+    t[i] = static_cast<int32_t>(static_cast<uint32_t>(i * 2654435761u));
   return t;
 }
 
@@ -191,7 +192,11 @@ TEST(ChunkKey, EachNamespaceFieldChangesTheDigest) {
       {"cache_salt", [](NamespaceSpec& s) { s.cache_salt = "tenant-b"; }},
       {"kv_dtype", [](NamespaceSpec& s) { s.kv_dtype = "bf16"; }},
       {"lora_id", [](NamespaceSpec& s) { s.lora_id = "adapter-1"; }},
-      {"tp_rank", [](NamespaceSpec& s) { s.tp_size = 2; s.tp_rank = 1; }},
+      {"tp_rank",
+       [](NamespaceSpec& s) {
+         s.tp_size = 2;
+         s.tp_rank = 1;
+       }},
       {"tp_size", [](NamespaceSpec& s) { s.tp_size = 2; }},
       {"model_id", [](NamespaceSpec& s) { s.model_id = "test-model-2"; }},
       {"num_layers", [](NamespaceSpec& s) { s.num_layers = 3; }},
@@ -267,7 +272,6 @@ TEST(ChunkKey, FromHexRefusesWrongLengthAndNonHexDigits) {
   EXPECT_FALSE(ChunkKey::FromHex("gedcba98765432100123456789abcdef").has_value());
   EXPECT_FALSE(ChunkKey::FromHex("fedcba9876543210 123456789abcdef").has_value());
 }
-
 
 // ---- Instruction-set paths ----
 

@@ -40,13 +40,14 @@ TEST(ControlRingUnitTest, DecodeCopiesTokensAndRequestIdOutOfTheSlot) {
 
 TEST(ControlRingUnitTest, DecodeRefusesWhatDoesNotFitOrIsUnknown) {
   std::vector<uint8_t> data(64);
-  EXPECT_TRUE(DecodeSubmission(Lookup(16), data).ok());               // exactly the area
-  EXPECT_FALSE(DecodeSubmission(Lookup(16, 1), data).ok());           // one byte past it
+  EXPECT_TRUE(DecodeSubmission(Lookup(16), data).ok());      // exactly the area
+  EXPECT_FALSE(DecodeSubmission(Lookup(16, 1), data).ok());  // one byte past it
   EXPECT_FALSE(DecodeSubmission(Lookup(17), data).ok());
-  EXPECT_FALSE(DecodeSubmission(Lookup(uint32_t{1} << 30), data).ok());  // * 4 wraps to 0 in 32 bits
+  EXPECT_FALSE(
+      DecodeSubmission(Lookup(uint32_t{1} << 30), data).ok());  // * 4 wraps to 0 in 32 bits
   EXPECT_FALSE(DecodeSubmission(Lookup(UINT32_MAX), data).ok());
-  EXPECT_FALSE(DecodeSubmission(Lookup(0, kRingMaxRequestIdBytes + 1),
-                            std::vector<uint8_t>(1024)).ok());
+  EXPECT_FALSE(
+      DecodeSubmission(Lookup(0, kRingMaxRequestIdBytes + 1), std::vector<uint8_t>(1024)).ok());
   RingSubmission e = Lookup(1);
   e.flags = kRingAcquire | kRingAdoptTicket;
   e.prefetch_ticket = 9;

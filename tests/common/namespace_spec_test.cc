@@ -3,9 +3,8 @@
 
 #include <gtest/gtest.h>
 
-#include <vector>
-
 #include <string>
+#include <vector>
 
 #include "common/status_printer.h"
 #include "kvtier/units.h"
@@ -45,9 +44,9 @@ TEST(NamespaceSpec, ValidPresetsPass) {
 }
 
 struct BadField {
-  const char* name;   // field the message must name
+  const char* name;  // field the message must name
   void (*mutate)(NamespaceSpec&);
-  bool mla = false;   // start from the MLA preset instead of the tiny MHA one
+  bool mla = false;  // start from the MLA preset instead of the tiny MHA one
 };
 
 TEST(NamespaceSpec, ValidateRejectsEachBadFieldNamingIt) {
@@ -65,7 +64,12 @@ TEST(NamespaceSpec, ValidateRejectsEachBadFieldNamingIt) {
       {"model_id", [](NamespaceSpec& s) { s.model_id = std::string("qwen\0x", 6); }},
       {"lora_id", [](NamespaceSpec& s) { s.lora_id = "a\nnamespace x opened"; }},
       {"cache_salt", [](NamespaceSpec& s) { s.cache_salt = "\x7f"; }},
-      {"model_id", [](NamespaceSpec& s) { s.model_id = "a\xc2\x85" "b"; }},  // U+0085, C1
+      {"model_id",
+       [](NamespaceSpec& s) {
+         s.model_id =
+             "a\xc2\x85"
+             "b";
+       }},  // U+0085, C1
       {"kv_dtype", [](NamespaceSpec& s) { s.kv_dtype = "fp64"; }},
       {"kv_dtype", [](NamespaceSpec& s) { s.kv_dtype = ""; }},
       {"layout", [](NamespaceSpec& s) { s.layout = "gqa"; }},
@@ -85,7 +89,11 @@ TEST(NamespaceSpec, ValidateRejectsEachBadFieldNamingIt) {
       {"num_kv_heads", [](NamespaceSpec& s) { s.num_kv_heads = 8; }, true},
       {"head_dim", [](NamespaceSpec& s) { s.head_dim = 128; }, true},
       {"tp_size", [](NamespaceSpec& s) { s.tp_size = 2; }, true},
-      {"chunk_tokens", [](NamespaceSpec& s) { s.chunk_tokens = 65536; s.num_layers = 4096; }},
+      {"chunk_tokens",
+       [](NamespaceSpec& s) {
+         s.chunk_tokens = 65536;
+         s.num_layers = 4096;
+       }},
   };
   for (const BadField& r : rows) {
     NamespaceSpec s = r.mla ? DeepSeekMla() : Tiny();

@@ -46,7 +46,9 @@ class SlotImageTest : public ::testing::Test {
   void Seal(std::vector<std::byte>& slot, uint64_t seq = 7) const {
     SealSlot(slot.data(), layout_, Id(), seq);
   }
-  Status Header(const SlotIdentity& id) const { return VerifySlotHeader(slot_.data(), layout_, id); }
+  Status Header(const SlotIdentity& id) const {
+    return VerifySlotHeader(slot_.data(), layout_, id);
+  }
   static void ExpectDataLoss(const Status& st, const char* names) {
     EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
     EXPECT_NE(st.message().find(names), std::string::npos) << st.message();

@@ -33,7 +33,7 @@ TEST_F(CacheCoreAccountingTest, AConnectorShapedRequestIsCountedOnce) {
   const uint64_t rank1 = core_->OpenSession("tp-rank-1", ExitedPid());
   request_id = "cmpl-7f3a-0";
   EXPECT_EQ(Lookup(prompt, /*acquire=*/false).num_chunks(), 3u);  // the scheduler
-  const v1::LookupResponse rank0_lease = Lookup(prompt, true);     // worker, TP rank 0
+  const v1::LookupResponse rank0_lease = Lookup(prompt, true);    // worker, TP rank 0
   const v1::LookupResponse rank1_lease = Lookup(prompt, true, rank1);
   ASSERT_EQ(rank0_lease.num_chunks(), 3u);
   ASSERT_EQ(rank1_lease.num_chunks(), 3u);
@@ -262,11 +262,9 @@ TEST(RequestLedgerTest, CreditsEachChunkOfARequestOnceAndForgetsTheOldestPastCap
   EXPECT_TRUE(ledger.FirstSight(a, 4));
   EXPECT_FALSE(ledger.FirstSight(a, 9)) << "seen: its prompt stays the first one counted";
   EXPECT_EQ(credit(a, 2), Range(0, 2));
-  EXPECT_EQ(credit(a, 3), Range(2, 3))
-      << "a later lease of more chunks adds only the new ones";
+  EXPECT_EQ(credit(a, 3), Range(2, 3)) << "a later lease of more chunks adds only the new ones";
   EXPECT_EQ(credit(a, 1), Range(3, 3)) << "a shorter one adds nothing";
-  EXPECT_EQ(credit(a, 9), Range(3, 4))
-      << "never past the 4 chunks of the prompt counted";
+  EXPECT_EQ(credit(a, 9), Range(3, 4)) << "never past the 4 chunks of the prompt counted";
   EXPECT_TRUE(ledger.FirstSight(b, 1));
   EXPECT_TRUE(ledger.FirstSight(RequestLedger::Ticket(9), 1));  // forgets a, the oldest
   EXPECT_EQ(ledger.size(), 2u);

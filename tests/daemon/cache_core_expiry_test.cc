@@ -1,7 +1,6 @@
 // CacheCore lifetimes: reservation and lease TTLs on a ManualClock, and
 // EndSession reclaiming a session's leases and reservations.
 #include <gtest/gtest.h>
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -92,14 +92,11 @@ TEST_P(CacheCoreFaultTest, DramServesOnCountersRiseAndNothingHalfWrittenIsServed
   core_.reset();  // a clean stop: the workers join, the index closes
 }
 
-INSTANTIATE_TEST_SUITE_P(Faults, CacheCoreFaultTest,
-                         ::testing::Values(Case{"eio", Fault::kEio},
-                                           Case{"short_write", Fault::kShortWrite},
-                                           Case{"torn_write", Fault::kTornWrite},
-                                           Case{"read_eio", Fault::kReadEio}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return std::string(info.param.name);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Faults, CacheCoreFaultTest,
+    ::testing::Values(Case{"eio", Fault::kEio}, Case{"short_write", Fault::kShortWrite},
+                      Case{"torn_write", Fault::kTornWrite}, Case{"read_eio", Fault::kReadEio}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace kvtier::testing

@@ -8,8 +8,6 @@
 #pragma once
 
 #include <gtest/gtest.h>
-
-#include <thread>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +15,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/status_printer.h"
@@ -166,8 +165,8 @@ class CacheCoreDriver {
 
   v1::ReserveWriteResponse Reserve(const std::vector<int32_t>& tokens, uint64_t session = 0) {
     v1::ReserveWriteResponse resp;
-    const Status st = wire::Run(*core_, ReserveRequest(tokens, session ? session : session_),
-                                          &resp);
+    const Status st =
+        wire::Run(*core_, ReserveRequest(tokens, session ? session : session_), &resp);
     EXPECT_TRUE(st.ok()) << st.ToString();
     return resp;
   }
@@ -207,8 +206,8 @@ class CacheCoreDriver {
   }
 
   // `hbm`: the caller reads HBM (LookupRequest.hbm).
-  v1::LookupResponse Lookup(const std::vector<int32_t>& tokens, bool acquire,
-                            uint64_t session = 0, bool hbm = false) {
+  v1::LookupResponse Lookup(const std::vector<int32_t>& tokens, bool acquire, uint64_t session = 0,
+                            bool hbm = false) {
     v1::LookupRequest req;
     req.set_session_id(session ? session : session_);
     req.set_epoch(kEpoch);
@@ -313,7 +312,7 @@ class CacheCoreDriver {
   }
 
   static constexpr uint64_t kEpoch = 0x5EED;
-  std::string request_id;  // set on every Lookup and Prefetch: the engine request they belong to
+  std::string request_id;    // set on every Lookup and Prefetch: the engine request they belong to
   uint32_t first_chunk = 0;  // set on every Lookup: the chunks the engine holds already
   ManualClock clock_;
   std::unique_ptr<CacheCore> core_;

@@ -36,7 +36,7 @@ bool WaitUntil(Pred pred) {
 
 TEST_F(CacheCoreNvmeTest, WriteThroughThenPromotionServesTheSameBytes) {
   StartWithNvme(/*dram_slots=*/3, /*good_writes=*/1000);
-  const auto a = Tokens(12);       // 3 chunks
+  const auto a = Tokens(12);  // 3 chunks
   ASSERT_EQ(Store(a), 3u);
   while (core_->WriteThroughOnce() > 0) {
   }
@@ -202,8 +202,7 @@ TEST_F(CacheCoreNvmeTest, APromotedImageNeverCarriesASequenceThisRunHandedOut) {
   ASSERT_EQ(lease_a.num_chunks(), 1u);
   ASSERT_EQ(lease_a.chunks(0).payload_offset(), lease_b.chunks(0).payload_offset());
   // What b's stalled reader checks after its copy: the sequence in b's slot.
-  const std::byte* slot =
-      client_arena_->base() + lease_b.chunks(0).payload_offset() - kHeaderBytes;
+  const std::byte* slot = client_arena_->base() + lease_b.chunks(0).payload_offset() - kHeaderBytes;
   EXPECT_NE(SlotSequence(slot), seq_b) << "the reader of b would take a's bytes as b's";
   EXPECT_TRUE(LeasedBytesMatch(a, lease_a));
 }
@@ -289,8 +288,7 @@ TEST_F(CacheCoreNvmeTest, APromotionTokenChecksTheDramChunksItJoins) {
   ASSERT_EQ(Store(Tokens(8, 900)), 1u);  // evicts chunk 1
   ASSERT_EQ(Lookup(std::vector<int32_t>(a.begin() + 8, a.begin() + 16), false).num_chunks(), 1u)
       << "chunk 1 is still on NVMe";
-  ForgeCollision(both.chunks(1).payload_offset(), keys[2], ns_,
-                 std::vector<int32_t>(8, 77));
+  ForgeCollision(both.chunks(1).payload_offset(), keys[2], ns_, std::vector<int32_t>(8, 77));
   // Chunk 0 in DRAM, chunk 1 promoted into the slot of b (the LRU one), chunk 2 in DRAM.
   const v1::LookupResponse got = Lookup(a, true);
   EXPECT_EQ(got.num_chunks(), 2u) << "chunk 2 fails the token check";

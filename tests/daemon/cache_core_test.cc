@@ -1,11 +1,11 @@
 // CacheCore: the store / load path, the token check, ownership of leases and
 // reservations, and eviction under leases. TTLs and sessions: cache_core_expiry_test.cc.
 #include "kvtier/daemon/cache_core.h"
-#include "kvtier/daemon/core_wire.h"
 
 #include <gtest/gtest.h>
 
 #include "daemon/cache_core_harness.h"
+#include "kvtier/daemon/core_wire.h"
 
 namespace kvtier::testing {
 namespace {
@@ -362,9 +362,9 @@ TEST_F(CacheCoreHarness, IdleNamespaceMakesRoomAtTheLimitBusyOnesDoNot) {
     wire::Run(*core_, &r);
     return r.namespaces_size();
   };
-  ASSERT_EQ(Store(Tokens(8)), 2u);        // #1 holds chunks
-  ASSERT_TRUE(open("tenant-b").ok());    // #2, idle
-  EXPECT_TRUE(open("tenant-c").ok());    // takes #2's place
+  ASSERT_EQ(Store(Tokens(8)), 2u);     // #1 holds chunks
+  ASSERT_TRUE(open("tenant-b").ok());  // #2, idle
+  EXPECT_TRUE(open("tenant-c").ok());  // takes #2's place
   EXPECT_EQ(count(), 2);
   // A pending write keeps a namespace busy: reserve in the harness namespace's
   // place is not possible, so make tenant-c busy through a reservation.

@@ -2,7 +2,6 @@
 #include "kvtier/daemon/daemon_options.h"
 
 #include <gtest/gtest.h>
-
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -94,9 +93,9 @@ TEST_F(DaemonOptionsTest, DefaultSocketPathFollowsXdgRuntimeDir) {
 }
 
 TEST_F(DaemonOptionsTest, FlagsSetEachOption) {
-  auto r = Parse({"--dram-bytes", "512MiB", "--socket", dir_ + "/d.sock", "--socket-group",
-                  "kvusers", "--log-level", "debug", "--lease-ttl-ms", "1500",
-                  "--reservation-ttl-ms=2500"});
+  auto r =
+      Parse({"--dram-bytes", "512MiB", "--socket", dir_ + "/d.sock", "--socket-group", "kvusers",
+             "--log-level", "debug", "--lease-ttl-ms", "1500", "--reservation-ttl-ms=2500"});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->core.dram_bytes, 512 * kMiB);
   EXPECT_EQ(r->socket_path, dir_ + "/d.sock");
@@ -275,11 +274,14 @@ TEST_F(DaemonOptionsTest, ConfigValueOfTheWrongTypeNamesTheKey) {
   EXPECT_TRUE(Names(ErrorOf({"--config", cfg}),
                     "config " + cfg + ":2: key 'socket' takes one value, not a map"));
   cfg = WriteConfig("dram_bytes:\n");
-  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), "config " + cfg + ":1: key 'dram_bytes' needs a value"));
+  EXPECT_TRUE(
+      Names(ErrorOf({"--config", cfg}), "config " + cfg + ":1: key 'dram_bytes' needs a value"));
   cfg = WriteConfig("log_level: info\nlease_ttl_ms: soon\n");
-  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), "config " + cfg + ":2: key 'lease_ttl_ms' must be"));
+  EXPECT_TRUE(
+      Names(ErrorOf({"--config", cfg}), "config " + cfg + ":2: key 'lease_ttl_ms' must be"));
   cfg = WriteConfig("log_level: info\nlog_level: warn\n");
-  EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), "config " + cfg + ":2: key 'log_level' appears twice"));
+  EXPECT_TRUE(
+      Names(ErrorOf({"--config", cfg}), "config " + cfg + ":2: key 'log_level' appears twice"));
   cfg = WriteConfig("log_level: info\ndram_size: 1GiB\n");
   EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), "config " + cfg + ":2: unknown key 'dram_size'"));
   cfg = WriteConfig("log_level: info\ndram_bytes: [64MiB\n");
@@ -296,10 +298,12 @@ TEST_F(DaemonOptionsTest, BadDramBytesInConfigIsRejected) {
 TEST_F(DaemonOptionsTest, ADramArenaLargerThanMemoryNamesWhereItWasGiven) {
   const std::string cfg = WriteConfig("dram_bytes: 99999TiB\n");
   const std::string from_file = ErrorOf({"--config", cfg});
-  EXPECT_TRUE(Names(from_file, "config " + cfg + ":1: dram_bytes 109950063265972224 exceeds this "
-                               "machine's memory"));
-  EXPECT_TRUE(Names(ErrorOf({"--dram-bytes", "99999TiB"}), "--dram-bytes 109950063265972224 "
-                                                             "exceeds this machine's memory"));
+  EXPECT_TRUE(Names(from_file, "config " + cfg +
+                                   ":1: dram_bytes 109950063265972224 exceeds this "
+                                   "machine's memory"));
+  EXPECT_TRUE(Names(ErrorOf({"--dram-bytes", "99999TiB"}),
+                    "--dram-bytes 109950063265972224 "
+                    "exceeds this machine's memory"));
   EXPECT_TRUE(Parse({"--dram-bytes", "64MiB"}).ok());
 }
 
@@ -309,8 +313,9 @@ TEST_F(DaemonOptionsTest, AnEmptyOrNullNvmePathIsAnError) {
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "", "--nvme-bytes", "1GiB"}),
                     "--nvme-path gives an empty path"));
   const std::string empty = WriteConfig("nvme_bytes: 1GiB\nnvme_paths: [\"\"]\n");
-  EXPECT_TRUE(Names(ErrorOf({"--config", empty}), "config " + empty + ":2: nvme_paths gives an "
-                                                  "empty path"));
+  EXPECT_TRUE(Names(ErrorOf({"--config", empty}), "config " + empty +
+                                                      ":2: nvme_paths gives an "
+                                                      "empty path"));
   std::string cfg = WriteConfig("nvme_paths:\n");
   EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), cfg + ":1: key 'nvme_paths' needs a value"));
   cfg = WriteConfig("log_level: info\nnvme_paths: [~]\n");
@@ -347,7 +352,8 @@ TEST_F(DaemonOptionsTest, NvmeFlagsAreCheckedAndNamed) {
   EXPECT_TRUE(Parse({"--nvme-bytes", "0"}).value().core.nvme.paths.empty()) << "0 turns it off";
   EXPECT_EQ(Parse({"--nvme-workers", "4"}).value().core.nvme_workers, 4u);
   EXPECT_TRUE(Names(ErrorOf({"--nvme-workers", "0"}), "--nvme-workers 0"));
-  EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-bytes", "0"}), "--nvme-path gives paths"));
+  EXPECT_TRUE(
+      Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-bytes", "0"}), "--nvme-path gives paths"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-bytes", "0", "--rebuild-index"}), "--rebuild-index"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-bytes", "0", "--nvme-write-policy", "writeback"}),
                     "--nvme-write-policy 'writeback'"))
@@ -358,16 +364,17 @@ TEST_F(DaemonOptionsTest, NvmeFlagsAreCheckedAndNamed) {
   EXPECT_TRUE(flag_wins->core.nvme.paths.empty()) << "--nvme-bytes 0 wins over the file";
   // ... and says so (a fresh user found the file's paths dropped without a word).
   ASSERT_EQ(flag_wins->ignored.size(), 1u);
-  EXPECT_TRUE(Names(flag_wins->ignored[0], "config " + cfg + ":1: nvme_paths has no effect: "
-                                           "--nvme-bytes 0 turns the NVMe tier off"));
+  EXPECT_TRUE(Names(flag_wins->ignored[0], "config " + cfg +
+                                               ":1: nvme_paths has no effect: "
+                                               "--nvme-bytes 0 turns the NVMe tier off"));
   EXPECT_TRUE(Names(ErrorOf({"--config", WriteConfig("nvme_paths: []\n")}), "nvme_paths"));
   EXPECT_EQ(Parse({"--nvme-write-policy", "write_back"}).value().core.nvme_write_policy,
             NvmeWritePolicy::kWriteBack);
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-write-policy", "sometimes"}),
                     "--nvme-write-policy"));
   EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--nvme-bytes", "5000"}), "--nvme-bytes 5000"));
-  EXPECT_TRUE(Names(ErrorOf({"--nvme-path", "/tmp", "--selective-min-hits", "0"}),
-                    "--selective-min-hits"));
+  EXPECT_TRUE(
+      Names(ErrorOf({"--nvme-path", "/tmp", "--selective-min-hits", "0"}), "--selective-min-hits"));
 }
 
 // An NVMe setting given while nvme_bytes 0 turns the tier off changes nothing: kvtierd says
@@ -377,7 +384,8 @@ TEST_F(DaemonOptionsTest, NvmeSettingsGivenWithTheTierOffAreNamedAsIgnored) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_EQ(r->ignored.size(), 1u);
   EXPECT_TRUE(Names(r->ignored[0], "--nvme-write-policy has no effect: --nvme-bytes 0"));
-  const std::string cfg = WriteConfig("nvme_bytes: 0\nselective_min_hits: 3\nnvme_queue_depth: 8\n");
+  const std::string cfg =
+      WriteConfig("nvme_bytes: 0\nselective_min_hits: 3\nnvme_queue_depth: 8\n");
   auto c = Parse({"--config", cfg});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   ASSERT_EQ(c->ignored.size(), 2u);
@@ -388,8 +396,9 @@ TEST_F(DaemonOptionsTest, NvmeSettingsGivenWithTheTierOffAreNamedAsIgnored) {
   auto workers = Parse({"--nvme-bytes", "0", "--nvme-workers", "8"});
   ASSERT_TRUE(workers.ok()) << workers.status().ToString();
   ASSERT_EQ(workers->ignored.size(), 1u);
-  EXPECT_TRUE(Names(workers->ignored[0], "--nvme-workers has no effect: --nvme-bytes 0 and "
-                                         "hbm_bytes 0"));
+  EXPECT_TRUE(Names(workers->ignored[0],
+                    "--nvme-workers has no effect: --nvme-bytes 0 and "
+                    "hbm_bytes 0"));
   auto hbm = Parse({"--nvme-bytes", "0", "--nvme-workers", "8", "--hbm-bytes", "1GiB"});
   ASSERT_TRUE(hbm.ok()) << hbm.status().ToString();
   EXPECT_TRUE(hbm->ignored.empty()) << "the workers copy into HBM";
@@ -476,8 +485,8 @@ TEST_F(DaemonOptionsTest, TheRemoteKeyFileIsReadAndABadOneIsRefusedNamingIt) {
     return path;
   };
   const std::string raw(32, '\x5a');
-  const std::vector<std::string> base = {"--remote", "redis://127.0.0.1:6379", "--nvme-bytes",
-                                         "64MiB", "--nvme-path", dir_};
+  const std::vector<std::string> base = {
+      "--remote", "redis://127.0.0.1:6379", "--nvme-bytes", "64MiB", "--nvme-path", dir_};
   auto with = [&](const std::string& path) {
     std::vector<std::string> args = base;
     args.insert(args.end(), {"--remote-key-file", path});
@@ -591,14 +600,13 @@ TEST_F(DaemonOptionsTest, EveryCheckedValueNamesItsFlagOrItsConfigFileAndKey) {
     const char* key;
     const char* bad;
   };
-  for (const Case c : {Case{"dram_bytes", "12XB"}, Case{"session_max_bytes", "lots"},
-                       Case{"drain_timeout_ms", "-1"}, Case{"nvme_bytes", "5000"},
-                       Case{"nvme_queue_depth", "0"}, Case{"nvme_workers", "65"},
-                       Case{"selective_min_hits", "0"}, Case{"nvme_write_policy", "never"},
-                       Case{"hbm_bytes", "5000"}, Case{"gpu", "-3"},
-                       Case{"gpu_backend", "tpu"}, Case{"dram_bytes", "5000"},
-                       Case{"lease_ttl_ms", "99"}, Case{"reservation_ttl_ms", "99"},
-                       Case{"log_level", "loud"}}) {
+  for (const Case c :
+       {Case{"dram_bytes", "12XB"}, Case{"session_max_bytes", "lots"},
+        Case{"drain_timeout_ms", "-1"}, Case{"nvme_bytes", "5000"}, Case{"nvme_queue_depth", "0"},
+        Case{"nvme_workers", "65"}, Case{"selective_min_hits", "0"},
+        Case{"nvme_write_policy", "never"}, Case{"hbm_bytes", "5000"}, Case{"gpu", "-3"},
+        Case{"gpu_backend", "tpu"}, Case{"dram_bytes", "5000"}, Case{"lease_ttl_ms", "99"},
+        Case{"reservation_ttl_ms", "99"}, Case{"log_level", "loud"}}) {
     std::string flag = std::string("--") + c.key;
     std::replace(flag.begin(), flag.end(), '_', '-');
     const std::string by_flag = ErrorOf({flag, c.bad});
@@ -612,16 +620,18 @@ TEST_F(DaemonOptionsTest, EveryCheckedValueNamesItsFlagOrItsConfigFileAndKey) {
 // A review found a bad value in a config file named by key only: in a long file the
 // line says where (FILE:LINE, as compilers write it).
 TEST_F(DaemonOptionsTest, ABadValueInAConfigFileNamesItsLine) {
-  const std::string cfg = WriteConfig("# kvtierd\nlog_level: info\n\nnvme_bytes: 1GiB\n"
-                                      "nvme_write_policy: bogus\n");
+  const std::string cfg = WriteConfig(
+      "# kvtierd\nlog_level: info\n\nnvme_bytes: 1GiB\n"
+      "nvme_write_policy: bogus\n");
   EXPECT_TRUE(Names(ErrorOf({"--config", cfg}), "config " + cfg + ":5: nvme_write_policy"))
       << ErrorOf({"--config", cfg});
   const std::string flagged = ErrorOf({"--config", cfg, "--nvme-write-policy", "never"});
   EXPECT_TRUE(Names(flagged, "--nvme-write-policy")) << flagged;
   // An empty path in a block list: the line of the path, not of the key.
   const std::string paths = WriteConfig("nvme_bytes: 1GiB\nnvme_paths:\n  - /tmp\n  - \"\"\n");
-  EXPECT_TRUE(Names(ErrorOf({"--config", paths}), "config " + paths + ":4: nvme_paths gives an "
-                                                  "empty path"))
+  EXPECT_TRUE(Names(ErrorOf({"--config", paths}), "config " + paths +
+                                                      ":4: nvme_paths gives an "
+                                                      "empty path"))
       << ErrorOf({"--config", paths});
   const std::string socket = WriteConfig("log_level: info\nsocket: \"\"\n");
   EXPECT_TRUE(Names(ErrorOf({"--config", socket}), "config " + socket + ":2: socket is empty"))

@@ -2,6 +2,8 @@
 // that only grow, tokens by model with a bound on labels, prefetch outcomes.
 // The scrape against a running kvtierd, parsed by prometheus_client, is
 // client/python/tests/test_metrics.py.
+#include "kvtier/daemon/metrics.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -10,7 +12,6 @@
 #include <string>
 
 #include "daemon/cache_core_harness.h"
-#include "kvtier/daemon/metrics.h"
 
 namespace kvtier::testing {
 namespace {
@@ -47,8 +48,7 @@ class MetricsTest : public CacheCoreHarness {
   }
 
   // Every counter series of `before` is in `after`, not lower.
-  static void ExpectNoCounterWentDown(const Scrape& before, const Scrape& after,
-                                      const char* step) {
+  static void ExpectNoCounterWentDown(const Scrape& before, const Scrape& after, const char* step) {
     for (const auto& [series, value] : before.samples) {
       const std::string family = series.substr(0, series.find('{'));
       if (!before.counters.count(family)) continue;
@@ -200,8 +200,8 @@ TEST_F(MetricsTest, PrefetchOutcomesAreCountedOnceEach) {
   EXPECT_EQ(o.session_ended(), 1u);
   EXPECT_EQ(o.over_budget(), 1u);
   const Scrape scrape = Render();
-  for (const char* outcome : {"nothing_cached", "used", "expired", "session_ended",
-                              "over_budget"}) {
+  for (const char* outcome :
+       {"nothing_cached", "used", "expired", "session_ended", "over_budget"}) {
     EXPECT_EQ(scrape.at(std::string("kvtier_prefetches_total{outcome=\"") + outcome + "\"}"), 1)
         << outcome;
   }

@@ -99,57 +99,116 @@ std::string Bytes(size_t n) { return std::string(n, '\x01'); }
 const Row kRows[] = {
     // ---- Lookup ----
     {"LookupTokensNotMultipleOf4", kInvalid, "tokens",
-     [](W& w) { auto r = w.LookupReq(); r.mutable_tokens()->pop_back(); return w.Do(r); }},
+     [](W& w) {
+       auto r = w.LookupReq();
+       r.mutable_tokens()->pop_back();
+       return w.Do(r);
+     }},
     {"LookupTooManyTokens", kInvalid, "tokens",
-     [](W& w) { auto r = w.LookupReq(); r.set_tokens(PackTokens(Tokens(65))); return w.Do(r); }},
+     [](W& w) {
+       auto r = w.LookupReq();
+       r.set_tokens(PackTokens(Tokens(65)));
+       return w.Do(r);
+     }},
     {"LookupUnknownSession", kPrecondition, "session_id",
-     [](W& w) { auto r = w.LookupReq(); r.set_session_id(4242); return w.Do(r); }},
+     [](W& w) {
+       auto r = w.LookupReq();
+       r.set_session_id(4242);
+       return w.Do(r);
+     }},
     {"LookupStaleEpoch", kPrecondition, "epoch",
-     [](W& w) { auto r = w.LookupReq(); r.set_epoch(W::kEpoch + 1); return w.Do(r); }},
+     [](W& w) {
+       auto r = w.LookupReq();
+       r.set_epoch(W::kEpoch + 1);
+       return w.Do(r);
+     }},
     {"LookupNamespaceIdNot16Bytes", kInvalid, "namespace_id",
-     [](W& w) { auto r = w.LookupReq(); r.set_namespace_id(Bytes(15)); return w.Do(r); }},
+     [](W& w) {
+       auto r = w.LookupReq();
+       r.set_namespace_id(Bytes(15));
+       return w.Do(r);
+     }},
     {"LookupUnknownNamespace", StatusCode::kNotFound, "namespace_id",
-     [](W& w) { auto r = w.LookupReq(); r.set_namespace_id(Bytes(16)); return w.Do(r); }},
+     [](W& w) {
+       auto r = w.LookupReq();
+       r.set_namespace_id(Bytes(16));
+       return w.Do(r);
+     }},
     // ---- ReserveWrite ----
     {"ReserveEmptyChunks", kInvalid, "chunks",
-     [](W& w) { auto r = w.ReserveReq(); r.clear_chunks(); return w.Do(r); }},
+     [](W& w) {
+       auto r = w.ReserveReq();
+       r.clear_chunks();
+       return w.Do(r);
+     }},
     {"ReserveTooManyChunks", kInvalid, "chunks",
      [](W& w) { return w.Do(w.ReserveRequest(Tokens(36, 900), w.session_)); }},
     {"ReserveUnknownSession", kPrecondition, "session_id",
-     [](W& w) { auto r = w.ReserveReq(); r.set_session_id(4242); return w.Do(r); }},
+     [](W& w) {
+       auto r = w.ReserveReq();
+       r.set_session_id(4242);
+       return w.Do(r);
+     }},
     {"ReserveStaleEpoch", kPrecondition, "epoch",
-     [](W& w) { auto r = w.ReserveReq(); r.set_epoch(7); return w.Do(r); }},
+     [](W& w) {
+       auto r = w.ReserveReq();
+       r.set_epoch(7);
+       return w.Do(r);
+     }},
     {"ReserveNamespaceIdNot16Bytes", kInvalid, "namespace_id",
-     [](W& w) { auto r = w.ReserveReq(); r.set_namespace_id(Bytes(17)); return w.Do(r); }},
+     [](W& w) {
+       auto r = w.ReserveReq();
+       r.set_namespace_id(Bytes(17));
+       return w.Do(r);
+     }},
     {"ReserveUnknownNamespace", StatusCode::kNotFound, "namespace_id",
-     [](W& w) { auto r = w.ReserveReq(); r.set_namespace_id(Bytes(16)); return w.Do(r); }},
+     [](W& w) {
+       auto r = w.ReserveReq();
+       r.set_namespace_id(Bytes(16));
+       return w.Do(r);
+     }},
     {"ReserveKeyNot16Bytes", kInvalid, "chunks[0].key",
-     [](W& w) { auto r = w.ReserveReq(); r.mutable_chunks(0)->set_key(Bytes(8)); return w.Do(r); }},
+     [](W& w) {
+       auto r = w.ReserveReq();
+       r.mutable_chunks(0)->set_key(Bytes(8));
+       return w.Do(r);
+     }},
     {"ReserveParentKeyNot16Bytes", kInvalid, "chunks[0].parent_key",
      [](W& w) {
-       auto r = w.ReserveReq(); r.mutable_chunks(0)->set_parent_key(""); return w.Do(r); }},
+       auto r = w.ReserveReq();
+       r.mutable_chunks(0)->set_parent_key("");
+       return w.Do(r);
+     }},
     {"ReserveTokensTooShort", kInvalid, "chunks[2].tokens",
      [](W& w) {
-       auto r = w.ReserveReq(); r.mutable_chunks(2)->set_tokens(PackTokens(Tokens(3)));
-       return w.Do(r); }},
+       auto r = w.ReserveReq();
+       r.mutable_chunks(2)->set_tokens(PackTokens(Tokens(3)));
+       return w.Do(r);
+     }},
     {"ReserveTokensNotWholeIds", kInvalid, "chunks[0].tokens",
      [](W& w) {
-       auto r = w.ReserveReq(); r.mutable_chunks(0)->mutable_tokens()->push_back('x');
-       return w.Do(r); }},
+       auto r = w.ReserveReq();
+       r.mutable_chunks(0)->mutable_tokens()->push_back('x');
+       return w.Do(r);
+     }},
     {"ReserveParentNotPreviousKey", kInvalid, "chunks[1].parent_key",
      [](W& w) {
-       auto r = w.ReserveReq(); r.mutable_chunks(1)->set_parent_key(w.ns_.ToBytes());
-       return w.Do(r); }},
+       auto r = w.ReserveReq();
+       r.mutable_chunks(1)->set_parent_key(w.ns_.ToBytes());
+       return w.Do(r);
+     }},
     {"ReserveKeyNotHashOfParentAndTokens", kInvalid, "chunks[2].key",
      [](W& w) {
        auto r = w.ReserveReq();
        r.mutable_chunks(2)->set_tokens(PackTokens(Tokens(4, 7)));  // key stays the old one
-       return w.Do(r); }},
+       return w.Do(r);
+     }},
     {"ReserveForgedChunkZeroKey", kInvalid, "chunks[0].key",
      [](W& w) {
        auto r = w.ReserveReq();
        (*r.mutable_chunks(0)->mutable_key())[0] ^= 1;
-       return w.Do(r); }},
+       return w.Do(r);
+     }},
     // ---- ReleaseRead ----
     {"ReleaseUnknownLease", StatusCode::kNotFound, "lease_id",
      [](W& w) { return w.Release(987654); }},
@@ -173,8 +232,11 @@ const Row kRows[] = {
     // ---- OpenNamespace ----
     {"OpenMissingSpec", kInvalid, "spec",
      [](W& w) {
-       v1::OpenNamespaceRequest r; r.set_session_id(w.session_);
-       v1::OpenNamespaceResponse resp; return wire::Run(*w.core_, r, &resp); }},
+       v1::OpenNamespaceRequest r;
+       r.set_session_id(w.session_);
+       v1::OpenNamespaceResponse resp;
+       return wire::Run(*w.core_, r, &resp);
+     }},
     {"OpenEmptyModel", kInvalid, "model_id",
      [](W& w) { return w.Open([](auto& s) { s.set_model_id(""); }); }},
     {"OpenBadDtype", kInvalid, "kv_dtype",

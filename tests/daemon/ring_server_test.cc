@@ -58,7 +58,8 @@ class RingServerTest : public CacheCoreNvmeTest {
     return e.seq;
   }
 
-  static bool Answered(RingMemory& ring, uint32_t slot, uint32_t seq, std::chrono::milliseconds wait) {
+  static bool Answered(RingMemory& ring, uint32_t slot, uint32_t seq,
+                       std::chrono::milliseconds wait) {
     for (const auto until = Clock::now() + wait; Clock::now() < until;) {
       if (ring.slot(slot).done.load() == seq) return true;
       std::this_thread::sleep_for(1ms);
@@ -202,7 +203,8 @@ TEST_F(RingServerTest, APartialHelloCostsNoCpuUntilTheRestComes) {
   RingHello hello;
   hello.session_id = session_;
   const std::string token = core_->SessionToken(session_);
-  std::memcpy(hello.session_token, token.data(), std::min(token.size(), sizeof(hello.session_token)));
+  std::memcpy(hello.session_token, token.data(),
+              std::min(token.size(), sizeof(hello.session_token)));
   const auto* bytes = reinterpret_cast<const char*>(&hello);
   ASSERT_EQ(send(*sock, bytes, 10, MSG_NOSIGNAL), 10);
   std::this_thread::sleep_for(20ms);  // the loop has seen the first part

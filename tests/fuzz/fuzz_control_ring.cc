@@ -38,16 +38,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool message_op = e.op >= 3 && e.op <= 6;
   const bool bare =
       e.flags == 0 && e.token_count == 0 && e.request_id_bytes == 0 && e.first_chunk == 0;
-  const bool valid =
-      lookup ? (e.flags & ~kRingKnownFlags) == 0 && e.request_id_bytes <= kRingMaxRequestIdBytes &&
-                   fits && e.message_bytes == 0
-      : release    ? bare && e.message_bytes == 0
-      : message_op ? bare && e.message_bytes <= span.size()
-                   : false;
+  const bool valid = lookup ? (e.flags & ~kRingKnownFlags) == 0 &&
+                                  e.request_id_bytes <= kRingMaxRequestIdBytes && fits &&
+                                  e.message_bytes == 0
+                     : release    ? bare && e.message_bytes == 0
+                     : message_op ? bare && e.message_bytes <= span.size()
+                                  : false;
   auto call = DecodeSubmission(e, span);
   FUZZ_CHECK(call.ok() == valid, "accepted iff op, flags, request id and sizes are valid");
   if (!call.ok()) {
-    FUZZ_CHECK(call.status().code() == StatusCode::kInvalidArgument, "refusals are INVALID_ARGUMENT");
+    FUZZ_CHECK(call.status().code() == StatusCode::kInvalidArgument,
+               "refusals are INVALID_ARGUMENT");
     return 0;
   }
   FUZZ_CHECK(static_cast<uint32_t>(call->op) == e.op && call->seq == e.seq, "op and seq kept");
@@ -67,18 +68,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(call->acquire == ((e.flags & kRingAcquire) != 0), "acquire flag");
   FUZZ_CHECK(call->hbm == ((e.flags & kRingHbm) != 0), "hbm flag");
   FUZZ_CHECK(call->tokens.size() == e.token_count * 4, "token bytes");
-  FUZZ_CHECK(std::memcmp(call->tokens.data(), span.data(), call->tokens.size()) == 0, "tokens copied");
+  FUZZ_CHECK(std::memcmp(call->tokens.data(), span.data(), call->tokens.size()) == 0,
+             "tokens copied");
   FUZZ_CHECK(call->request_id.size() == e.request_id_bytes, "request id length");
   FUZZ_CHECK(std::memcmp(call->request_id.data(), span.data() + call->tokens.size(),
-                         call->request_id.size()) == 0, "request id copied");
+                         call->request_id.size()) == 0,
+             "request id copied");
   FUZZ_CHECK(call->namespace_id.size() == 16 &&
                  std::memcmp(call->namespace_id.data(), e.namespace_id, 16) == 0,
              "namespace id copied");
   if (call->acquire) {
     FUZZ_CHECK(call->max_chunks >= 1 && call->max_chunks <= kRingMaxLocations,
                "an acquired answer fits a slot");
-    FUZZ_CHECK(e.max_chunks == 0 || e.max_chunks > kRingMaxLocations ||
-                   call->max_chunks == e.max_chunks, "a fitting max_chunks is kept");
+    FUZZ_CHECK(
+        e.max_chunks == 0 || e.max_chunks > kRingMaxLocations || call->max_chunks == e.max_chunks,
+        "a fitting max_chunks is kept");
   } else {
     FUZZ_CHECK(call->max_chunks == e.max_chunks, "max_chunks kept without acquire");
   }

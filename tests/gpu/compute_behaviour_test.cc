@@ -2,6 +2,8 @@
 // LaunchPagedAttention. Expected values come from references written here: a 16-bit float
 // decoder of its own, double-precision GEMM and attention over contiguous K/V, and the vLLM
 // flash-attn cache layout [2, num_blocks, block_size, heads, head_dim] written out by hand.
+#include "compute_behaviour_test.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -11,7 +13,6 @@
 #include <random>
 #include <vector>
 
-#include "compute_behaviour_test.h"
 #include "kvtier/gpu/compute.h"
 #include "kvtier/gpu/kv_layout.h"
 
@@ -38,8 +39,8 @@ uint16_t Encode(ScalarType t, double x) {
     auto* m = new std::map<double, uint16_t>[2];
     for (uint32_t b = 0; b < 65536; ++b) {
       for (int i = 0; i < 2; ++i) {
-        const double v = Decode(i == 0 ? ScalarType::kFloat16 : ScalarType::kBFloat16,
-                                static_cast<uint16_t>(b));
+        const double v =
+            Decode(i == 0 ? ScalarType::kFloat16 : ScalarType::kBFloat16, static_cast<uint16_t>(b));
         if (std::isfinite(v) && !(v == 0 && (b & 0x8000))) m[i].emplace(v, b);
       }
     }
@@ -105,8 +106,8 @@ double Tolerance(ScalarType t, double x) {
 TEST_P(ComputeBehaviourTest, MemsetSetsExactlyTheRange) {
   Fixture f(*runtime_);
   DeviceBuffer buf = f.Upload(std::vector<uint16_t>(512, 0x1234));
-  KVTIER_ASSERT_GPU_OK(runtime_->LaunchMemset(static_cast<char*>(buf.data()) + 3, 0xAB, 700,
-                                              f.stream()));
+  KVTIER_ASSERT_GPU_OK(
+      runtime_->LaunchMemset(static_cast<char*>(buf.data()) + 3, 0xAB, 700, f.stream()));
   std::vector<uint8_t> bytes(1024);
   KVTIER_ASSERT_GPU_OK(runtime_->CopyAsync(bytes.data(), buf.data(), 1024, f.stream()));
   KVTIER_ASSERT_GPU_OK(runtime_->Synchronize(f.stream()));
@@ -274,9 +275,8 @@ TEST_P(ComputeBehaviourTest, KvAppendWritesEachTokenIntoItsBlockSlotAndNothingEl
 // a shuffled flash-attn cache, against a double-precision reference over contiguous K/V.
 void CheckAttention(Runtime& rt, ScalarType t, int64_t q_heads, int64_t first, int64_t n,
                     uint32_t seed) {
-  SCOPED_TRACE("type " + std::string(ScalarTypeName(t)) + " q_heads " +
-               std::to_string(q_heads) + " first " + std::to_string(first) + " n " +
-               std::to_string(n));
+  SCOPED_TRACE("type " + std::string(ScalarTypeName(t)) + " q_heads " + std::to_string(q_heads) +
+               " first " + std::to_string(first) + " n " + std::to_string(n));
   Fixture f(rt);
   const KvLayout layout = FlashAttnLayout();
   const std::vector<int32_t> table = ShuffledTable(seed);
@@ -326,7 +326,8 @@ void CheckAttention(Runtime& rt, ScalarType t, int64_t q_heads, int64_t first, i
       double max_s = -INFINITY, sum = 0;
       for (int64_t pos = 0; pos < visible; ++pos) {
         double s = 0;
-        for (int64_t d = 0; d < kDim; ++d) s += q[i * q_stride + h * kDim + d] * kv_at(0, pos, g, d);
+        for (int64_t d = 0; d < kDim; ++d)
+          s += q[i * q_stride + h * kDim + d] * kv_at(0, pos, g, d);
         w[pos] = s * scale;
         max_s = std::max(max_s, w[pos]);
       }

@@ -37,8 +37,7 @@ inline auto KvTransferParams(Backend backend) {
       ::testing::Values(backend),
       ::testing::Values(KvCase::kFlashAttn, KvCase::kFlashAttnHnd, KvCase::kFlashInfer,
                         KvCase::kFlashInferPadded, KvCase::kSglang, KvCase::kSglangDimMajor,
-                        KvCase::kMla, KvCase::kMlaPadded, KvCase::kBhnc,
-                        KvCase::kBhncNhd),
+                        KvCase::kMla, KvCase::kMlaPadded, KvCase::kBhnc, KvCase::kBhncNhd),
       ::testing::Values(1u, 2u, 4u), ::testing::Values(int64_t{1}, int64_t{4}, int64_t{16}));
 }
 

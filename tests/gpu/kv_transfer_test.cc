@@ -340,12 +340,12 @@ TEST(KvTransfer, ASkippedBlockIsLeftUntouchedByALoadAndRefusedByAStore) {
   KVTIER_ASSERT_GPU_OK(
       KvTransfer::Create(*runtime, chunks, KvTransferOptions(), stream, &transfer));
   for (int64_t l = 0; l < LayerwiseRig::kLayers; ++l) {
-    KVTIER_ASSERT_GPU_OK(
-        transfer->QueueLayer(l, KvCopyDirection::kPayloadToCache, rig.layers[l]));
+    KVTIER_ASSERT_GPU_OK(transfer->QueueLayer(l, KvCopyDirection::kPayloadToCache, rig.layers[l]));
   }
   KVTIER_ASSERT_GPU_OK(runtime->Synchronize(stream));
   EXPECT_TRUE(transfer->Report().failed_chunks.empty());
-  const int64_t block_elems = rig.spec.block_size_tokens * rig.spec.num_kv_heads * rig.spec.head_dim;
+  const int64_t block_elems =
+      rig.spec.block_size_tokens * rig.spec.num_kv_heads * rig.spec.head_dim;
   for (int64_t l = 0; l < LayerwiseRig::kLayers; ++l) {
     std::vector<uint8_t> want =
         rig.ExpectedTensor(l, std::vector<uint8_t>(rig.span, 0), [](int64_t) { return true; });
@@ -360,10 +360,10 @@ TEST(KvTransfer, ASkippedBlockIsLeftUntouchedByALoadAndRefusedByAStore) {
     EXPECT_EQ(got, want) << "layer " << l;
   }
   std::unique_ptr<LayerwiseStore> store;
-  EXPECT_EQ(LayerwiseStore::Create(*runtime, chunks, rig.layers, KvTransferOptions(), stream,
-                                   &store)
-                .code(),
-            GpuCode::kInvalidArgument);
+  EXPECT_EQ(
+      LayerwiseStore::Create(*runtime, chunks, rig.layers, KvTransferOptions(), stream, &store)
+          .code(),
+      GpuCode::kInvalidArgument);
   chunks.block_ids[0] = -2;
   EXPECT_EQ(KvTransfer::Create(*runtime, chunks, KvTransferOptions(), stream, &transfer).code(),
             GpuCode::kInvalidArgument);

@@ -48,8 +48,7 @@ struct LoadSetup {
     for (int64_t i = 0; i < LayerwiseRig::kLayers; ++i) {
       std::vector<uint8_t> bytes;
       ASSERT_NO_FATAL_FAILURE(rig.ReadTensor(runtime, compute, rig.tensors[i].data(), &bytes));
-      EXPECT_EQ(bytes, rig.ExpectedTensor(i, zeros, [](int64_t) { return true; }))
-          << "layer " << i;
+      EXPECT_EQ(bytes, rig.ExpectedTensor(i, zeros, [](int64_t) { return true; })) << "layer " << i;
     }
   }
 };

@@ -45,9 +45,8 @@ inline nlohmann::json TaggedJson(const std::string& text, const std::string& tag
   }
   if (at == std::string::npos) return nlohmann::json();
   const size_t end = text.find('\n', at);
-  const std::string body = text.substr(at + tag.size(), end == std::string::npos
-                                                            ? std::string::npos
-                                                            : end - at - tag.size());
+  const std::string body = text.substr(
+      at + tag.size(), end == std::string::npos ? std::string::npos : end - at - tag.size());
   nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
   return j.is_discarded() ? nlohmann::json() : j;
 }

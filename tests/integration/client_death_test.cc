@@ -33,8 +33,8 @@ constexpr int kLifeMaxMs = 600;
 
 // What the dead clients held when they were killed, by their last HELD line.
 struct DeathTally {
-  uint64_t deaths = 0, before_first_step = 0, with_lease = 0, with_reservation = 0,
-           with_ticket = 0, with_all_three = 0, bad_chunks = 0, api_errors = 0;
+  uint64_t deaths = 0, before_first_step = 0, with_lease = 0, with_reservation = 0, with_ticket = 0,
+           with_all_three = 0, bad_chunks = 0, api_errors = 0;
   uint64_t max_leases = 0, max_reservations = 0, max_prefetches = 0;  // seen in stats meanwhile
 };
 
@@ -45,9 +45,10 @@ class ClientDeathTest : public ::testing::TestWithParam<int> {
     DaemonProcess::Options o;
     o.socket_path = dir_.Sub("kvtierd.sock");
     o.dram_bytes = "64MiB";
-    o.extra_args = {"--nvme-path", nvme_dir_.path(), "--nvme-bytes", "512MiB",
-                    "--lease-ttl-ms", std::to_string(GetParam()), "--reservation-ttl-ms",
-                    std::to_string(GetParam())};
+    o.extra_args = {"--nvme-path",          nvme_dir_.path(),
+                    "--nvme-bytes",         "512MiB",
+                    "--lease-ttl-ms",       std::to_string(GetParam()),
+                    "--reservation-ttl-ms", std::to_string(GetParam())};
     o.log_path = dir_.Sub("kvtierd.log");
     return o;
   }
@@ -56,10 +57,10 @@ class ClientDeathTest : public ::testing::TestWithParam<int> {
   // chunks, well inside the 64 MiB arena: a repeat hits DRAM only).
   json Replay(const std::string& name) {
     const std::string out = dir_.Sub(name + ".json");
-    CommandResult r = RunCommand({BinPath("kvtier-replay"), "--socket", dir_.Sub("kvtierd.sock"),
-                                  "--generate", "50", "--quiet", "--deadline-ms", "5000",
-                                  "--json", out},
-                                 300s);
+    CommandResult r =
+        RunCommand({BinPath("kvtier-replay"), "--socket", dir_.Sub("kvtierd.sock"), "--generate",
+                    "50", "--quiet", "--deadline-ms", "5000", "--json", out},
+                   300s);
     EXPECT_TRUE(r.ok()) << r.Describe();
     json j = json::parse(ReadFileOrEmpty(out), nullptr, false);
     EXPECT_FALSE(j.is_discarded()) << name;
@@ -85,13 +86,13 @@ class ClientDeathTest : public ::testing::TestWithParam<int> {
     std::filesystem::remove(slot->err, ec);
     slot->child = std::make_unique<ChildProcess>();
     std::string error;
-    ASSERT_TRUE(slot->child->Spawn({BinPath("kvtier_test_client"), "die", "--socket",
-                                    dir_.Sub("kvtierd.sock"), "--chunk-tokens", "32", "--seed",
-                                    std::to_string(rng())},
-                                   slot->out, slot->err, &error))
+    ASSERT_TRUE(slot->child->Spawn(
+        {BinPath("kvtier_test_client"), "die", "--socket", dir_.Sub("kvtierd.sock"),
+         "--chunk-tokens", "32", "--seed", std::to_string(rng())},
+        slot->out, slot->err, &error))
         << error;
-    slot->kill_at = Clock::now() + std::chrono::milliseconds(
-                                       std::uniform_int_distribution<int>(kLifeMinMs, kLifeMaxMs)(rng));
+    slot->kill_at = Clock::now() + std::chrono::milliseconds(std::uniform_int_distribution<int>(
+                                       kLifeMinMs, kLifeMaxMs)(rng));
   }
 
   // Kills the client in `slot` and adds what it held (its last HELD line) to *tally.

@@ -66,15 +66,19 @@ class CrashLoopTest : public ::testing::TestWithParam<CrashLoopRun> {
     // About 200 slots: a cycle stores more than that, so DRAM evicts (write_back
     // demotes) and loads of older conversations promote from NVMe.
     o.dram_bytes = "4MiB";
-    o.extra_args = {"--nvme-path", nvme_dir_.path(), "--nvme-bytes", GetParam().nvme_bytes,
-                    "--nvme-write-policy", GetParam().policy};
+    o.extra_args = {"--nvme-path",         nvme_dir_.path(),      "--nvme-bytes",
+                    GetParam().nvme_bytes, "--nvme-write-policy", GetParam().policy};
     o.log_path = dir_.Sub("kvtierd.log");
     return o;
   }
 
   std::vector<std::string> Client(const std::string& mode) {
-    return {BinPath("kvtier_test_client"), mode, "--socket", dir_.Sub("kvtierd.sock"),
-            "--chunk-tokens", "32"};
+    return {BinPath("kvtier_test_client"),
+            mode,
+            "--socket",
+            dir_.Sub("kvtierd.sock"),
+            "--chunk-tokens",
+            "32"};
   }
 
   // Reads back conversations [0, conversations); *served gets the keys of the
@@ -98,7 +102,8 @@ class CrashLoopTest : public ::testing::TestWithParam<CrashLoopRun> {
     std::string out;
     std::istringstream in(log);
     for (std::string line; std::getline(in, line);) {
-      if ((line.find("[warning]") != std::string::npos || line.find("[error]") != std::string::npos) &&
+      if ((line.find("[warning]") != std::string::npos ||
+           line.find("[error]") != std::string::npos) &&
           line.find("socket directory") == std::string::npos) {
         out += line + "\n";
       }
@@ -112,8 +117,8 @@ class CrashLoopTest : public ::testing::TestWithParam<CrashLoopRun> {
     if (cycle > 0 && rng_() % 4 == 0) {  // a kill while it opens the index and starts
       ChildProcess early;
       std::string error;
-      EXPECT_TRUE(early.Spawn(daemon_.Argv(), dir_.Sub("kvtierd.log"), dir_.Sub("kvtierd.log"),
-                              &error))
+      EXPECT_TRUE(
+          early.Spawn(daemon_.Argv(), dir_.Sub("kvtierd.log"), dir_.Sub("kvtierd.log"), &error))
           << error;
       std::this_thread::sleep_for(
           std::chrono::milliseconds(std::uniform_int_distribution<int>(5, 400)(rng_)));
@@ -159,19 +164,21 @@ class CrashLoopTest : public ::testing::TestWithParam<CrashLoopRun> {
     EXPECT_EQ(after["corrupt_reads"], 0u) << "cycle " << cycle;
     EXPECT_EQ(served.size(), nvme_at_start["chunks"].get<uint64_t>())
         << "cycle " << cycle << ": not every chunk the index holds is served right\n"
-        << StatsOf(daemon_).dump() << "\n" << Warnings(daemon_.log());
+        << StatsOf(daemon_).dump() << "\n"
+        << Warnings(daemon_.log());
     if (!GetParam().nvme_evicts) {
       EXPECT_GE(ratio, 0.99) << "cycle " << cycle << ": served " << served.size() << " of "
                              << durable << " durable chunks";
       EXPECT_EQ(lost, 0u) << "cycle " << cycle << ": chunks served after the last restart are gone";
     }
-    std::printf("cycle %llu: recovered %llu, durable at kill >= %llu, served %zu (%.4f), "
-                "new %llu (%.4f), old lost %llu\n",
-                static_cast<unsigned long long>(cycle),
-                static_cast<unsigned long long>(nvme_at_start["chunks"].get<uint64_t>()),
-                static_cast<unsigned long long>(durable), served.size(), ratio,
-                static_cast<unsigned long long>(new_served), new_ratio,
-                static_cast<unsigned long long>(lost));
+    std::printf(
+        "cycle %llu: recovered %llu, durable at kill >= %llu, served %zu (%.4f), "
+        "new %llu (%.4f), old lost %llu\n",
+        static_cast<unsigned long long>(cycle),
+        static_cast<unsigned long long>(nvme_at_start["chunks"].get<uint64_t>()),
+        static_cast<unsigned long long>(durable), served.size(), ratio,
+        static_cast<unsigned long long>(new_served), new_ratio,
+        static_cast<unsigned long long>(lost));
     std::fflush(stdout);
     previous_ = std::move(served);
   }
@@ -182,11 +189,10 @@ class CrashLoopTest : public ::testing::TestWithParam<CrashLoopRun> {
     std::vector<std::unique_ptr<ChildProcess>> workers;
     for (int w = 0; w < kWorkers; ++w) {
       std::vector<std::string> argv = Client("crash-worker");
-      argv.insert(argv.end(),
-                  {"--seed", std::to_string(rng_()), "--first-conversation",
-                   std::to_string(conversations_ + w * kNewConversations), "--conversations",
-                   std::to_string(kNewConversations), "--store-interval-ms", "70",
-                   "--deadline-ms", "2000"});
+      argv.insert(argv.end(), {"--seed", std::to_string(rng_()), "--first-conversation",
+                               std::to_string(conversations_ + w * kNewConversations),
+                               "--conversations", std::to_string(kNewConversations),
+                               "--store-interval-ms", "70", "--deadline-ms", "2000"});
       workers.push_back(std::make_unique<ChildProcess>());
       const std::string out = dir_.Sub("worker" + std::to_string(w));
       std::error_code ec;
@@ -210,8 +216,8 @@ class CrashLoopTest : public ::testing::TestWithParam<CrashLoopRun> {
       const std::string name = dir_.Sub("worker" + std::to_string(w));
       const std::string out = ReadFileOrEmpty(name + ".out");
       ASSERT_TRUE(e.has_value()) << "a worker did not stop";
-      EXPECT_TRUE(e->exited && e->exit_code == 0)
-          << e->ToString() << "\n" << out << ReadFileOrEmpty(name + ".err");
+      EXPECT_TRUE(e->exited && e->exit_code == 0) << e->ToString() << "\n"
+                                                  << out << ReadFileOrEmpty(name + ".err");
       const json r = TaggedJson(out, "RESULT ");
       ASSERT_FALSE(r.is_null()) << out;
       EXPECT_EQ(r["bad_chunks"], 0u) << "cycle " << cycle << ": a worker was served wrong bytes";
@@ -225,8 +231,8 @@ class CrashLoopTest : public ::testing::TestWithParam<CrashLoopRun> {
   NvmeDir nvme_dir_{std::string("crash-loop-") + GetParam().name};
   DaemonProcess daemon_{Opts()};
   std::mt19937_64 rng_;
-  uint64_t conversations_ = 0;               // started so far: [0, conversations_)
-  uint64_t durable_at_kill_ = 0;             // NVMe chunks just before the last kill
+  uint64_t conversations_ = 0;                // started so far: [0, conversations_)
+  uint64_t durable_at_kill_ = 0;              // NVMe chunks just before the last kill
   std::unordered_set<std::string> previous_;  // what the last read-back served
   std::vector<double> ratios_, new_ratios_;
   uint64_t wrong_bytes_ = 0, missing_old_ = 0, loaded_chunks_ = 0, stored_chunks_ = 0;

@@ -3,11 +3,11 @@
 // kvtier::Client. Each test runs its own daemon in a fresh /tmp directory with
 // a 64 MiB arena; every wait is bounded, and DaemonProcess/ChildProcess kill
 // what they started even when an assertion fails.
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -17,12 +17,12 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "daemon_test_fixture.h"
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
+#include "kvtier/gpu/runtime.h"
 #include "kvtier/tools/model_presets.h"
 #include "kvtier/tools/synthetic_kv.h"
-#include "kvtier/gpu/runtime.h"
-#include "daemon_test_fixture.h"
 #include "testing/daemon_process.h"
 
 namespace kvtier {
@@ -39,8 +39,14 @@ TEST_F(DaemonTest, TwoClientProcessesStoreAndLoadConcurrentlyWithVerifiedBytes) 
   ChildProcess a, b;
   std::string err;
   const auto argv = [&](const char* seed) {
-    return std::vector<std::string>{BinPath("kvtier_test_client"), "store-load", "--socket",
-                                    socket_, "--seed", seed, "--requests", "60"};
+    return std::vector<std::string>{BinPath("kvtier_test_client"),
+                                    "store-load",
+                                    "--socket",
+                                    socket_,
+                                    "--seed",
+                                    seed,
+                                    "--requests",
+                                    "60"};
   };
   ASSERT_TRUE(a.Spawn(argv("1"), dir_.Sub("a.out"), dir_.Sub("a.err"), &err)) << err;
   ASSERT_TRUE(b.Spawn(argv("2"), dir_.Sub("b.out"), dir_.Sub("b.err"), &err)) << err;
@@ -82,10 +88,9 @@ TEST_F(DaemonTest, TwoReplayProcessesReportNoVerifyErrors) {
   ChildProcess a, b;
   std::string err;
   const auto argv = [&](const char* json_name) {
-    return std::vector<std::string>{BinPath("kvtier-replay"), "--socket",      socket_,
-                                    "--generate",             "40",            "--quiet",
-                                    "--deadline-ms",          "2000",          "--json",
-                                    dir_.Sub(json_name)};
+    return std::vector<std::string>{
+        BinPath("kvtier-replay"), "--socket", socket_,  "--generate",       "40", "--quiet",
+        "--deadline-ms",          "2000",     "--json", dir_.Sub(json_name)};
   };
   ASSERT_TRUE(a.Spawn(argv("a.json"), dir_.Sub("a.out"), dir_.Sub("a.out"), &err)) << err;
   ASSERT_TRUE(b.Spawn(argv("b.json"), dir_.Sub("b.out"), dir_.Sub("b.out"), &err)) << err;
@@ -97,8 +102,7 @@ TEST_F(DaemonTest, TwoReplayProcessesReportNoVerifyErrors) {
     const std::string out = ReadFileOrEmpty(dir_.Sub(std::string(name) + ".out"));
     SCOPED_TRACE(std::string("replay ") + name + ": " + e.ToString() + "\n" + out);
     EXPECT_TRUE(e.exited && e.exit_code == 0);
-    json r =
-        json::parse(ReadFileOrEmpty(dir_.Sub(std::string(name) + ".json")), nullptr, false);
+    json r = json::parse(ReadFileOrEmpty(dir_.Sub(std::string(name) + ".json")), nullptr, false);
     ASSERT_FALSE(r.is_discarded());
     EXPECT_EQ(r["requests"], 40);
     EXPECT_EQ(r["verify_errors"], 0);
@@ -111,8 +115,7 @@ TEST_F(DaemonTest, TwoReplayProcessesReportNoVerifyErrors) {
 
 TEST_F(DaemonTest, KilledClientsLeasesAndReservationsEndWithItsSessionNotItsTtl) {
   // TTLs of 10 minutes: anything freed within seconds was freed by the session's end.
-  DaemonProcess daemon(
-      Opts({"--lease-ttl-ms", "600000", "--reservation-ttl-ms", "600000"}));
+  DaemonProcess daemon(Opts({"--lease-ttl-ms", "600000", "--reservation-ttl-ms", "600000"}));
   ASSERT_EQ(daemon.Start(), "");
 
   ChildProcess holder;
@@ -147,8 +150,7 @@ TEST_F(DaemonTest, KilledClientsLeasesAndReservationsEndWithItsSessionNotItsTtl)
   const int64_t took_ms = MsSince(killed);
   std::printf("leases and reservations released %lld ms after SIGKILL\n",
               static_cast<long long>(took_ms));
-  ASSERT_TRUE(released) << "still held 3 s after the client died (TTL is 600 s): "
-                        << after.dump();
+  ASSERT_TRUE(released) << "still held 3 s after the client died (TTL is 600 s): " << after.dump();
   EXPECT_EQ(after["sessions"], 0);
   // The reserved slots are free again; the committed prompt stays cached.
   EXPECT_EQ(after["tiers"][0]["used_bytes"].get<uint64_t>(), stored * slot);
@@ -315,12 +317,15 @@ TEST_F(DaemonTest, AMetricsAddressInUseRefusesTheStartThatGaveIt) {
   const std::string address = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
   DaemonProcess daemon(Opts({"--metrics-address", address}));
   ASSERT_EQ(daemon.Start(), "");
-  CommandResult second = RunCommand({BinPath("kvtierd"), "--socket", dir_.Sub("b.sock"),
-                                     "--dram-bytes", "64MiB", "--nvme-bytes", "0",
-                                     "--metrics-address", address}, 20s);
+  CommandResult second =
+      RunCommand({BinPath("kvtierd"), "--socket", dir_.Sub("b.sock"), "--dram-bytes", "64MiB",
+                  "--nvme-bytes", "0", "--metrics-address", address},
+                 20s);
   EXPECT_TRUE(second.exit.exited && second.exit.exit_code == 1) << second.Describe();
-  EXPECT_NE(second.err.find("kvtierd: cannot start: --metrics-address " + address +
-                            ": cannot listen"), std::string::npos) << second.Describe();
+  EXPECT_NE(
+      second.err.find("kvtierd: cannot start: --metrics-address " + address + ": cannot listen"),
+      std::string::npos)
+      << second.Describe();
   EXPECT_TRUE(daemon.running());
   EXPECT_FALSE(Exists(dir_.Sub("b.sock"))) << "the refused daemon left its socket";
 }
@@ -440,9 +445,8 @@ TEST_F(DaemonTest, ASessionLimitThatCannotBindIsWarnedAbout) {
   o.extra_args = {"--session-max-bytes", "64KiB"};
   DaemonProcess small(o);
   ASSERT_EQ(small.Start(), "");
-  CommandResult r = RunCommand({BinPath("kvtier-replay"), "--socket", socket_, "--generate", "2",
-                                "--quiet"},
-                               60s);
+  CommandResult r = RunCommand(
+      {BinPath("kvtier-replay"), "--socket", socket_, "--generate", "2", "--quiet"}, 60s);
   EXPECT_TRUE(r.ok()) << r.Describe();
   const std::string small_log = ReadFileOrEmpty(dir_.Sub("kvtierd.log"));
   EXPECT_NE(small_log.find("less than one slot"), std::string::npos) << small_log;
@@ -458,8 +462,8 @@ TEST_F(DaemonTest, StartupRejectsBadDramBytes) {
 TEST_F(DaemonTest, StartupWithAnHbmTierButNoGpuSaysSoAndHowToTurnItOff) {
   std::unique_ptr<gpu::Runtime> cuda;
   if (gpu::Runtime::CreateCuda(0, &cuda).ok()) GTEST_SKIP() << "a GPU is present";
-  const std::vector<std::string> base = {"--socket", socket_, "--dram-bytes", "64MiB",
-                                         "--nvme-bytes", "0"};
+  const std::vector<std::string> base = {"--socket", socket_,        "--dram-bytes",
+                                         "64MiB",    "--nvme-bytes", "0"};
   auto with = [&](std::vector<std::string> more) {
     more.insert(more.begin(), base.begin(), base.end());
     return more;
@@ -480,8 +484,7 @@ TEST_F(DaemonTest, StartupWithAnHbmTierButNoGpuSaysSoAndHowToTurnItOff) {
 }
 
 TEST_F(DaemonTest, StartupRejectsUnknownLogLevel) {
-  ExpectStartupError({"--socket", socket_, "--dram-bytes", "64MiB", "--log-level", "loud"},
-                     "loud");
+  ExpectStartupError({"--socket", socket_, "--dram-bytes", "64MiB", "--log-level", "loud"}, "loud");
   EXPECT_FALSE(Exists(socket_));
 }
 
@@ -528,8 +531,7 @@ TEST_F(DaemonTest, SocketDirectoryIsCreatedWithMode0700) {
 // kvtierd creates the socket's own directory, not a chain of missing parents
 // (a typo in --socket must not create directories all over the file system).
 TEST_F(DaemonTest, MissingParentOfTheSocketDirectoryIsAnError) {
-  CommandResult r = RunCommand({BinPath("kvtierd"), "--socket", dir_.Sub("x/y/kvtierd.sock")},
-                               10s);
+  CommandResult r = RunCommand({BinPath("kvtierd"), "--socket", dir_.Sub("x/y/kvtierd.sock")}, 10s);
   EXPECT_FALSE(r.ok());
   EXPECT_NE(r.err.find("does not exist"), std::string::npos) << r.Describe();
   struct stat st;
@@ -545,21 +547,27 @@ TEST_F(DaemonTest, StartErrorsNameTheConfigFileLineOfTheirSetting) {
   const std::string cfg = dir_.Sub("kvtierd.yaml");
   ASSERT_TRUE(testing::WriteFile(cfg, "dram_bytes: 64MiB\nsocket_group: no-such-group-kvt\n"));
   CommandResult g = RunCommand({BinPath("kvtierd"), "--socket", dir_.Sub("s/kvtierd.sock"),
-                                "--config", cfg, "--nvme-bytes", "0"}, 10s);
+                                "--config", cfg, "--nvme-bytes", "0"},
+                               10s);
   EXPECT_FALSE(g.ok());
-  EXPECT_NE(g.err.find("kvtierd: cannot start: config " + cfg + ":2: socket_group "
-                       "'no-such-group-kvt' is not a known group"), std::string::npos)
+  EXPECT_NE(g.err.find("kvtierd: cannot start: config " + cfg +
+                       ":2: socket_group "
+                       "'no-such-group-kvt' is not a known group"),
+            std::string::npos)
       << g.Describe();
   EXPECT_TRUE(g.exit.exited && g.exit.exit_code == 1) << g.Describe();
-  ASSERT_TRUE(testing::WriteFile(cfg, "dram_bytes: 64MiB\nnvme_bytes: 16MiB\n"
-                                      "nvme_paths: " + dir_.Sub("missing") + "\n"));
-  CommandResult n = RunCommand({BinPath("kvtierd"), "--socket", dir_.Sub("s/kvtierd.sock"),
-                                "--config", cfg}, 10s);
+  ASSERT_TRUE(testing::WriteFile(cfg,
+                                 "dram_bytes: 64MiB\nnvme_bytes: 16MiB\n"
+                                 "nvme_paths: " +
+                                     dir_.Sub("missing") + "\n"));
+  CommandResult n = RunCommand(
+      {BinPath("kvtierd"), "--socket", dir_.Sub("s/kvtierd.sock"), "--config", cfg}, 10s);
   EXPECT_FALSE(n.ok());
   EXPECT_NE(n.err.find("config " + cfg + ":3: nvme_paths: NVMe path"), std::string::npos)
       << n.Describe();
   CommandResult f = RunCommand({BinPath("kvtierd"), "--socket", dir_.Sub("s/kvtierd.sock"),
-                                "--nvme-bytes", "16MiB", "--nvme-path", dir_.Sub("gone")}, 10s);
+                                "--nvme-bytes", "16MiB", "--nvme-path", dir_.Sub("gone")},
+                               10s);
   EXPECT_FALSE(f.ok());
   EXPECT_NE(f.err.find("kvtierd: cannot start: --nvme-path: NVMe path"), std::string::npos)
       << f.Describe();
@@ -569,10 +577,10 @@ TEST_F(DaemonTest, StartErrorsNameTheConfigFileLineOfTheirSetting) {
 // A review found a refused start leaving the socket directory it had made.
 TEST_F(DaemonTest, ARefusedStartRemovesTheSocketDirectoryItMade) {
   const std::string made = dir_.Sub("run-kvtier");
-  CommandResult r = RunCommand({BinPath("kvtierd"), "--socket", made + "/kvtierd.sock",
-                                "--nvme-path", dir_.Sub("no-such-dir/nvme"), "--nvme-bytes",
-                                "64MiB"},
-                               10s);
+  CommandResult r =
+      RunCommand({BinPath("kvtierd"), "--socket", made + "/kvtierd.sock", "--nvme-path",
+                  dir_.Sub("no-such-dir/nvme"), "--nvme-bytes", "64MiB"},
+                 10s);
   EXPECT_FALSE(r.ok()) << r.Describe();
   EXPECT_FALSE(Exists(made)) << "a refused start leaves no directory it made";
 
@@ -645,9 +653,8 @@ TEST_F(DaemonTest, ExistingParentDirectoryModeIsNotChanged) {
   struct stat st;
   ASSERT_EQ(stat(shared.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0755u)
-      << "kvtierd changed the mode of the pre-existing directory " << shared << " to 0"
-      << std::oct << (st.st_mode & 07777) << " (started: " << (started.empty() ? "yes" : started)
-      << ")";
+      << "kvtierd changed the mode of the pre-existing directory " << shared << " to 0" << std::oct
+      << (st.st_mode & 07777) << " (started: " << (started.empty() ? "yes" : started) << ")";
 }
 
 // ---- (g) kvtier-replay input errors -------------------------------------------------------

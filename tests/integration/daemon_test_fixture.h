@@ -35,7 +35,7 @@ inline int64_t MsSince(Clock::time_point t) {
 
 // Polls `pred` every `every` until it holds or `timeout` passes.
 inline bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout,
-             std::chrono::milliseconds every = 20ms) {
+                    std::chrono::milliseconds every = 20ms) {
   const auto deadline = Clock::now() + timeout;
   for (;;) {
     if (pred()) return true;

@@ -105,9 +105,9 @@ TEST_F(KvEventsTest, StoresEvictionsAndAdminEvictRebuildTheDaemonsIndex) {
   auto spec = tools::ModelPreset("tiny", 128);
   ASSERT_TRUE(spec.ok());
   const SlotLayout layout = SlotLayout::For(*spec);
-  DaemonProcess::Options o = Opts({"--events-address", events_, "--events-replay-address",
-                                   replay_, "--nvme-path", dir_.path(), "--nvme-bytes",
-                                   std::to_string(8 * layout.slot_bytes)});
+  DaemonProcess::Options o =
+      Opts({"--events-address", events_, "--events-replay-address", replay_, "--nvme-path",
+            dir_.path(), "--nvme-bytes", std::to_string(8 * layout.slot_bytes)});
   o.dram_bytes = std::to_string(12 * layout.slot_bytes);  // 12 chunks: stores below evict
   DaemonProcess daemon(o);
   ASSERT_EQ(daemon.Start(), "");
@@ -169,8 +169,9 @@ TEST_F(KvEventsTest, StoresEvictionsAndAdminEvictRebuildTheDaemonsIndex) {
   }
   // Write-through puts them on NVMe too ("STORAGE"), tokens and all.
   EXPECT_EQ(Count(KvEventType::kBlockStored, KvMedium::kStorage), 4u);
-  ASSERT_TRUE(
-      (*client)->Load(*ns, a, [](size_t, std::span<const std::byte>) { return Status::Ok(); }).ok());
+  ASSERT_TRUE((*client)
+                  ->Load(*ns, a, [](size_t, std::span<const std::byte>) { return Status::Ok(); })
+                  .ok());
 
   // 20 more chunks than DRAM's 12 slots and NVMe's 8: both tiers evict.
   for (int32_t p = 0; p < 5; ++p) store(Prompt(20000 + 3000 * p, 4 * 128));
@@ -223,8 +224,9 @@ TEST_F(KvEventsTest, StoresEvictionsAndAdminEvictRebuildTheDaemonsIndex) {
   for (std::string line; std::getline(lines, line);) {
     json j = json::parse(line, nullptr, false);
     ASSERT_FALSE(j.is_discarded() || j.contains("gap")) << line;
-    got.push_back(j["type"].get<std::string>() +
-                  (j.contains("block_hashes") ? " " + j["block_hashes"][0].get<std::string>() : ""));
+    got.push_back(
+        j["type"].get<std::string>() +
+        (j.contains("block_hashes") ? " " + j["block_hashes"][0].get<std::string>() : ""));
   }
   EXPECT_EQ(got, want);
 
@@ -235,25 +237,24 @@ TEST_F(KvEventsTest, StoresEvictionsAndAdminEvictRebuildTheDaemonsIndex) {
 }
 
 TEST_F(DaemonTest, BadEventsAddressIsAUsageErrorNamingTheFlag) {
-  for (const std::string bad : {"localhost:5557", "tcp://127.0.0.1", "tcp://127.0.0.1:99999",
-                                "ipc://", "udp://1.2.3.4:5", "tcp://localhost:5557",
-                                "tcp://::1:5557"}) {
+  for (const std::string bad :
+       {"localhost:5557", "tcp://127.0.0.1", "tcp://127.0.0.1:99999", "ipc://", "udp://1.2.3.4:5",
+        "tcp://localhost:5557", "tcp://::1:5557"}) {
     CommandResult r = RunCommand({BinPath("kvtierd"), "--socket", socket_, "--nvme-bytes", "0",
                                   "--metrics-address", "off", "--events-address", bad},
                                  20s);
     EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 2) << bad << ": " << r.Describe();
     EXPECT_NE(r.err.find("--events-address '" + bad + "'"), std::string::npos) << r.Describe();
   }
-  CommandResult r = RunCommand({BinPath("kvtierd"), "--socket", socket_, "--nvme-bytes", "0",
-                                "--metrics-address", "off", "--events-replay-address",
-                                "ipc://" + dir_.Sub("replay")},
-                               20s);
+  CommandResult r =
+      RunCommand({BinPath("kvtierd"), "--socket", socket_, "--nvme-bytes", "0", "--metrics-address",
+                  "off", "--events-replay-address", "ipc://" + dir_.Sub("replay")},
+                 20s);
   EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 2) << r.Describe();
   EXPECT_NE(r.err.find("--events-replay-address"), std::string::npos) << r.Describe();
   // Well formed but not bindable (a missing directory): the start fails naming the flag.
-  r = RunCommand({BinPath("kvtierd"), "--socket", socket_, "--nvme-bytes", "0",
-                  "--metrics-address", "off", "--events-address",
-                  "ipc://" + dir_.Sub("missing/events")},
+  r = RunCommand({BinPath("kvtierd"), "--socket", socket_, "--nvme-bytes", "0", "--metrics-address",
+                  "off", "--events-address", "ipc://" + dir_.Sub("missing/events")},
                  20s);
   EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 1) << r.Describe();
   EXPECT_NE(r.err.find("cannot start: --events-address: cannot bind"), std::string::npos)
@@ -283,14 +284,15 @@ TEST_F(DaemonTest, KvtierctlEventsUsageErrorsExit2NamingWhatIsWrong) {
                                 ep, "--replay-address", ep + "r", "--from", "0"},
                                20s);
   EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 1) << r.Describe();
-  EXPECT_NE(r.err.find("end marker did not come within 5000 ms"), std::string::npos) << r.Describe();
+  EXPECT_NE(r.err.find("end marker did not come within 5000 ms"), std::string::npos)
+      << r.Describe();
 }
 
 // Port 0 takes any free port: kvtierctl config, and so kvtierctl events and
 // kvtier-replay's router, give the ports taken (they said ":0" before).
 TEST_F(KvEventsTest, EndpointsOnPortZeroAreFoundThroughTheDaemonsConfig) {
-  DaemonProcess daemon(Opts({"--events-address", "tcp://127.0.0.1:0", "--events-replay-address",
-                             "tcp://127.0.0.1:0"}));
+  DaemonProcess daemon(Opts(
+      {"--events-address", "tcp://127.0.0.1:0", "--events-replay-address", "tcp://127.0.0.1:0"}));
   ASSERT_EQ(daemon.Start(), "");
   CommandResult config = daemon.Ctl({"--json", "config"});
   ASSERT_TRUE(config.ok()) << config.Describe();
@@ -306,13 +308,18 @@ TEST_F(KvEventsTest, ASecondDaemonOnTheSameEventsEndpointIsRefused) {
   ASSERT_EQ(first.Start(), "");
   for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
            {"--events-address", events_}, {"--events-replay-address", replay_}}) {
-    std::vector<std::string> argv = {BinPath("kvtierd"), "--socket", dir_.Sub("second.sock"),
-                                     "--nvme-bytes", "0", "--metrics-address", "off",
-                                     "--events-address",
-                                     flag == "--events-address" ? value : "ipc://" + dir_.Sub("e2"),
-                                     "--events-replay-address",
-                                     flag == "--events-replay-address" ? value
-                                                                       : "ipc://" + dir_.Sub("r2")};
+    std::vector<std::string> argv = {
+        BinPath("kvtierd"),
+        "--socket",
+        dir_.Sub("second.sock"),
+        "--nvme-bytes",
+        "0",
+        "--metrics-address",
+        "off",
+        "--events-address",
+        flag == "--events-address" ? value : "ipc://" + dir_.Sub("e2"),
+        "--events-replay-address",
+        flag == "--events-replay-address" ? value : "ipc://" + dir_.Sub("r2")};
     CommandResult r = RunCommand(argv, 20s);
     EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 1) << r.Describe();
     EXPECT_NE(r.err.find(flag + ": cannot bind " + value + ": in use"), std::string::npos)

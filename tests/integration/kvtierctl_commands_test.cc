@@ -212,11 +212,11 @@ TEST_F(DaemonTest, KvtierctlStatsWatchRatesMatchTheWorkBetweenSamples) {
   EXPECT_EQ(blocks.out.find('\033'), std::string::npos) << blocks.out;
   // On a terminal (script(1) gives it one) each sample redraws the screen.
   if (access("/usr/bin/script", X_OK) == 0) {
-    CommandResult tty = RunCommand({"/usr/bin/script", "-qec",
-                                    BinPath("kvtierctl") + " --socket " + socket_ +
-                                        " stats --watch 0.2 --count 2",
-                                    "/dev/null"},
-                                   20s);
+    CommandResult tty =
+        RunCommand({"/usr/bin/script", "-qec",
+                    BinPath("kvtierctl") + " --socket " + socket_ + " stats --watch 0.2 --count 2",
+                    "/dev/null"},
+                   20s);
     ASSERT_TRUE(tty.ok()) << tty.Describe();
     size_t clears = 0;
     for (size_t at = tty.out.find("\033[H\033[2J"); at != std::string::npos;
@@ -329,11 +329,10 @@ TEST_F(DaemonTest, KvtierctlZshCompletionIsValidZsh) {
   CommandResult check = RunCommand({zsh, "-n", script}, 20s);
   EXPECT_TRUE(check.ok()) << check.Describe();
   // Sourced after compinit, it registers itself for kvtierctl.
-  CommandResult reg = RunCommand(
-      {zsh, "-c",
-       "autoload -U compinit && compinit -u -D && source '" + script +
-           "' && print -r -- \"comp=$_comps[kvtierctl]\""},
-      20s);
+  CommandResult reg = RunCommand({zsh, "-c",
+                                  "autoload -U compinit && compinit -u -D && source '" + script +
+                                      "' && print -r -- \"comp=$_comps[kvtierctl]\""},
+                                 20s);
   EXPECT_NE(reg.out.find("comp=_kvtierctl"), std::string::npos) << reg.Describe();
 }
 

@@ -111,9 +111,12 @@ TEST_F(DaemonTest, KvtierctlEvictDropsANamespaceAndLeavesAnAuditLine) {
   ASSERT_TRUE(testing::WriteFile(wide, "[4294967296, 1, 2, 3]"));
   ASSERT_TRUE(testing::WriteFile(fractions, "[0.5, 1.5]"));
   for (const std::vector<std::string>& bad :
-       {std::vector<std::string>{"evict"}, {"evict", "--all", "--namespace", id},
-        {"evict", "--namespace", "nothex"}, {"evict", "--namespace", id, "--tokens", "1,x"},
-        {"evict", "--all", "--tokens", "1,2"}, {"evict", "--namespace", id, "--tokens-file", empty},
+       {std::vector<std::string>{"evict"},
+        {"evict", "--all", "--namespace", id},
+        {"evict", "--namespace", "nothex"},
+        {"evict", "--namespace", id, "--tokens", "1,x"},
+        {"evict", "--all", "--tokens", "1,2"},
+        {"evict", "--namespace", id, "--tokens-file", empty},
         {"evict", "--namespace", id, "--tokens-file", wide},
         {"evict", "--namespace", id, "--tokens-file", fractions},
         {"evict", "--namespace", id, "--tokens-file", dir_.path()},
@@ -197,13 +200,16 @@ TEST_F(DaemonTest, AnArenaAcceptFailureIsLoggedOnceAndDoesNotSpin) {
     open_fds = now;
   }
   const std::string limit = std::to_string(open_fds);
-  CommandResult lower = RunCommand({"/usr/bin/prlimit", "--pid", pid, "--nofile=" + limit + ":"}, 20s);
-  if (!lower.ok()) GTEST_SKIP() << "prlimit cannot lower kvtierd's open-files limit here: " << lower.Describe();
+  CommandResult lower =
+      RunCommand({"/usr/bin/prlimit", "--pid", pid, "--nofile=" + limit + ":"}, 20s);
+  if (!lower.ok())
+    GTEST_SKIP() << "prlimit cannot lower kvtierd's open-files limit here: " << lower.Describe();
   const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", (socket_ + ".arena").c_str());
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);  // the backlog takes it
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+            0);  // the backlog takes it
   std::this_thread::sleep_for(1500ms);
   const std::string log = ReadFileOrEmpty(dir_.Sub("kvtierd.log"));
   size_t lines = 0;
@@ -241,8 +247,8 @@ TEST_F(DaemonTest, KvtierctlHealthFailsWithoutADaemon) {
   EXPECT_TRUE(daemon.Ctl({"health"}).ok());
   // A path that is no socket is "unreachable" too: exit 1 and, with --json,
   // JSON (it was exit 2 and plain text).
-  CommandResult folder = RunCommand(
-      {BinPath("kvtierctl"), "--socket", dir_.path(), "--json", "health"}, 20s);
+  CommandResult folder =
+      RunCommand({BinPath("kvtierctl"), "--socket", dir_.path(), "--json", "health"}, 20s);
   EXPECT_TRUE(folder.exit.exited && folder.exit.exit_code == 1) << folder.Describe();
   EXPECT_EQ(ParseJson(folder)["serving"], false) << folder.Describe();
   // The global options may also follow the subcommand (they were refused there).

@@ -33,7 +33,8 @@ using namespace std::chrono_literals;
 constexpr uint64_t kArenaBytes = uint64_t{64} << 20;
 // NvmeIndex: two memtables (2 MiB each since issue 32; 16 MiB kept as a loose bound).
 constexpr uint64_t kMemtableBytes = uint64_t{2} * (16 << 20);
-// The NVMe writer's two staging buffers (NvmeWriter): 1/16 of the arena each, and a slot (under 1 MiB here).
+// The NVMe writer's two staging buffers (NvmeWriter): 1/16 of the arena each, and a slot (under 1
+// MiB here).
 constexpr uint64_t kStagingBytes = 2 * (kArenaBytes / 16 + (1 << 20));
 
 // Fields of /proc/<pid>/status in bytes ("VmRSS", "RssAnon", "RssShmem", ...);
@@ -107,8 +108,8 @@ TEST(LoadTest, ThirtyTwoClientsOverFourNamespacesWithoutAnErrorWithinTheMemoryBu
               static_cast<unsigned long long>(hwm), static_cast<unsigned long long>(budget));
 #else
   EXPECT_LE(hwm, budget * 11 / 10)
-      << "peak RSS " << hwm << " bytes: anon " << peak["RssAnon"] << ", shmem "
-      << peak["RssShmem"] << ", file " << peak["RssFile"] << "; budget " << budget;
+      << "peak RSS " << hwm << " bytes: anon " << peak["RssAnon"] << ", shmem " << peak["RssShmem"]
+      << ", file " << peak["RssFile"] << "; budget " << budget;
 #endif
 
   ReportCampaign({{"campaign", "load"},

@@ -40,9 +40,16 @@ class NvmeDaemonTest : public ::testing::Test {
 
   json Replay(const std::string& name, const std::vector<std::string>& extra = {}) {
     const std::string out = dir_.Sub(name + ".json");
-    std::vector<std::string> argv = {BinPath("kvtier-replay"), "--socket",
-                                     dir_.Sub("kvtierd.sock"), "--generate", "60", "--quiet",
-                                     "--deadline-ms", "5000", "--json", out};
+    std::vector<std::string> argv = {BinPath("kvtier-replay"),
+                                     "--socket",
+                                     dir_.Sub("kvtierd.sock"),
+                                     "--generate",
+                                     "60",
+                                     "--quiet",
+                                     "--deadline-ms",
+                                     "5000",
+                                     "--json",
+                                     out};
     argv.insert(argv.end(), extra.begin(), extra.end());
     CommandResult r = RunCommand(argv, 120s);
     EXPECT_TRUE(r.ok()) << r.Describe();
@@ -98,7 +105,7 @@ TEST_F(NvmeDaemonTest, AStartRefusedAtOneNvmePathLeavesNoSlotFileInTheOthers) {
   const std::filesystem::path first = nvme_dir_ / "first";
   std::filesystem::create_directories(first);
   DaemonProcess::Options o = Opts();
-  o.extra_args = {"--nvme-path", first.string(), "--nvme-path", (nvme_dir_ / "missing").string(),
+  o.extra_args = {"--nvme-path",  first.string(), "--nvme-path", (nvme_dir_ / "missing").string(),
                   "--nvme-bytes", "8MiB"};
   o.start_timeout = 10s;
   DaemonProcess daemon(o);
@@ -238,8 +245,9 @@ TEST_F(NvmeDaemonTest, AShutdownDrainStopsAtItsTimeoutAndSaysWhatItLost) {
     // found both exiting 0).
     EXPECT_TRUE(stop.exited && stop.exit_code == 3) << stop.ToString();
     EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
-    EXPECT_NE(daemon.log().find("were not written to NVMe and are lost (--drain-timeout-ms ran out)"),
-              std::string::npos)
+    EXPECT_NE(
+        daemon.log().find("were not written to NVMe and are lost (--drain-timeout-ms ran out)"),
+        std::string::npos)
         << daemon.log();
   }
   DaemonProcess daemon(o);
@@ -436,10 +444,10 @@ TEST_F(FullDiskTest, DramKeepsServingTheTierDegradesAndARestartOnAFullDiskIsRefu
   json nvme;
   std::string stats_text;
   for (int i = 0; i < 4 && !(nvme.is_object() && nvme["degraded"] == true); ++i) {
-    CommandResult r = RunCommand({BinPath("kvtier-replay"), "--socket", dir_.Sub("run/kvtierd.sock"),
-                                  "--trace", ConversationTracePath(),
-                                  "--quiet", "--json", out},
-                                 300s);
+    CommandResult r =
+        RunCommand({BinPath("kvtier-replay"), "--socket", dir_.Sub("run/kvtierd.sock"), "--trace",
+                    ConversationTracePath(), "--quiet", "--json", out},
+                   300s);
     ASSERT_TRUE(r.ok()) << r.Describe() << daemon_->log();
     const json j = json::parse(ReadFileOrEmpty(out), nullptr, false);
     ASSERT_FALSE(j.is_discarded());

@@ -2,10 +2,9 @@
 // both sockets are 0600 whatever the umask, every peer's uid is checked with
 // SO_PEERCRED, and a socket directory other users can write to is refused.
 // The peer checks need root (to connect as another uid); they skip otherwise.
+#include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <grpcpp/grpcpp.h>
 
 #include "integration/daemon_test_fixture.h"
 #include "kvtier/proto/status_mapping.h"
@@ -43,8 +42,8 @@ TEST_F(PeerTest, APeerOfAnotherUidIsRefusedOnBothSockets) {
   const std::vector<std::string> as_nobody = {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
                                               "--clear-groups"};
   std::vector<std::string> ctl = as_nobody;
-  ctl.insert(ctl.end(), {BinPath("kvtierctl"), "--socket", socket_, "--timeout-ms", "2000",
-                         "health"});
+  ctl.insert(ctl.end(),
+             {BinPath("kvtierctl"), "--socket", socket_, "--timeout-ms", "2000", "health"});
   const CommandResult health = RunCommand(ctl, 30s);
   if (health.err.find("setpriv") != std::string::npos && !health.ok()) {
     GTEST_SKIP() << "setpriv cannot switch to uid 65534 here: " << health.Describe();
@@ -56,15 +55,14 @@ TEST_F(PeerTest, APeerOfAnotherUidIsRefusedOnBothSockets) {
   const CommandResult stored = RunCommand(client, 60s);
   EXPECT_FALSE(stored.ok()) << "uid 65534 used the cache\n" << stored.Describe();
   // The arena socket on its own, as a client's first step.
-  const CommandResult arena = RunCommand(
-      {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
-       "-c",
-       "import socket, sys\n"
-       "s = socket.socket(socket.AF_UNIX)\n"
-       "s.connect(sys.argv[1])\n"
-       "print(len(s.recv(64)))\n",
-       socket_ + ".arena"},
-      30s);
+  const CommandResult arena = RunCommand({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+                                          "--clear-groups", "/usr/bin/python3", "-c",
+                                          "import socket, sys\n"
+                                          "s = socket.socket(socket.AF_UNIX)\n"
+                                          "s.connect(sys.argv[1])\n"
+                                          "print(len(s.recv(64)))\n",
+                                          socket_ + ".arena"},
+                                         30s);
   EXPECT_EQ(arena.out, "0\n") << "the arena was announced to uid 65534\n" << arena.Describe();
   EXPECT_TRUE(WaitFor(
       [&] {
@@ -83,10 +81,9 @@ TEST_F(PeerTest, ASocketDirectoryOthersCanWriteIsRefused) {
   const std::string shared = dir_.Sub("shared");
   ASSERT_EQ(mkdir(shared.c_str(), 0777), 0);
   ASSERT_EQ(chmod(shared.c_str(), 01777), 0);  // like /tmp
-  const CommandResult r =
-      RunCommand({BinPath("kvtierd"), "--socket", shared + "/kvtierd.sock", "--dram-bytes",
-                  "16MiB", "--nvme-bytes", "0"},
-                 10s);
+  const CommandResult r = RunCommand({BinPath("kvtierd"), "--socket", shared + "/kvtierd.sock",
+                                      "--dram-bytes", "16MiB", "--nvme-bytes", "0"},
+                                     10s);
   EXPECT_EQ(r.exit.exit_code, 1) << r.Describe();
   EXPECT_NE(r.err.find("has mode 01777: other users can write to it"), std::string::npos)
       << r.Describe();
@@ -132,7 +129,8 @@ TEST_F(PeerTest, ASecondClientCannotUseAnotherSessionsIds) {
     release.set_session_id(session);
     release.set_lease_id(held["lease_id"].get<uint64_t>());
     v1::ReleaseReadResponse released;
-    Status st = call([&](grpc::ClientContext& c) { return stub->ReleaseRead(&c, release, &released); });
+    Status st =
+        call([&](grpc::ClientContext& c) { return stub->ReleaseRead(&c, release, &released); });
     EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << st.ToString();
     v1::CommitWriteRequest commit;
     commit.set_session_id(session);

@@ -50,8 +50,8 @@ class RemoteNodesTest : public ::testing::Test {
     DaemonProcess::Options o;
     o.socket_path = dir_.Sub(name + ".sock");
     o.dram_bytes = "32MiB";
-    o.extra_args = {"--nvme-path", dir_.Sub(name + "-nvme"), "--nvme-bytes", "128MiB",
-                    "--remote", redis_->Url(), "--remote-timeout-ms", "200"};
+    o.extra_args = {"--nvme-path", dir_.Sub(name + "-nvme"), "--nvme-bytes", "128MiB", "--remote",
+                    redis_->Url(), "--remote-timeout-ms",    "200"};
     if (events) {
       o.extra_args.insert(o.extra_args.end(),
                           {"--events-address", "ipc://" + dir_.Sub(name + ".events")});
@@ -69,9 +69,16 @@ class RemoteNodesTest : public ::testing::Test {
               const std::vector<std::string>& extra = {}, const std::string& deadline_ms = "5000",
               const std::string& requests = "40") {
     const std::string out = dir_.Sub(name + ".json");
-    std::vector<std::string> argv = {BinPath("kvtier-replay"), "--socket",
-                                     dir_.Sub(node + ".sock"), "--generate", requests, "--quiet",
-                                     "--deadline-ms", deadline_ms, "--json", out};
+    std::vector<std::string> argv = {BinPath("kvtier-replay"),
+                                     "--socket",
+                                     dir_.Sub(node + ".sock"),
+                                     "--generate",
+                                     requests,
+                                     "--quiet",
+                                     "--deadline-ms",
+                                     deadline_ms,
+                                     "--json",
+                                     out};
     argv.insert(argv.end(), extra.begin(), extra.end());
     CommandResult r = RunCommand(argv, 120s);
     EXPECT_TRUE(r.ok()) << r.Describe();
@@ -295,10 +302,10 @@ TEST_F(RemoteNodesTest, AMasterKilledMidReplayGivesMissesThenHitsAfterFailover) 
   // Node B replays while master 0 dies.
   ChildProcess replay;
   std::string error;
-  ASSERT_TRUE(replay.Spawn({BinPath("kvtier-replay"), "--socket", dir_.Sub("b.sock"),
-                            "--generate", "40", "--quiet", "--prefetch", "off", "--deadline-ms",
-                            "5000", "--json", dir_.Sub("b-mid.json")},
-                           dir_.Sub("b-mid.out"), dir_.Sub("b-mid.err"), &error))
+  ASSERT_TRUE(replay.Spawn(
+      {BinPath("kvtier-replay"), "--socket", dir_.Sub("b.sock"), "--generate", "40", "--quiet",
+       "--prefetch", "off", "--deadline-ms", "5000", "--json", dir_.Sub("b-mid.json")},
+      dir_.Sub("b-mid.out"), dir_.Sub("b-mid.err"), &error))
       << error;
   std::this_thread::sleep_for(50ms);
   redis_->Kill(0);
@@ -351,11 +358,11 @@ TEST_F(RemoteNodesTest, AReplayAcrossNodesRoutedByTheirEventsKeepsConversationsL
     auto b = Node(route + "-b", true);
     ASSERT_TRUE(a && b);
     const std::string out = dir_.Sub(route + ".json");
-    CommandResult r = RunCommand({BinPath("kvtier-replay"), "--nodes",
-                                  dir_.Sub(route + "-a.sock") + "," + dir_.Sub(route + "-b.sock"),
-                                  "--route", route, "--generate", "120", "--quiet",
-                                  "--deadline-ms", "5000", "--json", out},
-                                 120s);
+    CommandResult r =
+        RunCommand({BinPath("kvtier-replay"), "--nodes",
+                    dir_.Sub(route + "-a.sock") + "," + dir_.Sub(route + "-b.sock"), "--route",
+                    route, "--generate", "120", "--quiet", "--deadline-ms", "5000", "--json", out},
+                   120s);
     ASSERT_TRUE(r.ok()) << r.Describe();
     runs[i] = json::parse(ReadFileOrEmpty(out), nullptr, false);
     ASSERT_FALSE(runs[i].is_discarded());
@@ -379,13 +386,13 @@ TEST_F(RemoteNodesTest, PrefixRoutingWithoutEventsOrBadNodesIsAUsageError) {
   StartSingle();
   auto a = Node("a");  // no --events-address
   ASSERT_TRUE(a);
-  CommandResult r = RunCommand({BinPath("kvtier-replay"), "--nodes", dir_.Sub("a.sock"),
-                                "--route", "prefix", "--generate", "5", "--quiet"},
+  CommandResult r = RunCommand({BinPath("kvtier-replay"), "--nodes", dir_.Sub("a.sock"), "--route",
+                                "prefix", "--generate", "5", "--quiet"},
                                30s);
   EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 2) << r.Describe();
   EXPECT_NE(r.err.find("--events-address"), std::string::npos) << r.Describe();
-  for (const std::string& nodes : {dir_.Sub("a.sock") + ",", std::string(),
-                                   dir_.Sub("a.sock") + "," + dir_.Sub("a.sock")}) {
+  for (const std::string& nodes :
+       {dir_.Sub("a.sock") + ",", std::string(), dir_.Sub("a.sock") + "," + dir_.Sub("a.sock")}) {
     r = RunCommand({BinPath("kvtier-replay"), "--nodes", nodes, "--generate", "5", "--quiet"}, 30s);
     EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 2) << r.Describe();
     EXPECT_NE(r.err.find("--nodes"), std::string::npos) << r.Describe();
@@ -396,10 +403,9 @@ TEST_F(RemoteNodesTest, ARemoteWithoutNvmeOrWithABadUrlIsAStartError) {
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"--remote", "redis://127.0.0.1:1", "--nvme-bytes", "0"},
         std::vector<std::string>{"--remote", "http://127.0.0.1:6379", "--nvme-path", dir_.path()},
-        std::vector<std::string>{"--remote", "redis://127.0.0.1:99999", "--nvme-path",
-                                 dir_.path()},
-        std::vector<std::string>{"--remote", "redis://127.0.0.1:6379", "--nvme-path",
-                                 dir_.path(), "--remote-pool-size", "0"},
+        std::vector<std::string>{"--remote", "redis://127.0.0.1:99999", "--nvme-path", dir_.path()},
+        std::vector<std::string>{"--remote", "redis://127.0.0.1:6379", "--nvme-path", dir_.path(),
+                                 "--remote-pool-size", "0"},
         std::vector<std::string>{"--remote", "", "--nvme-path", dir_.path()},
         std::vector<std::string>{"--remote", "redis://127.0.0.1:6379,", "--nvme-path",
                                  dir_.path()}}) {
@@ -422,7 +428,7 @@ TEST_F(RemoteNodesTest, TheRemoteBenchmarkRunsOnItsOwnClusterAndOnAGivenStore) {
        {std::vector<std::string>{}, std::vector<std::string>{"--single"},
         std::vector<std::string>{"--remote", (*given)->Url()}}) {
     std::vector<std::string> argv = {BinPath("kvtier-bench"), "remote", "--chunks", "1",
-                                     "--iterations", "1"};
+                                     "--iterations",          "1"};
     argv.insert(argv.end(), store.begin(), store.end());
     const CommandResult r = RunCommand(argv, 120s);
     EXPECT_TRUE(r.ok()) << r.Describe();
@@ -433,8 +439,8 @@ TEST_F(RemoteNodesTest, TheRemoteBenchmarkRunsOnItsOwnClusterAndOnAGivenStore) {
         << r.Describe();
   }
   // --single starts a store, --remote names one: not both.
-  const CommandResult both = RunCommand({BinPath("kvtier-bench"), "remote", "--single",
-                                         "--remote", (*given)->Url()}, 30s);
+  const CommandResult both =
+      RunCommand({BinPath("kvtier-bench"), "remote", "--single", "--remote", (*given)->Url()}, 30s);
   EXPECT_TRUE(both.exit.exited && both.exit.exit_code == 2) << both.Describe();
 }
 

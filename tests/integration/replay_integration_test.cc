@@ -21,7 +21,8 @@ TEST_F(ReplayTest, HitTokensCountOnlyTheVerifiedLeadingRun) {
   const std::vector<uint64_t> blocks = {0, 1, 2, 3};
   const std::string trace = dir_.Sub("one.jsonl");
   std::ofstream(trace) << R"({"timestamp": 0, "input_length": 2048, "output_length": 1, )"
-                       << R"("hash_ids": [0, 1, 2, 3]})" << "\n";
+                       << R"("hash_ids": [0, 1, 2, 3]})"
+                       << "\n";
 
   // Store the prompt as kvtier-replay would, except that chunk 3 holds wrong bytes.
   auto spec = tools::ModelPreset("tiny", 256);
@@ -44,10 +45,10 @@ TEST_F(ReplayTest, HitTokensCountOnlyTheVerifiedLeadingRun) {
   ASSERT_TRUE(stored.ok() && stored->fail_open.ok() && stored->stored_chunks == 8u);
   (*client)->Close();
 
-  const CommandResult r = RunCommand({BinPath("kvtier-replay"), "--socket", socket_, "--trace",
-                                      trace, "--quiet", "--deadline-ms", "2000", "--json",
-                                      dir_.Sub("replay.json")},
-                                     60s);
+  const CommandResult r =
+      RunCommand({BinPath("kvtier-replay"), "--socket", socket_, "--trace", trace, "--quiet",
+                  "--deadline-ms", "2000", "--json", dir_.Sub("replay.json")},
+                 60s);
   EXPECT_EQ(r.exit.exit_code, 3) << "verify errors exit 3\n" << r.Describe();
   const json j = json::parse(ReadFileOrEmpty(dir_.Sub("replay.json")), nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.Describe();
@@ -88,8 +89,8 @@ TEST_F(ReplayTest, ASocketPathWithNoDaemonExitsOneNamingThePath) {
   const std::string file = dir_.Sub("regular-file");
   ASSERT_TRUE(testing::WriteFile(file, "x"));
   for (const std::string& path : {file, dir_.Sub("nobody.sock")}) {
-    const CommandResult r = RunCommand(
-        {BinPath("kvtier-replay"), "--socket", path, "--generate", "3", "--quiet"}, 30s);
+    const CommandResult r =
+        RunCommand({BinPath("kvtier-replay"), "--socket", path, "--generate", "3", "--quiet"}, 30s);
     EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 1) << r.Describe();
     EXPECT_NE(r.err.find(path), std::string::npos) << r.Describe();
   }
@@ -102,10 +103,10 @@ TEST_F(ReplayTest, ASocketPathWithNoDaemonExitsOneNamingThePath) {
 TEST_F(ReplayTest, JsonToStdoutIsJsonAloneWithTheLogsOnStderr) {
   DaemonProcess daemon(Opts());
   ASSERT_EQ(daemon.Start(), "");
-  const CommandResult r = RunCommand({"/usr/bin/env", "KVTIER_CONTROL_RING=disabled",
-                                      BinPath("kvtier-replay"), "--socket", socket_, "--generate",
-                                      "5", "--quiet", "--json", "-"},
-                                     60s);
+  const CommandResult r =
+      RunCommand({"/usr/bin/env", "KVTIER_CONTROL_RING=disabled", BinPath("kvtier-replay"),
+                  "--socket", socket_, "--generate", "5", "--quiet", "--json", "-"},
+                 60s);
   EXPECT_TRUE(r.ok()) << r.Describe();
   const json j = json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << "stdout is not JSON alone:\n" << r.out;

@@ -30,10 +30,10 @@ TEST(TraceCrossCheck, WholeConversationTraceMatchesLruReferenceWithZeroVerifyErr
   ASSERT_EQ(daemon.Start(), "");
 
   const std::string json_path = dir.Sub("replay.json");
-  CommandResult r = RunCommand({BinPath("kvtier-replay"), "--socket", o.socket_path, "--trace",
-                                trace, "--model", "tiny", "--chunk-tokens", "512", "--quiet",
-                                "--deadline-ms", "5000", "--json", json_path},
-                               std::chrono::minutes(10));
+  CommandResult r = RunCommand(
+      {BinPath("kvtier-replay"), "--socket", o.socket_path, "--trace", trace, "--model", "tiny",
+       "--chunk-tokens", "512", "--quiet", "--deadline-ms", "5000", "--json", json_path},
+      std::chrono::minutes(10));
   ASSERT_TRUE(r.ok()) << r.Describe();
   const auto j = nlohmann::json::parse(ReadFileOrEmpty(json_path));
   EXPECT_EQ(j["requests"].get<uint64_t>(), 12031u);

@@ -112,8 +112,10 @@ int CrashWorker(const Common& c, const CrashWorkerOptions& o) {
     if (kind == 0) {  // the scheduler's lookup
       auto r = s->client->Lookup(s->ns, tokens);
       ++lookups;
-      if (!r.ok()) api_error("Lookup", r.status());
-      else if (!r->fail_open.ok()) ++fail_open;
+      if (!r.ok())
+        api_error("Lookup", r.status());
+      else if (!r->fail_open.ok())
+        ++fail_open;
       continue;
     }
     std::optional<PrefetchTicket> ticket;
@@ -122,9 +124,12 @@ int CrashWorker(const Common& c, const CrashWorkerOptions& o) {
       po.policy = PrefetchPolicy::kWaitComplete;
       po.deadline = std::chrono::milliseconds(5000);
       auto t = s->client->Prefetch(s->ns, tokens, po);
-      if (!t.ok()) api_error("Prefetch", t.status());
-      else if (!t->fail_open.ok()) ++fail_open;
-      else ticket = *t;
+      if (!t.ok())
+        api_error("Prefetch", t.status());
+      else if (!t->fail_open.ok())
+        ++fail_open;
+      else
+        ticket = *t;
       ++prefetch_loads;
     }
     auto load = s->client->Load(s->ns, tokens, std::span(buffer).first(keys.size() * pb),
@@ -141,12 +146,15 @@ int CrashWorker(const Common& c, const CrashWorkerOptions& o) {
     ++turns_stored;
     next_store = Clock::now() + std::chrono::milliseconds(o.store_interval_ms);
     if (load->num_chunks == keys.size()) continue;
-    auto store = s->client->Store(s->ns, tokens, PatternWriter(keys, s->num_layers),
-                                  load->num_chunks);
+    auto store =
+        s->client->Store(s->ns, tokens, PatternWriter(keys, s->num_layers), load->num_chunks);
     ++stores;
-    if (!store.ok()) api_error("Store", store.status());
-    else if (!store->fail_open.ok()) ++fail_open;
-    else stored_chunks += store->stored_chunks;
+    if (!store.ok())
+      api_error("Store", store.status());
+    else if (!store->fail_open.ok())
+      ++fail_open;
+    else
+      stored_chunks += store->stored_chunks;
   }
   return Finish({{"lookups", lookups},
                  {"loads", loads},

@@ -1,8 +1,7 @@
 #include "testing/daemon_process.h"
 
-#include <algorithm>
-
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -11,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -19,8 +19,6 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 namespace kvtier::testing {
 namespace {
@@ -99,8 +97,8 @@ void FailOnSanitizerReport(const std::string& program, const ExitInfo& exit,
                            const std::string& where, std::string_view text) {
   const std::string report = SanitizerReport(text);
   if (report.empty()) return;
-  ADD_FAILURE() << program << " (" << exit.ToString() << ") wrote a sanitizer report to "
-                << where << ":\n"
+  ADD_FAILURE() << program << " (" << exit.ToString() << ") wrote a sanitizer report to " << where
+                << ":\n"
                 << report;
 }
 
@@ -115,11 +113,10 @@ std::string SanitizerReport(std::string_view text) {
     const std::string_view line = text.substr(pos, end - pos);
     // TSan reports start with WARNING; ASan's WARNINGs (e.g. a failed huge allocation with
     // allocator_may_return_null=1) are not reports.
-    const bool sanitizer_line =
-        line.find("Sanitizer") != std::string_view::npos &&
-        (line.find("ERROR:") != std::string_view::npos ||
-         line.find("SUMMARY:") != std::string_view::npos ||
-         line.find("WARNING: ThreadSanitizer") != std::string_view::npos);
+    const bool sanitizer_line = line.find("Sanitizer") != std::string_view::npos &&
+                                (line.find("ERROR:") != std::string_view::npos ||
+                                 line.find("SUMMARY:") != std::string_view::npos ||
+                                 line.find("WARNING: ThreadSanitizer") != std::string_view::npos);
     if (sanitizer_line || line.find(": runtime error: ") != std::string_view::npos) {
       return std::string(text.substr(pos, kMaxReportBytes));
     }
@@ -226,9 +223,10 @@ bool ChildProcess::Spawn(const std::vector<std::string>& argv, const std::string
     return false;
   }
   const int out_fd = open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  const int err_fd = stderr_path == stdout_path
-                         ? out_fd
-                         : open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  const int err_fd =
+      stderr_path == stdout_path
+          ? out_fd
+          : open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (out_fd < 0 || err_fd < 0) {
     *error = "cannot open " + stdout_path + " / " + stderr_path + ": " + std::strerror(errno);
     if (out_fd >= 0) close(out_fd);
@@ -313,16 +311,14 @@ std::vector<std::string> DaemonProcess::Argv() const {
   argv.insert(argv.end(), options_.extra_args.begin(), options_.extra_args.end());
   // kvtierd's NVMe tier is on by default (8 GiB under ./kvtier-data): tests
   // that want it say where and how big.
-  const bool nvme_given = std::any_of(options_.extra_args.begin(), options_.extra_args.end(),
-                                      [](const std::string& a) {
-                                        return a == "--nvme-path" || a == "--nvme-bytes";
-                                      });
+  const bool nvme_given =
+      std::any_of(options_.extra_args.begin(), options_.extra_args.end(),
+                  [](const std::string& a) { return a == "--nvme-path" || a == "--nvme-bytes"; });
   if (!nvme_given) argv.insert(argv.end(), {"--nvme-bytes", "0"});
   // Its /metrics listens on 127.0.0.1:9400 by default, one daemon per machine:
   // tests that scrape it give their own address.
-  if (options_.metrics_off &&
-      std::find(options_.extra_args.begin(), options_.extra_args.end(), "--metrics-address") ==
-          options_.extra_args.end()) {
+  if (options_.metrics_off && std::find(options_.extra_args.begin(), options_.extra_args.end(),
+                                        "--metrics-address") == options_.extra_args.end()) {
     argv.insert(argv.end(), {"--metrics-address", "off"});
   }
   return argv;
@@ -358,9 +354,8 @@ std::string DaemonProcess::Start() {
     std::this_thread::sleep_for(25ms);
   }
   child_.Kill();
-  return "kvtierd did not become healthy within " +
-         std::to_string(options_.start_timeout.count()) + " ms; last health check: " + last +
-         "\nlog:\n" + log();
+  return "kvtierd did not become healthy within " + std::to_string(options_.start_timeout.count()) +
+         " ms; last health check: " + last + "\nlog:\n" + log();
 }
 
 ExitInfo DaemonProcess::Stop() { return child_.Terminate(options_.stop_timeout); }

@@ -30,8 +30,8 @@
 
 #include <chrono>
 #include <cstdint>
-#include <optional>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -79,9 +79,9 @@ inline std::string ConversationTracePath() {
 #endif
 
 struct ExitInfo {
-  bool exited = false;   // returned from main / called exit (WIFEXITED)
-  int exit_code = -1;    // WEXITSTATUS when exited
-  int term_signal = 0;   // WTERMSIG when killed by a signal
+  bool exited = false;  // returned from main / called exit (WIFEXITED)
+  int exit_code = -1;   // WEXITSTATUS when exited
+  int term_signal = 0;  // WTERMSIG when killed by a signal
   std::string ToString() const;
 };
 
@@ -133,9 +133,9 @@ class ChildProcess {
 
   pid_t pid_ = -1;
   std::optional<ExitInfo> last_exit_;
-  std::string program_;         // argv[0] of the running child
-  std::string stderr_path_;     // its stderr file
-  uintmax_t stderr_offset_ = 0; // that file's size when the child started
+  std::string program_;          // argv[0] of the running child
+  std::string stderr_path_;      // its stderr file
+  uintmax_t stderr_offset_ = 0;  // that file's size when the child started
 };
 
 class DaemonProcess {

@@ -18,7 +18,7 @@ namespace {
 // 32 tokens) outgrow a 64 MiB arena, so the cold ones are read from NVMe.
 constexpr uint64_t kDocuments = 640;
 constexpr uint32_t kDocChunks = 6;
-constexpr size_t kMostHeld = 4;       // of each kind; past it the oldest is let go
+constexpr size_t kMostHeld = 4;  // of each kind; past it the oldest is let go
 
 std::vector<int32_t> Document(uint64_t d, uint32_t chunk_tokens) {
   std::vector<int32_t> tokens;
@@ -133,16 +133,20 @@ int Die(const Common& c, uint64_t seed) {
           const auto& [ticket, tokens] = tickets.front();
           const std::vector<ChunkKey> tkeys = Client::ChunkKeys(ns, tokens);
           auto load = client.Load(ns, tokens, buffer, &ticket);
-          if (load.ok()) check.Check(tkeys, buffer, load->num_chunks);
-          else api_error("Load", load.status());
+          if (load.ok())
+            check.Check(tkeys, buffer, load->num_chunks);
+          else
+            api_error("Load", load.status());
           tickets.pop_front();
         }
         break;
       }
       case 4: {  // load it
         auto load = client.Load(ns, doc, buffer);
-        if (load.ok()) check.Check(keys, buffer, load->num_chunks);
-        else api_error("Load", load.status());
+        if (load.ok())
+          check.Check(keys, buffer, load->num_chunks);
+        else
+          api_error("Load", load.status());
         break;
       }
       default: {  // the scheduler's lookup

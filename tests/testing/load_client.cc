@@ -58,7 +58,8 @@ void RunClient(const Common& c, const LoadOptions& o, uint32_t index, Clock::tim
   mine.chunk_tokens = chunk_tokens;
   auto spec = tools::ModelPreset(model, chunk_tokens);
   auto client = ConnectOrFail(mine, "kvtier_test_client load");
-  auto ns = client.ok() ? (*client)->OpenNamespace(*spec) : Result<NamespaceHandle>(client.status());
+  auto ns =
+      client.ok() ? (*client)->OpenNamespace(*spec) : Result<NamespaceHandle>(client.status());
   if (!ns.ok()) {
     std::fprintf(stderr, "kvtier_test_client: client %u: %s\n", index,
                  ns.status().ToString().c_str());
@@ -111,8 +112,7 @@ void RunClient(const Common& c, const LoadOptions& o, uint32_t index, Clock::tim
     tally->loaded_chunks += load->num_chunks;
     if (load->num_chunks == keys.size()) continue;
     auto store = timed(kStore, [&] {
-      return (*client)->Store(*ns, tokens, PatternWriter(keys, spec->num_layers),
-                              load->num_chunks);
+      return (*client)->Store(*ns, tokens, PatternWriter(keys, spec->num_layers), load->num_chunks);
     });
     if (store.ok()) {
       tally->stored_chunks += store->stored_chunks;
@@ -124,7 +124,9 @@ void RunClient(const Common& c, const LoadOptions& o, uint32_t index, Clock::tim
 json Percentiles(std::vector<uint32_t>& us, double seconds) {
   if (us.empty()) return {{"calls", 0}};
   std::sort(us.begin(), us.end());
-  auto at = [&](double q) { return us[std::min(us.size() - 1, static_cast<size_t>(q * us.size()))]; };
+  auto at = [&](double q) {
+    return us[std::min(us.size() - 1, static_cast<size_t>(q * us.size()))];
+  };
   return {{"calls", us.size()},
           {"per_s", static_cast<double>(us.size()) / seconds},
           {"p50_us", at(0.50)},
@@ -135,14 +137,14 @@ json Percentiles(std::vector<uint32_t>& us, double seconds) {
 }  // namespace
 
 int LoadRun(const Common& c, const LoadOptions& o) {
-  if (o.clients == 0 || o.namespaces == 0 || o.namespaces > kSpecs.size() ||
-      o.conversations == 0 || o.seconds <= 0) {
+  if (o.clients == 0 || o.namespaces == 0 || o.namespaces > kSpecs.size() || o.conversations == 0 ||
+      o.seconds <= 0) {
     std::fprintf(stderr, "kvtier_test_client: load: bad options\n");
     return 2;
   }
   const auto start = Clock::now();
-  const auto until = start + std::chrono::duration_cast<Clock::duration>(
-                                 std::chrono::duration<double>(o.seconds));
+  const auto until =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
   std::vector<Tally> tallies(o.clients);
   std::vector<std::thread> threads;
   for (uint32_t i = 0; i < o.clients; ++i) {

@@ -106,8 +106,8 @@ struct PayloadCheck {
   size_t Check(const std::vector<ChunkKey>& keys, std::span<const std::byte> buffer, size_t n) {
     size_t good_prefix = n;
     for (size_t i = 0; i < n; ++i) {
-      const uint64_t e = tools::CountPayloadErrors(keys[i], num_layers,
-                                                   buffer.subspan(i * payload_bytes, payload_bytes));
+      const uint64_t e = tools::CountPayloadErrors(
+          keys[i], num_layers, buffer.subspan(i * payload_bytes, payload_bytes));
       ++checked_chunks;
       if (e == 0) continue;
       good_prefix = std::min(good_prefix, i);

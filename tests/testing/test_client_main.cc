@@ -26,8 +26,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "kvtier/logging.h"
 #include "kvtier/client.h"
+#include "kvtier/logging.h"
 #include "kvtier/proto/convert.h"
 #include "kvtier/proto/transport_args.h"
 #include "kvtier/tools/model_presets.h"
@@ -37,11 +37,11 @@
 
 namespace {
 
-using nlohmann::json;
 using kvtier::testclient::AppendTokens;
 using kvtier::testclient::Common;
 using kvtier::testclient::ConnectOrFail;
 using kvtier::testclient::Mix;
+using nlohmann::json;
 
 int StoreLoad(const Common& c, uint64_t seed, uint64_t requests) {
   auto spec = kvtier::tools::ModelPreset(c.model, c.chunk_tokens);
@@ -194,8 +194,8 @@ int Hold(const Common& c) {
   // 2. A raw session that holds a lease and a reservation.
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel("unix:" + c.socket, grpc::InsecureChannelCredentials(),
-                                           args);
+  auto channel =
+      grpc::CreateCustomChannel("unix:" + c.socket, grpc::InsecureChannelCredentials(), args);
   auto stub = v1::KvCache::NewStub(channel);
   auto deadline = [&] {
     return std::chrono::system_clock::now() + std::chrono::milliseconds(c.deadline_ms);
@@ -283,7 +283,8 @@ int Hold(const Common& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  kvtier::LogToStderr("kvtier_test_client");  // results go to stdout; logs, the SDK's too, to stderr
+  kvtier::LogToStderr(
+      "kvtier_test_client");  // results go to stdout; logs, the SDK's too, to stderr
   Common c;
   uint64_t seed = 1, requests = 20;
   CLI::App app{"kvtier_test_client: test engine stand-in", "kvtier_test_client"};

@@ -1,14 +1,14 @@
 // ChunkIndex: its open-addressed key table against a std::map, and
 // SubtreesDeepestFirst: the chunks picked plus all their descendants, each
 // child before its parent (the order of a leaf-first removal).
+#include "kvtier/tiers/chunk_index.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
 #include <random>
 #include <set>
-
-#include "kvtier/tiers/chunk_index.h"
 
 namespace kvtier {
 namespace {

@@ -189,8 +189,8 @@ TEST_F(DramTierTest, FullTierEvictsTheLeastRecentlyUsedLeaf) {
 
 TEST_F(DramTierTest, ParentIsNeverEvictedBeforeItsChild) {
   Make(4);
-  Chain(1, 3);           // k1 <- k2 <- k3; k1 is the least recently used
-  Put(Key(9), kRoot);    // an unrelated, more recent chunk
+  Chain(1, 3);         // k1 <- k2 <- k3; k1 is the least recently used
+  Put(Key(9), kRoot);  // an unrelated, more recent chunk
   std::vector<uint64_t> evicted;
   for (int round = 0; round < 4; ++round) {
     ASSERT_TRUE(tier_->AllocateSlot(ns_).has_value()) << round;  // kept: never evictable
@@ -362,8 +362,8 @@ TEST_F(DramTierTest, EvictionForAnotherSizeTakesOneWindowOnly) {
 TEST_F(DramTierTest, AnArenaFullOfChainsMakesRoomForAnotherSizeFromTheirTails) {
   Make(8);
   const uint32_t big = tier_->AddNamespace(2 * kSlot);
-  Chain(0, 4);  // offsets 0..3
-  Chain(4, 4);  // offsets 4..7
+  Chain(0, 4);                      // offsets 0..3
+  Chain(4, 4);                      // offsets 4..7
   tier_->Pin(tier_->Find(Key(7)));  // a lease on the second chain's leaf keeps all of it
   auto slot = tier_->AllocateSlot(big);
   ASSERT_TRUE(slot.has_value());
@@ -392,10 +392,10 @@ TEST_F(DramTierTest, AWindowWhoseChunksHaveALeasedDescendantIsNotTaken) {
 TEST_F(DramTierTest, AWindowOverAChainsTailCostsItsChunksOnce) {
   Make(16);
   const uint32_t big = tier_->AddNamespace(4 * kSlot);
-  Chain(0, 4);                                     // A0..A3 at slots 0..3
-  tier_->Pin(Put(Key(100), kRoot));                // slot 4, leased
+  Chain(0, 4);                                         // A0..A3 at slots 0..3
+  tier_->Pin(Put(Key(100), kRoot));                    // slot 4, leased
   for (uint64_t i : {5, 6, 7, 8}) Put(Key(i), kRoot);  // B..E at slots 5..8
-  for (uint64_t i : {5, 6, 7, 8}) {                // each one's child, a leased chunk between
+  for (uint64_t i : {5, 6, 7, 8}) {                    // each one's child, a leased chunk between
     Put(Key(i + 100), Key(i));
     if (i != 8) tier_->Pin(Put(Key(i + 200), kRoot));
   }
@@ -456,8 +456,8 @@ TEST_F(DramTierTest, ChunksSetAsideByTheSearchComeBackWhenTheyCanGo) {
     Put(Key(key), kRoot);
     EXPECT_FALSE(Resident(victim)) << "putting " << key << " should have evicted " << victim;
   };
-  put_evicts(31, 2);   // 0 and 1 have a child, 10 is pinned, 20 held for a write
-  put_evicts(32, 1);   // a leaf now
+  put_evicts(31, 2);  // 0 and 1 have a child, 10 is pinned, 20 held for a write
+  put_evicts(32, 1);  // a leaf now
   put_evicts(33, 0);
   put_evicts(34, 30);  // 10 and 20 still cannot go
   tier_->Unpin(h10);

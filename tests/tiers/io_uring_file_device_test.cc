@@ -5,16 +5,16 @@
 #include <gtest/gtest.h>
 #include <liburing.h>
 #include <linux/magic.h>
-#include <sys/statfs.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <thread>
@@ -92,10 +92,10 @@ TEST_F(IoUringFileDeviceTest, ASubmitErrorLeavesNothingInFlightForTheNextBatch) 
   std::memset(out.bytes, 0xAB, out.size);
   std::vector<IoRequest> writes, reads;
   for (size_t b = 0; b < kBlocks; ++b) {
-    writes.push_back({IoRequest::Op::kWrite, b * kBlockBytes,
-                      out.span().subspan(b * kBlockBytes, kBlockBytes)});
-    reads.push_back({IoRequest::Op::kRead, b * kBlockBytes,
-                     in.span().subspan(b * kBlockBytes, kBlockBytes)});
+    writes.push_back(
+        {IoRequest::Op::kWrite, b * kBlockBytes, out.span().subspan(b * kBlockBytes, kBlockBytes)});
+    reads.push_back(
+        {IoRequest::Op::kRead, b * kBlockBytes, in.span().subspan(b * kBlockBytes, kBlockBytes)});
   }
   const Status failed = dev.Submit(writes);
   EXPECT_FALSE(failed.ok());
@@ -138,10 +138,10 @@ TEST_F(IoUringFileDeviceTest, AFailedSubmitOfAFullQueueLeavesRoomForTheNextBatch
   std::memset(out.bytes, 0xAB, out.size);
   std::vector<IoRequest> writes, reads;
   for (size_t b = 0; b < 8; ++b) {
-    writes.push_back({IoRequest::Op::kWrite, b * kBlockBytes,
-                      out.span().subspan(b * kBlockBytes, kBlockBytes)});
-    reads.push_back({IoRequest::Op::kRead, b * kBlockBytes,
-                     in.span().subspan(b * kBlockBytes, kBlockBytes)});
+    writes.push_back(
+        {IoRequest::Op::kWrite, b * kBlockBytes, out.span().subspan(b * kBlockBytes, kBlockBytes)});
+    reads.push_back(
+        {IoRequest::Op::kRead, b * kBlockBytes, in.span().subspan(b * kBlockBytes, kBlockBytes)});
   }
   EXPECT_FALSE(dev.Submit(writes).ok());
   std::memset(in.bytes, 0xEE, in.size);
@@ -238,10 +238,12 @@ TEST_F(IoUringFileDeviceTest, CompletionCallbackSeesEveryRequestOnce) {
                      back.span().subspan(i * kBlockBytes, kBlockBytes)});
   }
   int matching = 0;
-  ASSERT_TRUE(dev->Submit(reads, [&](size_t i) {
-                   matching += std::memcmp(back.bytes + i * kBlockBytes,
-                                           data.bytes + i * kBlockBytes, kBlockBytes) == 0;
-                 }).ok());
+  ASSERT_TRUE(dev->Submit(reads,
+                          [&](size_t i) {
+                            matching += std::memcmp(back.bytes + i * kBlockBytes,
+                                                    data.bytes + i * kBlockBytes, kBlockBytes) == 0;
+                          })
+                  .ok());
   EXPECT_EQ(matching, kN);
 }
 
@@ -260,10 +262,10 @@ TEST_F(IoUringFileDeviceTest, RegisteredBuffersRoundTripBesidePlainOnes) {
   Fill(arena.span(0, 8 * kBlockBytes), 9);
   Aligned plain(2 * kBlockBytes);
   Fill(plain.span(), 77);
-  ASSERT_TRUE(dev->Submit(std::vector<IoRequest>{
-                              {IoRequest::Op::kWrite, 0, arena.span(0, 8 * kBlockBytes)},
-                              {IoRequest::Op::kWrite, 16 * kBlockBytes, plain.span()}})
-                  .ok());
+  ASSERT_TRUE(
+      dev->Submit(std::vector<IoRequest>{{IoRequest::Op::kWrite, 0, arena.span(0, 8 * kBlockBytes)},
+                                         {IoRequest::Op::kWrite, 16 * kBlockBytes, plain.span()}})
+          .ok());
   ASSERT_TRUE(dev->Sync().ok());
   std::memset(arena.bytes + 32 * kBlockBytes, 0, 10 * kBlockBytes);
   const std::vector<IoRequest> reads = {
@@ -394,7 +396,8 @@ TEST_F(IoUringFileDeviceTest, InjectedWriteFaultIsAnIoErrorAndLaterReadsStillWor
   const Status st = faulty.Submit(three);
   EXPECT_EQ(st.code(), StatusCode::kIOError);
   EXPECT_EQ(faulty.counters().errors.load(), 1u);
-  ASSERT_TRUE(faulty.Submit(std::vector<IoRequest>{{IoRequest::Op::kRead, kBlockBytes, back.span()}}).ok());
+  ASSERT_TRUE(
+      faulty.Submit(std::vector<IoRequest>{{IoRequest::Op::kRead, kBlockBytes, back.span()}}).ok());
   EXPECT_EQ(std::memcmp(a.bytes, back.bytes, kBlockBytes), 0) << "the second write had succeeded";
 }
 

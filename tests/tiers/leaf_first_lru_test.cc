@@ -159,9 +159,9 @@ TEST_P(LeafFirstPolicy, AnyClassPicksTheLeastRecentOfEachClassesPick) {
 
 TEST_P(LeafFirstPolicy, RemovedHandlesAreNeverPicked) {
   auto p = With({0, 1, 2, 3, 4});
-  p->OnRemove(0);  // tail
-  p->OnRemove(4);  // head
-  p->OnRemove(2);  // middle
+  p->OnRemove(0);     // tail
+  p->OnRemove(4);     // head
+  p->OnRemove(2);     // middle
   p->OnUnblocked(2);  // ignored: not in the policy
   p->OnUnblocked(99);
   EXPECT_EQ(Drain(*p), (std::vector<uint32_t>{1, 3}));
@@ -256,8 +256,8 @@ TEST(Arc, AChunkBackFromItsGhostRaisesTheTargetOfT1) {
   auto p = NewArcPolicy();
   for (uint32_t h = 0; h < 3; ++h) p->OnInsert(h, kClass, 1000 + h);
   ASSERT_EQ(Pick(*p), std::optional<uint32_t>(0));
-  p->OnRemove(0);                 // fingerprint 1000 into B1
-  p->OnInsert(0, kClass, 1000);   // back: T2, target 1
+  p->OnRemove(0);                // fingerprint 1000 into B1
+  p->OnInsert(0, kClass, 1000);  // back: T2, target 1
   p->OnInsert(3, kClass, 1003);
   EXPECT_EQ(Drain(*p), (std::vector<uint32_t>{1, 2, 0, 3}));
 }

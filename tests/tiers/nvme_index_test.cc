@@ -187,7 +187,7 @@ TEST_F(NvmeIndexTest, AFullDiskFailsWritesWithIoErrorsAndNeverAborts) {
     auto idx = NvmeIndex::Open(dir_.string(), env.get());
     ASSERT_TRUE(idx.ok()) << idx.status().ToString();
     ASSERT_TRUE((*idx)->Put(std::vector<NvmeRecord>{Record(1)}).ok());
-    fs->room = 0;  // the disk is full from now on
+    fs->room = 0;                  // the disk is full from now on
     for (int i = 2; i < 6; ++i) {  // RocksDB 7.8 aborted on the second failed write
       const Status st = (*idx)->Put(std::vector<NvmeRecord>{Record(i)});
       EXPECT_EQ(st.code(), StatusCode::kIOError) << st.ToString();

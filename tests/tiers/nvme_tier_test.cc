@@ -134,15 +134,16 @@ TEST_F(NvmeTierTest, RegisteredArenaBuffersWriteAndReadVerifiedImages) {
   std::memset(arena.p + 4 * layout_.slot_bytes, 0, 4 * layout_.slot_bytes);
   std::vector<NvmeTier::ReadRequest> reads;
   for (size_t i = 0; i < 4; ++i) {
-    reads.push_back({c.Id(i), &layout_,
-                     {arena.p + (4 + i) * layout_.slot_bytes, layout_.slot_bytes}, Status::Ok()});
+    reads.push_back({c.Id(i),
+                     &layout_,
+                     {arena.p + (4 + i) * layout_.slot_bytes, layout_.slot_bytes},
+                     Status::Ok()});
   }
   ASSERT_TRUE(tier->ReadMany(reads).ok());
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_TRUE(reads[i].result.ok()) << i << ": " << reads[i].result.ToString();
-    EXPECT_EQ(std::memcmp(arena.p + (4 + i) * layout_.slot_bytes, c.images[i]->p,
-                          layout_.slot_bytes),
-              0)
+    EXPECT_EQ(
+        std::memcmp(arena.p + (4 + i) * layout_.slot_bytes, c.images[i]->p, layout_.slot_bytes), 0)
         << i;
   }
   // A wrong identity still fails verification through the registered path.
@@ -254,7 +255,8 @@ namespace {
 // that `n` concurrent ReadMany calls all hold their pins before any of them ends.
 class ReadsTogetherDevice final : public BlockDevice {
  public:
-  ReadsTogetherDevice(BlockDevice& inner, int n) : BlockDevice(inner.bytes()), inner_(inner), n_(n) {}
+  ReadsTogetherDevice(BlockDevice& inner, int n)
+      : BlockDevice(inner.bytes()), inner_(inner), n_(n) {}
 
  protected:
   Status SubmitImpl(std::span<const IoRequest> batch) override {
@@ -366,12 +368,14 @@ TEST_F(NvmeTierTest, StartIsRefusedWhenTheSlotFileAndTheIndexHeadroomDoNotFit) {
 
 TEST_F(NvmeTierTest, LostIndexIsRebuiltFromSlotHeaders) {
   Chain a(spec_, 8, 4);
-  Chain big_spec_chain([] {
-    NamespaceSpec s = Spec();
-    s.chunk_tokens = 4096;  // ~1 MiB slots: the scan's 4 MiB windows end inside one of them
-    s.num_layers = 1;
-    return s;
-  }(), 9, 5);
+  Chain big_spec_chain(
+      [] {
+        NamespaceSpec s = Spec();
+        s.chunk_tokens = 4096;  // ~1 MiB slots: the scan's 4 MiB windows end inside one of them
+        s.num_layers = 1;
+        return s;
+      }(),
+      9, 5);
   {
     auto tier = OpenTier(16 << 20);
     ASSERT_TRUE(tier);
@@ -410,8 +414,8 @@ TEST_F(NvmeTierTest, RecordsInAParentCycleAreDroppedAtStart) {
     auto index = NvmeIndex::Open((dir_ / "index").string());
     ASSERT_TRUE(index.ok()) << index.status().ToString();
     const std::vector<NvmeRecord> records = {
-        {a, a, ns, 0, 0, slot, 1, 0, 0},         // its own parent
-        {b, c, ns, 0, slot, slot, 2, 0, 0},      // b and c: each other's parent
+        {a, a, ns, 0, 0, slot, 1, 0, 0},     // its own parent
+        {b, c, ns, 0, slot, slot, 2, 0, 0},  // b and c: each other's parent
         {c, b, ns, 0, 2 * slot, slot, 3, 0, 0},
         {root, ns, ns, 0, 3 * slot, slot, 4, 0, 0},  // a first chunk: kept
     };

@@ -114,7 +114,8 @@ class ScriptedServer {
           open = send(fd, answer.data(), answer.size(), MSG_NOSIGNAL) >= 0;
           const std::string mib(1 << 20, 'x');
           for (int i = 0; open && !stop_ && i < 256; ++i) {
-            open = send(fd, mib.data(), mib.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(mib.size());
+            open =
+                send(fd, mib.data(), mib.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(mib.size());
           }
           continue;
         }

@@ -71,7 +71,8 @@ class RemoteTierTest : public ::testing::Test {
 TEST_F(RemoteTierTest, ImagesOfEveryChunkSizeRoundTripVerified) {
   auto tier = Open(servers_->Url());
   ASSERT_NE(tier, nullptr);
-  // Payloads of 8 KiB (16 tokens, 2 layers), 256 KiB, 1 MiB and 4 MiB (256 tokens, 4, 16, 64 layers).
+  // Payloads of 8 KiB (16 tokens, 2 layers), 256 KiB, 1 MiB and 4 MiB (256 tokens, 4, 16, 64
+  // layers).
   for (auto [tokens, layers] : {std::pair{16u, 2u}, {256u, 4u}, {256u, 16u}, {256u, 64u}}) {
     const Chain chain(Spec(tokens, layers), tokens + layers, 3);
     ASSERT_EQ(tier->WriteMany(chain.Images()), 3u);
@@ -149,12 +150,14 @@ TEST_F(RemoteTierTest, WithAMacKeyOnlyImagesSealedUnderThatKeyAreServed) {
   // The forger's images: built from public data, planted straight into the store.
   for (size_t i = 0; i < 3; ++i) {
     const std::string forged(reinterpret_cast<const char*>(chain.images[i]->p), stored);
-    ASSERT_TRUE(servers_->Run(0, {"SET", RemoteTier::ImageKey(chain.ns, chain.keys[i]), forged}).ok());
+    ASSERT_TRUE(
+        servers_->Run(0, {"SET", RemoteTier::ImageKey(chain.ns, chain.keys[i]), forged}).ok());
   }
   auto trusting = Open(servers_->Url());
   ASSERT_NE(trusting, nullptr);
   for (const Status& st : ReadAll(*trusting, chain)) {
-    EXPECT_TRUE(st.ok()) << "without a key a well-formed planted image is served: " << st.ToString();
+    EXPECT_TRUE(st.ok()) << "without a key a well-formed planted image is served: "
+                         << st.ToString();
   }
   auto keyed = Open(servers_->Url(), key);
   ASSERT_NE(keyed, nullptr);
@@ -201,7 +204,8 @@ TEST_F(RemoteTierTest, WithAMacKeyOnlyImagesSealedUnderThatKeyAreServed) {
   std::string changed = value->str;
   ASSERT_EQ(changed.size(), stored + RemoteTierOptions::kMacBytes);
   changed[changed.size() - 1] ^= 0x01;
-  ASSERT_TRUE(servers_->Run(0, {"SET", RemoteTier::ImageKey(chain.ns, chain.keys[0]), changed}).ok());
+  ASSERT_TRUE(
+      servers_->Run(0, {"SET", RemoteTier::ImageKey(chain.ns, chain.keys[0]), changed}).ok());
   EXPECT_EQ(ReadAll(*keyed, chain)[0].code(), StatusCode::kDataLoss);
 }
 

@@ -88,7 +88,7 @@ TEST(SlotAllocator, AllocateTakesTheBestFittingExtent) {
   a.Free(s[0], 4096);  // extent of 3 slots: [0, 3)
   a.Free(s[1], 4096);
   a.Free(s[2], 4096);
-  a.Free(s[5], 4096);  // extent of 1 slot: [5, 6)
+  a.Free(s[5], 4096);                 // extent of 1 slot: [5, 6)
   EXPECT_EQ(a.Allocate(4096), s[5]);  // the exact fit, not a piece of the larger extent
   EXPECT_EQ(a.Allocate(3 * 4096), s[0]);
 }

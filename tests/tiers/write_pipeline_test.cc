@@ -1,7 +1,6 @@
 // WritePipelined: batch k+1 is prepared while batch k is written, writes stay in order and
 // never overlap, at most max_batches, and a throwing prepare waits for the write in flight.
 #include "kvtier/tiers/write_pipeline.h"
-#include "kvtier/sanitizers.h"
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -17,6 +16,8 @@
 #include <stdexcept>
 #include <thread>
 #include <vector>
+
+#include "kvtier/sanitizers.h"
 
 namespace kvtier {
 namespace {

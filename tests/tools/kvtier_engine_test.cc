@@ -46,10 +46,10 @@ class KvtierEngineTest : public ::testing::Test {
 
 TEST_F(KvtierEngineTest, ServesOnePromptThreeWaysAndVerifiesEveryLoadedByte) {
   const std::string json_path = dir_.Sub("engine.json");
-  const CommandResult r = Engine({"--socket", daemon_->socket_path(), "--prompt-tokens",
-                                  std::to_string(kPromptTokens), "--cached-tokens",
-                                  std::to_string(kCachedTokens), "--iterations",
-                                  std::to_string(kIterations), "--json", json_path});
+  const CommandResult r =
+      Engine({"--socket", daemon_->socket_path(), "--prompt-tokens", std::to_string(kPromptTokens),
+              "--cached-tokens", std::to_string(kCachedTokens), "--iterations",
+              std::to_string(kIterations), "--json", json_path});
   ASSERT_TRUE(r.ok()) << r.Describe();
   EXPECT_NE(r.out.find("verify: OK"), std::string::npos) << r.out;
   const nlohmann::json j = nlohmann::json::parse(ReadFileOrEmpty(json_path), nullptr, false);
@@ -84,27 +84,26 @@ TEST_F(KvtierEngineTest, ServesOnePromptThreeWaysAndVerifiesEveryLoadedByte) {
 }
 
 TEST_F(KvtierEngineTest, JsonToStdoutIsTheJsonAloneAndAnUnwritablePathFailsBeforeTheRun) {
-  const CommandResult r = Engine({"--socket", daemon_->socket_path(), "--prompt-tokens",
-                                  std::to_string(kPromptTokens), "--cached-tokens",
-                                  std::to_string(kCachedTokens), "--iterations", "1", "--json",
-                                  "-"});
+  const CommandResult r = Engine(
+      {"--socket", daemon_->socket_path(), "--prompt-tokens", std::to_string(kPromptTokens),
+       "--cached-tokens", std::to_string(kCachedTokens), "--iterations", "1", "--json", "-"});
   ASSERT_TRUE(r.ok()) << r.Describe();
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   EXPECT_FALSE(j.is_discarded()) << "stdout is not JSON: " << r.out;
   EXPECT_NE(r.err.find("verify: OK"), std::string::npos) << "the table goes to stderr: " << r.err;
 
-  const CommandResult bad = Engine({"--socket", daemon_->socket_path(), "--prompt-tokens",
-                                    std::to_string(kPromptTokens), "--cached-tokens",
-                                    std::to_string(kCachedTokens), "--json",
-                                    dir_.Sub("no-such-dir/engine.json")});
+  const CommandResult bad =
+      Engine({"--socket", daemon_->socket_path(), "--prompt-tokens", std::to_string(kPromptTokens),
+              "--cached-tokens", std::to_string(kCachedTokens), "--json",
+              dir_.Sub("no-such-dir/engine.json")});
   EXPECT_TRUE(bad.exit.exited && bad.exit.exit_code == 2) << bad.Describe();
   EXPECT_NE(bad.err.find("--json: cannot write"), std::string::npos) << bad.err;
   EXPECT_EQ(bad.out.find("kvtier-engine:"), std::string::npos) << "it ran before checking";
 }
 
 TEST_F(KvtierEngineTest, RefusesACachedPrefixThatIsNotWholeChunks) {
-  const CommandResult r = Engine({"--socket", daemon_->socket_path(), "--prompt-tokens", "600",
-                                  "--cached-tokens", "300"});
+  const CommandResult r = Engine(
+      {"--socket", daemon_->socket_path(), "--prompt-tokens", "600", "--cached-tokens", "300"});
   EXPECT_TRUE(r.exit.exited && r.exit.exit_code == 2) << r.Describe();
   EXPECT_NE(r.err.find("--cached-tokens"), std::string::npos) << r.err;
 }

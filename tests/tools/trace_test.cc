@@ -28,7 +28,8 @@ class TraceFile {
   std::string path_;
 };
 
-const char* kGood = R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]})";
+const char* kGood =
+    R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]})";
 
 TEST(MooncakeTrace, ReadsFieldsAndSkipsBlankLines) {
   TraceFile f(std::string(kGood) + "\n\n" + kGood + "\n");
@@ -64,10 +65,8 @@ TEST_P(MalformedLine, IsAnErrorNamingFileLineAndProblem) {
   auto t = LoadMooncakeTrace(f.path(), 0);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(t.status().message().find(f.path() + ":3:"), std::string::npos)
-      << t.status().message();
-  EXPECT_NE(t.status().message().find(GetParam().names), std::string::npos)
-      << t.status().message();
+  EXPECT_NE(t.status().message().find(f.path() + ":3:"), std::string::npos) << t.status().message();
+  EXPECT_NE(t.status().message().find(GetParam().names), std::string::npos) << t.status().message();
 }
 
 INSTANTIATE_TEST_SUITE_P(

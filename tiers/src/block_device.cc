@@ -15,10 +15,9 @@ Status BlockDevice::Submit(std::span<const IoRequest> batch, const IoCompletionF
                                      "4096 bytes");
     }
     if (r.offset > bytes_ || r.buffer.size() > bytes_ - r.offset) {
-      return Status::InvalidArgument("I/O request " + std::to_string(i) + ": [" +
-                                     std::to_string(r.offset) + ", +" +
-                                     std::to_string(r.buffer.size()) + ") is past the device end " +
-                                     std::to_string(bytes_));
+      return Status::InvalidArgument(
+          "I/O request " + std::to_string(i) + ": [" + std::to_string(r.offset) + ", +" +
+          std::to_string(r.buffer.size()) + ") is past the device end " + std::to_string(bytes_));
     }
   }
   Status st = on_complete ? SubmitStreamingImpl(batch, on_complete) : SubmitImpl(batch);

@@ -28,9 +28,9 @@ struct Node {
   uint32_t stamp = 0;  // the policy's clock at its insert or last access
   uint64_t fingerprint = 0;
   uint16_t cls = 0;
-  uint8_t freq = 0;          // hits counted by the policy
-  uint8_t where = kAbsent;   // a list of its class, kAside or kAbsent
-  uint8_t queue = 0;         // the list it goes back to from aside or held
+  uint8_t freq = 0;         // hits counted by the policy
+  uint8_t where = kAbsent;  // a list of its class, kAside or kAbsent
+  uint8_t queue = 0;        // the list it goes back to from aside or held
 };
 
 struct List {
@@ -46,7 +46,10 @@ inline void PushFront(std::vector<Node>& nodes, List* lists, uint32_t h, uint8_t
   n.where = where;
   n.prev = kNil;
   n.next = l.head;
-  if (l.head != kNil) nodes[l.head].prev = h; else l.tail = h;
+  if (l.head != kNil)
+    nodes[l.head].prev = h;
+  else
+    l.tail = h;
   l.head = h;
   ++l.size;
 }
@@ -57,7 +60,10 @@ inline void PushBack(std::vector<Node>& nodes, List* lists, uint32_t h, uint8_t 
   n.where = where;
   n.next = kNil;
   n.prev = l.tail;
-  if (l.tail != kNil) nodes[l.tail].next = h; else l.head = h;
+  if (l.tail != kNil)
+    nodes[l.tail].next = h;
+  else
+    l.head = h;
   l.tail = h;
   ++l.size;
 }
@@ -67,8 +73,14 @@ inline void Unlink(std::vector<Node>& nodes, List* lists, uint32_t h) {
   Node& n = nodes[h];
   if (n.where == kAside || n.where == kAbsent) return;
   List& l = lists[n.where];
-  if (n.prev != kNil) nodes[n.prev].next = n.next; else l.head = n.next;
-  if (n.next != kNil) nodes[n.next].prev = n.prev; else l.tail = n.prev;
+  if (n.prev != kNil)
+    nodes[n.prev].next = n.next;
+  else
+    l.head = n.next;
+  if (n.next != kNil)
+    nodes[n.next].prev = n.prev;
+  else
+    l.tail = n.prev;
   n.prev = n.next = kNil;
   --l.size;
   n.where = kAside;
@@ -80,8 +92,11 @@ inline void Unlink(std::vector<Node>& nodes, List* lists, uint32_t h) {
 inline bool Judge(std::vector<Node>& nodes, List* lists, uint32_t h, uint8_t held,
                   const std::function<EvictionPolicy::Verdict(uint32_t)>& verdict) {
   switch (verdict(h)) {
-    case EvictionPolicy::Verdict::kEvict: return true;
-    case EvictionPolicy::Verdict::kBlocked: Unlink(nodes, lists, h); break;
+    case EvictionPolicy::Verdict::kEvict:
+      return true;
+    case EvictionPolicy::Verdict::kBlocked:
+      Unlink(nodes, lists, h);
+      break;
     case EvictionPolicy::Verdict::kHeld:
       Unlink(nodes, lists, h);
       PushFront(nodes, lists, h, held);
@@ -121,7 +136,7 @@ class Ghost {
   size_t size() const { return count_.size(); }
 
  private:
-  std::deque<uint64_t> fifo_;  // oldest at the front
+  std::deque<uint64_t> fifo_;                     // oldest at the front
   std::unordered_map<uint64_t, uint32_t> count_;  // fingerprint -> its places in fifo_
 };
 

@@ -16,9 +16,12 @@ constexpr uint64_t kZeroSequence = 0;
 Status HbmError(const gpu::GpuStatus& st, const std::string& what) {
   const std::string message = "hbm: " + what + ": " + st.message();
   switch (st.code()) {
-    case gpu::GpuCode::kInvalidArgument: return Status::InvalidArgument(message);
-    case gpu::GpuCode::kOutOfMemory: return Status::ResourceExhausted(message);
-    default: return Status::Unavailable(message);
+    case gpu::GpuCode::kInvalidArgument:
+      return Status::InvalidArgument(message);
+    case gpu::GpuCode::kOutOfMemory:
+      return Status::ResourceExhausted(message);
+    default:
+      return Status::Unavailable(message);
   }
 }
 
@@ -37,17 +40,17 @@ Result<std::unique_ptr<HbmTier>> HbmTier::Create(const HbmTierOptions& options, 
                                    " is not a positive multiple of 4096");
   }
   if (options.device < 0) {
-    return Status::InvalidArgument("hbm: gpu " + std::to_string(options.device) +
-                                   " is negative");
+    return Status::InvalidArgument("hbm: gpu " + std::to_string(options.device) + " is negative");
   }
   std::unique_ptr<gpu::Runtime> runtime;
   if (options.backend == HbmBackend::kHost) {
     runtime = gpu::Runtime::CreateHost();
   } else if (gpu::GpuStatus st = gpu::Runtime::CreateCuda(options.device, &runtime); !st.ok()) {
-    Status s = HbmError(st, "--hbm-bytes needs a CUDA GPU (--gpu " +
-                                std::to_string(options.device) + ")");
+    Status s =
+        HbmError(st, "--hbm-bytes needs a CUDA GPU (--gpu " + std::to_string(options.device) + ")");
     if (s.code() != StatusCode::kUnavailable) return s;
-    return Status::Unavailable(s.message() + " (no usable NVIDIA GPU or driver here); run "
+    return Status::Unavailable(s.message() +
+                               " (no usable NVIDIA GPU or driver here); run "
                                "without --hbm-bytes (or with hbm_bytes: 0) to keep the KV cache "
                                "off the GPU (DRAM, and NVMe when on)");
   }
@@ -65,8 +68,10 @@ Result<std::unique_ptr<HbmTier>> HbmTier::Create(const HbmTierOptions& options, 
     gpu::GpuStatus st =
         rt.RegisterHost(dram->base(), dram->bytes(), gpu::PinOptions(), &tier->dram_pin_);
     if (!st.ok()) {  // still correct, only slower: copies then stage through the driver
-      spdlog::warn("hbm: could not pin the DRAM arena ({}); copies into HBM run from pageable "
-                   "memory", st.ToString());
+      spdlog::warn(
+          "hbm: could not pin the DRAM arena ({}); copies into HBM run from pageable "
+          "memory",
+          st.ToString());
     }
   }
   spdlog::info("HBM tier: {} bytes on {}, exported for clients ({})", options.bytes, rt.name(),

@@ -2,23 +2,22 @@
 
 #include <fcntl.h>
 #include <liburing.h>
-#include <sys/stat.h>
 #include <linux/magic.h>
+#include <spdlog/spdlog.h>
 #include <sys/file.h>
-#include <chrono>
-#include <thread>
+#include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
-#include <unistd.h>
-
-#include <spdlog/spdlog.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 #include <vector>
 
 namespace kvtier {
@@ -31,10 +30,10 @@ struct IoUringFileDevice::BufferTable {
 
   // Index of the piece that holds all of [p, p + n), or -1.
   int Find(const std::byte* p, size_t n) const {
-    auto it = std::upper_bound(pieces.begin(), pieces.end(), p,
-                               [](const std::byte* q, const iovec& v) {
-                                 return q < static_cast<const std::byte*>(v.iov_base);
-                               });
+    auto it =
+        std::upper_bound(pieces.begin(), pieces.end(), p, [](const std::byte* q, const iovec& v) {
+          return q < static_cast<const std::byte*>(v.iov_base);
+        });
     if (it == pieces.begin()) return -1;
     --it;
     const auto* base = static_cast<const std::byte*>(it->iov_base);
@@ -135,8 +134,8 @@ Result<std::unique_ptr<IoUringFileDevice>> IoUringFileDevice::Open(const IoUring
   }
   // tmpfs takes O_DIRECT on recent kernels, but it is RAM: gone at reboot,
   // and taken from the memory the DRAM tier and the engine need.
-  if (struct statfs fs_info {}; statfs(dir.c_str(), &fs_info) == 0 &&
-                                static_cast<uint64_t>(fs_info.f_type) == TMPFS_MAGIC) {
+  if (struct statfs fs_info{};
+      statfs(dir.c_str(), &fs_info) == 0 && static_cast<uint64_t>(fs_info.f_type) == TMPFS_MAGIC) {
     return Status::InvalidArgument("NVMe path " + dir.string() +
                                    " is on tmpfs (RAM, lost at reboot); put the NVMe tier on a "
                                    "disk, or give --nvme-bytes 0 for DRAM only");
@@ -188,7 +187,8 @@ Result<std::unique_ptr<IoUringFileDevice>> IoUringFileDevice::Open(const IoUring
         "NVMe slot file " + o.path + " is " + std::to_string(st.st_size) +
         " bytes, larger than the " + std::to_string(o.bytes) +
         " asked for (--nvme-bytes); the chunks past that would be lost: give --nvme-bytes " +
-        std::to_string(st.st_size) + " or more, or remove the path's kvtier-slots.dat and index "
+        std::to_string(st.st_size) +
+        " or more, or remove the path's kvtier-slots.dat and index "
         "to start a smaller tier");
   }
   const int ret = posix_fallocate(fd, 0, static_cast<off_t>(o.bytes));
@@ -235,8 +235,10 @@ Result<IoUringFileDevice::Ring*> IoUringFileDevice::ThreadRing(
   if (const int ret = ring->UseBuffers(table->get()); ret < 0) {
     static std::atomic<bool> warned{false};
     if (!warned.exchange(true)) {
-      spdlog::warn("io_uring: registering {} bytes of buffers failed ({}); I/O pins pages per "
-                   "request instead", (*table)->bytes, std::strerror(-ret));
+      spdlog::warn(
+          "io_uring: registering {} bytes of buffers failed ({}); I/O pins pages per "
+          "request instead",
+          (*table)->bytes, std::strerror(-ret));
     }
   }
   return ring;
@@ -344,10 +346,10 @@ Status IoUringFileDevice::SubmitStreamingImpl(std::span<const IoRequest> batch,
         }
       } else if (static_cast<uint64_t>(cqe->res) != q.buffer.size()) {
         if (first_error.ok()) {
-          first_error = Status::IOError("short " + std::string(what) + " of " + options_.path +
-                                        " at " + std::to_string(q.offset) + ": " +
-                                        std::to_string(cqe->res) + " of " +
-                                        std::to_string(q.buffer.size()) + " bytes");
+          first_error =
+              Status::IOError("short " + std::string(what) + " of " + options_.path + " at " +
+                              std::to_string(q.offset) + ": " + std::to_string(cqe->res) + " of " +
+                              std::to_string(q.buffer.size()) + " bytes");
         }
       } else {
         done.push_back(i);
@@ -381,9 +383,8 @@ Status IoUringFileDevice::RegisterBuffersImpl(std::span<const std::span<std::byt
       table->bytes += n;
     }
   }
-  std::sort(table->pieces.begin(), table->pieces.end(), [](const iovec& a, const iovec& b) {
-    return a.iov_base < b.iov_base;
-  });
+  std::sort(table->pieces.begin(), table->pieces.end(),
+            [](const iovec& a, const iovec& b) { return a.iov_base < b.iov_base; });
   for (size_t i = 1; i < table->pieces.size(); ++i) {
     const auto* prev = static_cast<const std::byte*>(table->pieces[i - 1].iov_base);
     if (prev + table->pieces[i - 1].iov_len > table->pieces[i].iov_base) {

@@ -32,8 +32,7 @@ class LeafFirstLru final : public EvictionPolicy {
     nodes_[h].where = Where::kAbsent;
   }
   void OnUnblocked(uint32_t h) override {
-    if (h >= nodes_.size() || nodes_[h].where == Where::kAbsent ||
-        nodes_[h].where == Where::kLru) {
+    if (h >= nodes_.size() || nodes_[h].where == Where::kAbsent || nodes_[h].where == Where::kLru) {
       return;
     }
     Unlink(h);
@@ -72,8 +71,11 @@ class LeafFirstLru final : public EvictionPolicy {
     while (classes_[c].lru.tail != kNil) {
       const uint32_t h = classes_[c].lru.tail;
       switch (verdict(h)) {
-        case Verdict::kEvict: return h;
-        case Verdict::kBlocked: Unlink(h); break;  // aside
+        case Verdict::kEvict:
+          return h;
+        case Verdict::kBlocked:
+          Unlink(h);
+          break;  // aside
         case Verdict::kHeld:
           Unlink(h);
           PushFront(h, Where::kHeld);
@@ -99,7 +101,10 @@ class LeafFirstLru final : public EvictionPolicy {
     List& l = ListOf(h);
     n.prev = kNil;
     n.next = l.head;
-    if (l.head != kNil) nodes_[l.head].prev = h; else l.tail = h;
+    if (l.head != kNil)
+      nodes_[l.head].prev = h;
+    else
+      l.tail = h;
     l.head = h;
   }
   void PushBack(uint32_t h) {
@@ -108,7 +113,10 @@ class LeafFirstLru final : public EvictionPolicy {
     List& l = ListOf(h);
     n.next = kNil;
     n.prev = l.tail;
-    if (l.tail != kNil) nodes_[l.tail].next = h; else l.head = h;
+    if (l.tail != kNil)
+      nodes_[l.tail].next = h;
+    else
+      l.head = h;
     l.tail = h;
   }
   // Takes `h` out of its list, if it is in one: it is then aside.
@@ -116,8 +124,14 @@ class LeafFirstLru final : public EvictionPolicy {
     Node& n = nodes_[h];
     if (n.where != Where::kLru && n.where != Where::kHeld) return;
     List& l = ListOf(h);
-    if (n.prev != kNil) nodes_[n.prev].next = n.next; else l.head = n.next;
-    if (n.next != kNil) nodes_[n.next].prev = n.prev; else l.tail = n.prev;
+    if (n.prev != kNil)
+      nodes_[n.prev].next = n.next;
+    else
+      l.head = n.next;
+    if (n.next != kNil)
+      nodes_[n.next].prev = n.prev;
+    else
+      l.tail = n.prev;
     n.prev = n.next = kNil;
     n.where = Where::kAside;
   }
@@ -141,18 +155,24 @@ Result<EvictionPolicyKind> ParseEvictionPolicy(std::string_view name) {
 
 const char* EvictionPolicyName(EvictionPolicyKind kind) {
   switch (kind) {
-    case EvictionPolicyKind::kS3Fifo: return "s3fifo";
-    case EvictionPolicyKind::kArc: return "arc";
-    case EvictionPolicyKind::kLru: break;
+    case EvictionPolicyKind::kS3Fifo:
+      return "s3fifo";
+    case EvictionPolicyKind::kArc:
+      return "arc";
+    case EvictionPolicyKind::kLru:
+      break;
   }
   return "lru";
 }
 
 std::unique_ptr<EvictionPolicy> NewEvictionPolicy(EvictionPolicyKind kind) {
   switch (kind) {
-    case EvictionPolicyKind::kS3Fifo: return NewS3FifoPolicy();
-    case EvictionPolicyKind::kArc: return NewArcPolicy();
-    case EvictionPolicyKind::kLru: break;
+    case EvictionPolicyKind::kS3Fifo:
+      return NewS3FifoPolicy();
+    case EvictionPolicyKind::kArc:
+      return NewArcPolicy();
+    case EvictionPolicyKind::kLru:
+      break;
   }
   return NewLeafFirstLruPolicy();
 }

@@ -87,7 +87,10 @@ class SpdlogRocksLogger : public rocksdb::Logger {
 };
 
 constexpr char kProbeKey[] = "probe";
-constexpr char kFreeSpaceHint[] = ": if its disk is full, free space there or start with --nvme-bytes 0";  // sorts after the 'a' and 'c' prefixes ForEach reads
+constexpr char kFreeSpaceHint[] =
+    ": if its disk is full, free space there or start with --nvme-bytes 0";  // sorts after the 'a'
+                                                                             // and 'c' prefixes
+                                                                             // ForEach reads
 
 }  // namespace
 
@@ -108,8 +111,8 @@ std::pair<std::string, std::string> NvmeIndex::EncodeRecord(const NvmeRecord& r)
 Result<NvmeRecord> NvmeIndex::DecodeRecord(std::string_view k, std::string_view v) {
   if (k.size() != 1 + ChunkKey::kBytes || k[0] != kRecordPrefix || v.size() != kRecordBytes ||
       static_cast<uint8_t>(v[0]) != kRecordVersion) {
-    return Status::DataLoss("malformed record (key " + std::to_string(k.size()) +
-                            " bytes, value " + std::to_string(v.size()) + " bytes)");
+    return Status::DataLoss("malformed record (key " + std::to_string(k.size()) + " bytes, value " +
+                            std::to_string(v.size()) + " bytes)");
   }
   NvmeRecord r;
   r.key = ChunkKey::FromBytes(reinterpret_cast<const std::byte*>(k.data() + 1));

@@ -145,7 +145,8 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options)
     const fs::path file = fs::path(path) / "kvtier-slots.dat";
     std::error_code ec;
     const bool existed = fs::exists(file, ec);
-    auto d = IoUringFileDevice::Open({file.string(), options.bytes_per_path, options.queue_depth, {}});
+    auto d =
+        IoUringFileDevice::Open({file.string(), options.bytes_per_path, options.queue_depth, {}});
     if (!d.ok()) return fail(d.status());
     if (!existed) created.push_back(file);
     any_slot_file_existed |= existed;
@@ -155,10 +156,11 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options)
   if (!fs::exists(index_dir, ec)) {
     created.push_back(index_dir);
     if (any_slot_file_existed) {
-      spdlog::warn("NVMe index {} is missing beside existing slot files: starting with an empty "
-                   "index, so the chunks in the slot files are not served; restart with "
-                   "--rebuild-index to index them again from their slot headers",
-                   index_dir.string());
+      spdlog::warn(
+          "NVMe index {} is missing beside existing slot files: starting with an empty "
+          "index, so the chunks in the slot files are not served; restart with "
+          "--rebuild-index to index them again from their slot headers",
+          index_dir.string());
     }
   }
   auto index = NvmeIndex::Open(index_dir.string());
@@ -195,8 +197,8 @@ Result<std::vector<NvmeRecord>> NvmeTier::ScanSlots(std::span<BlockDevice* const
     if (!VerifySlotHeader(slot, layout, id).ok() || !VerifySlotPayload(slot, layout).ok()) {
       return false;
     }
-    const NvmeRecord r{id.key, id.parent, id.ns, d, offset, slot_bytes, h.sequence,
-                       h.payload_checksum, 0};
+    const NvmeRecord r{id.key,     id.parent,          id.ns, d, offset, slot_bytes,
+                       h.sequence, h.payload_checksum, 0};
     auto [it, fresh] = found.emplace(r.key, r);
     if (!fresh && it->second.sequence < r.sequence) it->second = r;
     return true;
@@ -212,7 +214,8 @@ Result<std::vector<NvmeRecord>> NvmeTier::ScanSlots(std::span<BlockDevice* const
       while (off < window) {
         SlotHeader h;
         std::memcpy(&h, buf.get() + off, sizeof(h));
-        const uint64_t slot_bytes = AlignUp(uint64_t{h.header_bytes} + h.payload_bytes, kSlotAlignment);
+        const uint64_t slot_bytes =
+            AlignUp(uint64_t{h.header_bytes} + h.payload_bytes, kSlotAlignment);
         const bool plausible = h.magic == kSlotMagic && h.format_version == kSlotFormatVersion &&
                                h.header_bytes >= sizeof(SlotHeader) + 4ULL * h.num_tokens &&
                                h.header_bytes % kPayloadAlignment == 0 && h.payload_bytes > 0 &&
@@ -265,7 +268,8 @@ Result<size_t> NvmeTier::RebuildIndex(const NvmeTierOptions& options) {
   std::vector<std::unique_ptr<IoUringFileDevice>> devices;
   std::vector<BlockDevice*> raw;
   for (const std::string& path : options.paths) {
-    auto d = IoUringFileDevice::Open({path + "/kvtier-slots.dat", options.bytes_per_path, options.queue_depth, {}});
+    auto d = IoUringFileDevice::Open(
+        {path + "/kvtier-slots.dat", options.bytes_per_path, options.queue_depth, {}});
     if (!d.ok()) return d.status();
     raw.push_back(d->get());
     devices.push_back(std::move(d).value());
@@ -369,15 +373,17 @@ Status NvmeTier::Rebuild() {
   }
   counters_.dropped_at_start = dropped.size();
   if (!dropped.empty()) {
-    spdlog::warn("NVMe tier: dropped {} index records that were unusable (outside a device, "
-                 "misaligned, overlapping, or whose prefix is gone)", dropped.size());
+    spdlog::warn(
+        "NVMe tier: dropped {} index records that were unusable (outside a device, "
+        "misaligned, overlapping, or whose prefix is gone)",
+        dropped.size());
     KVTIER_RETURN_IF_ERROR(index_->Delete(dropped));
   }
   return Status::Ok();
 }
 
-uint32_t NvmeTier::IndexLocked(const ChunkKey& key, const ChunkKey& parent,
-                               const NamespaceId& ns, Location loc, uint64_t slot_bytes) {
+uint32_t NvmeTier::IndexLocked(const ChunkKey& key, const ChunkKey& parent, const NamespaceId& ns,
+                               Location loc, uint64_t slot_bytes) {
   ChunkEntry e;
   e.key = key;
   e.parent = parent;
@@ -420,8 +426,8 @@ Result<SubtreeRemoval> NvmeTier::RemoveSubtrees(
     const std::function<bool(const ChunkKey& key, const NamespaceId& ns)>& pick) {
   std::lock_guard lock(mu_);
   SubtreeRemoval tally;
-  std::vector<uint32_t> order = chunks_.SubtreesDeepestFirst(
-      [&](uint32_t h) { return pick(chunks_.Get(h).key, ns_[h]); });
+  std::vector<uint32_t> order =
+      chunks_.SubtreesDeepestFirst([&](uint32_t h) { return pick(chunks_.Get(h).key, ns_[h]); });
   // Children come first, so a chunk is removable once none of its children stays.
   std::unordered_map<uint32_t, uint32_t> children_removed;
   std::vector<uint32_t> removable;
@@ -598,14 +604,15 @@ Status NvmeTier::ReadMany(std::span<ReadRequest> requests) {
       } else if (h == ChunkIndex::kNone) {
         r.result = Status::NotFound("chunk " + r.id.key.ToHex() + " is not on NVMe");
       } else if (slot_bytes_[h] != slot_bytes) {
-        r.result = Status::DataLoss("chunk " + r.id.key.ToHex() + " is stored with another slot size");
+        r.result =
+            Status::DataLoss("chunk " + r.id.key.ToHex() + " is stored with another slot size");
       } else {
         r.result = Status::Ok();
         ++chunks_.Get(h).leases;  // pinned while read
         handles[i] = h;
         const uint32_t d = chunks_.Get(h).ns_index;  // in this tier: the device
-        per_device[d].push_back({IoRequest::Op::kRead, chunks_.Get(h).slot_offset,
-                                 r.buffer.first(slot_bytes)});
+        per_device[d].push_back(
+            {IoRequest::Op::kRead, chunks_.Get(h).slot_offset, r.buffer.first(slot_bytes)});
         request_of[d].push_back(i);
       }
     }

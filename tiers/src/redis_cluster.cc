@@ -311,9 +311,9 @@ void RedisCluster::Impl::RunOnNode(Group& group, std::span<const Command> cmds,
     for (int a = 0; a < c.argc; ++a) bytes += c.len[a];
     bytes += c.reply_bytes;
   }
-  const auto deadline = Clock::now() + options_.io_timeout +
-                        std::chrono::microseconds(bytes * 1'000'000 /
-                                                  RedisClusterOptions::kMinBytesPerSecond);
+  const auto deadline =
+      Clock::now() + options_.io_timeout +
+      std::chrono::microseconds(bytes * 1'000'000 / RedisClusterOptions::kMinBytesPerSecond);
   for (int attempt = 0;; ++attempt) {
     auto conn = node.Borrow(deadline);
     if (!conn.ok()) {

@@ -1,9 +1,8 @@
 // RedisEndpoint, ParseRedisUrl, RedisClusterOptions::Validate and RedisCluster::KeySlot:
 // the parts of redis_cluster.h that need no connection.
-#include "kvtier/tiers/redis_cluster.h"
-
 #include <string>
 
+#include "kvtier/tiers/redis_cluster.h"
 #include "redis_protocol.h"
 
 namespace kvtier {

@@ -24,7 +24,6 @@ timeval ToTimeval(std::chrono::microseconds d) {
   return tv;
 }
 
-
 std::string Escaped(const char* s, size_t len) {
   constexpr size_t kMax = 64;
   std::string out;
@@ -212,12 +211,12 @@ Status RedisConnection::ReadReply(Clock::time_point deadline, Reply* reply, bool
   for (;;) {
     // An answer already read (pipelined) needs no system call.
     if (redisGetReplyFromReader(ctx_, &r) != REDIS_OK) {
-      st = Status::Unavailable(
-          node_->name() + ": protocol error: " +
-          (budget_.refused == 0 ? std::string(ctx_->errstr)
-                                : "an array of " + std::to_string(budget_.refused) +
-                                      " elements, where at most " +
-                                      std::to_string(bound.elements) + " may come"));
+      st = Status::Unavailable(node_->name() + ": protocol error: " +
+                               (budget_.refused == 0
+                                    ? std::string(ctx_->errstr)
+                                    : "an array of " + std::to_string(budget_.refused) +
+                                          " elements, where at most " +
+                                          std::to_string(bound.elements) + " may come"));
       break;
     }
     if (r != nullptr) break;
@@ -226,8 +225,7 @@ Status RedisConnection::ReadReply(Clock::time_point deadline, Reply* reply, bool
                                std::to_string(bound.bytes) + " bytes (not read on)");
       break;
     }
-    const auto left =
-        std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) {
       *timed_out = true;
       st = Status::Unavailable(node_->name() + ": no answer within io_timeout (" +
@@ -298,9 +296,8 @@ RedisNode::~RedisNode() { DropIdle(); }
 Result<RedisConnection> RedisNode::Borrow(Clock::time_point deadline) {
   {
     std::unique_lock lock(mu_);
-    if (!returned_.wait_until(lock, deadline, [&] {
-          return !idle_.empty() || num_open_ < options_.pool_size;
-        })) {
+    if (!returned_.wait_until(lock, deadline,
+                              [&] { return !idle_.empty() || num_open_ < options_.pool_size; })) {
       return Status::Unavailable(name_ + ": no pooled connection free within io_timeout (" +
                                  std::to_string(options_.io_timeout.count()) + " ms; " +
                                  std::to_string(options_.pool_size) + " all lent)");
@@ -325,7 +322,8 @@ Result<RedisConnection> RedisNode::Connect() {
   redisContext* ctx = redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, connect_tv);
   // Non-blocking from here on: ReadReply polls, so that no read or write can
   // outlast its deadline by trickling bytes; arrays are bounded (above).
-  if (ctx != nullptr && ctx->err == 0 && redisSetTimeout(ctx, ToTimeval(options_.io_timeout)) == REDIS_OK &&
+  if (ctx != nullptr && ctx->err == 0 &&
+      redisSetTimeout(ctx, ToTimeval(options_.io_timeout)) == REDIS_OK &&
       fcntl(ctx->fd, F_SETFL, fcntl(ctx->fd, F_GETFL) | O_NONBLOCK) == 0) {
     ctx->flags &= ~REDIS_BLOCK;
     ctx->reader->fn = BoundedFunctions(ctx->reader->fn);

@@ -115,8 +115,8 @@ class RedisConnection {
   };
   std::vector<Segment> out_;
   std::string framing_;
-  size_t out_next_ = 0;  // the first segment not wholly sent
-  size_t out_sent_ = 0;  // its bytes sent
+  size_t out_next_ = 0;   // the first segment not wholly sent
+  size_t out_sent_ = 0;   // its bytes sent
   ElementBudget budget_;  // of the answer being read (the reader's privdata)
 };
 

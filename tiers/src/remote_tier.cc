@@ -13,7 +13,9 @@ namespace kvtier {
 namespace {
 
 // The image's length in the store: header (with tokens) and payload.
-uint64_t StoredBytes(const SlotLayout& layout) { return layout.header_bytes + layout.payload_bytes; }
+uint64_t StoredBytes(const SlotLayout& layout) {
+  return layout.header_bytes + layout.payload_bytes;
+}
 
 // What a sealed image says of itself: its header and payload bytes.
 uint64_t StoredBytes(std::span<const std::byte> image) {
@@ -145,16 +147,19 @@ void RemoteTier::NoteBatch(bool answered, bool whole, const Status& example) {
   if (!whole) ++counters_.io_errors;
   if (answered && !whole) {  // a node down or slow, the others answering
     if (auto held = partial_log_.Admit()) {
-      spdlog::warn("remote tier: a batch had images no store node answered for (a miss each): "
-                   "{}{}", example.message(), HeldBack(*held));
+      spdlog::warn(
+          "remote tier: a batch had images no store node answered for (a miss each): "
+          "{}{}",
+          example.message(), HeldBack(*held));
     }
   }
   if (answered) {
     failure_streak_ = 0;
   } else if (++failure_streak_ == kDegradedAfter) {
-    spdlog::error("remote tier degraded: {} batches failed in a row ({}); lookups miss it, "
-                  "probing every {} ms", kDegradedAfter, options_.url,
-                  options_.probe_interval.count());
+    spdlog::error(
+        "remote tier degraded: {} batches failed in a row ({}); lookups miss it, "
+        "probing every {} ms",
+        kDegradedAfter, options_.url, options_.probe_interval.count());
     probe_cv_.notify_all();
   }
 }
@@ -219,17 +224,17 @@ void RemoteTier::ReadMany(std::span<ReadRequest> requests) {
     }
     const uint64_t image_bytes = StoredBytes(*r.layout);
     if (g.result.ok() && g.bytes != image_bytes + mac_bytes) {
-      r.result = Status::DataLoss(
-          "remote image of " + std::to_string(g.bytes) + " bytes, expected " +
-          std::to_string(image_bytes + mac_bytes) +
-          (mac_bytes == 0 ? std::string() : " (the image and its MAC)"));
+      r.result = Status::DataLoss("remote image of " + std::to_string(g.bytes) +
+                                  " bytes, expected " + std::to_string(image_bytes + mac_bytes) +
+                                  (mac_bytes == 0 ? std::string() : " (the image and its MAC)"));
     }
     if (r.result.ok() && mac_bytes != 0) {
       const MacBytes mac = ImageMac(options_.mac_key, keys[i], g.dst.first(image_bytes));
-      if (crypto_verify_32(mac.data(),
-                           reinterpret_cast<const unsigned char*>(g.dst.data() + image_bytes)) != 0) {
-        r.result = Status::DataLoss("remote image MAC does not verify (written without this "
-                                    "daemon's --remote-key-file, or forged)");
+      if (crypto_verify_32(mac.data(), reinterpret_cast<const unsigned char*>(g.dst.data() +
+                                                                              image_bytes)) != 0) {
+        r.result = Status::DataLoss(
+            "remote image MAC does not verify (written without this "
+            "daemon's --remote-key-file, or forged)");
       }
       if (!spill[i].empty() && r.result.ok()) {
         std::memcpy(r.buffer.data(), spill[i].data(), image_bytes);
@@ -305,9 +310,10 @@ size_t RemoteTier::WriteMany(std::span<const NvmeImage> images) {
   // A full store answers (its reads go on): not a failure towards degraded.
   if (full > 0) {
     if (auto held = full_log_.Admit()) {
-      spdlog::warn("remote tier: the store is full and refused {} of {} images (OOM: give it "
-                   "maxmemory-policy allkeys-lru, README \"Several nodes\"){}", full,
-                   images.size(), HeldBack(*held));
+      spdlog::warn(
+          "remote tier: the store is full and refused {} of {} images (OOM: give it "
+          "maxmemory-policy allkeys-lru, README \"Several nodes\"){}",
+          full, images.size(), HeldBack(*held));
     }
   }
   NoteBatch(stored + full > 0, stored + full == images.size(), first_unavailable);

@@ -9,8 +9,7 @@
 namespace kvtier {
 
 SlotTier::SlotTier(uint64_t capacity_bytes, std::unique_ptr<EvictionPolicy> policy)
-    : allocator_(capacity_bytes),
-      policy_(policy ? std::move(policy) : NewLeafFirstLruPolicy()) {
+    : allocator_(capacity_bytes), policy_(policy ? std::move(policy) : NewLeafFirstLruPolicy()) {
   // The most chunks the tier can hold: one per smallest slot. About 88 bytes
   // of address space per 4 KiB of tier (1/47), resident only as chunks
   // arrive. Only an optimisation: where the address space is refused (a huge
@@ -81,8 +80,8 @@ bool SlotTier::EvictWindows(uint64_t size, bool spare_held, size_t windows) {
   });
   for (uint32_t h : deepest_first) {
     const SlotEntry& e = index_.Get(h);
-    segments.push_back({e.slot_offset, ns_slot_bytes_[e.ns_index], subtree[h].bytes, h,
-                        !subtree[h].blocked});
+    segments.push_back(
+        {e.slot_offset, ns_slot_bytes_[e.ns_index], subtree[h].bytes, h, !subtree[h].blocked});
   }
   std::sort(segments.begin(), segments.end(),
             [](const Segment& a, const Segment& b) { return a.offset < b.offset; });
@@ -110,7 +109,8 @@ bool SlotTier::EvictWindows(uint64_t size, bool spare_held, size_t windows) {
   uint64_t len = 0;
   for (size_t last = 0; last < segments.size(); ++last) {
     const Segment& s = segments[last];
-    const bool adjacent = last == 0 || segments[last - 1].offset + segments[last - 1].len == s.offset;
+    const bool adjacent =
+        last == 0 || segments[last - 1].offset + segments[last - 1].len == s.offset;
     if (!s.usable || (last > first && !adjacent)) {
       first = s.usable ? last : last + 1;
       len = 0;
@@ -119,7 +119,8 @@ bool SlotTier::EvictWindows(uint64_t size, bool spare_held, size_t windows) {
     len += s.len;
     while (len - segments[first].len >= size) len -= segments[first++].len;
     if (len >= size) {
-      candidates.push_back({segments[first].bytes + prefix[last + 1] - prefix[first + 1], first, last});
+      candidates.push_back(
+          {segments[first].bytes + prefix[last + 1] - prefix[first + 1], first, last});
     }
   }
   // The `windows` cheapest that do not overlap. Cost 0: Allocate would have fit.
@@ -129,7 +130,8 @@ bool SlotTier::EvictWindows(uint64_t size, bool spare_held, size_t windows) {
   size_t picked = 0;
   for (const Window& w : candidates) {
     if (picked == windows || w.cost == 0) break;
-    if (std::any_of(taken.begin() + w.first, taken.begin() + w.last + 1, [](bool t) { return t; })) {
+    if (std::any_of(taken.begin() + w.first, taken.begin() + w.last + 1,
+                    [](bool t) { return t; })) {
       continue;
     }
     std::fill(taken.begin() + w.first, taken.begin() + w.last + 1, true);
@@ -195,8 +197,8 @@ void SlotTier::Evict(uint32_t handle) {
 }
 
 uint64_t SlotTier::AgeSeconds(uint32_t handle) const {
-  const auto now = std::chrono::duration_cast<std::chrono::seconds>(
-      std::chrono::steady_clock::now() - created_);
+  const auto now =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - created_);
   return static_cast<uint64_t>(now.count()) - stored_s_[handle];
 }
 

@@ -18,8 +18,8 @@
 #include <random>
 #include <thread>
 
-#include "kvtier/logging.h"
 #include "kvtier/layerwise.h"
+#include "kvtier/logging.h"
 
 namespace {
 
@@ -52,7 +52,9 @@ int main(int argc, char** argv) {
   app.add_option("--block-size", block, "tokens per engine block")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  app.add_option("--chunk-tokens", chunk_tokens)->check(CLI::Range(1, 65536))->capture_default_str();
+  app.add_option("--chunk-tokens", chunk_tokens)
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   app.add_option("--prompt-tokens", prompt_tokens)
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 22))
       ->capture_default_str();
@@ -257,15 +259,17 @@ int main(int argc, char** argv) {
     hbm_mismatches = mismatched();
     if (!hbm_mismatches) return Fail("reading the caches back");
   }
-  std::printf("kvtier-gpu-e2e (%s backend): %lld chunks of %llu bytes (%lld layers x %lld "
-              "tokens x %lld heads x %lld x fp16)\n",
-              backend.c_str(), static_cast<long long>(chunks),
-              static_cast<unsigned long long>(ns->layout.payload_bytes),
-              static_cast<long long>(layers), static_cast<long long>(chunk_tokens),
-              static_cast<long long>(heads), static_cast<long long>(head_dim));
-  std::printf("  first store of the client (one chunk; registers the whole arena mapping with "
-              "the runtime, once)  %.3f s\n",
-              first_store_s);
+  std::printf(
+      "kvtier-gpu-e2e (%s backend): %lld chunks of %llu bytes (%lld layers x %lld "
+      "tokens x %lld heads x %lld x fp16)\n",
+      backend.c_str(), static_cast<long long>(chunks),
+      static_cast<unsigned long long>(ns->layout.payload_bytes), static_cast<long long>(layers),
+      static_cast<long long>(chunk_tokens), static_cast<long long>(heads),
+      static_cast<long long>(head_dim));
+  std::printf(
+      "  first store of the client (one chunk; registers the whole arena mapping with "
+      "the runtime, once)  %.3f s\n",
+      first_store_s);
   std::printf("  store (D2H into the arena, layerwise)  %.3f s  %.2f GB/s\n", store_s,
               bytes / store_s / 1e9);
   std::printf("  load  (H2D from the arena, layerwise)  %.3f s  %.2f GB/s\n", *load_s,
@@ -274,26 +278,28 @@ int main(int argc, char** argv) {
   std::printf("  verified: %llu mismatched token planes of %lld\n",
               static_cast<unsigned long long>(*mismatches), planes);
   if (!pool) {
-    std::printf("  HBM tier: off in kvtierd (start it with --hbm-bytes to load device to device)\n");
+    std::printf(
+        "  HBM tier: off in kvtierd (start it with --hbm-bytes to load device to device)\n");
   } else {
     const bool all = hbm_loaded == chunks;
     const char* ipc = pool->backend == "host" ? "emulated" : "CUDA";
     if (all) {
-      std::printf("  load  (D2D from the HBM pool over %s IPC, layerwise)  %.3f s  %.2f GB/s  "
-                  "(%u of %lld chunks from HBM)\n",
-                  ipc, *hbm_load_s, bytes / *hbm_load_s / 1e9, hbm_loaded,
-                  static_cast<long long>(chunks));
+      std::printf(
+          "  load  (D2D from the HBM pool over %s IPC, layerwise)  %.3f s  %.2f GB/s  "
+          "(%u of %lld chunks from HBM)\n",
+          ipc, *hbm_load_s, bytes / *hbm_load_s / 1e9, hbm_loaded, static_cast<long long>(chunks));
     } else {
-      std::printf("  load  (mixed: D2D over %s IPC for %u of %lld chunks, H2D from DRAM for the "
-                  "rest)  %.3f s  %.2f GB/s\n",
-                  ipc, hbm_loaded, static_cast<long long>(chunks), *hbm_load_s,
-                  bytes / *hbm_load_s / 1e9);
+      std::printf(
+          "  load  (mixed: D2D over %s IPC for %u of %lld chunks, H2D from DRAM for the "
+          "rest)  %.3f s  %.2f GB/s\n",
+          ipc, hbm_loaded, static_cast<long long>(chunks), *hbm_load_s, bytes / *hbm_load_s / 1e9);
     }
     if (!all) {
-      std::printf("  note: only %u chunks of %llu bytes went into the HBM pool of %llu bytes "
-                  "(too small for the prefix, or full of leased chunks)\n",
-                  hbm_loaded, static_cast<unsigned long long>(ns->layout.slot_bytes),
-                  static_cast<unsigned long long>(pool->pool_bytes));
+      std::printf(
+          "  note: only %u chunks of %llu bytes went into the HBM pool of %llu bytes "
+          "(too small for the prefix, or full of leased chunks)\n",
+          hbm_loaded, static_cast<unsigned long long>(ns->layout.slot_bytes),
+          static_cast<unsigned long long>(pool->pool_bytes));
     }
     std::printf("  verified (HBM load): %llu mismatched token planes of %lld\n",
                 static_cast<unsigned long long>(*hbm_mismatches), planes);

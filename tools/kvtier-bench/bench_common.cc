@@ -1,7 +1,6 @@
 #include "bench_common.h"
 
 #include <algorithm>
-
 #include <cstring>
 
 #include "kvtier/tools/synthetic_kv.h"

@@ -73,10 +73,11 @@ Figures Run(uint64_t chunks, uint64_t length, bool with_hits) {
 
 int RunEvict(uint64_t chunks, uint64_t chain_length) {
   if (chain_length == 0 || chunks < chain_length) Die("evict: --chunks below --chain-length");
-  std::printf("kvtier-bench evict: a tier of %llu slots full of %llu-chunk prefix chains, then "
-              "as many chunks stored again (each evicts one)\n",
-              static_cast<unsigned long long>(chunks / chain_length * chain_length),
-              static_cast<unsigned long long>(chain_length));
+  std::printf(
+      "kvtier-bench evict: a tier of %llu slots full of %llu-chunk prefix chains, then "
+      "as many chunks stored again (each evicts one)\n",
+      static_cast<unsigned long long>(chunks / chain_length * chain_length),
+      static_cast<unsigned long long>(chain_length));
   std::printf("  %-34s %12s %14s %8s %18s\n", "workload", "fill ns/chunk", "evict ns/chunk",
               "ratio", "checks/eviction");
   for (const bool with_hits : {false, true}) {

@@ -22,9 +22,15 @@
 //   kvtier-bench restart time from starting kvtierd to serving with N chunks on
 //                        NVMe (default 1,000,000 small chunks), vs starting it
 //                        on an empty NVMe tier in the same run.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -33,28 +39,23 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "bench_common.h"
 #include "evict.h"
-#include "nvme.h"
-#include "peers.h"
-#include "remote.h"
-#include "scale.h"
-#include "kvtier/logging.h"
 #include "kvtier/admin_client.h"
 #include "kvtier/client.h"
+#include "kvtier/logging.h"
 #include "kvtier/tiers/nvme_tier.h"
 #include "kvtier/tools/cli_words.h"
 #include "kvtier/tools/percentiles.h"
 #include "kvtier/tools/synthetic_kv.h"
 #include "kvtier/units.h"
+#include "nvme.h"
+#include "peers.h"
+#include "remote.h"
+#include "scale.h"
 
 namespace {
 
@@ -68,8 +69,8 @@ int RunDram(const std::string& socket, int iterations, int num_chunks) {
   const uint64_t arena_bytes = stats.tiers.at(0).capacity_bytes;
   std::printf("kvtier-bench dram: one request of %d chunks, Store then Load, vs memcpy in + out\n",
               num_chunks);
-  std::printf("%-10s %10s %12s %12s %12s %12s %8s\n", "payload", "iters", "store GB/s",
-              "load GB/s", "kvtier GB/s", "memcpy GB/s", "ratio");
+  std::printf("%-10s %10s %12s %12s %12s %12s %8s\n", "payload", "iters", "store GB/s", "load GB/s",
+              "kvtier GB/s", "memcpy GB/s", "ratio");
   uint64_t seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
   for (uint64_t payload : {256 * kvtier::kKiB, kvtier::kMiB, 4 * kvtier::kMiB}) {
     const auto spec = BenchSpec(payload, "bench-dram-" + std::to_string(payload));
@@ -91,8 +92,8 @@ int RunDram(const std::string& socket, int iterations, int num_chunks) {
     std::vector<double> kv_s, store_s, load_s, base_s;
     for (int it = -warmup; it < iterations; ++it) {
       const auto tokens = UniquePrompt(++seed, uint64_t{spec.chunk_tokens} * num_chunks);
-      const StoreLoadSeconds kv = StoreLoadVerified(*client, ns, tokens, src, dst,
-                                                    static_cast<uint32_t>(num_chunks));
+      const StoreLoadSeconds kv =
+          StoreLoadVerified(*client, ns, tokens, src, dst, static_cast<uint32_t>(num_chunks));
       const auto b0 = Clock::now();
       std::memcpy(mid.data(), src.data(), bytes);
       std::memcpy(dst.data(), mid.data(), bytes);
@@ -109,13 +110,14 @@ int RunDram(const std::string& socket, int iterations, int num_chunks) {
                 kvtier::FormatBytes(payload).c_str(), iterations, gb / Percentile(store_s, 50),
                 gb / Percentile(load_s, 50), 2 * gb / kv, 2 * gb / base, base / kv);
   }
-  std::printf("(medians; GB/s = 1e9 bytes/s; kvtier and memcpy move the bytes in and out: "
-              "ratio = memcpy time / kvtier time; goal >= 0.8)\n");
+  std::printf(
+      "(medians; GB/s = 1e9 bytes/s; kvtier and memcpy move the bytes in and out: "
+      "ratio = memcpy time / kvtier time; goal >= 0.8)\n");
   return 0;
 }
 
 int RunLookup(const std::string& socket, int iterations, uint64_t prompt_tokens) {
-  auto client = ConnectOrDie(socket);                         // Lookups over the control ring
+  auto client = ConnectOrDie(socket);                               // Lookups over the control ring
   auto grpc_client = ConnectOrDie(socket, /*control_ring=*/false);  // the same over gRPC
   auto admin = AdminStub(socket);
   const kvtier::NamespaceSpec spec = kvtier::bench::LookupSpec("bench-lookup");
@@ -166,24 +168,31 @@ int RunLookup(const std::string& socket, int iterations, uint64_t prompt_tokens)
               static_cast<unsigned long long>(chunks), iterations);
   std::printf("  ring Lookups of both loops that went over the ring: %llu of %d\n",
               static_cast<unsigned long long>(ring_calls), 2 * iterations);
-  std::printf("  Lookup, control ring, mixed loop  p50 %8.1f us   p99 %8.1f us   (goal p50 <= %s)\n",
-              Percentile(lookup_us, 50), Percentile(lookup_us, 99),
-              prompt_tokens >= 65536 ? "150 us" : "20 us at 2K tokens");
-  std::printf("  Lookup, control ring, back to back p50 %8.1f us   p99 %8.1f us   (no gRPC call between)\n",
-              Percentile(burst_us, 50), Percentile(burst_us, 99));
-  std::printf("  Lookup, gRPC                      p50 %8.1f us   p99 %8.1f us   (ratio ring/gRPC p50 %.2f)\n",
-              Percentile(grpc_us, 50), Percentile(grpc_us, 99),
-              Percentile(lookup_us, 50) / Percentile(grpc_us, 50));
+  std::printf(
+      "  Lookup, control ring, mixed loop  p50 %8.1f us   p99 %8.1f us   (goal p50 <= %s)\n",
+      Percentile(lookup_us, 50), Percentile(lookup_us, 99),
+      prompt_tokens >= 65536 ? "150 us" : "20 us at 2K tokens");
+  std::printf(
+      "  Lookup, control ring, back to back p50 %8.1f us   p99 %8.1f us   (no gRPC call between)\n",
+      Percentile(burst_us, 50), Percentile(burst_us, 99));
+  std::printf(
+      "  Lookup, gRPC                      p50 %8.1f us   p99 %8.1f us   (ratio ring/gRPC p50 "
+      "%.2f)\n",
+      Percentile(grpc_us, 50), Percentile(grpc_us, 99),
+      Percentile(lookup_us, 50) / Percentile(grpc_us, 50));
   std::printf("  baseline: XXH3 keys alone           p50 %8.1f us   (%s path; goal <= 15 us)\n",
               Percentile(hash_us, 50), kvtier::HashIsaName(kvtier::BestHashIsa()));
   std::printf("  baseline: XXH3 keys, SSE2 path      p50 %8.1f us   (ratio %.2f)\n",
               Percentile(baseline_hash_us, 50),
               Percentile(baseline_hash_us, 50) / Percentile(hash_us, 50));
   std::printf("  baseline: empty RPC (Health)        p50 %8.1f us\n", Percentile(rpc_us, 50));
-  std::printf("  ratio ring Lookup p50 / (hash + empty RPC) = %.2f\n", Percentile(lookup_us, 50) / base);
+  std::printf("  ratio ring Lookup p50 / (hash + empty RPC) = %.2f\n",
+              Percentile(lookup_us, 50) / base);
   if (ring_calls != 2 * static_cast<uint64_t>(iterations)) {
-    std::printf("  NOTE: %llu of %d ring-client Lookups went over the control ring (the rest fell back to gRPC)\n",
-                static_cast<unsigned long long>(ring_calls), 2 * iterations);
+    std::printf(
+        "  NOTE: %llu of %d ring-client Lookups went over the control ring (the rest fell back to "
+        "gRPC)\n",
+        static_cast<unsigned long long>(ring_calls), 2 * iterations);
   }
   return 0;
 }
@@ -241,9 +250,9 @@ int RunMemory(const std::string& socket, uint64_t num_chunks) {
                                  }),
                    "store");
     if (st.stored_chunks != n) {
-      Die("stored " + std::to_string(st.stored_chunks) + " of " + std::to_string(n) +
-          " chunks (" + std::to_string(st.dropped_chunks) + " dropped, fail-open: " +
-          (st.fail_open.ok() ? "no" : st.fail_open.ToString()) + ")");
+      Die("stored " + std::to_string(st.stored_chunks) + " of " + std::to_string(n) + " chunks (" +
+          std::to_string(st.dropped_chunks) +
+          " dropped, fail-open: " + (st.fail_open.ok() ? "no" : st.fail_open.ToString()) + ")");
     }
     stored += n;
   }
@@ -258,7 +267,6 @@ int RunMemory(const std::string& socket, uint64_t num_chunks) {
               per_chunk, per_chunk / 256.0);
   return 0;
 }
-
 
 // Seconds from spawning `argv` until `kvtierctl health` (AdminClient) answers.
 double SecondsToServing(const std::vector<std::string>& argv, const std::string& socket,
@@ -356,10 +364,10 @@ int RunRestart(const std::string& kvtierd, const std::string& parent, uint64_t n
   const std::string socket = dir + "/kvtierd.sock";
   const auto start = [&](const std::string& path) {
     pid_t pid = 0;
-    const double s = SecondsToServing({kvtierd, "--socket", socket, "--dram-bytes", "64MiB",
-                                       "--nvme-path", path, "--nvme-bytes",
-                                       std::to_string(nvme_bytes), "--log-level", "warn"},
-                                      socket, &pid);
+    const double s =
+        SecondsToServing({kvtierd, "--socket", socket, "--dram-bytes", "64MiB", "--nvme-path", path,
+                          "--nvme-bytes", std::to_string(nvme_bytes), "--log-level", "warn"},
+                         socket, &pid);
     StopDaemon(pid);
     return s;
   };
@@ -369,8 +377,9 @@ int RunRestart(const std::string& kvtierd, const std::string& parent, uint64_t n
   std::printf("kvtier-bench restart: %llu NVMe chunks (4 KiB slots) written in %.1f s\n",
               static_cast<unsigned long long>(num_chunks), fill_s);
   std::printf("  kvtierd start to serving, empty NVMe tier   %8.3f s\n", empty_s);
-  std::printf("  kvtierd start to serving, %llu chunks  %8.3f s   (goal <= 3 s; ratio to empty %.1f)\n",
-              static_cast<unsigned long long>(num_chunks), full_s, full_s / empty_s);
+  std::printf(
+      "  kvtierd start to serving, %llu chunks  %8.3f s   (goal <= 3 s; ratio to empty %.1f)\n",
+      static_cast<unsigned long long>(num_chunks), full_s, full_s / empty_s);
   return 0;
 }
 
@@ -413,14 +422,16 @@ int main(int argc, char** argv) {
   uint64_t restart_chunks = 1000000;
   auto* restart = app.add_subcommand("restart", "kvtierd start-to-serving with N NVMe chunks");
   restart->add_option("--kvtierd", restart_kvtierd, "path of the kvtierd binary")->required();
-  restart->add_option("--dir", restart_dir,
-                      "where to make a folder for the NVMe files (that folder is removed afterwards)")
+  restart
+      ->add_option("--dir", restart_dir,
+                   "where to make a folder for the NVMe files (that folder is removed afterwards)")
       ->capture_default_str();
   restart->add_option("--chunks", restart_chunks, "chunks on NVMe")
       ->check(CLI::Range(1, 1 << 30))
       ->capture_default_str();
   auto* nvme = app.add_subcommand("nvme", "NVMe tier chunk I/O vs fio on the same file");
-  nvme->add_option("--dir", nvme_dir, "directory for the test file and its index (those two removed afterwards)")
+  nvme->add_option("--dir", nvme_dir,
+                   "directory for the test file and its index (those two removed afterwards)")
       ->capture_default_str();
   nvme->add_option("--file-bytes", nvme_file_bytes, "test file size, e.g. 1GiB (at least 64MiB)")
       ->capture_default_str();
@@ -453,8 +464,9 @@ int main(int argc, char** argv) {
   remote->add_option("--iterations", remote_options.iterations, "measured rounds per size")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  remote->add_option("--chunks", remote_options.num_chunks,
-                     "images per round (default 64, 32, 16 for 256 KiB, 1 MiB, 4 MiB)")
+  remote
+      ->add_option("--chunks", remote_options.num_chunks,
+                   "images per round (default 64, 32, 16 for 256 KiB, 1 MiB, 4 MiB)")
       ->check(CLI::Range(1, 1 << 16));
   remote->add_flag("--mac", remote_options.mac,
                    "the tier's images with a keyed MAC (a random key), as --remote-key-file");
@@ -501,7 +513,8 @@ int main(int argc, char** argv) {
                    bytes.ok() ? "at least 64MiB" : bytes.status().message().c_str());
       return 2;
     }
-    return kvtier::bench::RunNvme(nvme_dir, *bytes & ~uint64_t{4095}, fio_seconds, nvme_plain_buffers);
+    return kvtier::bench::RunNvme(nvme_dir, *bytes & ~uint64_t{4095}, fio_seconds,
+                                  nvme_plain_buffers);
   }
   if (socket.empty()) {
     std::fprintf(stderr, "kvtier-bench: --socket is required for this benchmark\n");

@@ -1,6 +1,7 @@
 #include "nvme.h"
 
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -17,8 +18,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <spdlog/spdlog.h>
 
 #include "bench_common.h"
 #include "kvtier/daemon/cache_core.h"
@@ -37,13 +36,14 @@ namespace {
 double Fio(const std::string& file, const char* rw, uint64_t block_bytes, uint64_t file_bytes,
            int seconds, bool fixed_bufs, size_t sync_every) {
   const std::string out = file + ".fio.json";
-  std::string cmd = "fio --name=kvtier --filename=" + file + " --rw=" + rw +
-                    " --bs=" + std::to_string(block_bytes) + " --iodepth=32 --ioengine=io_uring" +
-                    " --direct=1 --size=" + std::to_string(file_bytes) +
-                    (fixed_bufs ? " --fixedbufs=1 --registerfiles=1" : "") +
-                    " --runtime=" + std::to_string(seconds) + " --time_based --group_reporting" +
-                    (sync_every > 0 ? " --fdatasync=" + std::to_string(sync_every) : std::string()) +
-                    " --output-format=json --output=" + out + " > /dev/null 2>&1";
+  std::string cmd =
+      "fio --name=kvtier --filename=" + file + " --rw=" + rw +
+      " --bs=" + std::to_string(block_bytes) + " --iodepth=32 --ioengine=io_uring" +
+      " --direct=1 --size=" + std::to_string(file_bytes) +
+      (fixed_bufs ? " --fixedbufs=1 --registerfiles=1" : "") +
+      " --runtime=" + std::to_string(seconds) + " --time_based --group_reporting" +
+      (sync_every > 0 ? " --fdatasync=" + std::to_string(sync_every) : std::string()) +
+      " --output-format=json --output=" + out + " > /dev/null 2>&1";
   if (std::system(cmd.c_str()) != 0) return -1;
   std::ifstream in(out);
   auto j = nlohmann::json::parse(in, nullptr, false);
@@ -92,15 +92,16 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
   namespace fs = std::filesystem;
   // The tier warns that the prefilled slot file has no index beside it: true, and meant.
   spdlog::set_level(spdlog::level::err);
-  std::printf("kvtier-bench nvme: NvmeTier vs fio (io_uring, O_DIRECT, depth 32) on the same %s "
-              "file in %s, every block written once before either side runs\n"
-              "  writes: the tier in its steady state (each chunk evicts the least recently "
-              "written: slots reused in ascending order), timed with the writer's copy and "
-              "checksum, in the writer's batches (up to 256 chunks and 64 MiB: data, fdatasync, "
-              "RocksDB), each batch copied while the one before it is written, as kvtierd's "
-              "writer does; fio sequential, fdatasync after as many writes, plain buffers\n"
-              "  reads: random stored chunks, verified; fio randread\n",
-              kvtier::FormatBytes(file_bytes).c_str(), dir.c_str());
+  std::printf(
+      "kvtier-bench nvme: NvmeTier vs fio (io_uring, O_DIRECT, depth 32) on the same %s "
+      "file in %s, every block written once before either side runs\n"
+      "  writes: the tier in its steady state (each chunk evicts the least recently "
+      "written: slots reused in ascending order), timed with the writer's copy and "
+      "checksum, in the writer's batches (up to 256 chunks and 64 MiB: data, fdatasync, "
+      "RocksDB), each batch copied while the one before it is written, as kvtierd's "
+      "writer does; fio sequential, fdatasync after as many writes, plain buffers\n"
+      "  reads: random stored chunks, verified; fio randread\n",
+      kvtier::FormatBytes(file_bytes).c_str(), dir.c_str());
   std::printf("%-10s %10s %8s %10s %7s %13s %10s %10s %7s\n", "payload", "write GB/s", "prepare",
               "fio GB/s", "ratio", "fio randwrite", "read GB/s", "fio GB/s", "ratio");
   bool registered_all = !plain_buffers;
@@ -139,7 +140,8 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
         {kvtier::CacheCore::kWriteThroughBatchChunks,
          kvtier::CacheCore::kWriteThroughBatchBytes / layout.slot_bytes + 1, num_chunks / 2});
     // Reads: up to 256 MiB of images per ReadMany, so the 32-deep queue stays full.
-    const size_t read_batch = std::max<size_t>(batch, std::min<uint64_t>(256, (256 << 20) / layout.slot_bytes));
+    const size_t read_batch =
+        std::max<size_t>(batch, std::min<uint64_t>(256, (256 << 20) / layout.slot_bytes));
     // The stand-in for the DRAM arena: room for a whole pass (about --file-bytes), so that
     // the clients' commits of a pass are laid out before it and its timing holds only the
     // writer's own work. Reads land in its first read_batch slots, which are registered
@@ -224,7 +226,9 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
     while (reads < num_chunks || read_s < seconds) {
       for (size_t i = 0; i < read_batch; ++i) {
         const uint64_t c = num_chunks + rng() % num_chunks;
-        reqs[i] = {{ns, keys[c], ns, tokens[c]}, &layout, {buf(i), layout.slot_bytes},
+        reqs[i] = {{ns, keys[c], ns, tokens[c]},
+                   &layout,
+                   {buf(i), layout.slot_bytes},
                    kvtier::Status::Ok()};
       }
       const auto t0 = Clock::now();
@@ -238,25 +242,26 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
     }
     tier.reset();
     const double fio_read = Fio(file, "randread", layout.slot_bytes, file_bytes, seconds, fixed, 0);
-    const double fio_write = Fio(file, "write", layout.slot_bytes, file_bytes, seconds, false, batch);
+    const double fio_write =
+        Fio(file, "write", layout.slot_bytes, file_bytes, seconds, false, batch);
     const double fio_randwrite =
         Fio(file, "randwrite", layout.slot_bytes, file_bytes, seconds, false, batch);
     const double w = static_cast<double>(timed_chunks * layout.slot_bytes) / write_s;
     const double r = static_cast<double>(reads * layout.slot_bytes) / read_s;
     std::printf("%-10s %10.2f %7.0f%% %10.2f %7.2f %13.2f %10.2f %10.2f %7.2f\n",
                 kvtier::FormatBytes(payload).c_str(), w / 1e9, 100 * prepare_s / write_s,
-                fio_write / 1e9,
-                fio_write > 0 ? w / fio_write : 0.0, fio_randwrite / 1e9, r / 1e9, fio_read / 1e9,
-                fio_read > 0 ? r / fio_read : 0.0);
+                fio_write / 1e9, fio_write > 0 ? w / fio_write : 0.0, fio_randwrite / 1e9, r / 1e9,
+                fio_read / 1e9, fio_read > 0 ? r / fio_read : 0.0);
   }
   remove_own();
-  std::printf("(prepare: the time spent copying and checksumming, as a share of the write "
-              "time it runs beside; "
-              "GB/s = 1e9 bytes/s of whole slot images; reads verify header and XXH3 checksum; "
-              "read buffers %s; fio -1 = fio failed; goal ratio >= 0.9)\n",
-              plain_buffers     ? "plain (per-I/O pinning) on both sides"
-              : registered_all ? "registered with io_uring on both sides (fio --fixedbufs)"
-                               : "registered where the kernel allowed (see above)");
+  std::printf(
+      "(prepare: the time spent copying and checksumming, as a share of the write "
+      "time it runs beside; "
+      "GB/s = 1e9 bytes/s of whole slot images; reads verify header and XXH3 checksum; "
+      "read buffers %s; fio -1 = fio failed; goal ratio >= 0.9)\n",
+      plain_buffers    ? "plain (per-I/O pinning) on both sides"
+      : registered_all ? "registered with io_uring on both sides (fio --fixedbufs)"
+                       : "registered where the kernel allowed (see above)");
   return 0;
 }
 

@@ -15,10 +15,10 @@
 #include <utility>
 
 #include "bench_common.h"
-#include "redis_process.h"
-#include "kvtier/tools/percentiles.h"
 #include "kvtier/slot_image.h"
+#include "kvtier/tools/percentiles.h"
 #include "kvtier/units.h"
+#include "redis_process.h"
 
 namespace kvtier::bench {
 namespace {
@@ -122,15 +122,17 @@ std::map<uint64_t, PutGet> RunMooncake(const std::string& python, const uint64_t
   for (uint64_t v : values) list += (list.empty() ? "" : ",") + std::to_string(v);
   // The script's stderr (Mooncake's glog lines and its own last words) goes to a file made
   // here, not to a guessable name.
-  std::string err = std::filesystem::temp_directory_path().string() + "/kvtier-bench-mooncake.XXXXXX";
+  std::string err =
+      std::filesystem::temp_directory_path().string() + "/kvtier-bench-mooncake.XXXXXX";
   const int err_fd = mkstemp(err.data());
   if (err_fd < 0) Die("Mooncake Store: mkstemp: " + std::string(std::strerror(errno)));
   close(err_fd);
   // exec: python replaces the shell, so it is kvtier-bench's child and goes with it
   // (the script asks for SIGTERM when its parent dies; its master goes with the script).
-  const std::string cmd = "exec " + ShellQuote(python) + " " + ShellQuote(KVTIER_MOONCAKE_PEER_SCRIPT) +
-                          " --values " + list + " --chunks " + std::to_string(num_chunks) +
-                          " --iterations " + std::to_string(iterations) + " 2>" + ShellQuote(err);
+  const std::string cmd = "exec " + ShellQuote(python) + " " +
+                          ShellQuote(KVTIER_MOONCAKE_PEER_SCRIPT) + " --values " + list +
+                          " --chunks " + std::to_string(num_chunks) + " --iterations " +
+                          std::to_string(iterations) + " 2>" + ShellQuote(err);
   FILE* out = popen(cmd.c_str(), "r");
   if (out == nullptr) Die("Mooncake Store: popen: " + std::string(std::strerror(errno)));
   std::string text;
@@ -175,14 +177,16 @@ std::map<uint64_t, PutGet> RunMooncake(const std::string& python, const uint64_t
 
 int RunPeers(const PeersOptions& o) {
   auto client = ConnectOrDie(o.socket);
-  const uint64_t arena_bytes = Must(AdminStub(o.socket)->Stats(), "Stats RPC").tiers.at(0).capacity_bytes;
+  const uint64_t arena_bytes =
+      Must(AdminStub(o.socket)->Stats(), "Stats RPC").tiers.at(0).capacity_bytes;
   constexpr uint64_t kValues[] = {256 * kKiB, kMiB, 4 * kMiB};
   for (uint64_t value : kValues) {  // before anything is started or allocated
     const uint64_t round = SlotLayout::For(BenchSpec(value, "check")).slot_bytes * o.num_chunks;
     if (round > arena_bytes) {
       Die("the DRAM arena (" + FormatBytes(arena_bytes) + ") cannot hold one round of " +
           std::to_string(o.num_chunks) + " values of " + FormatBytes(value) + " (" +
-          FormatBytes(round) + "); raise kvtierd's --dram-bytes (and --session-max-bytes, by "
+          FormatBytes(round) +
+          "); raise kvtierd's --dram-bytes (and --session-max-bytes, by "
           "default half of it) or lower --chunks");
     }
   }
@@ -192,14 +196,16 @@ int RunPeers(const PeersOptions& o) {
     Die("Redis, the baseline: " + redis_why +
         "; install redis-server (make deps does) or pass --redis-server PATH");
   }
-  std::printf("kvtier-bench peers: put then get of %d values per round, %d rounds per size, "
-              "bytes verified, every peer on this machine\n",
-              o.num_chunks, o.iterations);
+  std::printf(
+      "kvtier-bench peers: put then get of %d values per round, %d rounds per size, "
+      "bytes verified, every peer on this machine\n",
+      o.num_chunks, o.iterations);
   std::printf("  kvtier: SDK Store + Load of one request's chunks (kvtierd at %s)\n",
               o.socket.c_str());
-  std::printf("  Redis: %s on 127.0.0.1, no persistence; pipelined SET then GET through "
-              "hiredis, each value copied out of its reply\n",
-              o.redis_server.c_str());
+  std::printf(
+      "  Redis: %s on 127.0.0.1, no persistence; pipelined SET then GET through "
+      "hiredis, each value copied out of its reply\n",
+      o.redis_server.c_str());
   const std::string mooncake_python =
       o.mooncake_python.empty() ? PeersVenvPython() : o.mooncake_python;
   std::map<uint64_t, PutGet> mooncake;
@@ -207,19 +213,22 @@ int RunPeers(const PeersOptions& o) {
   const std::string mooncake_master =
       std::filesystem::path(mooncake_python).parent_path().string() + "/mooncake_master";
   if (access(mooncake_python.c_str(), X_OK) == 0 && access(mooncake_master.c_str(), X_OK) == 0) {
-    std::printf("  Mooncake Store: mooncake_master on 127.0.0.1 and one client mounting its "
-                "segment (TCP transport); batch_put_from then batch_get_into, registered buffers "
-                "(%s)\n",
-                mooncake_python.c_str());
+    std::printf(
+        "  Mooncake Store: mooncake_master on 127.0.0.1 and one client mounting its "
+        "segment (TCP transport); batch_put_from then batch_get_into, registered buffers "
+        "(%s)\n",
+        mooncake_python.c_str());
     std::fflush(stdout);
     mooncake = RunMooncake(mooncake_python, kValues, o.num_chunks, o.iterations);
   } else {
-    std::printf("  Mooncake Store: not run (no %s; tools/install-python-envs.sh peers makes it, "
-                "or pass --mooncake-python)\n",
-                mooncake_master.c_str());
+    std::printf(
+        "  Mooncake Store: not run (no %s; tools/install-python-envs.sh peers makes it, "
+        "or pass --mooncake-python)\n",
+        mooncake_master.c_str());
   }
-  std::printf("  LMCache: not run (its package needs torch with CUDA, not in this project's "
-              "CPU venvs)\n");
+  std::printf(
+      "  LMCache: not run (its package needs torch with CUDA, not in this project's "
+      "CPU venvs)\n");
   std::printf("%-9s %-8s %9s %9s %10s %12s\n", "value", "system", "put GB/s", "get GB/s",
               "both GB/s", "kvtier / it");
   uint64_t seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
@@ -265,11 +274,13 @@ int RunPeers(const PeersOptions& o) {
     if (auto m = mooncake.find(value); m != mooncake.end()) {
       const PutGet& mc = m->second;
       std::printf("%-9s %-8s %9.2f %9.2f %10.2f %12.2f\n", FormatBytes(value).c_str(), "Mooncake",
-                  mc.PutGbps(gb), mc.GetGbps(gb), mc.BothGbps(gb), kv.BothGbps(gb) / mc.BothGbps(gb));
+                  mc.PutGbps(gb), mc.GetGbps(gb), mc.BothGbps(gb),
+                  kv.BothGbps(gb) / mc.BothGbps(gb));
     }
   }
-  std::printf("(medians; GB/s = 1e9 bytes/s of values; both = 2 x bytes over the median put + "
-              "get time; goal vs Redis at 1 MiB >= 10)\n");
+  std::printf(
+      "(medians; GB/s = 1e9 bytes/s of values; both = 2 x bytes over the median put + "
+      "get time; goal vs Redis at 1 MiB >= 10)\n");
   return 0;
 }
 

@@ -13,13 +13,13 @@
 namespace kvtier::bench {
 
 struct PeersOptions {
-  std::string socket;                      // kvtierd's socket
+  std::string socket;                         // kvtierd's socket
   std::string redis_server = "redis-server";  // the binary (PATH is searched)
   // A python with mooncake-transfer-engine-non-cuda; empty: the `peers` venv of
   // tools/install-python-envs.sh. Mooncake is not run (and says why) when it is missing.
   std::string mooncake_python;
-  int iterations = 9;                      // measured rounds per value size
-  int num_chunks = 64;                     // values per round (one request's chunks)
+  int iterations = 9;   // measured rounds per value size
+  int num_chunks = 64;  // values per round (one request's chunks)
 };
 
 // Exit status: 0, or 1 (through Die, naming why) when Redis or Mooncake (its python being

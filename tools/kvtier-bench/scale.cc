@@ -52,7 +52,8 @@ Phase Run(std::vector<Session>& sessions, double seconds) {
       for (auto t0 = Clock::now(); t0 < until;) {
         auto r = Must(s.client->Lookup(s.ns, s.tokens), "lookup");
         const auto t1 = Clock::now();
-        if (r.num_chunks != s.chunks) Die("lookup found " + std::to_string(r.num_chunks) + " chunks");
+        if (r.num_chunks != s.chunks)
+          Die("lookup found " + std::to_string(r.num_chunks) + " chunks");
         us[i].push_back(Micros(t1 - t0));
         t0 = t1;
       }
@@ -70,10 +71,10 @@ Phase Run(std::vector<Session>& sessions, double seconds) {
 }  // namespace
 
 int RunScale(const std::string& socket, int clients, double seconds, uint64_t prompt_tokens) {
-  std::printf("kvtier-bench scale: %llu-token prompts in DRAM, Lookups back to back, %g s per phase, "
-              "%u cores\n",
-              static_cast<unsigned long long>(prompt_tokens), seconds,
-              std::thread::hardware_concurrency());
+  std::printf(
+      "kvtier-bench scale: %llu-token prompts in DRAM, Lookups back to back, %g s per phase, "
+      "%u cores\n",
+      static_cast<unsigned long long>(prompt_tokens), seconds, std::thread::hardware_concurrency());
   std::printf("%-14s %8s %12s %10s %10s %12s %10s\n", "path", "clients", "lookups/s", "p50 us",
               "p99 us", "x 1 client", "p99 / 1");
   auto admin = AdminStub(socket);
@@ -81,8 +82,8 @@ int RunScale(const std::string& socket, int clients, double seconds, uint64_t pr
     const uint64_t ring_before = Must(admin->Stats(), "stats").ring_lookups;
     std::vector<Session> sessions;
     for (int i = 0; i < clients; ++i) {
-      sessions.push_back(OpenSession(socket, ring, 1000 + static_cast<uint64_t>(i) + (ring ? 0 : 500),
-                                     prompt_tokens));
+      sessions.push_back(OpenSession(
+          socket, ring, 1000 + static_cast<uint64_t>(i) + (ring ? 0 : 500), prompt_tokens));
     }
     std::vector<Session> one;
     one.push_back(std::move(sessions.front()));
@@ -99,8 +100,9 @@ int RunScale(const std::string& socket, int clients, double seconds, uint64_t pr
                 all.p50_us, all.p99_us, all.lookups_per_s / alone.lookups_per_s,
                 all.p99_us / alone.p99_us);
     if (no_ring) {
-      std::printf("  NOTE: no Lookup went over the control ring (KVTIER_CONTROL_RING off, or a "
-                  "prompt too long for a ring slot): the two rows above are gRPC figures\n");
+      std::printf(
+          "  NOTE: no Lookup went over the control ring (KVTIER_CONTROL_RING off, or a "
+          "prompt too long for a ring slot): the two rows above are gRPC figures\n");
     }
   }
   std::printf("(goal: >= 1.7x the single client's lookups/s, with p99 <= 2x its p99)\n");

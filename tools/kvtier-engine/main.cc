@@ -35,13 +35,13 @@
 #include <vector>
 
 #include "daemon_kv_source.h"
-#include "kvtier/logging.h"
 #include "kvtier/client.h"
 #include "kvtier/gpu/engine/engine.h"
 #include "kvtier/gpu/engine/model_shape.h"
 #include "kvtier/gpu/engine/ttft_bench.h"
 #include "kvtier/gpu/runtime.h"
 #include "kvtier/layerwise.h"
+#include "kvtier/logging.h"
 #include "kvtier/namespace_spec.h"
 
 namespace {
@@ -221,19 +221,19 @@ int main(int argc, char** argv) {
     Die("the namespace's KV bytes differ from the cache's");
   }
 
-  std::fprintf(
-      table, "kvtier-engine: %s (%lld layers, %lld/%lld heads, head_dim %lld, hidden %lld), "
-      "fp16, on %s\n",
-      shape.name.c_str(), (long long)shape.num_layers, (long long)shape.num_q_heads,
-      (long long)shape.num_kv_heads, (long long)shape.head_dim, (long long)shape.hidden,
-      std::string(rt.name()).c_str());
-  std::fprintf(
-      table, "prompt %lld tokens, cached prefix %lld tokens (%u chunks, %.1f MiB of KV), "
-      "%d iterations, medians\n",
-      (long long)prompt_tokens, (long long)cached_tokens, expect_chunks, prefix_bytes / 1048576.0,
-      iterations);
+  std::fprintf(table,
+               "kvtier-engine: %s (%lld layers, %lld/%lld heads, head_dim %lld, hidden %lld), "
+               "fp16, on %s\n",
+               shape.name.c_str(), (long long)shape.num_layers, (long long)shape.num_q_heads,
+               (long long)shape.num_kv_heads, (long long)shape.head_dim, (long long)shape.hidden,
+               std::string(rt.name()).c_str());
+  std::fprintf(table,
+               "prompt %lld tokens, cached prefix %lld tokens (%u chunks, %.1f MiB of KV), "
+               "%d iterations, medians\n",
+               (long long)prompt_tokens, (long long)cached_tokens, expect_chunks,
+               prefix_bytes / 1048576.0, iterations);
   std::fprintf(table, "prefill + layerwise store:              %10.2f ms (%u chunks stored)\n",
-              prefill_store_ms, stored.stored_chunks);
+               prefill_store_ms, stored.stored_chunks);
   report.Print(table);
 
   if (!json_path.empty()) {

@@ -4,10 +4,10 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
-#include <optional>
 
 #include "kvtier/admin_client.h"
 #include "kvtier/kv_event.h"
@@ -29,8 +29,8 @@ class EventIndex {
     for (size_t node = 0; node < nodes.size(); ++node) {
       const std::string replay =
           nodes[node].replay.empty() ? "" : tools::ConnectableAddress(nodes[node].replay);
-      auto sub = tools::KvEventSubscriber::Connect(
-          tools::ConnectableAddress(nodes[node].events), replay);
+      auto sub =
+          tools::KvEventSubscriber::Connect(tools::ConnectableAddress(nodes[node].events), replay);
       if (!sub.ok()) return sub.status();
       index->subs_.push_back(std::move(sub).value());
       if (replay.empty()) continue;
@@ -108,7 +108,8 @@ std::vector<EventIndex::Endpoints> EventAddresses(const ReplayOptions& options,
   for (const std::string& socket : sockets) {
     auto admin = AdminClient::Connect(
         socket, std::max<std::chrono::milliseconds>(options.deadline, std::chrono::seconds(1)));
-    auto config = admin.ok() ? (*admin)->Config() : Result<std::vector<DaemonSetting>>(admin.status());
+    auto config =
+        admin.ok() ? (*admin)->Config() : Result<std::vector<DaemonSetting>>(admin.status());
     if (!config.ok()) {
       std::fprintf(stderr, "kvtier-replay: node %s: %s\n", socket.c_str(),
                    config.status().message().c_str());
@@ -276,10 +277,10 @@ int RunNodes(const ReplayOptions& options, const NodesOptions& nodes,
                         {"fail_open", t.fail_open}});
   }
   if (nodes.route == "prefix") {
-    std::fprintf(table, "  router: %llu KV events read, %llu gaps, %llu requests placed by prefix\n",
-                 static_cast<unsigned long long>(r.events),
-                 static_cast<unsigned long long>(r.event_gaps),
-                 static_cast<unsigned long long>(r.routed_by_prefix));
+    std::fprintf(
+        table, "  router: %llu KV events read, %llu gaps, %llu requests placed by prefix\n",
+        static_cast<unsigned long long>(r.events), static_cast<unsigned long long>(r.event_gaps),
+        static_cast<unsigned long long>(r.routed_by_prefix));
   }
   PrintSummary(table, all, info);
   nlohmann::json j = {{"route", nodes.route},

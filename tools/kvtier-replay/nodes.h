@@ -26,7 +26,7 @@
 namespace kvtier::replay {
 
 struct NodesOptions {
-  std::vector<std::string> sockets;  // one per node, at least one
+  std::vector<std::string> sockets;   // one per node, at least one
   std::string route = "round_robin";  // round_robin | prefix
 };
 

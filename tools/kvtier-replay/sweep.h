@@ -32,12 +32,12 @@ Result<SweepSpec> ParseSweep(std::string_view text);
 struct SweepOptions {
   std::string kvtierd_path;  // the daemon to start. Default: kvtierd beside kvtier-replay
   std::vector<std::string> kvtierd_args;  // more flags for each daemon (--dram-eviction s3fifo)
-  std::string csv_path;      // one row a point
-  std::string png_path;      // "": no plot
-  std::string plot_script;   // gnuplot script: tools/plot-sweep.gp
-  std::string nvme_dir;      // parent of each point's NVMe file folder (O_DIRECT: not tmpfs)
-  std::string title;         // the plot's title (no single quotes)
-  bool progress = false;     // a progress line per point on stderr
+  std::string csv_path;                   // one row a point
+  std::string png_path;                   // "": no plot
+  std::string plot_script;                // gnuplot script: tools/plot-sweep.gp
+  std::string nvme_dir;   // parent of each point's NVMe file folder (O_DIRECT: not tmpfs)
+  std::string title;      // the plot's title (no single quotes)
+  bool progress = false;  // a progress line per point on stderr
 };
 
 // Replays `trace` on the daemon at options.socket_path into `t`: 0, or the exit code.

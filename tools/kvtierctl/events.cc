@@ -49,10 +49,11 @@ class EventPrinter {
     if (as_json_) {
       std::printf("%s\n", json{{"gap", {{"first_seq", first}, {"last_seq", last}}}}.dump().c_str());
     } else {
-      std::printf("gap: batches %llu..%llu are lost (dropped by kvtierd when its event queue was "
-                  "full, or older than its replay buffer); a view built from events is "
-                  "incomplete: rebuild it from kvtierctl ls\n",
-                  static_cast<unsigned long long>(first), static_cast<unsigned long long>(last));
+      std::printf(
+          "gap: batches %llu..%llu are lost (dropped by kvtierd when its event queue was "
+          "full, or older than its replay buffer); a view built from events is "
+          "incomplete: rebuild it from kvtierctl ls\n",
+          static_cast<unsigned long long>(first), static_cast<unsigned long long>(last));
     }
     std::fflush(stdout);
   }
@@ -105,8 +106,7 @@ class EventPrinter {
 
 }  // namespace
 
-int RunEvents(AdminClient* admin, const std::string& socket_path, bool as_json,
-              EventsArgs args) {
+int RunEvents(AdminClient* admin, const std::string& socket_path, bool as_json, EventsArgs args) {
   if (args.address.empty()) {  // the daemon's own
     auto settings = admin->Config();
     if (!settings.ok()) return Fail(socket_path, as_json, settings.status());
@@ -117,13 +117,16 @@ int RunEvents(AdminClient* admin, const std::string& socket_path, bool as_json,
       }
     }
     if (args.address.empty()) {
-      std::fprintf(stderr, "kvtierctl events: kvtierd on %s publishes no KV events (start it "
-                   "with --events-address), or give --address\n", socket_path.c_str());
+      std::fprintf(stderr,
+                   "kvtierctl events: kvtierd on %s publishes no KV events (start it "
+                   "with --events-address), or give --address\n",
+                   socket_path.c_str());
       return 1;
     }
   }
   if (args.from && args.replay_address.empty()) {
-    std::fprintf(stderr, "kvtierctl events: --from needs a replay address (kvtierd "
+    std::fprintf(stderr,
+                 "kvtierctl events: --from needs a replay address (kvtierd "
                  "--events-replay-address, or --replay-address)\n");
     return 2;
   }
@@ -136,8 +139,8 @@ int RunEvents(AdminClient* admin, const std::string& socket_path, bool as_json,
   if (args.from) {
     auto past = (*sub)->Replay(*args.from, std::chrono::seconds(5));
     if (!past.ok()) {
-      std::fprintf(stderr, "kvtierctl events: replay from %s: %s\n",
-                   args.replay_address.c_str(), past.status().message().c_str());
+      std::fprintf(stderr, "kvtierctl events: replay from %s: %s\n", args.replay_address.c_str(),
+                   past.status().message().c_str());
       return 1;
     }
     for (const auto& m : *past) {

@@ -114,14 +114,16 @@ int main(int argc, char** argv) {
       "events", "print kvtierd's KV events live (vLLM's schema), one line each, and gaps");
   ctl::EventsArgs events_args;
   uint64_t events_from = 0;
-  auto* address_opt = events->add_option(
-      "--address", events_args.address, "the events endpoint (default: the daemon's events_address)");
-  auto* replay_opt = events->add_option(
-      "--replay-address", events_args.replay_address,
-      "the replay endpoint (default: the daemon's events_replay_address)");
+  auto* address_opt =
+      events->add_option("--address", events_args.address,
+                         "the events endpoint (default: the daemon's events_address)");
+  auto* replay_opt =
+      events->add_option("--replay-address", events_args.replay_address,
+                         "the replay endpoint (default: the daemon's events_replay_address)");
   // kCount first: CLI11's Range alone calls "abc" out of range.
-  auto* from_opt = events->add_option("--from", events_from,
-                                      "first print the buffered batches from this sequence number")
+  auto* from_opt = events
+                       ->add_option("--from", events_from,
+                                    "first print the buffered batches from this sequence number")
                        ->check(kvtier::tools::kCount);
   events->add_option("--count", events_args.count, "stop after N events")
       ->check(kvtier::tools::kCount)
@@ -182,8 +184,9 @@ int main(int argc, char** argv) {
   if (events->parsed()) {
     for (const CLI::Option* o : {address_opt, replay_opt}) {
       if (o->count() > 0 && o->as<std::string>().empty()) {
-        return usage("events", o->get_name() + " is empty: give an endpoint, or leave it out "
-                                               "for the daemon's");
+        return usage("events", o->get_name() +
+                                   " is empty: give an endpoint, or leave it out "
+                                   "for the daemon's");
       }
     }
   }

@@ -55,12 +55,13 @@ json StatsJson(const DaemonStats& s) {
   const PrefetchOutcomes& p = s.prefetches;
   return {{"tiers", tiers},
           {"models", models},
-          {"prefetches", {{"nothing_cached", p.nothing_cached},
-                          {"over_budget", p.over_budget},
-                          {"used", p.used},
-                          {"used_early", p.used_early},
-                          {"expired", p.expired},
-                          {"session_ended", p.session_ended}}},
+          {"prefetches",
+           {{"nothing_cached", p.nothing_cached},
+            {"over_budget", p.over_budget},
+            {"used", p.used},
+            {"used_early", p.used_early},
+            {"expired", p.expired},
+            {"session_ended", p.session_ended}}},
           {"lookup_chunks", s.lookup_chunks},
           {"unserved_hit_tokens", s.unserved_hit_tokens},
           {"lookups", s.lookups},
@@ -109,14 +110,13 @@ void PrintStats(const DaemonStats& s) {
       static_cast<unsigned long long>(s.prefetched_chunks),
       static_cast<unsigned long long>(s.session_limited));
   const PrefetchOutcomes& p = s.prefetches;
-  std::printf("prefetches: used %llu, used early %llu (before their promotion finished), "
-              "expired %llu, session ended %llu, nothing cached %llu, over budget %llu\n",
-              static_cast<unsigned long long>(p.used),
-              static_cast<unsigned long long>(p.used_early),
-              static_cast<unsigned long long>(p.expired),
-              static_cast<unsigned long long>(p.session_ended),
-              static_cast<unsigned long long>(p.nothing_cached),
-              static_cast<unsigned long long>(p.over_budget));
+  std::printf(
+      "prefetches: used %llu, used early %llu (before their promotion finished), "
+      "expired %llu, session ended %llu, nothing cached %llu, over budget %llu\n",
+      static_cast<unsigned long long>(p.used), static_cast<unsigned long long>(p.used_early),
+      static_cast<unsigned long long>(p.expired), static_cast<unsigned long long>(p.session_ended),
+      static_cast<unsigned long long>(p.nothing_cached),
+      static_cast<unsigned long long>(p.over_budget));
   if (s.unserved_hit_tokens > 0) {
     std::printf("hit tokens leased but never answered (client deadline passed): %llu\n",
                 static_cast<unsigned long long>(s.unserved_hit_tokens));

@@ -20,7 +20,7 @@
 namespace kvtier {
 
 struct TierStats {
-  std::string name;              // "hbm", "dram" or "nvme"
+  std::string name;  // "hbm", "dram" or "nvme"
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;       // slots in use (committed or reserved)
   uint64_t capacity_chunks = 0;  // capacity_bytes / the smallest slot size opened
@@ -28,20 +28,20 @@ struct TierStats {
   uint64_t hits = 0;             // chunks hit by lookups
   uint64_t misses = 0;           // full chunks looked up and not hit
   uint64_t evictions = 0;
-  uint64_t read_bytes = 0;       // payload bytes leased out to clients
-  uint64_t write_bytes = 0;      // payload bytes committed (dram) or written (nvme)
-  uint64_t pending_writes = 0;   // nvme: committed chunks queued for write-through
-  uint64_t corrupt_reads = 0;    // nvme: images that failed verification (dropped)
-  uint64_t io_errors = 0;        // nvme: failed read or write batches
-  bool degraded = false;         // repeated I/O failures: the other tiers serve
-  uint64_t skipped_writes = 0;   // nvme: evicted from DRAM before write-through reached them
-  uint64_t lost_writes = 0;      // nvme: handed to the NVMe writer and not stored (failed
-                                 // batch, no room, parent gone)
-  uint64_t pinned_chunks = 0;    // dram, hbm: chunks pinned by a lease, ticket, reservation or copy
-  uint64_t uncommitted_bytes = 0;  // dram, hbm: slots in use holding no committed chunk (open
-                                   // reservations, promotions); left when idle: leaked
-  uint64_t throttled_writes = 0;   // nvme: chunks dropped at ReserveWrite because write-through
-                                   // stayed over half the DRAM arena behind (NVME_BEHIND)
+  uint64_t read_bytes = 0;      // payload bytes leased out to clients
+  uint64_t write_bytes = 0;     // payload bytes committed (dram) or written (nvme)
+  uint64_t pending_writes = 0;  // nvme: committed chunks queued for write-through
+  uint64_t corrupt_reads = 0;   // nvme: images that failed verification (dropped)
+  uint64_t io_errors = 0;       // nvme: failed read or write batches
+  bool degraded = false;        // repeated I/O failures: the other tiers serve
+  uint64_t skipped_writes = 0;  // nvme: evicted from DRAM before write-through reached them
+  uint64_t lost_writes = 0;     // nvme: handed to the NVMe writer and not stored (failed
+                                // batch, no room, parent gone)
+  uint64_t pinned_chunks = 0;   // dram, hbm: chunks pinned by a lease, ticket, reservation or copy
+  uint64_t uncommitted_bytes = 0;    // dram, hbm: slots in use holding no committed chunk (open
+                                     // reservations, promotions); left when idle: leaked
+  uint64_t throttled_writes = 0;     // nvme: chunks dropped at ReserveWrite because write-through
+                                     // stayed over half the DRAM arena behind (NVME_BEHIND)
   uint64_t unserved_hits = 0;        // leased, but the Lookup's answer never reached its client
   uint64_t unserved_read_bytes = 0;  // (its deadline passed): not in hits or read_bytes
 };
@@ -78,8 +78,8 @@ struct PrefetchOutcomes {
 struct DaemonStats {
   std::vector<TierStats> tiers;
   uint64_t lookups = 0;
-  uint64_t ring_lookups = 0;  // of lookups, those that came over a control ring
-  uint64_t ring_calls = 0;    // calls of every kind that came over a control ring, run or not
+  uint64_t ring_lookups = 0;   // of lookups, those that came over a control ring
+  uint64_t ring_calls = 0;     // calls of every kind that came over a control ring, run or not
   uint64_t lookup_tokens = 0;  // all prompt tokens looked up, partial tails included
   uint64_t hit_tokens = 0;
   uint64_t sessions = 0;
@@ -108,7 +108,7 @@ struct DaemonHealth {
 struct NamespaceInfo {
   NamespaceId id;
   NamespaceSpec spec;
-  uint64_t chunks = 0;      // resident in DRAM
+  uint64_t chunks = 0;  // resident in DRAM
   uint64_t slot_bytes = 0;
 };
 
@@ -132,7 +132,7 @@ struct EvictScope {
 struct TierEviction {
   std::string tier;      // "hbm", "dram" or "nvme"
   uint64_t removed = 0;  // chunks dropped
-  uint64_t kept = 0;     // selected but pinned (leased, read or copied), or a pinned chunk's ancestor
+  uint64_t kept = 0;  // selected but pinned (leased, read or copied), or a pinned chunk's ancestor
 };
 
 // One cached chunk, as kvtierctl ls lists it.

@@ -81,7 +81,7 @@ struct LookupResult {
 struct LoadResult {
   uint64_t loaded_tokens = 0;  // num_chunks * chunk_tokens, copied to the destination
   uint32_t num_chunks = 0;
-  uint32_t nvme_chunks = 0;    // of num_chunks, the trailing ones the daemon promoted from NVMe
+  uint32_t nvme_chunks = 0;        // of num_chunks, the trailing ones the daemon promoted from NVMe
   uint32_t prefetched_chunks = 0;  // of num_chunks, those a Prefetch promoted from NVMe in time
   // Of num_chunks, the trailing ones the daemon read from the remote tier (by
   // the Lookup or its Prefetch; counted in nvme_chunks or prefetched_chunks too).
@@ -96,9 +96,9 @@ struct StoreResult {
   // Not written by this call: another client's reservation is writing them
   // (stored when it commits, if it does). Not counted as stored.
   uint32_t being_written_chunks = 0;
-  uint32_t dropped_chunks = 0;         // not stored: no space, or parent evicted meanwhile
-  uint64_t stored_bytes = 0;           // payload bytes written into the arena
-  Status fail_open;                    // non-OK when the write was dropped by a failure
+  uint32_t dropped_chunks = 0;  // not stored: no space, or parent evicted meanwhile
+  uint64_t stored_bytes = 0;    // payload bytes written into the arena
+  Status fail_open;             // non-OK when the write was dropped by a failure
 };
 
 // What a Load given a PrefetchTicket waits for (the prefetch policies of SGLang
@@ -133,39 +133,40 @@ struct PrefetchOptions {
 struct HbmPoolInfo {
   std::string ipc_handle;  // opaque bytes for gpu::Runtime::OpenExported
   uint64_t pool_bytes = 0;
-  std::string backend;     // "cuda", or "host" (emulation, tests only)
-  int device = 0;          // the daemon's CUDA device ordinal
-  uint64_t epoch = 0;      // the arena epoch of the daemon run that exported it
+  std::string backend;  // "cuda", or "host" (emulation, tests only)
+  int device = 0;       // the daemon's CUDA device ordinal
+  uint64_t epoch = 0;   // the arena epoch of the daemon run that exported it
 };
 
 // A prefetch in progress, from Prefetch(); hand it to Load. Copyable. A ticket
 // is tied to the session it was issued on: after a reconnect, Load ignores it.
 struct PrefetchTicket {
-  uint64_t id = 0;             // 0 when nothing is cached or the call failed open
-  uint32_t total_chunks = 0;   // cached prefix: the DRAM chunks, the NVMe chunks, then the remote ones
-  uint32_t nvme_chunks = 0;    // of total_chunks, those being promoted from NVMe
-  uint32_t remote_chunks = 0;  // of total_chunks, the last ones, being promoted from the remote tier
-  uint32_t ready_chunks = 0;   // in DRAM at the call
+  uint64_t id = 0;  // 0 when nothing is cached or the call failed open
+  uint32_t total_chunks =
+      0;  // cached prefix: the DRAM chunks, the NVMe chunks, then the remote ones
+  uint32_t nvme_chunks = 0;  // of total_chunks, those being promoted from NVMe
+  uint32_t remote_chunks =
+      0;                      // of total_chunks, the last ones, being promoted from the remote tier
+  uint32_t ready_chunks = 0;  // in DRAM at the call
   PrefetchOptions options;
   std::chrono::steady_clock::time_point wait_until;  // the latest a Load waits until
-  uint64_t session_id = 0;     // the session it belongs to
-  Status fail_open;            // non-OK when the cache failed open
+  uint64_t session_id = 0;                           // the session it belongs to
+  Status fail_open;                                  // non-OK when the cache failed open
 };
 
 struct PrefetchProgress {
-  uint32_t ready_chunks = 0;   // leading chunks in DRAM, held for the Load
+  uint32_t ready_chunks = 0;  // leading chunks in DRAM, held for the Load
   uint32_t total_chunks = 0;
-  uint32_t hbm_chunks = 0;     // leading chunks also in HBM (PrefetchOptions::to_hbm)
-  bool hbm_done = false;       // to_hbm: no more will go into HBM (the pool may be full)
-  bool done = false;           // no more will become ready
-  Status fail_open;            // non-OK when the ticket is gone or the daemon did not answer
+  uint32_t hbm_chunks = 0;  // leading chunks also in HBM (PrefetchOptions::to_hbm)
+  bool hbm_done = false;    // to_hbm: no more will go into HBM (the pool may be full)
+  bool done = false;        // no more will become ready
+  Status fail_open;         // non-OK when the ticket is gone or the daemon did not answer
 };
 
 // Reads chunk `chunk_index` (0-based) of a load: `payload` (layout.payload_bytes)
 // lies in the shared arena and is valid only during the call. A non-OK return
 // ends the load and is returned by Load.
-using ChunkReader =
-    std::function<Status(size_t chunk_index, std::span<const std::byte> payload)>;
+using ChunkReader = std::function<Status(size_t chunk_index, std::span<const std::byte> payload)>;
 
 // Writes chunk `chunk_index` (0-based over the prompt's full chunks) into
 // `payload` (exactly layout.payload_bytes, in the shared arena). A non-OK
@@ -216,7 +217,7 @@ class ChunkLease {
   uint32_t prefetched_chunks = 0;  // of num_chunks, those a Prefetch promoted in time
   uint32_t remote_chunks = 0;      // of num_chunks, the trailing ones read from the remote tier
   std::chrono::microseconds lookup_time{0};  // the Lookup-with-lease RPC
-  Status fail_open;                // non-OK when the cache failed open (a miss)
+  Status fail_open;                          // non-OK when the cache failed open (a miss)
 
  private:
   friend class Client;
@@ -311,8 +312,7 @@ class Client {
   // With `ticket` (from Prefetch of the same tokens), Load first waits as its
   // policy says, then takes over what it made ready without reading NVMe.
   Result<LoadResult> Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
-                          std::span<std::byte> destination,
-                          const PrefetchTicket* ticket = nullptr,
+                          std::span<std::byte> destination, const PrefetchTicket* ticket = nullptr,
                           std::string_view request_id = {});
   // The same without a staging buffer: calls `reader` for each leased chunk,
   // in order, on its bytes in the shared arena, then releases. At most
@@ -321,8 +321,7 @@ class Client {
   // must discard what it took from them.
   Result<LoadResult> Load(const NamespaceHandle& ns, std::span<const int32_t> tokens,
                           const ChunkReader& reader, size_t max_chunks = SIZE_MAX,
-                          const PrefetchTicket* ticket = nullptr,
-                          std::string_view request_id = {});
+                          const PrefetchTicket* ticket = nullptr, std::string_view request_id = {});
 
   // Leases the cached prefix of `tokens` (at most `max_chunks` chunks) and
   // keeps it until the lease is released: Load without the copy. With
@@ -339,9 +338,9 @@ class Client {
   // too (the lease starts at chunk 0) but the daemon counts them neither as
   // hits nor as bytes read.
   Result<ChunkLease> Acquire(const NamespaceHandle& ns, std::span<const int32_t> tokens,
-                             size_t max_chunks = SIZE_MAX,
-                             const PrefetchTicket* ticket = nullptr, bool hbm = false,
-                             std::string_view request_id = {}, size_t first_chunk = 0);
+                             size_t max_chunks = SIZE_MAX, const PrefetchTicket* ticket = nullptr,
+                             bool hbm = false, std::string_view request_id = {},
+                             size_t first_chunk = 0);
   // Reserves slots for the full chunks of `tokens` from `first_chunk` on that
   // are not cached: Store without the writes.
   Result<ChunkReservation> Reserve(const NamespaceHandle& ns, std::span<const int32_t> tokens,

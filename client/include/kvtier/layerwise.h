@@ -103,7 +103,7 @@ class GpuArena {
 
   struct OpenedPool {
     std::string ipc_handle;
-    uint64_t epoch = 0;  // of the daemon run that exported it
+    uint64_t epoch = 0;        // of the daemon run that exported it
     gpu::DeviceBuffer buffer;  // empty when opening failed
     Status error;
   };
@@ -116,7 +116,7 @@ class GpuArena {
   mutable std::mutex mu_;
   // Shared with the loads and stores using them: an entry no one else holds
   // and that is not the daemon's current one is dropped.
-  std::vector<std::shared_ptr<Entry>> entries_;  // GUARDED_BY(mu_)
+  std::vector<std::shared_ptr<Entry>> entries_;     // GUARDED_BY(mu_)
   std::vector<std::shared_ptr<OpenedPool>> pools_;  // GUARDED_BY(mu_)
 };
 
@@ -190,8 +190,8 @@ class LayerwiseLoader {
   gpu::Runtime& runtime_;
   const gpu::KvTransferOptions options_;
   gpu::KvLayout layout_;
-  std::vector<uint32_t> groups_;  // layers per group
-  std::vector<std::vector<int32_t>> block_ids_;  // per group, of the copied chunks
+  std::vector<uint32_t> groups_;                   // layers per group
+  std::vector<std::vector<int32_t>> block_ids_;    // per group, of the copied chunks
   std::shared_ptr<const gpu::PinnedRange> range_;  // held until the copies are done
   std::shared_ptr<const gpu::DeviceBuffer> pool_;  // the HBM pool the HBM chunks are read from
   ChunkLease lease_;
@@ -248,7 +248,7 @@ class LayerwiseStorer {
   gpu::Runtime& runtime_;
   const gpu::KvTransferOptions options_;
   gpu::KvLayout layout_;
-  std::vector<uint32_t> groups_;  // layers per group
+  std::vector<uint32_t> groups_;                   // layers per group
   std::shared_ptr<const gpu::PinnedRange> range_;  // held until the copies are done
   ChunkReservation reservation_;
   std::vector<std::unique_ptr<gpu::LayerwiseStore>> stores_;  // per group; empty: nothing to store

@@ -119,8 +119,10 @@ void BindAdmin(nb::module_& m) {
           },
           nb::sig("def stats(self) -> dict[str, typing.Any]"),
           "The daemon's counters as a dict: 'tiers' (a list of dicts with name, "
-          "capacity_bytes, used_bytes, capacity_chunks, chunks, hits, misses, evictions, read_bytes, "
-          "write_bytes, pending_writes, corrupt_reads, io_errors, degraded, skipped_writes, lost_writes, throttled_writes, "
+          "capacity_bytes, used_bytes, capacity_chunks, chunks, hits, misses, evictions, "
+          "read_bytes, "
+          "write_bytes, pending_writes, corrupt_reads, io_errors, degraded, skipped_writes, "
+          "lost_writes, throttled_writes, "
           "pinned_chunks, uncommitted_bytes, unserved_hits, unserved_read_bytes; hits and "
           "read_bytes count what was served, the unserved ones leases whose Lookup answer "
           "never reached the client), "
@@ -196,9 +198,9 @@ void BindAdmin(nb::module_& m) {
             if (ns) {
               scope.ns = ChunkKey::FromHex(*ns);
               if (!scope.ns) {
-                ThrowIfError(Status::InvalidArgument(
-                    "namespace '" + *ns + "' is not a namespace id (32 hex digits, as "
-                    "Namespace.id and namespaces() give)"));
+                ThrowIfError(Status::InvalidArgument("namespace '" + *ns +
+                                                     "' is not a namespace id (32 hex digits, as "
+                                                     "Namespace.id and namespaces() give)"));
               }
             }
             if (!tokens.is_none()) scope.tokens = TokensFrom(tokens);  // empty: refused

@@ -28,9 +28,9 @@ void ThrowIfGpuError(const gpu::GpuStatus& st, const std::string& what) {
 }
 
 KvLayoutKind KindFrom(const std::string& name) {
-  for (KvLayoutKind k : {KvLayoutKind::kVllmBhnc, KvLayoutKind::kVllmFlashAttn,
-                         KvLayoutKind::kVllmFlashInfer, KvLayoutKind::kSglangMha,
-                         KvLayoutKind::kMla}) {
+  for (KvLayoutKind k :
+       {KvLayoutKind::kVllmBhnc, KvLayoutKind::kVllmFlashAttn, KvLayoutKind::kVllmFlashInfer,
+        KvLayoutKind::kSglangMha, KvLayoutKind::kMla}) {
     if (name == gpu::KvLayoutKindName(k)) return k;
   }
   throw StatusError(Status::InvalidArgument(
@@ -72,12 +72,13 @@ gpu::KvLayoutSpec SpecFrom(KvLayoutKind kind, const TensorShape& s,
   auto bad = [&](const std::string& why) {
     return StatusError(Status::InvalidArgument(std::string("layers: ") + why));
   };
-  const size_t rank = kind == KvLayoutKind::kVllmBhnc ? 4
-                      : (kind == KvLayoutKind::kVllmFlashAttn ||
-                         kind == KvLayoutKind::kVllmFlashInfer) ? 5 : 3;
+  const size_t rank =
+      kind == KvLayoutKind::kVllmBhnc                                                   ? 4
+      : (kind == KvLayoutKind::kVllmFlashAttn || kind == KvLayoutKind::kVllmFlashInfer) ? 5
+                                                                                        : 3;
   if (s.shape.size() != rank) {
-    throw bad(std::string(gpu::KvLayoutKindName(kind)) + " tensors have " +
-              std::to_string(rank) + " dimensions, got " + std::to_string(s.shape.size()));
+    throw bad(std::string(gpu::KvLayoutKindName(kind)) + " tensors have " + std::to_string(rank) +
+              " dimensions, got " + std::to_string(s.shape.size()));
   }
   gpu::KvLayoutSpec spec;
   spec.kind = kind;
@@ -144,9 +145,9 @@ std::unique_ptr<PyPagedKvCache> MakeCache(const std::string& kind_name, nb::list
   auto take = [&](nb::handle obj, size_t layer) {
     nb::ndarray<> t;
     if (!nb::try_cast(obj, t, false)) {
-      throw StatusError(Status::InvalidArgument(
-          "layers[" + std::to_string(layer) + "]: expected a writable tensor (DLPack), got " +
-          nb::type_name(obj.type()).c_str()));
+      throw StatusError(Status::InvalidArgument("layers[" + std::to_string(layer) +
+                                                "]: expected a writable tensor (DLPack), got " +
+                                                nb::type_name(obj.type()).c_str()));
     }
     TensorShape s = ShapeOf(t);
     if (!first) {
@@ -164,8 +165,8 @@ std::unique_ptr<PyPagedKvCache> MakeCache(const std::string& kind_name, nb::list
     if (pairs) {
       nb::tuple kv;
       if (!nb::try_cast(layers[i], kv) || kv.size() != 2) {
-        throw StatusError(Status::InvalidArgument(
-            "layers[" + std::to_string(i) + "]: sglang_mha takes a (k, v) pair of tensors"));
+        throw StatusError(Status::InvalidArgument("layers[" + std::to_string(i) +
+                                                  "]: sglang_mha takes a (k, v) pair of tensors"));
       }
       lt.tensors[0] = take(kv[0], i);
       lt.tensors[1] = take(kv[1], i);
@@ -196,9 +197,9 @@ void CheckDevice(const PyPagedKvCache& cache, gpu::Runtime& rt) {
         (host ? "CPU tensors" : "CUDA tensors") + ", the cache's are on another device"));
   }
   if (!host && std::string(rt.name()) != "cuda:" + std::to_string(cache.device_id)) {
-    throw StatusError(Status::InvalidArgument(
-        std::string("cache: tensors on cuda:") + std::to_string(cache.device_id) +
-        ", runtime on " + std::string(rt.name())));
+    throw StatusError(Status::InvalidArgument(std::string("cache: tensors on cuda:") +
+                                              std::to_string(cache.device_id) + ", runtime on " +
+                                              std::string(rt.name())));
   }
 }
 
@@ -247,8 +248,9 @@ void BindLayerwise(nb::module_& m) {
           nb::arg("device") = 0,
           "The CUDA backend on device ordinal `device`. Raises Unavailable when built "
           "without CUDA or no GPU or driver is present, InvalidArgument for a bad ordinal.")
-      .def_prop_ro("name", [](const gpu::Runtime& rt) { return std::string(rt.name()); },
-                   "'host' or 'cuda:<device>'.")
+      .def_prop_ro(
+          "name", [](const gpu::Runtime& rt) { return std::string(rt.name()); },
+          "'host' or 'cuda:<device>'.")
       .def(
           "create_stream",
           [](gpu::Runtime& rt) {
@@ -282,9 +284,10 @@ void BindLayerwise(nb::module_& m) {
           nb::arg("stream"), "Blocks until all work queued on `stream` so far has completed.");
 
   nb::class_<gpu::Stream>(m, "Stream", "A stream of a Runtime (Runtime.create_stream/wrap_stream).")
-      .def_prop_ro("handle",
-                   [](const gpu::Stream& s) { return reinterpret_cast<uintptr_t>(s.native_handle()); },
-                   "CUDA: the cudaStream_t as an int. Host backend: an opaque value.");
+      .def_prop_ro(
+          "handle",
+          [](const gpu::Stream& s) { return reinterpret_cast<uintptr_t>(s.native_handle()); },
+          "CUDA: the cudaStream_t as an int. Host backend: an opaque value.");
 
   nb::class_<GpuArena>(
       m, "GpuArena",
@@ -307,23 +310,23 @@ void BindLayerwise(nb::module_& m) {
       "  'mla':             [num_blocks, block_size, latent_dim]\n"
       "Strides are taken from the tensors (HND caches and views fit). The tensors are kept "
       "alive by this object.")
-      .def("__init__",
-           [](PyPagedKvCache* self, const std::string& kind, nb::list layers,
-              std::optional<int64_t> page_size, std::optional<std::vector<uint32_t>> groups) {
-             new (self) PyPagedKvCache(std::move(*MakeCache(kind, layers, page_size, groups)));
-           },
-           nb::arg("kind"), nb::arg("layers"), nb::arg("page_size").none() = nb::none(),
-           nb::arg("group_layers").none() = nb::none(),
-           nb::sig("def __init__(self, kind: str, layers: list[typing.Any], "
-                   "page_size: int | None = None, group_layers: list[int] | None = None) "
-                   "-> None"),
-           "group_layers: KV cache groups (vLLM's hybrid allocator), each with a block table "
-           "of its own: group g is the next group_layers[g] layers, and a chunk holds the "
-           "groups in this order. None: one group. Raises InvalidArgument naming what does "
-           "not fit (rank, a K/V dimension that is not 2, layers that differ, strides that "
-           "alias, groups that do not add up to the layers).")
-      .def_prop_ro("num_layers",
-                   [](const PyPagedKvCache& c) { return c.cache.layers.size(); })
+      .def(
+          "__init__",
+          [](PyPagedKvCache* self, const std::string& kind, nb::list layers,
+             std::optional<int64_t> page_size, std::optional<std::vector<uint32_t>> groups) {
+            new (self) PyPagedKvCache(std::move(*MakeCache(kind, layers, page_size, groups)));
+          },
+          nb::arg("kind"), nb::arg("layers"), nb::arg("page_size").none() = nb::none(),
+          nb::arg("group_layers").none() = nb::none(),
+          nb::sig("def __init__(self, kind: str, layers: list[typing.Any], "
+                  "page_size: int | None = None, group_layers: list[int] | None = None) "
+                  "-> None"),
+          "group_layers: KV cache groups (vLLM's hybrid allocator), each with a block table "
+          "of its own: group g is the next group_layers[g] layers, and a chunk holds the "
+          "groups in this order. None: one group. Raises InvalidArgument naming what does "
+          "not fit (rank, a K/V dimension that is not 2, layers that differ, strides that "
+          "alias, groups that do not add up to the layers).")
+      .def_prop_ro("num_layers", [](const PyPagedKvCache& c) { return c.cache.layers.size(); })
       .def_prop_ro("num_groups",
                    [](const PyPagedKvCache& c) {
                      return c.cache.group_layers.empty() ? size_t{1} : c.cache.group_layers.size();
@@ -336,16 +339,17 @@ void BindLayerwise(nb::module_& m) {
       m, "LayerwiseLoader",
       "Loads the cached prefix of one request layer by layer into an engine's paged KV "
       "cache. One per request in flight; not thread-safe.")
-      .def("__init__",
-           [](LayerwiseLoader* self, Client& client, const NamespaceHandle& ns, GpuArena& arena,
-              const PyPagedKvCache& cache, gpu::Runtime& runtime) {
-             CheckDevice(cache, runtime);
-             new (self) LayerwiseLoader(client, ns, arena, cache.cache, runtime);
-           },
-           nb::arg("client"), nb::arg("ns"), nb::arg("arena"), nb::arg("cache"),
-           nb::arg("runtime"), nb::keep_alive<1, 2>(), nb::keep_alive<1, 4>(),
-           nb::keep_alive<1, 5>(), nb::keep_alive<1, 6>(),
-           "Raises InvalidArgument when the cache's tensors are not on the runtime's device.")
+      .def(
+          "__init__",
+          [](LayerwiseLoader* self, Client& client, const NamespaceHandle& ns, GpuArena& arena,
+             const PyPagedKvCache& cache, gpu::Runtime& runtime) {
+            CheckDevice(cache, runtime);
+            new (self) LayerwiseLoader(client, ns, arena, cache.cache, runtime);
+          },
+          nb::arg("client"), nb::arg("ns"), nb::arg("arena"), nb::arg("cache"), nb::arg("runtime"),
+          nb::keep_alive<1, 2>(), nb::keep_alive<1, 4>(), nb::keep_alive<1, 5>(),
+          nb::keep_alive<1, 6>(),
+          "Raises InvalidArgument when the cache's tensors are not on the runtime's device.")
       .def(
           "start_load",
           [](LayerwiseLoader& l, nb::handle tokens, nb::handle block_ids, gpu::Stream& stream,
@@ -386,7 +390,8 @@ void BindLayerwise(nb::module_& m) {
             nb::gil_scoped_release release;
             return ValueOrThrow(l.Finish());
           },
-          "Queues the layers not queued yet, waits for every copy, releases the lease and returns the block ids to recompute "
+          "Queues the layers not queued yet, waits for every copy, releases the lease and returns "
+          "the block ids to recompute "
           "(ascending): chunks whose copy failed or whose lease lapsed; with several KV cache "
           "groups, each group's ids follow the previous group's. Raises "
           "InvalidArgument when no load was started.")
@@ -397,16 +402,17 @@ void BindLayerwise(nb::module_& m) {
       m, "LayerwiseStorer",
       "Stores the new chunks of one request layer by layer as the engine writes them. One "
       "per request in flight; not thread-safe.")
-      .def("__init__",
-           [](LayerwiseStorer* self, Client& client, const NamespaceHandle& ns, GpuArena& arena,
-              const PyPagedKvCache& cache, gpu::Runtime& runtime) {
-             CheckDevice(cache, runtime);
-             new (self) LayerwiseStorer(client, ns, arena, cache.cache, runtime);
-           },
-           nb::arg("client"), nb::arg("ns"), nb::arg("arena"), nb::arg("cache"),
-           nb::arg("runtime"), nb::keep_alive<1, 2>(), nb::keep_alive<1, 4>(),
-           nb::keep_alive<1, 5>(), nb::keep_alive<1, 6>(),
-           "Raises InvalidArgument when the cache's tensors are not on the runtime's device.")
+      .def(
+          "__init__",
+          [](LayerwiseStorer* self, Client& client, const NamespaceHandle& ns, GpuArena& arena,
+             const PyPagedKvCache& cache, gpu::Runtime& runtime) {
+            CheckDevice(cache, runtime);
+            new (self) LayerwiseStorer(client, ns, arena, cache.cache, runtime);
+          },
+          nb::arg("client"), nb::arg("ns"), nb::arg("arena"), nb::arg("cache"), nb::arg("runtime"),
+          nb::keep_alive<1, 2>(), nb::keep_alive<1, 4>(), nb::keep_alive<1, 5>(),
+          nb::keep_alive<1, 6>(),
+          "Raises InvalidArgument when the cache's tensors are not on the runtime's device.")
       .def(
           "start",
           [](LayerwiseStorer& s, nb::handle tokens, nb::handle block_ids, gpu::Stream& stream,

@@ -97,8 +97,7 @@ std::vector<int32_t> TokensFrom(nb::handle obj, const char* what) {
   return out;
 }
 
-std::span<std::byte> BytesOf(nb::handle obj, bool writable, const char* what,
-                             nb::object* holder) {
+std::span<std::byte> BytesOf(nb::handle obj, bool writable, const char* what, nb::object* holder) {
   auto bad = [&](const std::string& why) {
     return StatusError(Status::InvalidArgument(std::string(what) + ": " + why));
   };
@@ -157,11 +156,21 @@ std::string KvDtypeFrom(nb::handle obj) {
   }
   if (name.rfind("torch.", 0) == 0) name = name.substr(6);
   static const std::pair<const char*, const char*> kNames[] = {
-      {"fp16", "fp16"},         {"float16", "fp16"},        {"half", "fp16"},
-      {"bf16", "bf16"},         {"bfloat16", "bf16"},       {"fp32", "fp32"},
-      {"float32", "fp32"},      {"float", "fp32"},          {"fp8_e4m3", "fp8_e4m3"},
-      {"float8_e4m3fn", "fp8_e4m3"}, {"fp8", "fp8_e4m3"},   {"fp8_e5m2", "fp8_e5m2"},
-      {"float8_e5m2", "fp8_e5m2"}, {"int8", "int8"},        {"fp8_e4m3fn", "fp8_e4m3"},
+      {"fp16", "fp16"},
+      {"float16", "fp16"},
+      {"half", "fp16"},
+      {"bf16", "bf16"},
+      {"bfloat16", "bf16"},
+      {"fp32", "fp32"},
+      {"float32", "fp32"},
+      {"float", "fp32"},
+      {"fp8_e4m3", "fp8_e4m3"},
+      {"float8_e4m3fn", "fp8_e4m3"},
+      {"fp8", "fp8_e4m3"},
+      {"fp8_e5m2", "fp8_e5m2"},
+      {"float8_e5m2", "fp8_e5m2"},
+      {"int8", "int8"},
+      {"fp8_e4m3fn", "fp8_e4m3"},
   };
   for (const auto& [from, to] : kNames) {
     if (name == from) return to;
@@ -174,8 +183,8 @@ std::string KvDtypeFrom(nb::handle obj) {
 
 size_t IndexFrom(int64_t value, const char* what) {
   if (value < 0) {
-    throw StatusError(Status::InvalidArgument(std::string(what) + ": " + std::to_string(value) +
-                                              " is negative"));
+    throw StatusError(
+        Status::InvalidArgument(std::string(what) + ": " + std::to_string(value) + " is negative"));
   }
   return static_cast<size_t>(value);
 }
@@ -192,15 +201,18 @@ PrefetchPolicy PrefetchPolicyFrom(const std::string& name) {
   if (name == "best_effort") return PrefetchPolicy::kBestEffort;
   if (name == "wait_complete") return PrefetchPolicy::kWaitComplete;
   if (name == "timeout") return PrefetchPolicy::kTimeout;
-  throw StatusError(Status::InvalidArgument(
-      "policy: '" + name + "' is not one of best_effort, wait_complete, timeout"));
+  throw StatusError(Status::InvalidArgument("policy: '" + name +
+                                            "' is not one of best_effort, wait_complete, timeout"));
 }
 
 const char* PrefetchPolicyName(PrefetchPolicy policy) {
   switch (policy) {
-    case PrefetchPolicy::kBestEffort: return "best_effort";
-    case PrefetchPolicy::kWaitComplete: return "wait_complete";
-    case PrefetchPolicy::kTimeout: return "timeout";
+    case PrefetchPolicy::kBestEffort:
+      return "best_effort";
+    case PrefetchPolicy::kWaitComplete:
+      return "wait_complete";
+    case PrefetchPolicy::kTimeout:
+      return "timeout";
   }
   return "unknown";
 }

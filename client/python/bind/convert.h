@@ -59,8 +59,7 @@ std::vector<int32_t> TokensFrom(nb::handle obj, const char* what = "tokens");
 // A C-contiguous CPU buffer's bytes (numpy arrays, torch CPU tensors, bytes, bytearray,
 // memoryview). `writable`: the buffer must accept writes (a read-only one is refused).
 // The span is valid while `holder` lives. Errors: INVALID_ARGUMENT naming `what`.
-std::span<std::byte> BytesOf(nb::handle obj, bool writable, const char* what,
-                             nb::object* holder);
+std::span<std::byte> BytesOf(nb::handle obj, bool writable, const char* what, nb::object* holder);
 
 // kvtier's KV dtype name ("fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2", "int8") from
 // that name, a torch dtype (torch.float16), a numpy dtype or its name ("float16").

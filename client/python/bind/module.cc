@@ -2,8 +2,8 @@
 #include <nanobind/nanobind.h>
 
 #include "bindings.h"
-#include "kvtier/logging.h"
 #include "convert.h"
+#include "kvtier/logging.h"
 
 NB_MODULE(_kvtier, m) {
   m.doc() = "kvtier client SDK (C++) bound with nanobind; import `kvtier`, not this module.";

@@ -9,11 +9,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
-#include <string_view>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kvtier {
@@ -41,7 +41,9 @@ struct ChunkKey {
 };
 
 struct ChunkKeyHash {
-  size_t operator()(const ChunkKey& k) const { return static_cast<size_t>(k.lo ^ (k.hi * 0x9E3779B97F4A7C15ULL)); }
+  size_t operator()(const ChunkKey& k) const {
+    return static_cast<size_t>(k.lo ^ (k.hi * 0x9E3779B97F4A7C15ULL));
+  }
 };
 
 // The namespace digest is a 128-bit value of the same form as a chunk key.

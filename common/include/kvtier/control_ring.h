@@ -57,7 +57,7 @@ inline constexpr uint64_t kRingSlotsOffset = 4096;
 inline constexpr uint64_t kRingDataOffset = 16384;
 inline constexpr uint64_t kRingBytes = kRingDataOffset + kRingDepth * kRingSlotDataBytes;
 inline constexpr uint32_t kRingMaxRequestIdBytes = 256;
-inline constexpr uint32_t kRingGivenUp = 0xFFFFFFFF;  // RingSlot::done; never a seq
+inline constexpr uint32_t kRingGivenUp = 0xFFFFFFFF;    // RingSlot::done; never a seq
 inline constexpr uint32_t kRingMaxMessageBytes = 1024;  // error text, truncated to this
 
 // Lookup and ReleaseRead are carried in the entry's own fields (a Lookup's
@@ -72,8 +72,8 @@ enum class RingOp : uint32_t {
   kAbortWrite = 5,
   kPrefetchStatus = 6,
 };
-inline constexpr uint32_t kRingAcquire = 1;  // Lookup: lease the hits, return their locations
-inline constexpr uint32_t kRingHbm = 2;      // Lookup: LookupRequest.hbm
+inline constexpr uint32_t kRingAcquire = 1;      // Lookup: lease the hits, return their locations
+inline constexpr uint32_t kRingHbm = 2;          // Lookup: LookupRequest.hbm
 inline constexpr uint32_t kRingAdoptTicket = 4;  // Lookup: LookupRequest.adopt_ticket
 inline constexpr uint32_t kRingKnownFlags = kRingAcquire | kRingHbm | kRingAdoptTicket;
 
@@ -135,7 +135,7 @@ struct alignas(64) RingHeader {
   // 1 once kvtierd no longer serves this ring (it is stopping, or gave up on
   // the ring): the client stops waiting and uses gRPC.
   std::atomic<uint32_t> closed{0};
-  alignas(64) std::atomic<uint32_t> sq_head{0};      // the daemon's (what it has taken)
+  alignas(64) std::atomic<uint32_t> sq_head{0};           // the daemon's (what it has taken)
   alignas(64) std::atomic<uint32_t> sq[kRingDepth] = {};  // slot indexes, at tail % depth
 };
 static_assert(sizeof(RingHeader) <= kRingSlotsOffset);

@@ -16,8 +16,8 @@ class LatencyHistogram {
   // Upper bounds of the buckets, in seconds (a duration d lands in the first
   // bucket with d <= bound; past the last, in the overflow bucket, +Inf).
   static constexpr std::array<double, 20> kBounds = {
-      5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
-      1e-2, 2.5e-2, 5e-2, 0.1,  0.25, 0.5,    1,    2.5,  5,      10};
+      5e-6, 1e-5,   2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
+      1e-2, 2.5e-2, 5e-2,   0.1,  0.25, 0.5,    1,    2.5,  5,      10};
   static constexpr size_t kBuckets = kBounds.size() + 1;  // the last is +Inf
 
   struct Snapshot {

@@ -32,8 +32,7 @@ Status SetLogLevel(std::string_view level);
 //   }
 class LogLimiter {
  public:
-  explicit LogLimiter(std::chrono::milliseconds every = std::chrono::seconds(10))
-      : every_(every) {}
+  explicit LogLimiter(std::chrono::milliseconds every = std::chrono::seconds(10)) : every_(every) {}
   // When this message may be logged: how many were held back since the last
   // one; nullopt when it must not be.
   std::optional<uint64_t> Admit();
@@ -42,8 +41,8 @@ class LogLimiter {
   const std::chrono::milliseconds every_;
   std::mutex mu_;
   std::chrono::steady_clock::time_point last_{};  // GUARDED_BY(mu_)
-  bool logged_ = false;                            // GUARDED_BY(mu_)
-  uint64_t held_back_ = 0;                         // GUARDED_BY(mu_)
+  bool logged_ = false;                           // GUARDED_BY(mu_)
+  uint64_t held_back_ = 0;                        // GUARDED_BY(mu_)
 };
 
 // " (N more like it since the last warning)", or "" for 0.

@@ -21,18 +21,18 @@ namespace kvtier {
 
 inline constexpr uint64_t kSlotMagic = 0x31544F4C5354564BULL;  // "KVTSLOT1"
 inline constexpr uint32_t kSlotFormatVersion = 1;
-inline constexpr uint64_t kSlotAlignment = 4096;       // slot_bytes is a multiple of this
-inline constexpr uint64_t kPayloadAlignment = 256;     // header_bytes is a multiple of this
+inline constexpr uint64_t kSlotAlignment = 4096;    // slot_bytes is a multiple of this
+inline constexpr uint64_t kPayloadAlignment = 256;  // header_bytes is a multiple of this
 
 // Fixed part of the header; the token ids follow it.
 struct SlotHeader {
-  uint64_t magic;             // kSlotMagic
-  uint32_t format_version;    // kSlotFormatVersion
-  uint32_t header_bytes;      // offset of the payload in the slot
+  uint64_t magic;           // kSlotMagic
+  uint32_t format_version;  // kSlotFormatVersion
+  uint32_t header_bytes;    // offset of the payload in the slot
   std::byte namespace_digest[16];
   std::byte key[16];
-  std::byte parent_key[16];   // previous chunk's key, or the namespace digest for chunk 0
-  uint64_t sequence;          // daemon-wide commit sequence number
+  std::byte parent_key[16];  // previous chunk's key, or the namespace digest for chunk 0
+  uint64_t sequence;         // daemon-wide commit sequence number
   uint64_t payload_bytes;
   uint64_t payload_checksum;  // XXH3-64 of the payload bytes
   uint32_t num_tokens;        // == chunk_tokens

@@ -49,10 +49,14 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status Ok() { return {}; }
-  static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status InvalidArgument(std::string m) {
+    return {StatusCode::kInvalidArgument, std::move(m)};
+  }
   static Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
   static Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
-  static Status PermissionDenied(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
+  static Status PermissionDenied(std::string m) {
+    return {StatusCode::kPermissionDenied, std::move(m)};
+  }
   static Status ResourceExhausted(std::string m) {
     return {StatusCode::kResourceExhausted, std::move(m)};
   }
@@ -92,7 +96,7 @@ namespace internal {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT: implicit by design
     if (std::get<Status>(v_).ok()) [[unlikely]] {
       internal::ResultCheckFailed("Result built from an OK Status has no value",
@@ -135,8 +139,8 @@ class [[nodiscard]] Result {
 }  // namespace kvtier
 
 // Returns early from the enclosing function when `expr` yields a non-OK Status.
-#define KVTIER_RETURN_IF_ERROR(expr)          \
-  do {                                        \
-    ::kvtier::Status _kvtier_st = (expr);     \
-    if (!_kvtier_st.ok()) return _kvtier_st;  \
+#define KVTIER_RETURN_IF_ERROR(expr)         \
+  do {                                       \
+    ::kvtier::Status _kvtier_st = (expr);    \
+    if (!_kvtier_st.ok()) return _kvtier_st; \
   } while (0)

@@ -15,8 +15,7 @@ Result<NamespaceSpec> ModelPreset(const std::string& name, uint32_t chunk_tokens
   } else if (name == "qwen2.5-0.5b") {
     s.model_id = "Qwen/Qwen2.5-0.5B", s.num_layers = 24, s.num_kv_heads = 2, s.head_dim = 64;
   } else if (name == "llama3-8b") {
-    s.model_id = "meta-llama/Llama-3.1-8B", s.num_layers = 32, s.num_kv_heads = 8,
-    s.head_dim = 128;
+    s.model_id = "meta-llama/Llama-3.1-8B", s.num_layers = 32, s.num_kv_heads = 8, s.head_dim = 128;
   } else {
     return Status::InvalidArgument("--model '" + name +
                                    "' is unknown (tiny, qwen2.5-0.5b, llama3-8b)");

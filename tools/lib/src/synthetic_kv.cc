@@ -57,7 +57,8 @@ uint64_t CountPayloadErrors(const ChunkKey& key, uint32_t num_layers,
       uint64_t got;
       std::memcpy(&got, p + w * 8, 8);
       if (got != want) {
-        for (int b = 0; b < 8; ++b) errors += ((got >> (8 * b)) & 0xFF) != ((want >> (8 * b)) & 0xFF);
+        for (int b = 0; b < 8; ++b)
+          errors += ((got >> (8 * b)) & 0xFF) != ((want >> (8 * b)) & 0xFF);
       }
     }
   }

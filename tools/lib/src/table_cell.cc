@@ -1,8 +1,9 @@
 #include "kvtier/tools/table_cell.h"
 
+#include <locale.h>
+
 #include <clocale>
 #include <cwchar>
-#include <locale.h>
 
 namespace kvtier::tools {
 namespace {
@@ -17,7 +18,8 @@ Glyph NextGlyph(std::string_view text, size_t pos) {
   // wcwidth needs a UTF-8 LC_CTYPE; the tools run under whatever locale the
   // shell has, so use C.UTF-8 (built into glibc) for this thread's calls only.
   static const locale_t utf8 = newlocale(LC_CTYPE_MASK, "C.UTF-8", static_cast<locale_t>(0));
-  const locale_t old = utf8 != static_cast<locale_t>(0) ? uselocale(utf8) : static_cast<locale_t>(0);
+  const locale_t old =
+      utf8 != static_cast<locale_t>(0) ? uselocale(utf8) : static_cast<locale_t>(0);
   std::mbstate_t state{};
   wchar_t wc = 0;
   const size_t n = std::mbrtowc(&wc, text.data() + pos, text.size() - pos, &state);

@@ -74,7 +74,8 @@ Result<std::vector<TraceRequest>> ParseMooncakeTrace(std::istream& in, const std
     r.output_length = j["output_length"].get<uint64_t>();
     for (const auto& id : j["hash_ids"]) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0) {
-        return Status::InvalidArgument(where + "hash_ids holds a value that is not a "
+        return Status::InvalidArgument(where +
+                                       "hash_ids holds a value that is not a "
                                        "non-negative integer");
       }
       r.hash_ids.push_back(id.get<uint64_t>());

@@ -27,14 +27,14 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <functional>
-#include <thread>
-#include <deque>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -46,8 +46,8 @@
 #include "kvtier/daemon/kv_event_publisher.h"
 #include "kvtier/daemon/nvme_health.h"
 #include "kvtier/daemon/nvme_writer.h"
-#include "kvtier/daemon/promoter.h"
 #include "kvtier/daemon/owned_table.h"
+#include "kvtier/daemon/promoter.h"
 #include "kvtier/daemon/request_ledger.h"
 #include "kvtier/logging.h"
 #include "kvtier/namespace_spec.h"
@@ -120,20 +120,19 @@ struct CacheCoreOptions {
 class CacheCore {
  public:
   // `clock` must outlive the core. `epoch`: nonzero arena epoch.
-  static Result<std::unique_ptr<CacheCore>> Create(const CacheCoreOptions& options,
-                                                   uint64_t epoch, const Clock& clock);
+  static Result<std::unique_ptr<CacheCore>> Create(const CacheCoreOptions& options, uint64_t epoch,
+                                                   const Clock& clock);
   // The same with an NVMe tier built by the caller (tests wrap its devices to
   // inject faults); `options.nvme` is then ignored.
-  static Result<std::unique_ptr<CacheCore>> Create(const CacheCoreOptions& options,
-                                                   uint64_t epoch, const Clock& clock,
+  static Result<std::unique_ptr<CacheCore>> Create(const CacheCoreOptions& options, uint64_t epoch,
+                                                   const Clock& clock,
                                                    std::unique_ptr<NvmeTier> nvme);
   // The same with the NVMe tier from `open_nvme` (nullptr: none), called once
   // the DRAM and HBM tiers exist, so that a missing GPU is found before slot
   // files are preallocated (kvtierd adds its hint to the NVMe errors there).
   using NvmeOpener = std::function<Result<std::unique_ptr<NvmeTier>>()>;
-  static Result<std::unique_ptr<CacheCore>> Create(const CacheCoreOptions& options,
-                                                   uint64_t epoch, const Clock& clock,
-                                                   const NvmeOpener& open_nvme);
+  static Result<std::unique_ptr<CacheCore>> Create(const CacheCoreOptions& options, uint64_t epoch,
+                                                   const Clock& clock, const NvmeOpener& open_nvme);
   // The NVMe tier `options.nvme` names; nullptr when it is off (no paths).
   static Result<std::unique_ptr<NvmeTier>> OpenNvmeTier(const CacheCoreOptions& options);
   ~CacheCore();
@@ -215,8 +214,7 @@ class CacheCore {
   // served, and a retry of the request may count them again.
   Status ReleaseUnserved(uint64_t session_id, uint64_t lease_id);
   Status ReserveWrite(const core::ReserveWriteRequest& req, core::ReserveWriteResponse* resp);
-  Status CommitWrite(uint64_t session_id, uint64_t reservation_id,
-                     core::CommitWriteResponse* resp);
+  Status CommitWrite(uint64_t session_id, uint64_t reservation_id, core::CommitWriteResponse* resp);
   Status AbortWrite(uint64_t session_id, uint64_t reservation_id);
 
   // Admin eviction (the wire's EvictRequest says the scopes). Waits for NVMe
@@ -269,7 +267,7 @@ class CacheCore {
   // The tier a leased chunk was counted for (LeaseCredit::tier).
   enum HitTier : uint8_t { kDramHit, kHbmHit, kNvmeHit, kRemoteHit };
   struct LeaseCredit : Leased {
-    std::string request;  // its RequestLedger key
+    std::string request;         // its RequestLedger key
     RequestLedger::Range range;  // the chunks of the request it credited, and covers
     std::vector<uint8_t> tier;   // of each chunk in `range`: a Leased member (TierOf)
     uint32_t model = 0;          // its index in models_
@@ -284,8 +282,9 @@ class CacheCore {
     uint64_t held_bytes = 0;  // counted against its session's session_max_bytes
     Clock::TimePoint expiry;
     std::chrono::steady_clock::time_point granted_at;  // for the load latency
-    std::vector<uint32_t> handles;  // DramTier handles, pinned
-    std::vector<uint32_t> hbm_handles;  // HbmTier handles, pinned (their DRAM copies are in handles)
+    std::vector<uint32_t> handles;                     // DramTier handles, pinned
+    std::vector<uint32_t>
+        hbm_handles;  // HbmTier handles, pinned (their DRAM copies are in handles)
   };
   struct ReservedChunk {
     ChunkKey key;
@@ -298,7 +297,7 @@ class CacheCore {
     uint64_t held_bytes = 0;  // as Lease's: its slots and pins
     Clock::TimePoint expiry;
     std::chrono::steady_clock::time_point reserved_at;  // for the store latency
-    NamespaceState* ns = nullptr;  // kept from reuse by active_reservations
+    NamespaceState* ns = nullptr;                       // kept from reuse by active_reservations
     std::vector<ReservedChunk> chunks;
     // Resident chunks this write builds on (the first chunk's parent and the
     // request's already stored chunks), pinned until commit, abort or expiry
@@ -382,32 +381,31 @@ class CacheCore {
     std::chrono::steady_clock::time_point started;  // the Lookup came in
     uint64_t session_id = 0;
     bool acquire = false;
-    bool hbm = false;      // the caller reads HBM: lease HBM copies, promote the other hits
+    bool hbm = false;  // the caller reads HBM: lease HBM copies, promote the other hits
     size_t prompt_tokens = 0;
-    size_t num_keys = 0;   // full chunks of the prompt
-    size_t max_hits = 0;   // min(num_keys, max_chunks)
+    size_t num_keys = 0;     // full chunks of the prompt
+    size_t max_hits = 0;     // min(num_keys, max_chunks)
     size_t first_chunk = 0;  // LookupRequest.first_chunk: the engine held the chunks before it
     size_t dram_hits = 0;
-    size_t nvme_hits = 0;    // promoted by this Lookup: from NVMe, or from remote (remote_at)
+    size_t nvme_hits = 0;  // promoted by this Lookup: from NVMe, or from remote (remote_at)
     size_t prefetched = 0;
-    std::string request;                // RequestLedger key
-    std::vector<bool> prefetched_at;    // hit i was promoted from NVMe or remote by the ticket
-    std::vector<bool> remote_at;        // hit i was read from the remote tier
+    std::string request;              // RequestLedger key
+    std::vector<bool> prefetched_at;  // hit i was promoted from NVMe or remote by the ticket
+    std::vector<bool> remote_at;      // hit i was read from the remote tier
   };
   // Marks in `t` the `hits` that a prefetch promoted into the slots it left them in:
   // ready[i] from i = dram_at_start on, from the remote tier where from_remote[i]. They are
   // NVMe or remote hits, not DRAM ones.
   static void MarkPromoted(uint32_t dram_at_start, const std::vector<uint32_t>& ready,
-                           const std::vector<bool>& from_remote,
-                           const std::vector<uint32_t>& hits, LookupTally* t);
+                           const std::vector<bool>& from_remote, const std::vector<uint32_t>& hits,
+                           LookupTally* t);
   // REQUIRES: mu_ held. A Lookup without lease whose cached run (`hits`, then
   // `run` on NVMe) ends before tally.max_hits, with a remote tier not degraded:
   // queues an I/O worker to ask the remote tier which chunks past it it holds
   // (EXISTS, no read), which then answers the Lookup through `done`; true when
   // queued (`done` taken). The caller's thread never waits on the network.
   bool ProbeRemote(LookupTally& tally, const NamespaceState& ns, const std::vector<ChunkKey>& keys,
-                   std::vector<uint32_t>& hits, size_t run, core::LookupResponse* resp,
-                   Done& done);
+                   std::vector<uint32_t>& hits, size_t run, core::LookupResponse* resp, Done& done);
   // REQUIRES: mu_ held. Counts a Lookup in the token hit rate: the prompt at
   // the request's first sight, and the leased `hits` not yet credited to it.
   LeaseCredit CountRequest(const LookupTally& tally, const NamespaceState& ns,
@@ -418,7 +416,7 @@ class CacheCore {
   RequestLedger ledger_;  // GUARDED_BY(mu_)
   LatencyHistogram lookup_latency_, load_latency_, store_latency_;
   // Warnings a client or a bad disk can repeat at will, one per 10 s each.
-  LogLimiter collision_log_;     // token checks and keys held by another chunk
+  LogLimiter collision_log_;  // token checks and keys held by another chunk
   LogLimiter access_times_log_;
   // Answers a Lookup over `hits`; with acquire each is already pinned once,
   // and those pins become the lease's.
@@ -444,15 +442,15 @@ class CacheCore {
   mutable std::mutex mu_;
   // Before the parts below, which hold references to them (and so are
   // destroyed first).
-  std::condition_variable work_cv_;  // wakes the I/O workers
-  std::vector<std::unique_ptr<NamespaceState>> namespaces_;           // GUARDED_BY(mu_)
+  std::condition_variable work_cv_;                          // wakes the I/O workers
+  std::vector<std::unique_ptr<NamespaceState>> namespaces_;  // GUARDED_BY(mu_)
   std::unordered_map<NamespaceId, NamespaceState*, ChunkKeyHash> ns_by_id_;  // GUARDED_BY(mu_)
-  std::unique_ptr<DramTier> dram_;                                    // GUARDED_BY(mu_)
+  std::unique_ptr<DramTier> dram_;                                           // GUARDED_BY(mu_)
   // After dram_: it unpins the arena when destroyed. Bookkeeping GUARDED_BY(mu_).
   std::unique_ptr<HbmTier> hbm_;
   std::unique_ptr<HbmCopier> hbm_copier_;  // with hbm_, after it
-  std::unique_ptr<NvmeTier> nvme_;  // thread-safe itself; lock order: mu_, then its own
-  std::unique_ptr<RemoteTier> remote_;  // thread-safe itself; no I/O on it under mu_
+  std::unique_ptr<NvmeTier> nvme_;         // thread-safe itself; lock order: mu_, then its own
+  std::unique_ptr<RemoteTier> remote_;     // thread-safe itself; no I/O on it under mu_
   // With nvme_ (both after it: they hold references to it). GUARDED_BY(mu_),
   // but for the writer's own locking (see NvmeWriter).
   std::unique_ptr<NvmeHealth> nvme_health_;
@@ -461,11 +459,11 @@ class CacheCore {
   // Lookups without lease waiting for the remote tier's answer (ProbeRemote);
   // the I/O workers run them.
   std::deque<std::function<void()>> remote_probes_;  // GUARDED_BY(mu_)
-  bool stopping_ = false;                                             // GUARDED_BY(mu_)
-  std::vector<std::thread> workers_;  // joined by ~CacheCore, before any member goes
+  bool stopping_ = false;                            // GUARDED_BY(mu_)
+  std::vector<std::thread> workers_;                 // joined by ~CacheCore, before any member goes
   struct SessionInfo {
-    std::string name;   // client name (pid N), for the logs
-    std::string token;  // 32 hex digits
+    std::string name;         // client name (pid N), for the logs
+    std::string token;        // 32 hex digits
     uint64_t held_bytes = 0;  // its leases', promotions' and reservations' held_bytes
     uint32_t pid = 0;         // the client's process, as its hello said
   };
@@ -487,27 +485,27 @@ class CacheCore {
   // bytes of session `session_id`, if it is still open.
   void Hold(uint64_t session_id, uint64_t bytes);
   void Drop(uint64_t session_id, uint64_t bytes);
-  std::unordered_map<uint64_t, SessionInfo> sessions_;                // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, SessionInfo> sessions_;                          // GUARDED_BY(mu_)
   OwnedTable<Lease> leases_{"lease_id", "released, expired or never granted"};  // GUARDED_BY(mu_)
-  OwnedTable<Reservation> reservations_{"reservation_id",
-                                        "committed, aborted, expired or never granted"};  // GUARDED_BY(mu_)
+  OwnedTable<Reservation> reservations_{
+      "reservation_id", "committed, aborted, expired or never granted"};  // GUARDED_BY(mu_)
   // Reservations that expired while their session was alive: the writer may
   // still be copying into those slots, so they are reused only when the
   // session ends (session id -> reservations).
   std::unordered_map<uint64_t, std::vector<Reservation>> quarantined_;  // GUARDED_BY(mu_)
-  std::vector<Orphans> orphans_;                                      // GUARDED_BY(mu_)
-  std::unordered_set<ChunkKey, ChunkKeyHash> reserved_keys_;          // GUARDED_BY(mu_)
-  uint64_t next_id_ = 1;                                              // GUARDED_BY(mu_)
+  std::vector<Orphans> orphans_;                                        // GUARDED_BY(mu_)
+  std::unordered_set<ChunkKey, ChunkKeyHash> reserved_keys_;            // GUARDED_BY(mu_)
+  uint64_t next_id_ = 1;                                                // GUARDED_BY(mu_)
   // REQUIRES: mu_ held. Hands out n fresh slot sequences; returns the first.
   uint64_t TakeSequences(size_t n) {
     const uint64_t first = next_sequence_;
     next_sequence_ += n;
     return first;
   }
-  uint64_t next_sequence_ = 1;                                        // GUARDED_BY(mu_)
-  Counters counters_;                                                 // GUARDED_BY(mu_)
-  std::vector<ModelCounters> models_;                                 // GUARDED_BY(mu_)
-  std::unordered_map<std::string, uint32_t> model_index_;             // GUARDED_BY(mu_)
+  uint64_t next_sequence_ = 1;                             // GUARDED_BY(mu_)
+  Counters counters_;                                      // GUARDED_BY(mu_)
+  std::vector<ModelCounters> models_;                      // GUARDED_BY(mu_)
+  std::unordered_map<std::string, uint32_t> model_index_;  // GUARDED_BY(mu_)
   // KV events (cache_core_events.cc): the tiers' residency listeners.
   // REQUIRES: mu_ held (tier is dram_ or hbm_).
   void OnSlotResidency(const SlotTier& tier, KvMedium medium, uint32_t handle, bool resident);

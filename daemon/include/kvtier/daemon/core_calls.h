@@ -23,7 +23,7 @@ namespace kvtier::core {
 
 // A chunk's place: in the DRAM arena, and in the HBM pool when it has a copy there.
 struct ChunkLocation {
-  uint64_t payload_offset = 0;      // bytes from the arena's start
+  uint64_t payload_offset = 0;  // bytes from the arena's start
   uint64_t payload_bytes = 0;
   uint64_t sequence = 0;            // the slot's sequence (Lookup); 0 for a reservation
   uint64_t hbm_payload_offset = 0;  // bytes from the HBM pool's start; 0 without a copy
@@ -51,13 +51,13 @@ struct LookupRequest {
   uint64_t prefetch_ticket = 0;
   bool hbm = false;
   std::string_view request_id;
-  uint32_t first_chunk = 0;  // the engine holds chunks [0, first_chunk): leased, never hits
+  uint32_t first_chunk = 0;   // the engine holds chunks [0, first_chunk): leased, never hits
   bool adopt_ticket = false;  // prefetch_ticket is another session's, of request_id
 };
 struct LookupResponse {
-  uint32_t num_chunks = 0;     // the cached run of leading full chunks
-  uint64_t cached_tokens = 0;  // num_chunks * chunk_tokens
-  uint64_t lease_id = 0;       // 0 unless acquire and num_chunks > 0
+  uint32_t num_chunks = 0;            // the cached run of leading full chunks
+  uint64_t cached_tokens = 0;         // num_chunks * chunk_tokens
+  uint64_t lease_id = 0;              // 0 unless acquire and num_chunks > 0
   std::vector<ChunkLocation> chunks;  // with acquire: one per hit chunk, in order
   uint64_t lease_ttl_ms = 0;
   uint32_t nvme_chunks = 0;
@@ -149,8 +149,8 @@ inline constexpr uint32_t kMaxListedChunks = 100000;
 struct ChunkListing {
   ChunkKey key;
   bool in_hbm = false, in_dram = false, in_nvme = false;
-  uint64_t payload_bytes = 0;  // 0 when the namespace is not open (its layout unknown)
-  uint64_t slot_bytes = 0;     // the slot image: header, payload, padding to 4 KiB
+  uint64_t payload_bytes = 0;     // 0 when the namespace is not open (its layout unknown)
+  uint64_t slot_bytes = 0;        // the slot image: header, payload, padding to 4 KiB
   std::optional<uint64_t> age_s;  // since it came into DRAM (HBM for an HBM-only copy);
                                   // none for a chunk only on NVMe
   uint32_t hits = 0;              // DRAM hits while resident (saturating)
@@ -234,13 +234,13 @@ struct StatsResponse {
 
 // kvtierd's latency histograms (Prometheus kvtier_*_seconds), each as read now.
 struct Latencies {
-  LatencyHistogram::Snapshot lookup;     // a Lookup: request in to response out (with any
-                                         // NVMe promotion it waits for)
-  LatencyHistogram::Snapshot load;       // a read lease: granted to released (the client's copy)
-  LatencyHistogram::Snapshot store;      // a write: reserved to committed (the client's copy)
-  LatencyHistogram::Snapshot promotion;  // NVMe to DRAM: promotion started to finished
-  LatencyHistogram::Snapshot nvme_read;  // one batch of NVMe reads (a promotion step)
-  LatencyHistogram::Snapshot nvme_write; // one batch of NVMe writes (the writer)
+  LatencyHistogram::Snapshot lookup;      // a Lookup: request in to response out (with any
+                                          // NVMe promotion it waits for)
+  LatencyHistogram::Snapshot load;        // a read lease: granted to released (the client's copy)
+  LatencyHistogram::Snapshot store;       // a write: reserved to committed (the client's copy)
+  LatencyHistogram::Snapshot promotion;   // NVMe to DRAM: promotion started to finished
+  LatencyHistogram::Snapshot nvme_read;   // one batch of NVMe reads (a promotion step)
+  LatencyHistogram::Snapshot nvme_write;  // one batch of NVMe writes (the writer)
 };
 
 struct NamespaceInfo {

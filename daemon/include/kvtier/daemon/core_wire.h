@@ -15,8 +15,7 @@ void Lookup(CacheCore& core, const v1::LookupRequest& req, v1::LookupResponse* r
             CacheCore::Done done);
 Status Run(CacheCore& core, const v1::LookupRequest& req, v1::LookupResponse* resp);
 Status Run(CacheCore& core, const v1::PrefetchRequest& req, v1::PrefetchResponse* resp);
-Status Run(CacheCore& core, const v1::PrefetchStatusRequest& req,
-           v1::PrefetchStatusResponse* resp);
+Status Run(CacheCore& core, const v1::PrefetchStatusRequest& req, v1::PrefetchStatusResponse* resp);
 Status Run(CacheCore& core, const v1::ReleaseReadRequest& req);
 Status Run(CacheCore& core, const v1::ReserveWriteRequest& req, v1::ReserveWriteResponse* resp);
 Status Run(CacheCore& core, const v1::CommitWriteRequest& req, v1::CommitWriteResponse* resp);

@@ -61,7 +61,7 @@ class Daemon {
   // Accepts on both sockets, checks each peer (PeerPolicy), then sends an
   // arena connection the memfd or hands a gRPC one to the server.
   void AcceptLoop();
-  mode_t SocketMode() const;                // 0600, or 0660 with --socket-group
+  mode_t SocketMode() const;  // 0600, or 0660 with --socket-group
   std::optional<gid_t> SocketGroup() const;
   void SweepLoop();
   // /metrics on options_.metrics_address (nothing when off).
@@ -76,7 +76,8 @@ class Daemon {
   DaemonOptions options_;
   int lock_fd_ = -1;
   bool owns_socket_ = false;
-  gid_t socket_gid_ = static_cast<gid_t>(-1);  // --socket-group, looked up once  // holds the lock: the socket files are ours
+  gid_t socket_gid_ = static_cast<gid_t>(
+      -1);  // --socket-group, looked up once  // holds the lock: the socket files are ours
   int arena_listen_fd_ = -1;
   int grpc_listen_fd_ = -1;
   // Before core_, so destroyed after it: the core tells it events until it goes.

@@ -76,11 +76,11 @@ class HbmCopier {
   const CoreNamespaces& namespaces_;
   std::condition_variable& work_cv_;
   const std::function<uint64_t(size_t)> take_sequences_;
-  std::deque<ChunkKey> queue_;                          // GUARDED_BY(mu_)
-  std::unordered_set<ChunkKey, ChunkKeyHash> queued_;   // GUARDED_BY(mu_)
-  Counters counters_;                                   // GUARDED_BY(mu_)
+  std::deque<ChunkKey> queue_;                         // GUARDED_BY(mu_)
+  std::unordered_set<ChunkKey, ChunkKeyHash> queued_;  // GUARDED_BY(mu_)
+  Counters counters_;                                  // GUARDED_BY(mu_)
   // Each HBM chunk's header sequence, by its slot offset.
-  std::unordered_map<uint64_t, uint64_t> sequences_;    // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, uint64_t> sequences_;  // GUARDED_BY(mu_)
   LogLimiter copy_log_;  // a bad GPU repeats its warning at will: one per 10 s
 };
 

@@ -96,10 +96,10 @@ class KvEventPublisher : public KvEventSink {
   std::string bound_address_, bound_replay_address_;
   std::mutex mu_;
   std::condition_variable stop_cv_;
-  std::vector<KvEvent> queue_;     // GUARDED_BY(mu_)
+  std::vector<KvEvent> queue_;        // GUARDED_BY(mu_)
   bool dropped_since_flush_ = false;  // GUARDED_BY(mu_)
-  bool stop_ = false;              // GUARDED_BY(mu_)
-  uint64_t next_seq_ = 0;          // the thread's
+  bool stop_ = false;                 // GUARDED_BY(mu_)
+  uint64_t next_seq_ = 0;             // the thread's
   std::atomic<uint64_t> published_{0}, dropped_{0};
   std::thread thread_;
 };

@@ -141,9 +141,9 @@ class NvmeWriter {
   };
   // A write-through batch copied out of DRAM into a staging buffer.
   struct ThroughBatch {
-    size_t taken = 0;               // queue entries it took (skipped ones too)
-    std::vector<NvmeImage> images;  // into the staging buffer
-    std::vector<SlotLayout> layouts;  // of each image
+    size_t taken = 0;                      // queue entries it took (skipped ones too)
+    std::vector<NvmeImage> images;         // into the staging buffer
+    std::vector<SlotLayout> layouts;       // of each image
     std::vector<NvmeImage> remote_images;  // those the remote tier gets too
   };
   size_t WriteDemotions();
@@ -169,17 +169,17 @@ class NvmeWriter {
   RemoteTier* const remote_;  // thread-safe itself; called without mu_
   const CoreNamespaces& namespaces_;
 
-  std::deque<PendingWrite> queue_;                        // GUARDED_BY(mu_)
-  uint64_t queue_bytes_ = 0;  // slot bytes of queue_       GUARDED_BY(mu_)
-  std::deque<Demotion> demotions_;                        // GUARDED_BY(mu_)
-  std::unordered_set<ChunkKey, ChunkKeyHash> demoting_;   // GUARDED_BY(mu_)
-  uint64_t demotion_bytes_ = 0;                           // GUARDED_BY(mu_)
-  uint64_t in_flight_ = 0;                                // GUARDED_BY(mu_)
+  std::deque<PendingWrite> queue_;  // GUARDED_BY(mu_)
+  uint64_t queue_bytes_ = 0;        // slot bytes of queue_       GUARDED_BY(mu_)
+  std::deque<Demotion> demotions_;  // GUARDED_BY(mu_)
+  std::unordered_set<ChunkKey, ChunkKeyHash> demoting_;  // GUARDED_BY(mu_)
+  uint64_t demotion_bytes_ = 0;                          // GUARDED_BY(mu_)
+  uint64_t in_flight_ = 0;                               // GUARDED_BY(mu_)
   // Keys of the write-through batches taken and not yet written (at most two).
-  std::unordered_set<ChunkKey, ChunkKeyHash> writing_;    // GUARDED_BY(mu_)
-  uint32_t evictions_waiting_ = 0;                        // GUARDED_BY(mu_)
-  bool stopping_ = false;                                 // GUARDED_BY(mu_)
-  Counters counters_;                                     // GUARDED_BY(mu_)
+  std::unordered_set<ChunkKey, ChunkKeyHash> writing_;  // GUARDED_BY(mu_)
+  uint32_t evictions_waiting_ = 0;                      // GUARDED_BY(mu_)
+  bool stopping_ = false;                               // GUARDED_BY(mu_)
+  Counters counters_;                                   // GUARDED_BY(mu_)
   LatencyHistogram write_latency_;
   std::condition_variable progress_cv_;  // a batch was taken (WaitForRoom)
   std::condition_variable idle_cv_;      // in_flight_ reached 0 (DrainForEviction)

@@ -29,8 +29,8 @@ Result<typename Map::iterator> FindOwned(Map& map, uint64_t id, uint64_t session
                                          const char* field, const char* gone) {
   auto it = map.find(id);
   if (it == map.end()) {
-    return Status::NotFound(std::string(field) + " " + std::to_string(id) + " is unknown (" +
-                            gone + ")");
+    return Status::NotFound(std::string(field) + " " + std::to_string(id) + " is unknown (" + gone +
+                            ")");
   }
   if (it->second.session_id != session_id) {
     return Status::PermissionDenied(std::string(field) + " " + std::to_string(id) +

@@ -48,15 +48,15 @@ class Promoter {
     uint64_t session_id = 0;
     uint64_t held_bytes = 0;  // counted against its session: keys.size() slots
     Clock::TimePoint expiry;
-    CoreNamespace ns;                 // a copy, as at the start
-    std::vector<ChunkKey> keys;       // the cached prefix to make ready
-    std::vector<int32_t> tokens;      // its tokens, keys.size() * chunk_tokens
-    std::vector<uint32_t> ready;      // pinned DRAM handles of keys[0, ready.size())
-    std::vector<bool> from_remote;    // ready[i] was read from the remote tier (i < size())
-    uint32_t dram_at_start = 0;       // of ready, how many were in DRAM at the start
-    bool done = false;                // no more will become ready
-    bool to_hbm = false;              // a ticket that also copies its ready chunks into HBM
-    std::string request;              // a ticket's RequestLedger key
+    CoreNamespace ns;               // a copy, as at the start
+    std::vector<ChunkKey> keys;     // the cached prefix to make ready
+    std::vector<int32_t> tokens;    // its tokens, keys.size() * chunk_tokens
+    std::vector<uint32_t> ready;    // pinned DRAM handles of keys[0, ready.size())
+    std::vector<bool> from_remote;  // ready[i] was read from the remote tier (i < size())
+    uint32_t dram_at_start = 0;     // of ready, how many were in DRAM at the start
+    bool done = false;              // no more will become ready
+    bool to_hbm = false;            // a ticket that also copies its ready chunks into HBM
+    std::string request;            // a ticket's RequestLedger key
     std::chrono::steady_clock::time_point started;  // set by Start (promotion latency)
     // A Lookup's continuation (unset for a ticket), run without mu once the
     // promotion is done and out of the table; `ready` is still pinned then.
@@ -157,11 +157,11 @@ class Promoter {
   RemoteTier* const remote_;
   std::condition_variable& work_cv_;
   const Hooks hooks_;
-  Table promotions_;              // GUARDED_BY(mu_)
-  std::deque<uint64_t> queue_;    // GUARDED_BY(mu_)
-  uint64_t ticket_bytes_ = 0;     // GUARDED_BY(mu_)
-  uint64_t evict_generation_ = 0; // GUARDED_BY(mu_)
-  Counters counters_;             // GUARDED_BY(mu_)
+  Table promotions_;               // GUARDED_BY(mu_)
+  std::deque<uint64_t> queue_;     // GUARDED_BY(mu_)
+  uint64_t ticket_bytes_ = 0;      // GUARDED_BY(mu_)
+  uint64_t evict_generation_ = 0;  // GUARDED_BY(mu_)
+  Counters counters_;              // GUARDED_BY(mu_)
   LatencyHistogram promotion_latency_, nvme_read_latency_, remote_read_latency_;
 };
 

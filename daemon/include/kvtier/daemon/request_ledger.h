@@ -69,9 +69,9 @@ class RequestLedger {
 
  private:
   struct Entry {
-    uint64_t prompt_chunks = 0;  // full chunks of the prompt counted
-    uint64_t credited = 0;       // leading chunks credited as hits
-    uint64_t kept = 0;           // chunks covered by leases that ended served
+    uint64_t prompt_chunks = 0;    // full chunks of the prompt counted
+    uint64_t credited = 0;         // leading chunks credited as hits
+    uint64_t kept = 0;             // chunks covered by leases that ended served
     std::multiset<uint64_t> held;  // chunks covered by each lease not ended
   };
   // Remembers `key` (forgetting the oldest past capacity): its entry, and

@@ -41,7 +41,7 @@ struct GemmArgs {
   const void* b = nullptr;
   int64_t ldb = 0;  // >= k. 0 means k. Default: 0.
   void* c = nullptr;
-  int64_t ldc = 0;  // >= n. 0 means n. Default: 0.
+  int64_t ldc = 0;          // >= n. 0 means n. Default: 0.
   bool accumulate = false;  // C += A * B^T instead of C = A * B^T. Default: false.
 };
 

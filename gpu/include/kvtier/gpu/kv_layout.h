@@ -72,8 +72,8 @@ struct KvLayoutSpec {
                                 int64_t head_dim, uint32_t elem_bytes);
   static KvLayoutSpec Mla(int64_t num_blocks, int64_t block_size_tokens, int64_t latent_dim,
                           uint32_t elem_bytes);
-  static KvLayoutSpec VllmBhnc(int64_t num_blocks, int64_t block_size_tokens,
-                               int64_t num_kv_heads, int64_t head_dim, uint32_t elem_bytes);
+  static KvLayoutSpec VllmBhnc(int64_t num_blocks, int64_t block_size_tokens, int64_t num_kv_heads,
+                               int64_t head_dim, uint32_t elem_bytes);
 };
 
 // Where K (plane 0), V (plane 1) or the MLA latent (plane 0) of one layer lives: element

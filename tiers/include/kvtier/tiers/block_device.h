@@ -29,8 +29,8 @@ inline constexpr uint64_t kBlockBytes = 4096;
 struct IoRequest {
   enum class Op { kRead, kWrite };
   Op op = Op::kRead;
-  uint64_t offset = 0;           // bytes from the start of the device
-  std::span<std::byte> buffer;   // kBlockBytes-aligned address and length
+  uint64_t offset = 0;          // bytes from the start of the device
+  std::span<std::byte> buffer;  // kBlockBytes-aligned address and length
 };
 
 struct BlockDeviceCounters {

@@ -25,10 +25,10 @@ namespace kvtier {
 
 struct ChunkEntry {
   ChunkKey key;
-  ChunkKey parent;             // the namespace id for chunk 0
-  uint64_t slot_offset = 0;    // byte offset of the slot image in the tier
-  uint32_t ns_index = 0;       // the tier's small namespace number
-  uint32_t leases = 0;         // active leases pinning this chunk
+  ChunkKey parent;                 // the namespace id for chunk 0
+  uint64_t slot_offset = 0;        // byte offset of the slot image in the tier
+  uint32_t ns_index = 0;           // the tier's small namespace number
+  uint32_t leases = 0;             // active leases pinning this chunk
   uint32_t resident_children = 0;  // chunks in this tier whose parent is this one
   uint32_t hits = 0;               // lookups that hit it here (saturating)
   uint32_t write_holds = 0;        // pending writes to a lower tier: evicted only as a last resort

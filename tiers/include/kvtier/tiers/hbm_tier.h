@@ -74,7 +74,9 @@ class HbmTier : public SlotTier {
 
  private:
   HbmTier(const HbmTierOptions& options, std::unique_ptr<gpu::Runtime> runtime)
-      : SlotTier(options.bytes, NewEvictionPolicy(options.eviction)), options_(options), runtime_(std::move(runtime)) {}
+      : SlotTier(options.bytes, NewEvictionPolicy(options.eviction)),
+        options_(options),
+        runtime_(std::move(runtime)) {}
 
   const HbmTierOptions options_;
   std::unique_ptr<gpu::Runtime> runtime_;  // outlives every handle below

@@ -32,18 +32,18 @@ namespace rocksdb {
 class DB;
 class Env;
 class WriteBatch;
-}
+}  // namespace rocksdb
 
 namespace kvtier {
 
 struct NvmeRecord {
   ChunkKey key;
-  ChunkKey parent;            // the namespace id for chunk 0
+  ChunkKey parent;  // the namespace id for chunk 0
   NamespaceId ns;
-  uint32_t device = 0;        // index into the tier's --nvme-path list
-  uint64_t offset = 0;        // byte offset of the slot image in that file
+  uint32_t device = 0;  // index into the tier's --nvme-path list
+  uint64_t offset = 0;  // byte offset of the slot image in that file
   uint64_t slot_bytes = 0;
-  uint64_t sequence = 0;      // the slot header's sequence
+  uint64_t sequence = 0;  // the slot header's sequence
   uint64_t payload_checksum = 0;
   uint64_t last_access_ms = 0;  // unix ms; 0 = never read since written
 

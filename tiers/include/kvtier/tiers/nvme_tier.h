@@ -213,14 +213,14 @@ class NvmeTier {
   std::unique_ptr<NvmeIndex> index_;
 
   mutable std::mutex mu_;
-  std::vector<SlotAllocator> allocators_;                // GUARDED_BY(mu_), one per device
-  ChunkIndex chunks_;                                    // GUARDED_BY(mu_)
-  std::vector<uint64_t> slot_bytes_;                     // GUARDED_BY(mu_), per handle
-  std::vector<NamespaceId> ns_;                          // GUARDED_BY(mu_), per handle
-  std::unique_ptr<EvictionPolicy> policy_;               // GUARDED_BY(mu_)
-  NvmeTierCounters counters_;                            // GUARDED_BY(mu_)
-  LogLimiter corrupt_log_;  // a bad disk can fail every read: one warning per 10 s
-  uint64_t max_sequence_ = 0;                            // GUARDED_BY(mu_)
+  std::vector<SlotAllocator> allocators_;   // GUARDED_BY(mu_), one per device
+  ChunkIndex chunks_;                       // GUARDED_BY(mu_)
+  std::vector<uint64_t> slot_bytes_;        // GUARDED_BY(mu_), per handle
+  std::vector<NamespaceId> ns_;             // GUARDED_BY(mu_), per handle
+  std::unique_ptr<EvictionPolicy> policy_;  // GUARDED_BY(mu_)
+  NvmeTierCounters counters_;               // GUARDED_BY(mu_)
+  LogLimiter corrupt_log_;                  // a bad disk can fail every read: one warning per 10 s
+  uint64_t max_sequence_ = 0;               // GUARDED_BY(mu_)
   // Chunks read since the last PersistAccessTimes -> unix ms. GUARDED_BY(mu_)
   std::unordered_map<ChunkKey, uint64_t, ChunkKeyHash> dirty_access_;
   ResidencyListener on_residency_;  // set before use; called under mu_

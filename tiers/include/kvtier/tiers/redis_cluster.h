@@ -137,8 +137,8 @@ class RedisCluster {
     uint64_t topology_refreshes = 0;  // CLUSTER SLOTS answers taken
     uint64_t connects = 0;            // connections made
     uint64_t connect_failures = 0;
-    uint64_t timeouts = 0;            // batches past io_timeout
-    uint64_t errors = 0;              // keys answered UNAVAILABLE, timeouts included
+    uint64_t timeouts = 0;  // batches past io_timeout
+    uint64_t errors = 0;    // keys answered UNAVAILABLE, timeouts included
   };
   Counters counters() const;
 

@@ -107,7 +107,7 @@ class RemoteTier {
     SlotIdentity id;
     const SlotLayout* layout = nullptr;
     std::span<std::byte> buffer;  // at least layout->slot_bytes
-    Status result;  // OK (a verified image), NOT_FOUND, DATA_LOSS, UNAVAILABLE
+    Status result;                // OK (a verified image), NOT_FOUND, DATA_LOSS, UNAVAILABLE
   };
   // Reads and verifies each image (pipelined, one batch per store node).
   void ReadMany(std::span<ReadRequest> requests);
@@ -148,9 +148,9 @@ class RemoteTier {
   const RemoteTierOptions options_;
   std::unique_ptr<RedisCluster> store_;
   mutable std::mutex mu_;
-  RemoteTierCounters counters_;                        // GUARDED_BY(mu_)
-  uint32_t failure_streak_ = 0;                        // GUARDED_BY(mu_)
-  bool stopping_ = false;                              // GUARDED_BY(mu_)
+  RemoteTierCounters counters_;       // GUARDED_BY(mu_)
+  uint32_t failure_streak_ = 0;       // GUARDED_BY(mu_)
+  bool stopping_ = false;             // GUARDED_BY(mu_)
   std::condition_variable probe_cv_;  // degraded, or stopping
   LogLimiter corrupt_log_;            // one verification warning per 10 s
   LogLimiter partial_log_;            // batches with unanswered images, one per 10 s

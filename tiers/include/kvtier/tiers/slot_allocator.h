@@ -53,7 +53,7 @@ class SlotAllocator {
 
   uint64_t arena_bytes_;
   uint64_t used_bytes_ = 0;
-  std::map<uint64_t, uint64_t> by_offset_;     // offset -> length of a free extent
+  std::map<uint64_t, uint64_t> by_offset_;           // offset -> length of a free extent
   std::set<std::pair<uint64_t, uint64_t>> by_size_;  // (length, offset), the same extents
 };
 

@@ -74,7 +74,9 @@ class SlotTier {
 
   uint32_t Find(const ChunkKey& key) const { return index_.Find(key); }
   template <typename F>
-  void ForEachChunk(F&& f) const { index_.ForEach(std::forward<F>(f)); }
+  void ForEachChunk(F&& f) const {
+    index_.ForEach(std::forward<F>(f));
+  }
   const SlotEntry& Get(uint32_t handle) const { return index_.Get(handle); }
   // The key of chunk `handle`'s parent: a resident chunk's, or for chunk 0 the
   // namespace root it was inserted under.

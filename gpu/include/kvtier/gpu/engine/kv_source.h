@@ -21,9 +21,9 @@ class KvSource {
   // Starts loading the K and V of prefix positions [0, cached_tokens) of every layer into
   // `cache` (through its block table) on `load_stream`, layer by layer, and returns without
   // waiting. Layers may be queued as WaitLayer asks for them: only FinishLoad promises
-  // the whole prefix is in the cache. The whole prefix must be promised: a source that can deliver less returns an
-  // error. REQUIRES: no load in progress; `cache` and the stream outlive FinishLoad.
-  // Errors: any code, with a message naming the cause.
+  // the whole prefix is in the cache. The whole prefix must be promised: a source that can deliver
+  // less returns an error. REQUIRES: no load in progress; `cache` and the stream outlive
+  // FinishLoad. Errors: any code, with a message naming the cause.
   virtual GpuStatus StartLoad(PagedCache& cache, Stream& load_stream) = 0;
 
   // Makes work queued on `compute_stream` after this call wait until layer `layer` of the
@@ -31,8 +31,9 @@ class KvSource {
   // load started, layer out of range), kDeviceError.
   virtual GpuStatus WaitLayer(int64_t layer, Stream& compute_stream) = 0;
 
-  // Queues what is left, blocks until every copy of the current load completed and ends it (releasing what the
-  // source held for it). Errors: any code when a part of the prefix was not delivered.
+  // Queues what is left, blocks until every copy of the current load completed and ends it
+  // (releasing what the source held for it). Errors: any code when a part of the prefix was not
+  // delivered.
   virtual GpuStatus FinishLoad() = 0;
 };
 

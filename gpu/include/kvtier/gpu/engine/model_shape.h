@@ -3,10 +3,8 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
-
-#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kvtier/gpu/gpu_status.h"
 

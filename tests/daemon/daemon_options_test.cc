@@ -455,6 +455,11 @@ TEST_F(DaemonOptionsTest, ABadValueInTheConfigFileIsAnErrorEvenWhenAFlagOverride
       {"remote: \"\"\n", "--remote", "redis://127.0.0.1:6379", ":1: remote is empty"},
       {"remote_pool_size: 0\n", "--remote-pool-size", "4", ":1: remote_pool_size 0 is outside"},
       {"remote_timeout_ms: 0\n", "--remote-timeout-ms", "200", ":1: remote_timeout_ms 0"},
+      // Every integer's range is its form (issue 34's option table): before it, only the
+      // remote tier's were checked under a flag.
+      {"nvme_queue_depth: 0\n", "--nvme-queue-depth", "32", ":1: nvme_queue_depth 0 is outside"},
+      {"gpu: -1\n", "--gpu", "0", ":1: gpu -1 is outside 0..1023"},
+      {"drain_timeout_ms: -5\n", "--drain-timeout-ms", "100", ":1: drain_timeout_ms -5 is outside"},
       {"events_address: tcp://localhost:1\n", "--events-address", "ipc:///tmp/e",
        ":1: events_address 'tcp://localhost:1'"},
   };

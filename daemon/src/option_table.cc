@@ -8,9 +8,11 @@ namespace {
 
 std::string Ms(std::chrono::milliseconds d) { return std::to_string(d.count()); }
 
-constexpr const char* kEvictionHelp =
-    "which chunk the tier evicts when full: lru (leaf-first least recently used), s3fifo "
-    "(leaf-first S3-FIFO) or arc (leaf-first ARC)";
+// kvtierd --help for a tier's eviction policy.
+#define KVTIER_EVICTION_HELP(tier)                                 \
+  "which chunk the " tier                                          \
+  " tier evicts when full: lru (leaf-first least recently used), " \
+  "s3fifo (leaf-first S3-FIFO) or arc (leaf-first ARC)"
 constexpr const char* kEvictionExpected = "lru, s3fifo or arc";
 constexpr const char* kInteger = "an integer";
 
@@ -65,11 +67,17 @@ const OptionSpec kOptions[] = {
      .field = &RawOptions::lease_ttl_ms,
      .help = "a read lease ends by itself after this",
      .expected = "an integer number of milliseconds",
+     .min = 100,
+     .max = 86'400'000,
+     .range_note = " (100 ms to 24 h)",
      .effective = [](const DaemonOptions& o) { return Ms(o.core.lease_ttl); }},
     {.key = "reservation_ttl_ms",
      .field = &RawOptions::reservation_ttl_ms,
      .help = "an uncommitted write is freed after this",
      .expected = "an integer number of milliseconds",
+     .min = 100,
+     .max = 86'400'000,
+     .range_note = " (100 ms to 24 h)",
      .effective = [](const DaemonOptions& o) { return Ms(o.core.reservation_ttl); }},
     {.key = "drain_timeout_ms",
      .field = &RawOptions::drain_timeout_ms,
@@ -130,7 +138,7 @@ const OptionSpec kOptions[] = {
          }},
     {.key = "dram_eviction",
      .field = &RawOptions::dram_eviction,
-     .help = kEvictionHelp,
+     .help = KVTIER_EVICTION_HELP("DRAM"),
      .expected = kEvictionExpected,
      .effective =
          [](const DaemonOptions& o) {
@@ -138,7 +146,7 @@ const OptionSpec kOptions[] = {
          }},
     {.key = "hbm_eviction",
      .field = &RawOptions::hbm_eviction,
-     .help = kEvictionHelp,
+     .help = KVTIER_EVICTION_HELP("HBM"),
      .expected = kEvictionExpected,
      .effective =
          [](const DaemonOptions& o) {
@@ -146,7 +154,7 @@ const OptionSpec kOptions[] = {
          }},
     {.key = "nvme_eviction",
      .field = &RawOptions::nvme_eviction,
-     .help = kEvictionHelp,
+     .help = KVTIER_EVICTION_HELP("NVMe"),
      .expected = kEvictionExpected,
      .effective =
          [](const DaemonOptions& o) {
@@ -218,6 +226,8 @@ const OptionSpec kOptions[] = {
      .effective =
          [](const DaemonOptions& o) { return std::string(o.rebuild_index ? "true" : "false"); }},
 };
+
+#undef KVTIER_EVICTION_HELP
 
 }  // namespace
 

@@ -459,6 +459,7 @@ TEST_F(DaemonOptionsTest, ABadValueInTheConfigFileIsAnErrorEvenWhenAFlagOverride
       // remote tier's were checked under a flag.
       {"nvme_queue_depth: 0\n", "--nvme-queue-depth", "32", ":1: nvme_queue_depth 0 is outside"},
       {"gpu: -1\n", "--gpu", "0", ":1: gpu -1 is outside 0..1023"},
+      {"lease_ttl_ms: 5\n", "--lease-ttl-ms", "2500", ":1: lease_ttl_ms 5 is outside 100.."},
       {"drain_timeout_ms: -5\n", "--drain-timeout-ms", "100", ":1: drain_timeout_ms -5 is outside"},
       {"events_address: tcp://localhost:1\n", "--events-address", "ipc:///tmp/e",
        ":1: events_address 'tcp://localhost:1'"},

@@ -113,10 +113,10 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
     // an image promoted into its slot (each run's arena starts empty).
     core->next_sequence_ = core->nvme_->max_sequence() + 1;
     core->nvme_health_ = std::make_unique<NvmeHealth>(*core->nvme_);
-    core->nvme_writer_ = std::make_unique<NvmeWriter>(
-        NvmeWriter::Options{.policy = options.nvme_write_policy,
-                            .write_back_buffer_bytes = options.write_back_buffer_bytes,
-                            .write_through_wait = options.write_through_wait},
+    core->destager_ = std::make_unique<Destager>(
+        Destager::Options{.policy = options.nvme_write_policy,
+                          .write_back_buffer_bytes = options.write_back_buffer_bytes,
+                          .write_through_wait = options.write_through_wait},
         core->mu_, *core->dram_, *core->nvme_, *core->nvme_health_, core->namespaces_,
         core->remote_.get());
     spdlog::info("NVMe tier: {} chunks indexed at start over {} path(s) of {} bytes",
@@ -145,7 +145,7 @@ Result<std::unique_ptr<CacheCore>> CacheCore::Create(const CacheCoreOptions& opt
           .remote_promoted =
               [self](uint32_t h) {
                 if (self->options_.nvme_write_policy == NvmeWritePolicy::kWriteThrough) {
-                  self->nvme_writer_->Queue(h, /*to_remote=*/false);
+                  self->destager_->Queue(h, /*to_remote=*/false);
                 }
               },
       });
@@ -190,8 +190,8 @@ CacheCore::~CacheCore() {
 }
 
 void CacheCore::OnDramEviction(uint32_t handle) {
-  if (nvme_writer_ && options_.nvme_write_policy == NvmeWritePolicy::kWriteBack) {
-    nvme_writer_->Demote(handle, /*count_skips=*/true);
+  if (destager_ && options_.nvme_write_policy == NvmeWritePolicy::kWriteBack) {
+    destager_->Demote(handle, /*count_skips=*/true);
   }
   if (hbm_copier_) hbm_copier_->OnDramEviction(handle);
 }
@@ -359,7 +359,7 @@ bool CacheCore::ProbeRemote(LookupTally& tally, const NamespaceState& ns,
   }
   // The DRAM hits stay pinned while mu_ is dropped, so their handles hold.
   for (uint32_t h : hits) dram_->Pin(h);
-  tally.nvme_hits = run;
+  tally.promoted_hits = run;
   remote_probes_.push_back([this, tally, ns, resp, hits, done = std::move(done),
                             tail = std::vector<ChunkKey>(
                                 keys.begin() + static_cast<ptrdiff_t>(from),
@@ -371,10 +371,10 @@ bool CacheCore::ProbeRemote(LookupTally& tally, const NamespaceState& ns,
       result = CheckSession(tally.session_id);
       if (result.ok()) {
         // Remote chunks count in nvme_chunks too (LookupResponse.remote_chunks).
-        tally.remote_at.assign(tally.dram_hits + tally.nvme_hits + present, false);
+        tally.remote_at.assign(tally.dram_hits + tally.promoted_hits + present, false);
         std::fill(tally.remote_at.end() - static_cast<ptrdiff_t>(present), tally.remote_at.end(),
                   true);
-        tally.nvme_hits += present;
+        tally.promoted_hits += present;
         GrantLookup(tally, ns, hits, resp);
       }
       for (uint32_t h : hits) dram_->Unpin(h);
@@ -477,7 +477,7 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
   if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kSelective) {
     for (uint32_t h : hits) {  // parents are hit at least as often: they go first
       if (dram_->AddHit(h) == options_.selective_min_hits && !nvme_->Contains(dram_->Get(h).key)) {
-        nvme_writer_->Queue(h);
+        destager_->Queue(h);
       }
     }
   }
@@ -505,7 +505,7 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
   if (!req.acquire && ProbeRemote(tally, ns, keys, hits, run, resp, done)) return;
   if (!req.acquire || reach == 0) {
     // Without a lease nothing is read: NVMe chunks are checked when read.
-    if (!req.acquire) tally.nvme_hits = run;
+    if (!req.acquire) tally.promoted_hits = run;
     if (req.acquire) {
       for (uint32_t h : hits) dram_->Pin(h);
     }
@@ -531,8 +531,8 @@ void CacheCore::Lookup(const core::LookupRequest& req, core::LookupResponse* res
       std::lock_guard relock(mu_);
       result = CheckSession(tally.session_id);
       if (result.ok()) {
-        // Remote chunks are in nvme_hits too (LookupResponse.remote_chunks).
-        tally.nvme_hits = promoted.ready.size() - tally.dram_hits;
+        // Remote chunks are in promoted_hits too (LookupResponse.remote_chunks).
+        tally.promoted_hits = promoted.ready.size() - tally.dram_hits;
         // With what an adopted ticket had read from the remote tier (MarkPromoted).
         tally.remote_at.resize(std::max(tally.remote_at.size(), promoted.from_remote.size()));
         for (size_t i = 0; i < promoted.from_remote.size(); ++i) {
@@ -574,14 +574,14 @@ void CacheCore::GrantLookup(const LookupTally& t, const NamespaceState& ns,
   // Children first, so a prefix's inner chunks stay more recent than its leaves.
   for (auto it = hits.rbegin(); it != hits.rend(); ++it) dram_->Touch(*it);
   const uint32_t ct = ns.spec.chunk_tokens;
-  const uint64_t num_hits = t.acquire ? hits.size() : t.dram_hits + t.nvme_hits;
+  const uint64_t num_hits = t.acquire ? hits.size() : t.dram_hits + t.promoted_hits;
   const size_t hbm_hits = hbm_copier_ ? hbm_copier_->CountIn(hits) : 0;
   LeaseCredit credit = CountRequest(t, ns, hits);
   const auto now = std::chrono::steady_clock::now();
   lookup_latency_.Observe(now - t.started);
 
   resp->num_chunks = static_cast<uint32_t>(num_hits);
-  resp->nvme_chunks = static_cast<uint32_t>(t.nvme_hits);
+  resp->nvme_chunks = static_cast<uint32_t>(t.promoted_hits);
   resp->prefetched_chunks = static_cast<uint32_t>(t.prefetched);
   resp->hbm_chunks = static_cast<uint32_t>(hbm_hits);
   resp->remote_chunks =

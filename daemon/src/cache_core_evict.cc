@@ -42,7 +42,7 @@ Status CacheCore::Evict(const core::EvictRequest& req, core::EvictResponse* resp
   }
 
   // No NVMe write may land what this removes: take none new, wait for those in flight.
-  if (nvme_writer_) nvme_writer_->DrainForEviction(lock);
+  if (destager_) destager_->DrainForEviction(lock);
   promoter_->NoteEviction();  // promotions reading meanwhile drop what they read
 
   auto pick_key = [&](const ChunkKey& key, const NamespaceId& ns) {
@@ -79,7 +79,7 @@ Status CacheCore::Evict(const core::EvictRequest& req, core::EvictResponse* resp
   if (nvme_removal) add("nvme", *nvme_removal);
 
   // Queued writes of removed chunks go too (they would count as skipped).
-  if (nvme_writer_) nvme_writer_->DropQueued(removed, ns_id);
+  if (destager_) destager_->DropQueued(removed, ns_id);
   return Status::Ok();
 }
 

@@ -26,7 +26,7 @@ void CacheCore::StopWorkers() {
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
-    if (nvme_writer_) nvme_writer_->Stop();
+    if (destager_) destager_->Stop();
   }
   work_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
@@ -186,19 +186,19 @@ void CacheCore::PersistNvmeAccessTimes() {
 
 size_t CacheCore::PendingNvmeWrites() const {
   std::lock_guard lock(mu_);
-  return nvme_writer_ ? nvme_writer_->Pending() : 0;
+  return destager_ ? destager_->Pending() : 0;
 }
 
-size_t CacheCore::WriteBackDramOnly() const { return nvme_writer_ ? nvme_writer_->DramOnly() : 0; }
+size_t CacheCore::WriteBackDramOnly() const { return destager_ ? destager_->DramOnly() : 0; }
 
 size_t CacheCore::FlushWriteBack(const std::function<bool()>& keep_going) {
-  return nvme_writer_ ? nvme_writer_->FlushWriteBack(keep_going) : 0;
+  return destager_ ? destager_->FlushWriteBack(keep_going) : 0;
 }
 
-size_t CacheCore::WriteThroughOnce() { return nvme_writer_ ? nvme_writer_->WriteOnce() : 0; }
+size_t CacheCore::DestageOnce() { return destager_ ? destager_->WriteOnce() : 0; }
 
-size_t CacheCore::WriteThroughBatches(size_t max_batches, const std::function<bool()>& keep_going) {
-  return nvme_writer_ ? nvme_writer_->WriteBatches(max_batches, keep_going) : 0;
+size_t CacheCore::DestageBatches(size_t max_batches, const std::function<bool()>& keep_going) {
+  return destager_ ? destager_->WriteBatches(max_batches, keep_going) : 0;
 }
 
 std::vector<std::string> CacheCore::DegradedTiers() const {

@@ -159,9 +159,9 @@ core::StatsResponse CacheCore::Stats() {
     nt.unserved_hits = lost.nvme_hits;
     nt.evictions = n.evictions;
     nt.read_bytes = promoter_->counters().read_bytes;
-    const NvmeWriter::Counters& w = nvme_writer_->counters();
+    const Destager::Counters& w = destager_->counters();
     nt.write_bytes = w.write_bytes;
-    nt.pending_writes = nvme_writer_->Pending();
+    nt.pending_writes = destager_->Pending();
     nt.corrupt_reads = n.corrupt_reads;
     nt.io_errors = nvme_health_->io_errors();
     nt.degraded = NvmeDegraded();
@@ -221,7 +221,7 @@ core::Latencies CacheCore::ReadLatencies() const {
   l.store = store_latency_.Read();
   l.promotion = promoter_->promotion_latency().Read();
   l.nvme_read = promoter_->nvme_read_latency().Read();
-  if (nvme_writer_) l.nvme_write = nvme_writer_->write_latency().Read();
+  if (destager_) l.nvme_write = destager_->write_latency().Read();
   return l;
 }
 

@@ -83,8 +83,7 @@ Status CacheCore::ReserveWrite(const core::ReserveWriteRequest& req,
   std::unique_lock lock(mu_);
   KVTIER_RETURN_IF_ERROR(CheckSession(req.session_id));
   if (nvme_ && options_.nvme_write_policy == NvmeWritePolicy::kWriteThrough &&
-      !nvme_writer_->WaitForRoom(lock,
-                                 static_cast<uint64_t>(n) * SlotLayout::For(spec).slot_bytes)) {
+      !destager_->WaitForRoom(lock, static_cast<uint64_t>(n) * SlotLayout::For(spec).slot_bytes)) {
     // Admitting them would evict chunks still waiting for their NVMe write.
     resp->outcomes.assign(n, ReserveOutcome::kNvmeBehind);
     counters_.nvme_throttled_writes += n;
@@ -248,7 +247,7 @@ Status CacheCore::CommitWrite(uint64_t session_id, uint64_t reservation_id,
     for (const ReservedChunk& c : r.chunks) {
       const uint32_t h = dram_->Find(c.key);
       if (h == ChunkIndex::kNone || dram_->Get(h).slot_offset != c.slot_offset) continue;
-      nvme_writer_->Queue(h);
+      destager_->Queue(h);
     }
   }
   resp->committed_chunks = committed;

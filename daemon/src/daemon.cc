@@ -334,7 +334,7 @@ void Daemon::NvmeLoop() {
   while (!stopping_.load()) {
     size_t taken = 0;
     try {
-      taken = core_->WriteThroughBatches(4, keep_going);
+      taken = core_->DestageBatches(4, keep_going);
     } catch (const std::exception& e) {
       spdlog::error("NVMe writer: {}", e.what());
     }
@@ -359,7 +359,7 @@ size_t Daemon::DrainNvme(const std::atomic<bool>* abort) {
     return now < until && (abort == nullptr || !abort->load());
   };
   // What was committed reaches NVMe first; then write-back's DRAM-only chunks.
-  while (keep_going() && core_->WriteThroughOnce() > 0) {
+  while (keep_going() && core_->DestageOnce() > 0) {
   }
   if (const size_t n = core_->FlushWriteBack(keep_going); n > 0) {
     spdlog::info("write-back: queued {} DRAM-only chunks for NVMe at shutdown", n);

@@ -37,7 +37,7 @@ class CacheCoreEvictTest : public CacheCoreNvmeTest {
     return out;
   }
   void DrainWrites() {
-    while (core_->WriteThroughOnce() > 0) {
+    while (core_->DestageOnce() > 0) {
     }
   }
   uint64_t Chunks(const std::string& tier) {

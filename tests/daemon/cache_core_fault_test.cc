@@ -31,7 +31,7 @@ class CacheCoreFaultTest : public CacheCoreNvmeTest, public ::testing::WithParam
     StartWithNvme(/*dram_slots=*/8, /*good_writes=*/GetParam().fault == Fault::kReadEio ? 0 : 1000);
   }
   void Drain() {
-    while (core_->WriteThroughOnce() > 0) {
+    while (core_->DestageOnce() > 0) {
     }
   }
 };

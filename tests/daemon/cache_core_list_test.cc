@@ -25,7 +25,7 @@ class CacheCoreListTest : public CacheCoreNvmeTest {
     return {c.tiers().begin(), c.tiers().end()};
   }
   void DrainWrites() {
-    while (core_->WriteThroughOnce() > 0) {
+    while (core_->DestageOnce() > 0) {
     }
   }
 };

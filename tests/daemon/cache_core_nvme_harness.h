@@ -76,7 +76,7 @@ class CacheCorePrefetchTest : public CacheCoreNvmeTest {
     ASSERT_EQ(Lookup(a_, false).nvme_chunks(), 3u);
   }
   void Drain() {
-    while (core_->WriteThroughOnce() > 0) {
+    while (core_->DestageOnce() > 0) {
     }
   }
   const std::vector<int32_t> a_ = Tokens(12);

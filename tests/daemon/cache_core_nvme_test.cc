@@ -38,14 +38,14 @@ TEST_F(CacheCoreNvmeTest, WriteThroughThenPromotionServesTheSameBytes) {
   StartWithNvme(/*dram_slots=*/3, /*good_writes=*/1000);
   const auto a = Tokens(12);  // 3 chunks
   ASSERT_EQ(Store(a), 3u);
-  while (core_->WriteThroughOnce() > 0) {
+  while (core_->DestageOnce() > 0) {
   }
   v1::StatsResponse s;
   EXPECT_EQ(NvmeStats(s).chunks(), 3u);
   EXPECT_EQ(NvmeStats(s).pending_writes(), 0u);
   // Push a's chunks out of DRAM with another prompt.
   ASSERT_EQ(Store(Tokens(12, 500)), 3u);
-  while (core_->WriteThroughOnce() > 0) {
+  while (core_->DestageOnce() > 0) {
   }
   EXPECT_EQ(Lookup(a, false).num_chunks(), 3u) << "on NVMe, so still cached";
   const v1::LookupResponse l = Lookup(a, true);
@@ -63,17 +63,17 @@ TEST_F(CacheCoreNvmeTest, PipelinedBatchesLandInOrderAndServeTheSameBytes) {
   StartWithNvme(/*dram_slots=*/8, /*good_writes=*/1000);
   const auto a = Tokens(32);  // 8 chunks, a chain
   ASSERT_EQ(Store(a), 8u);
-  EXPECT_EQ(core_->WriteThroughBatches(3), 3u) << "at most 3 batches of one chunk";
+  EXPECT_EQ(core_->DestageBatches(3), 3u) << "at most 3 batches of one chunk";
   v1::StatsResponse s;
   EXPECT_EQ(NvmeStats(s).chunks(), 3u) << "what a call took is written when it returns";
   EXPECT_EQ(NvmeStats(s).pending_writes(), 5u);
-  EXPECT_EQ(core_->WriteThroughBatches(100), 5u);
-  EXPECT_EQ(core_->WriteThroughBatches(100), 0u);
+  EXPECT_EQ(core_->DestageBatches(100), 5u);
+  EXPECT_EQ(core_->DestageBatches(100), 0u);
   EXPECT_EQ(NvmeStats(s).chunks(), 8u);
   EXPECT_EQ(NvmeStats(s).lost_writes(), 0u);
   EXPECT_EQ(NvmeStats(s).pending_writes(), 0u);
   ASSERT_EQ(Store(Tokens(32, 500)), 8u);  // pushes a out of DRAM
-  while (core_->WriteThroughBatches(4) > 0) {
+  while (core_->DestageBatches(4) > 0) {
   }
   const v1::LookupResponse l = Lookup(a, true);
   ASSERT_EQ(l.num_chunks(), 8u);
@@ -83,17 +83,17 @@ TEST_F(CacheCoreNvmeTest, PipelinedBatchesLandInOrderAndServeTheSameBytes) {
 
 // kvtierd's NVMe worker stops between batches at shutdown: keep_going is asked before each
 // batch is taken (it used to run all 4 of a call, up to 256 MiB, before looking).
-TEST_F(CacheCoreNvmeTest, WriteThroughBatchesStopsWhenKeepGoingSaysNo) {
+TEST_F(CacheCoreNvmeTest, DestageBatchesStopsWhenKeepGoingSaysNo) {
   StartWithNvme(/*dram_slots=*/8, /*good_writes=*/1000);  // one chunk a batch
   ASSERT_EQ(Store(Tokens(32)), 8u);
   int asked = 0;
-  EXPECT_EQ(core_->WriteThroughBatches(100, [&] { return ++asked <= 2; }), 2u);
+  EXPECT_EQ(core_->DestageBatches(100, [&] { return ++asked <= 2; }), 2u);
   EXPECT_EQ(asked, 3);
   v1::StatsResponse s;
   EXPECT_EQ(NvmeStats(s).chunks(), 2u);
   EXPECT_EQ(NvmeStats(s).pending_writes(), 6u);
-  EXPECT_EQ(core_->WriteThroughBatches(100, [] { return false; }), 0u);
-  EXPECT_EQ(core_->WriteThroughBatches(100), 6u);
+  EXPECT_EQ(core_->DestageBatches(100, [] { return false; }), 0u);
+  EXPECT_EQ(core_->DestageBatches(100), 6u);
 }
 
 // A process out of memory while the NVMe writer works: std::bad_alloc from the staging
@@ -128,7 +128,7 @@ class CacheCoreNvmeOutOfMemoryTest : public CacheCoreNvmeTest {
     }
     bool threw = false;
     try {
-      core_->WriteThroughBatches(4);
+      core_->DestageBatches(4);
     } catch (...) {
       threw = true;
     }
@@ -139,7 +139,7 @@ class CacheCoreNvmeOutOfMemoryTest : public CacheCoreNvmeTest {
     const auto a = Tokens(4 * chunks);
     EXPECT_TRUE(LeasedBytesMatch(a, Lookup(a, true))) << "DRAM kept them";
     ASSERT_EQ(Store(Tokens(40, 500)), 10u);
-    while (core_->WriteThroughBatches(4) > 0) {
+    while (core_->DestageBatches(4) > 0) {
     }
     v1::StatsResponse s;
     EXPECT_EQ(NvmeStats(s).pending_writes(), 0u) << "a batch is still counted in flight";
@@ -186,7 +186,7 @@ TEST_F(CacheCoreNvmeTest, APromotedImageNeverCarriesASequenceThisRunHandedOut) {
   StartWithNvme(/*dram_slots=*/1, /*good_writes=*/1000);
   const auto a = Tokens(4), b = Tokens(4, 100);
   ASSERT_EQ(Store(a), 1u);
-  while (core_->WriteThroughOnce() > 0) {
+  while (core_->DestageOnce() > 0) {
   }
   core_.reset();  // restart over the same slot file and index
   inner_.reset();
@@ -214,7 +214,7 @@ TEST_F(CacheCoreNvmeTest, ASlotThatHoldsAThenBThenAPromotedAgainShowsANewSequenc
   StartWithNvme(/*dram_slots=*/1, /*good_writes=*/1000);
   const auto a = Tokens(4), b = Tokens(4, 100);
   ASSERT_EQ(Store(a), 1u);
-  while (core_->WriteThroughOnce() > 0) {
+  while (core_->DestageOnce() > 0) {
   }
   const v1::LookupResponse first = Lookup(a, true);
   ASSERT_EQ(first.num_chunks(), 1u);
@@ -223,7 +223,7 @@ TEST_F(CacheCoreNvmeTest, ASlotThatHoldsAThenBThenAPromotedAgainShowsANewSequenc
   clock_.Advance(std::chrono::seconds(2));  // the lease on a lapses; its reader is still copying
   core_->ExpireNow();
   ASSERT_EQ(Store(b), 1u);  // into a's slot
-  while (core_->WriteThroughOnce() > 0) {
+  while (core_->DestageOnce() > 0) {
   }
   const v1::LookupResponse again = Lookup(a, true);  // a promoted from NVMe into the slot
   ASSERT_EQ(again.num_chunks(), 1u);
@@ -244,7 +244,7 @@ TEST_F(CacheCoreNvmeTest, ACollidingDramChunkIsNotLeasedThroughAPromotionOrATick
   StartWithNvme(/*dram_slots=*/16, /*good_writes=*/1000);
   const auto a = Tokens(12);
   ASSERT_EQ(Store(a), 3u);
-  while (core_->WriteThroughOnce() > 0) {
+  while (core_->DestageOnce() > 0) {
   }
   const auto keys = Keys(a);
   const v1::LookupResponse l = Lookup(a, true);
@@ -274,10 +274,10 @@ TEST_F(CacheCoreNvmeTest, APromotionTokenChecksTheDramChunksItJoins) {
                 /*engine_keyed=*/true);
   const auto a = Tokens(24);  // 3 chunks of 8
   ASSERT_EQ(Store(a), 3u);
-  while (core_->WriteThroughOnce() > 0) {  // written through before the next store needs room
+  while (core_->DestageOnce() > 0) {  // written through before the next store needs room
   }
   ASSERT_EQ(Store(Tokens(8, 500)), 1u);  // the fourth slot
-  while (core_->WriteThroughOnce() > 0) {
+  while (core_->DestageOnce() > 0) {
   }
   const auto keys = Keys(a);
   std::vector<int32_t> first_and_last(a.begin(), a.begin() + 8);
@@ -315,11 +315,11 @@ TEST_F(CacheCoreNvmeTest, WhenNvmeLagsNewStoresWaitAndAreDroppedNotThePendingWri
   EXPECT_EQ(NvmeStats(s).throttled_writes(), 2u);
   EXPECT_EQ(Lookup(Tokens(16), false).num_chunks(), 4u) << "no pending chunk was evicted";
 
-  while (core_->WriteThroughOnce() > 0) {
+  while (core_->DestageOnce() > 0) {
   }
   EXPECT_EQ(NvmeStats(s).chunks(), 4u) << "every committed chunk reached NVMe";
   ASSERT_EQ(Store(Tokens(8, 500)), 2u) << "once the writer caught up, stores are admitted";
-  while (core_->WriteThroughOnce() > 0) {
+  while (core_->DestageOnce() > 0) {
   }
   EXPECT_EQ(NvmeStats(s).skipped_writes(), 0u);
   EXPECT_EQ(NvmeStats(s).chunks(), 6u);
@@ -329,7 +329,7 @@ TEST_F(CacheCoreNvmeTest, WhenNvmeLagsNewStoresWaitAndAreDroppedNotThePendingWri
 TEST_F(CacheCoreNvmeTest, WriteBackDemotesOnEvictionParentsFirstAndFlushesTheRest) {
   StartWithNvme(/*dram_slots=*/3, /*good_writes=*/1000, NvmeWritePolicy::kWriteBack);
   const auto drain = [&] {
-    while (core_->WriteThroughOnce() > 0) {
+    while (core_->DestageOnce() > 0) {
     }
   };
   const auto a = Tokens(12);  // 3 chunks
@@ -365,7 +365,7 @@ TEST_F(CacheCoreNvmeTest, WriteBackPastItsBufferCountsTheLostVictims) {
                 /*write_back_buffer_bytes=*/kSlotBytes);
   ASSERT_EQ(Store(Tokens(12)), 3u);
   ASSERT_EQ(Store(Tokens(12, 500)), 3u);  // evicts a2 (a0 fits the buffer), a1, then a0
-  while (core_->WriteThroughOnce() > 0) {
+  while (core_->DestageOnce() > 0) {
   }
   v1::StatsResponse s;
   EXPECT_EQ(NvmeStats(s).chunks(), 1u) << "only the first chunk fit the buffer";
@@ -378,7 +378,7 @@ TEST_F(CacheCoreNvmeTest, FailingWritesDegradeTheTierWhileDramKeepsServing) {
   for (int i = 0; i < 4; ++i) {
     const auto t = Tokens(4, 1000 * (i + 1));
     ASSERT_EQ(Store(t), 1u) << "DRAM stores even when NVMe fails";
-    while (core_->WriteThroughOnce() > 0) {
+    while (core_->DestageOnce() > 0) {
     }
     EXPECT_EQ(Lookup(t, false).num_chunks(), 1u);
   }
@@ -393,7 +393,7 @@ TEST_F(CacheCoreNvmeTest, FailingWritesDegradeTheTierWhileDramKeepsServing) {
   // A working device again: the next success clears the degraded state.
   faulty_->set_good_writes(100);
   ASSERT_EQ(Store(Tokens(4, 9000)), 1u);
-  while (core_->WriteThroughOnce() > 0) {
+  while (core_->DestageOnce() > 0) {
   }
   EXPECT_FALSE(NvmeStats(s).degraded());
   EXPECT_TRUE(core_->DegradedTiers().empty());
@@ -406,7 +406,7 @@ TEST_F(CacheCoreNvmeTest, SelectivePolicyWritesAChunkOnlyAfterItsSecondHit) {
   const auto a = Tokens(8);  // 2 chunks
   ASSERT_EQ(Store(a), 2u);
   const auto drain = [&] {
-    while (core_->WriteThroughOnce() > 0) {
+    while (core_->DestageOnce() > 0) {
     }
   };
   drain();
@@ -559,7 +559,7 @@ TEST_F(CacheCorePrefetchTest, AnAdoptedTicketStillPromotingIsEndedAndTheLookupRe
 TEST_F(CacheCoreNvmeTest, AnAdoptedTicketsPromotedChunksCountAsNvmeHitsNotDramHits) {
   StartWithNvme(/*dram_slots=*/48, /*good_writes=*/1000);
   auto drain = [&] {
-    while (core_->WriteThroughOnce() > 0) {
+    while (core_->DestageOnce() > 0) {
     }
   };
   const auto prompt = Tokens(48, 300);  // 12 chunks
@@ -693,10 +693,10 @@ TEST_F(CacheCoreNvmeTest, LookupPromotionCompletesThroughItsCallbackOnAWorker) {
   StartWithNvme(/*dram_slots=*/3, /*good_writes=*/1000);
   const auto a = Tokens(12);
   ASSERT_EQ(Store(a), 3u);
-  while (core_->WriteThroughOnce() > 0) {
+  while (core_->DestageOnce() > 0) {
   }
   ASSERT_EQ(Store(Tokens(12, 500)), 3u);
-  while (core_->WriteThroughOnce() > 0) {
+  while (core_->DestageOnce() > 0) {
   }
   // The lookup completes through its callback once the worker promoted it.
   v1::LookupRequest req;

@@ -570,7 +570,7 @@ void CoreFuzzDriver::WriteNvme() {
     core_->FlushWriteBack();
     return;
   }
-  for (int i = 0; i < 64 && core_->WriteThroughOnce() > 0; ++i) {
+  for (int i = 0; i < 64 && core_->DestageOnce() > 0; ++i) {
   }
 }
 

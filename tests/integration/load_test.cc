@@ -33,7 +33,7 @@ using namespace std::chrono_literals;
 constexpr uint64_t kArenaBytes = uint64_t{64} << 20;
 // NvmeIndex: two memtables (2 MiB each since issue 32; 16 MiB kept as a loose bound).
 constexpr uint64_t kMemtableBytes = uint64_t{2} * (16 << 20);
-// The NVMe writer's two staging buffers (NvmeWriter): 1/16 of the arena each, and a slot (under 1
+// The NVMe writer's two staging buffers (Destager): 1/16 of the arena each, and a slot (under 1
 // MiB here).
 constexpr uint64_t kStagingBytes = 2 * (kArenaBytes / 16 + (1 << 20));
 

@@ -137,8 +137,8 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
           kvtier::FormatBytes(layout.slot_bytes));
     }
     const size_t batch = std::min<uint64_t>(
-        {kvtier::CacheCore::kWriteThroughBatchChunks,
-         kvtier::CacheCore::kWriteThroughBatchBytes / layout.slot_bytes + 1, num_chunks / 2});
+        {kvtier::CacheCore::kDestageBatchChunks,
+         kvtier::CacheCore::kDestageBatchBytes / layout.slot_bytes + 1, num_chunks / 2});
     // Reads: up to 256 MiB of images per ReadMany, so the 32-deep queue stays full.
     const size_t read_batch =
         std::max<size_t>(batch, std::min<uint64_t>(256, (256 << 20) / layout.slot_bytes));
@@ -172,7 +172,7 @@ int RunNvme(const std::string& dir, uint64_t file_bytes, int seconds, bool plain
         kvtier::SealSlot(buf(i), layout, {ns, keys[c], ns, tokens[c]}, c + 1,
                          /*with_payload_checksum=*/false);
       }
-      // The daemon's writer (NvmeWriter::WriteBatches): each batch copied out of the arena
+      // The daemon's writer (Destager::WriteBatches): each batch copied out of the arena
       // into a staging buffer and checksummed while the batch before it is written.
       struct Batch {
         std::vector<kvtier::NvmeImage> images;

@@ -11,7 +11,7 @@
 // - the Promoter (promoter.h): NVMe reads into DRAM, for a Lookup with
 //   acquire and for Prefetch tickets, on the core's I/O worker threads; a
 //   Lookup that must promote completes through its callback once it is done;
-// - the NvmeWriter (nvme_writer.h): write-through, selective and write-back to
+// - the Destager (destager.h): write-through, selective and write-back to
 //   NVMe, with NvmeHealth (nvme_health.h) its degraded state;
 // - the HbmCopier (hbm_copier.h): copies into HBM (opt-in), a subset of DRAM.
 //   A Lookup with `hbm` hands out the HBM copy of each chunk that has one
@@ -42,10 +42,10 @@
 #include "kvtier/clock.h"
 #include "kvtier/daemon/core_calls.h"
 #include "kvtier/daemon/core_namespace.h"
+#include "kvtier/daemon/destager.h"
 #include "kvtier/daemon/hbm_copier.h"
 #include "kvtier/daemon/kv_event_publisher.h"
 #include "kvtier/daemon/nvme_health.h"
-#include "kvtier/daemon/nvme_writer.h"
 #include "kvtier/daemon/owned_table.h"
 #include "kvtier/daemon/promoter.h"
 #include "kvtier/daemon/request_ledger.h"
@@ -143,16 +143,16 @@ class CacheCore {
   std::vector<std::string> DegradedTiers() const;
   static constexpr uint32_t kNvmeDegradedAfter = NvmeHealth::kDegradedAfter;
 
-  // NVMe writes (when on): NvmeWriter::WriteOnce, up to one batch of chunks
+  // NVMe writes (when on): Destager::WriteOnce, up to one batch of chunks
   // queued by CommitWrite (or, under write-back, of images copied out at
   // eviction); returns how many it took. Tests call it directly. 0 without NVMe.
-  size_t WriteThroughOnce();
+  size_t DestageOnce();
   // The same for up to `max_batches` batches, each batch's write beside the
-  // next one's copy (NvmeWriter::WriteBatches), stopping early when
+  // next one's copy (Destager::WriteBatches), stopping early when
   // `keep_going` says no: what the daemon's NVMe worker calls in a loop.
-  size_t WriteThroughBatches(size_t max_batches, const std::function<bool()>& keep_going = {});
-  static constexpr size_t kWriteThroughBatchChunks = NvmeWriter::kBatchChunks;
-  static constexpr uint64_t kWriteThroughBatchBytes = NvmeWriter::kBatchBytes;
+  size_t DestageBatches(size_t max_batches, const std::function<bool()>& keep_going = {});
+  static constexpr size_t kDestageBatchChunks = Destager::kBatchChunks;
+  static constexpr uint64_t kDestageBatchBytes = Destager::kBatchBytes;
   // Write-back at a clean shutdown: writes every DRAM chunk not yet on NVMe
   // (stops early when the tier is degraded or `keep_going` says no, checked
   // between batches). Returns how many it queued.
@@ -387,7 +387,7 @@ class CacheCore {
     size_t max_hits = 0;     // min(num_keys, max_chunks)
     size_t first_chunk = 0;  // LookupRequest.first_chunk: the engine held the chunks before it
     size_t dram_hits = 0;
-    size_t nvme_hits = 0;  // promoted by this Lookup: from NVMe, or from remote (remote_at)
+    size_t promoted_hits = 0;  // promoted by this Lookup: from NVMe, or from remote (remote_at)
     size_t prefetched = 0;
     std::string request;              // RequestLedger key
     std::vector<bool> prefetched_at;  // hit i was promoted from NVMe or remote by the ticket
@@ -452,9 +452,9 @@ class CacheCore {
   std::unique_ptr<NvmeTier> nvme_;         // thread-safe itself; lock order: mu_, then its own
   std::unique_ptr<RemoteTier> remote_;     // thread-safe itself; no I/O on it under mu_
   // With nvme_ (both after it: they hold references to it). GUARDED_BY(mu_),
-  // but for the writer's own locking (see NvmeWriter).
+  // but for the writer's own locking (see Destager).
   std::unique_ptr<NvmeHealth> nvme_health_;
-  std::unique_ptr<NvmeWriter> nvme_writer_;
+  std::unique_ptr<Destager> destager_;
   std::unique_ptr<Promoter> promoter_;  // after the tiers and hbm_copier_ it uses
   // Lookups without lease waiting for the remote tier's answer (ProbeRemote);
   // the I/O workers run them.

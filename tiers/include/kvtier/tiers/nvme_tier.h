@@ -9,7 +9,7 @@
 // payload checksum; a mismatch frees the slot, drops the record, counts a
 // corrupt read and returns DATA_LOSS: never served.
 //
-// kvtierd's CacheCore drives it: NvmeWriter writes, Promoter reads (docs/ARCHITECTURE.md).
+// kvtierd's CacheCore drives it: Destager writes, Promoter reads (docs/ARCHITECTURE.md).
 //
 // Thread-safety: thread-safe. mu_ guards the metadata; device I/O runs
 // without it (a slot being written is not yet indexed; a slot being read is

@@ -1,4 +1,4 @@
-#include "kvtier/daemon/nvme_writer.h"
+#include "kvtier/daemon/destager.h"
 
 #include <spdlog/spdlog.h>
 
@@ -24,8 +24,8 @@ Result<NvmeWritePolicy> ParseNvmeWritePolicy(const std::string& name) {
                                  "' is unknown (write_through, write_back, selective)");
 }
 
-NvmeWriter::NvmeWriter(const Options& options, std::mutex& mu, DramTier& dram, NvmeTier& nvme,
-                       NvmeHealth& health, const CoreNamespaces& namespaces, RemoteTier* remote)
+Destager::Destager(const Options& options, std::mutex& mu, DramTier& dram, NvmeTier& nvme,
+                   NvmeHealth& health, const CoreNamespaces& namespaces, RemoteTier* remote)
     : options_(options),
       mu_(mu),
       dram_(dram),
@@ -34,7 +34,7 @@ NvmeWriter::NvmeWriter(const Options& options, std::mutex& mu, DramTier& dram, N
       remote_(remote),
       namespaces_(namespaces) {}
 
-void NvmeWriter::Queue(uint32_t handle, bool to_remote) {
+void Destager::Queue(uint32_t handle, bool to_remote) {
   const SlotEntry& e = dram_.Get(handle);
   dram_.HoldForWrite(handle);  // evicted before its write only when nothing else can be
   const uint64_t slot_bytes = namespaces_[e.ns_index]->layout.slot_bytes;
@@ -42,7 +42,7 @@ void NvmeWriter::Queue(uint32_t handle, bool to_remote) {
   queue_bytes_ += slot_bytes;
 }
 
-bool NvmeWriter::WaitForRoom(std::unique_lock<std::mutex>& lock, uint64_t incoming) {
+bool Destager::WaitForRoom(std::unique_lock<std::mutex>& lock, uint64_t incoming) {
   // The queue and this store together stay within half the arena; a store
   // larger than that alone waits for an empty queue.
   const uint64_t bound = dram_.capacity_bytes() / 2;
@@ -53,12 +53,12 @@ bool NvmeWriter::WaitForRoom(std::unique_lock<std::mutex>& lock, uint64_t incomi
   return room();
 }
 
-void NvmeWriter::Stop() {
+void Destager::Stop() {
   stopping_ = true;
   progress_cv_.notify_all();
 }
 
-void NvmeWriter::Demote(uint32_t handle, bool count_skips) {
+void Destager::Demote(uint32_t handle, bool count_skips) {
   // The victim and its ancestors not on NVMe yet: leaf-first eviction takes
   // children first, and NVMe refuses a chunk whose parent it does not hold.
   std::vector<uint32_t> chain;
@@ -89,7 +89,7 @@ void NvmeWriter::Demote(uint32_t handle, bool count_skips) {
   }
 }
 
-size_t NvmeWriter::DramOnly() const {
+size_t Destager::DramOnly() const {
   if (options_.policy != NvmeWritePolicy::kWriteBack) return 0;
   std::lock_guard lock(mu_);
   size_t n = 0;  // those queued for the writer are Pending's, not counted twice
@@ -100,7 +100,7 @@ size_t NvmeWriter::DramOnly() const {
   return n;
 }
 
-size_t NvmeWriter::FlushWriteBack(const std::function<bool()>& keep_going) {
+size_t Destager::FlushWriteBack(const std::function<bool()>& keep_going) {
   if (options_.policy != NvmeWritePolicy::kWriteBack) return 0;
   std::vector<ChunkKey> keys;
   {
@@ -136,7 +136,7 @@ size_t NvmeWriter::FlushWriteBack(const std::function<bool()>& keep_going) {
   return queued;
 }
 
-size_t NvmeWriter::WriteDemotions() {
+size_t Destager::WriteDemotions() {
   std::vector<Demotion> demoted;
   {
     std::lock_guard lock(mu_);
@@ -167,7 +167,7 @@ size_t NvmeWriter::WriteDemotions() {
   return demoted.size();
 }
 
-std::optional<NvmeWriter::ThroughBatch> NvmeWriter::TakeAndCopy(StagingBuffer& staging) {
+std::optional<Destager::ThroughBatch> Destager::TakeAndCopy(StagingBuffer& staging) {
   const uint64_t max_batch_bytes = std::min<uint64_t>(kBatchBytes, dram_.capacity_bytes() / 16);
   struct Item {
     uint32_t handle;
@@ -258,8 +258,8 @@ std::optional<NvmeWriter::ThroughBatch> NvmeWriter::TakeAndCopy(StagingBuffer& s
   return batch;
 }
 
-Result<size_t> NvmeWriter::WriteTiers(std::span<const NvmeImage> images,
-                                      std::span<const NvmeImage> remote) {
+Result<size_t> Destager::WriteTiers(std::span<const NvmeImage> images,
+                                    std::span<const NvmeImage> remote) {
   const auto write_remote = [&] {
     try {
       remote_->WriteMany(remote);
@@ -291,7 +291,7 @@ Result<size_t> NvmeWriter::WriteTiers(std::span<const NvmeImage> images,
   return stored;
 }
 
-void NvmeWriter::WriteBatch(const ThroughBatch& batch) {
+void Destager::WriteBatch(const ThroughBatch& batch) {
   const Result<size_t> stored = WriteTiers(batch.images, batch.remote_images);
   std::lock_guard lock(mu_);
   if (!batch.images.empty())
@@ -303,9 +303,9 @@ void NvmeWriter::WriteBatch(const ThroughBatch& batch) {
   }
 }
 
-size_t NvmeWriter::WriteOnce() { return WriteBatches(1); }
+size_t Destager::WriteOnce() { return WriteBatches(1); }
 
-size_t NvmeWriter::WriteBatches(size_t max_batches, const std::function<bool()>& keep_going) {
+size_t Destager::WriteBatches(size_t max_batches, const std::function<bool()>& keep_going) {
   // Write-back: the images were copied out at eviction.
   if (const size_t demoted = WriteDemotions(); demoted > 0) return demoted;
   std::lock_guard staging_lock(staging_mu_);  // before mu_, never inside it
@@ -322,7 +322,7 @@ size_t NvmeWriter::WriteBatches(size_t max_batches, const std::function<bool()>&
   return taken;
 }
 
-void NvmeWriter::CountWritten(const ChunkKey& key, const SlotLayout& layout) {
+void Destager::CountWritten(const ChunkKey& key, const SlotLayout& layout) {
   // By where the chunk is now, not by how many Write stored: it skips some
   // (parent gone, no room) and a failed batch stores none.
   if (nvme_.Contains(key)) {
@@ -332,19 +332,19 @@ void NvmeWriter::CountWritten(const ChunkKey& key, const SlotLayout& layout) {
   }
 }
 
-void NvmeWriter::EndWrites(size_t n) {
+void Destager::EndWrites(size_t n) {
   in_flight_ -= n;
   if (in_flight_ == 0) idle_cv_.notify_all();
 }
 
-void NvmeWriter::DrainForEviction(std::unique_lock<std::mutex>& lock) {
+void Destager::DrainForEviction(std::unique_lock<std::mutex>& lock) {
   ++evictions_waiting_;
   idle_cv_.wait(lock, [&] { return in_flight_ == 0; });
   --evictions_waiting_;
 }
 
-void NvmeWriter::DropQueued(const std::unordered_set<ChunkKey, ChunkKeyHash>& removed,
-                            const std::optional<NamespaceId>& ns) {
+void Destager::DropQueued(const std::unordered_set<ChunkKey, ChunkKeyHash>& removed,
+                          const std::optional<NamespaceId>& ns) {
   std::erase_if(queue_, [&](const PendingWrite& w) {
     if (removed.count(w.key) == 0) return false;
     queue_bytes_ -= w.slot_bytes;

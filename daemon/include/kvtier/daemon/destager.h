@@ -1,4 +1,5 @@
-// NvmeWriter: CacheCore's way from DRAM to the NVMe tier.
+// Destager: CacheCore's way down from DRAM (destaging): to the NVMe tier and, with one, the
+// remote tier (kvtierd's logs call it the NVMe writer).
 //
 // Write-through and selective queue resident DRAM chunks (Queue); each keeps a
 // write hold in DRAM (evicted before its write only when nothing else can be)
@@ -54,7 +55,7 @@ enum class NvmeWritePolicy {
 // "write_through", "write_back" or "selective"; INVALID_ARGUMENT otherwise.
 Result<NvmeWritePolicy> ParseNvmeWritePolicy(const std::string& name);
 
-class NvmeWriter {
+class Destager {
  public:
   struct Options {
     NvmeWritePolicy policy = NvmeWritePolicy::kWriteThrough;
@@ -77,8 +78,8 @@ class NvmeWriter {
 
   // Everything given must outlive the writer; `namespaces` is read under `mu`.
   // `remote`: null without a remote tier.
-  NvmeWriter(const Options& options, std::mutex& mu, DramTier& dram, NvmeTier& nvme,
-             NvmeHealth& health, const CoreNamespaces& namespaces, RemoteTier* remote);
+  Destager(const Options& options, std::mutex& mu, DramTier& dram, NvmeTier& nvme,
+           NvmeHealth& health, const CoreNamespaces& namespaces, RemoteTier* remote);
 
   // REQUIRES: mu held. Queues resident chunk `handle` (write-through,
   // selective); `to_remote`: to the remote tier as well (not for a chunk read

@@ -12,30 +12,24 @@
 
 #include "kvtier/gpu/runtime.h"
 
-struct cublasContext;
-namespace kvtier::gpu::internal {
-struct CublasApi;
-}  // namespace kvtier::gpu::internal
-
 namespace kvtier::gpu {
 
 // One CUDA device. Memory from cudaMalloc, streams from cudaStreamCreateWithFlags
 // (cudaStreamNonBlocking: no implicit sync with the legacy default stream), events from
 // cudaEventCreateWithFlags(cudaEventDisableTiming), copies by cudaMemcpyAsync
 // (cudaMemcpyDefault). Calls that need a current device set it for the call and restore
-// the caller's. GEMMs and attention run on one cuBLAS handle, created on first use and
-// shared by all streams under blas_mu_ (cublasSetStream + the call). Exported memory is
-// cudaMalloc'd and named by cudaIpcGetMemHandle; opened memory comes from
-// cudaIpcOpenMemHandle and is freed by cudaIpcCloseMemHandle. Thread-safe; blas_mu_ and
-// ipc_mu_ are never held together.
+// the caller's. Exported memory is cudaMalloc'd and named by cudaIpcGetMemHandle; opened
+// memory comes from cudaIpcOpenMemHandle and is freed by cudaIpcCloseMemHandle.
+// Thread-safe. (The test engine's GEMMs and attention are not here: gpu/src/engine/
+// compute_cuda.cc, in kvtier_gpu_compute.)
 class CudaRuntime final : public Runtime {
  public:
   // See Runtime::CreateCuda.
   static GpuStatus Create(int device, std::unique_ptr<Runtime>* out);
-  ~CudaRuntime() override;
 
   Backend backend() const override { return Backend::kCuda; }
   std::string_view name() const override { return name_; }
+  int device() const override { return device_; }
 
  protected:
   GpuStatus AllocateImpl(size_t bytes, DeviceBuffer* out) override;
@@ -62,26 +56,15 @@ class CudaRuntime final : public Runtime {
   GpuStatus MapHostImpl(const void* host, size_t bytes) override;
   GpuStatus LaunchKvCopyImpl(const internal::KvCopyParams& params, void* stream) override;
   GpuStatus LaunchMemsetImpl(void* dst, uint8_t value, size_t bytes, void* stream) override;
-  GpuStatus LaunchGemmImpl(const internal::GemmParams& params, void* stream) override;
-  GpuStatus LaunchKvAppendImpl(const internal::KvAppendParams& params, void* stream) override;
-  GpuStatus LaunchPagedAttentionImpl(const internal::PagedAttentionParams& params,
-                                     void* stream) override;
 
  private:
   explicit CudaRuntime(int device) : device_(device), name_("cuda:" + std::to_string(device)) {}
-
-  // Sets *handle to the cuBLAS handle bound to `stream`, creating it on first use.
-  // REQUIRES: blas_mu_ held and device_ current.
-  GpuStatus BlasOn(void* stream, cublasContext** handle);
 
   const int device_;
   const std::string name_;
   std::mutex external_mu_;
   // Streams wrapped by WrapExternalStream (not ours to destroy), with how many handles each.
   std::unordered_map<void*, int> external_;  // GUARDED_BY(external_mu_)
-  std::mutex blas_mu_;
-  cublasContext* blas_ = nullptr;  // GUARDED_BY(blas_mu_); null until the first GEMM.
-  const internal::CublasApi* blas_api_ = nullptr;  // GUARDED_BY(blas_mu_); loaded with blas_
   std::mutex ipc_mu_;
   // Live exported allocations -> their handle, so that opening one's own handle is refused
   // with a clear message (CUDA refuses it in the exporting process anyway).

@@ -19,7 +19,6 @@
 #include <thread>
 #include <utility>
 
-#include "compute_params.h"
 #include "fill_pattern.h"
 #include "host_ipc_handle.h"
 #include "kv_copy_params.h"
@@ -378,22 +377,6 @@ GpuStatus HostRuntime::LaunchKvCopyImpl(const internal::KvCopyParams& params, vo
 
 GpuStatus HostRuntime::LaunchMemsetImpl(void* dst, uint8_t value, size_t bytes, void* stream) {
   AsStream(stream)->Enqueue([dst, value, bytes] { std::memset(dst, value, bytes); });
-  return GpuStatus::Ok();
-}
-
-GpuStatus HostRuntime::LaunchGemmImpl(const internal::GemmParams& params, void* stream) {
-  AsStream(stream)->Enqueue([params] { internal::RunGemmOnHost(params); });
-  return GpuStatus::Ok();
-}
-
-GpuStatus HostRuntime::LaunchKvAppendImpl(const internal::KvAppendParams& params, void* stream) {
-  AsStream(stream)->Enqueue([params] { internal::RunKvAppendOnHost(params); });
-  return GpuStatus::Ok();
-}
-
-GpuStatus HostRuntime::LaunchPagedAttentionImpl(const internal::PagedAttentionParams& params,
-                                                void* stream) {
-  AsStream(stream)->Enqueue([params] { internal::RunPagedAttentionOnHost(params); });
   return GpuStatus::Ok();
 }
 

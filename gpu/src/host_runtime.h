@@ -27,6 +27,7 @@ class HostRuntime final : public Runtime {
 
   Backend backend() const override { return Backend::kHost; }
   std::string_view name() const override { return "host"; }
+  int device() const override { return -1; }
 
  protected:
   GpuStatus AllocateImpl(size_t bytes, DeviceBuffer* out) override;
@@ -52,10 +53,6 @@ class HostRuntime final : public Runtime {
   GpuStatus MapHostImpl(const void* host, size_t bytes) override;
   GpuStatus LaunchKvCopyImpl(const internal::KvCopyParams& params, void* stream) override;
   GpuStatus LaunchMemsetImpl(void* dst, uint8_t value, size_t bytes, void* stream) override;
-  GpuStatus LaunchGemmImpl(const internal::GemmParams& params, void* stream) override;
-  GpuStatus LaunchKvAppendImpl(const internal::KvAppendParams& params, void* stream) override;
-  GpuStatus LaunchPagedAttentionImpl(const internal::PagedAttentionParams& params,
-                                     void* stream) override;
 
  private:
   // kDeviceError when the injected fault hook claims [ptr, ptr + bytes).

@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "compute_params.h"
 #include "host_runtime.h"
 #include "kv_copy_params.h"
 #if KVTIER_HAVE_CUDA
@@ -249,30 +248,6 @@ GpuStatus Runtime::LaunchMemset(void* dst, uint8_t value, size_t bytes, Stream& 
   if (bytes == 0) return GpuStatus::Ok();
   if (dst == nullptr) return GpuStatus::InvalidArgument("LaunchMemset: dst is null");
   return LaunchMemsetImpl(dst, value, bytes, stream.native_handle());
-}
-
-GpuStatus Runtime::LaunchGemm(const GemmArgs& args, Stream& stream) {
-  if (GpuStatus s = CheckStream(stream); !s.ok()) return s;
-  internal::GemmParams params;
-  if (GpuStatus s = internal::BuildGemmParams(args, &params); !s.ok()) return s;
-  if (params.m == 0 || params.n == 0) return GpuStatus::Ok();
-  return LaunchGemmImpl(params, stream.native_handle());
-}
-
-GpuStatus Runtime::LaunchKvAppend(const KvAppendArgs& args, Stream& stream) {
-  if (GpuStatus s = CheckStream(stream); !s.ok()) return s;
-  internal::KvAppendParams params;
-  if (GpuStatus s = internal::BuildKvAppendParams(args, &params); !s.ok()) return s;
-  if (params.num_tokens == 0) return GpuStatus::Ok();
-  return LaunchKvAppendImpl(params, stream.native_handle());
-}
-
-GpuStatus Runtime::LaunchPagedAttention(const PagedAttentionArgs& args, Stream& stream) {
-  if (GpuStatus s = CheckStream(stream); !s.ok()) return s;
-  internal::PagedAttentionParams params;
-  if (GpuStatus s = internal::BuildPagedAttentionParams(args, &params); !s.ok()) return s;
-  if (params.num_tokens == 0) return GpuStatus::Ok();
-  return LaunchPagedAttentionImpl(params, stream.native_handle());
 }
 
 GpuStatus Runtime::EventCompletionTime(const Event& event,

@@ -1,7 +1,8 @@
-// Behaviour every Runtime backend must show for LaunchMemset, LaunchGemm, LaunchKvAppend and
-// LaunchPagedAttention. Expected values come from references written here: a 16-bit float
-// decoder of its own, double-precision GEMM and attention over contiguous K/V, and the vLLM
-// flash-attn cache layout [2, num_blocks, block_size, heads, head_dim] written out by hand.
+// Behaviour every Runtime backend must show for Runtime::LaunchMemset and the test engine's
+// Compute (LaunchGemm, LaunchKvAppend and LaunchPagedAttention). Expected values come from
+// references written here: a 16-bit float decoder of its own, double-precision GEMM and attention
+// over contiguous K/V, and the vLLM flash-attn cache layout [2, num_blocks, block_size, heads,
+// head_dim] written out by hand.
 #include "compute_behaviour_test.h"
 
 #include <algorithm>
@@ -13,11 +14,20 @@
 #include <random>
 #include <vector>
 
-#include "kvtier/gpu/compute.h"
+#include "kvtier/gpu/engine/compute.h"
 #include "kvtier/gpu/kv_layout.h"
 
 namespace kvtier::gpu::testing {
 namespace {
+
+using engine::Compute;
+using engine::GemmArgs;
+using engine::kAttentionQueryTileTokens;
+using engine::KvAppendArgs;
+using engine::PagedAttentionArgs;
+using engine::PagedAttentionWorkspaceBytes;
+using engine::ScalarType;
+using engine::ScalarTypeName;
 
 // Decodes IEEE binary16 or bfloat16 bits (independent of the library's conversions).
 double Decode(ScalarType t, uint16_t bits) {
@@ -131,7 +141,7 @@ TEST_P(ComputeBehaviourTest, GemmMatchesAReferenceWithPaddedLeadingDimensions) {
     g.type = t;
     g.m = m, g.n = n, g.k = k;
     g.a = da.data(), g.lda = lda, g.b = db.data(), g.ldb = ldb, g.c = dc.data(), g.ldc = ldc;
-    KVTIER_ASSERT_GPU_OK(runtime_->LaunchGemm(g, f.stream()));
+    KVTIER_ASSERT_GPU_OK(compute_->LaunchGemm(g, f.stream()));
     const std::vector<uint16_t> c = f.Download(dc);
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < ldc; ++j) {
@@ -159,7 +169,7 @@ TEST_P(ComputeBehaviourTest, GemmAccumulatesIntoCWhenAsked) {
   g.m = m, g.n = n, g.k = k;
   g.a = da.data(), g.b = db.data(), g.c = dc.data();
   g.accumulate = true;
-  KVTIER_ASSERT_GPU_OK(runtime_->LaunchGemm(g, f.stream()));
+  KVTIER_ASSERT_GPU_OK(compute_->LaunchGemm(g, f.stream()));
   const std::vector<uint16_t> c = f.Download(dc);
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
@@ -179,24 +189,24 @@ TEST_P(ComputeBehaviourTest, GemmRejectsBadArgumentsAndQueuesNothing) {
   g.c = d.data();
   GemmArgs bad = g;
   bad.k = 0;
-  EXPECT_EQ(runtime_->LaunchGemm(bad, f.stream()).code(), GpuCode::kInvalidArgument);
+  EXPECT_EQ(compute_->LaunchGemm(bad, f.stream()).code(), GpuCode::kInvalidArgument);
   bad = g;
   bad.lda = 3;
-  EXPECT_EQ(runtime_->LaunchGemm(bad, f.stream()).code(), GpuCode::kInvalidArgument);
+  EXPECT_EQ(compute_->LaunchGemm(bad, f.stream()).code(), GpuCode::kInvalidArgument);
   bad = g;
   bad.ldc = 2;
-  EXPECT_EQ(runtime_->LaunchGemm(bad, f.stream()).code(), GpuCode::kInvalidArgument);
+  EXPECT_EQ(compute_->LaunchGemm(bad, f.stream()).code(), GpuCode::kInvalidArgument);
   bad = g;
   bad.c = nullptr;
-  EXPECT_EQ(runtime_->LaunchGemm(bad, f.stream()).code(), GpuCode::kInvalidArgument);
+  EXPECT_EQ(compute_->LaunchGemm(bad, f.stream()).code(), GpuCode::kInvalidArgument);
   bad = g;
   bad.m = int64_t{1} << 31;
-  EXPECT_EQ(runtime_->LaunchGemm(bad, f.stream()).code(), GpuCode::kInvalidArgument);
+  EXPECT_EQ(compute_->LaunchGemm(bad, f.stream()).code(), GpuCode::kInvalidArgument);
   bad = g;
   bad.m = 0;
-  EXPECT_TRUE(runtime_->LaunchGemm(bad, f.stream()).ok());
+  EXPECT_TRUE(compute_->LaunchGemm(bad, f.stream()).ok());
   Stream empty;
-  EXPECT_EQ(runtime_->LaunchGemm(g, empty).code(), GpuCode::kInvalidArgument);
+  EXPECT_EQ(compute_->LaunchGemm(g, empty).code(), GpuCode::kInvalidArgument);
 }
 
 // A vLLM flash-attn cache of one layer, [2, kBlocks, kBlock, kHeads, kDim], and helpers.
@@ -242,7 +252,7 @@ TEST_P(ComputeBehaviourTest, KvAppendWritesEachTokenIntoItsBlockSlotAndNothingEl
   a.k_token_stride = stride;
   a.v = static_cast<const uint16_t*>(dqkv.data()) + 2 * kHeads * kDim;
   a.v_token_stride = stride;
-  KVTIER_ASSERT_GPU_OK(runtime_->LaunchKvAppend(a, f.stream()));
+  KVTIER_ASSERT_GPU_OK(compute_->LaunchKvAppend(a, f.stream()));
   const std::vector<uint16_t> got = f.Download(cache);
   std::vector<uint16_t> want(kCacheElems, 0xCAFE);
   for (int64_t i = 0; i < n; ++i) {
@@ -260,15 +270,15 @@ TEST_P(ComputeBehaviourTest, KvAppendWritesEachTokenIntoItsBlockSlotAndNothingEl
 
   KvAppendArgs bad = a;
   bad.first_position = kBlocks * kBlock - 3;  // past the cache's blocks
-  EXPECT_EQ(runtime_->LaunchKvAppend(bad, f.stream()).code(), GpuCode::kInvalidArgument);
+  EXPECT_EQ(compute_->LaunchKvAppend(bad, f.stream()).code(), GpuCode::kInvalidArgument);
   bad = a;
   bad.k_token_stride = kHeads * kDim - 1;
-  EXPECT_EQ(runtime_->LaunchKvAppend(bad, f.stream()).code(), GpuCode::kInvalidArgument);
+  EXPECT_EQ(compute_->LaunchKvAppend(bad, f.stream()).code(), GpuCode::kInvalidArgument);
   KvLayout mla;
   ASSERT_TRUE(KvLayout::Create(KvLayoutSpec::Mla(kBlocks, kBlock, 64, 2), &mla).ok());
   bad = a;
   bad.kv.layout = &mla;
-  EXPECT_EQ(runtime_->LaunchKvAppend(bad, f.stream()).code(), GpuCode::kInvalidArgument);
+  EXPECT_EQ(compute_->LaunchKvAppend(bad, f.stream()).code(), GpuCode::kInvalidArgument);
 }
 
 // Attention of tokens [first, first + n) of a prompt whose K/V (all `context` tokens) sit in
@@ -315,7 +325,8 @@ void CheckAttention(Runtime& rt, ScalarType t, int64_t q_heads, int64_t first, i
   ASSERT_TRUE(rt.Allocate(ws_bytes, &ws).ok());
   a.workspace = ws.data();
   a.workspace_bytes = ws_bytes;
-  KVTIER_ASSERT_GPU_OK(rt.LaunchPagedAttention(a, f.stream()));
+  Compute compute(rt);
+  KVTIER_ASSERT_GPU_OK(compute.LaunchPagedAttention(a, f.stream()));
   const std::vector<uint16_t> out = f.Download(dout);
   const double scale = 1.0 / std::sqrt(static_cast<double>(kDim));
   const int64_t group = q_heads / kHeads;
@@ -384,7 +395,7 @@ TEST_P(ComputeBehaviourTest, PagedAttentionCoversQueriesBeyondOneTile) {
   a.workspace_bytes = PagedAttentionWorkspaceBytes(a);
   ASSERT_TRUE(runtime_->Allocate(a.workspace_bytes, &ws).ok());
   a.workspace = ws.data();
-  KVTIER_ASSERT_GPU_OK(runtime_->LaunchPagedAttention(a, f.stream()));
+  KVTIER_ASSERT_GPU_OK(compute_->LaunchPagedAttention(a, f.stream()));
   const std::vector<uint16_t> out = f.Download(dout);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t e = 0; e < 2 * dim; ++e) {
@@ -412,20 +423,20 @@ TEST_P(ComputeBehaviourTest, PagedAttentionRejectsBadArguments) {
   a.workspace = ws.data();
   PagedAttentionArgs bad = a;
   bad.workspace_bytes -= 1;
-  EXPECT_EQ(runtime_->LaunchPagedAttention(bad, f.stream()).code(), GpuCode::kInvalidArgument);
+  EXPECT_EQ(compute_->LaunchPagedAttention(bad, f.stream()).code(), GpuCode::kInvalidArgument);
   bad = a;
   bad.num_q_heads = 3;  // not a multiple of 2 KV heads
-  EXPECT_EQ(runtime_->LaunchPagedAttention(bad, f.stream()).code(), GpuCode::kInvalidArgument);
+  EXPECT_EQ(compute_->LaunchPagedAttention(bad, f.stream()).code(), GpuCode::kInvalidArgument);
   bad = a;
   bad.scale = -1;
-  EXPECT_EQ(runtime_->LaunchPagedAttention(bad, f.stream()).code(), GpuCode::kInvalidArgument);
+  EXPECT_EQ(compute_->LaunchPagedAttention(bad, f.stream()).code(), GpuCode::kInvalidArgument);
   bad = a;
   bad.kv.block_table = nullptr;
-  EXPECT_EQ(runtime_->LaunchPagedAttention(bad, f.stream()).code(), GpuCode::kInvalidArgument);
+  EXPECT_EQ(compute_->LaunchPagedAttention(bad, f.stream()).code(), GpuCode::kInvalidArgument);
   bad = a;
   bad.num_tokens = kBlocks * kBlock + 1;
-  EXPECT_EQ(runtime_->LaunchPagedAttention(bad, f.stream()).code(), GpuCode::kInvalidArgument);
-  KVTIER_ASSERT_GPU_OK(runtime_->LaunchPagedAttention(a, f.stream()));
+  EXPECT_EQ(compute_->LaunchPagedAttention(bad, f.stream()).code(), GpuCode::kInvalidArgument);
+  KVTIER_ASSERT_GPU_OK(compute_->LaunchPagedAttention(a, f.stream()));
   KVTIER_ASSERT_GPU_OK(runtime_->Synchronize(f.stream()));
 }
 

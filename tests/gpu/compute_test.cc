@@ -1,5 +1,5 @@
 // The compute-operation suite on the host-emulation backend (label unit), plus the host
-// backend's fp16/bf16 conversions against exact values.
+// compute's fp16/bf16 conversions against exact values.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "compute_behaviour_test.h"
-#include "half_convert.h"  // gpu/src: the host backend's conversions
+#include "half_convert.h"  // gpu/src/engine: the host compute's conversions
 
 namespace kvtier::gpu::testing {
 namespace {
@@ -16,8 +16,8 @@ INSTANTIATE_TEST_SUITE_P(Host, ComputeBehaviourTest, ::testing::Values(Backend::
                          BackendName);
 
 TEST(HalfConvert, Float16RoundsToNearestEvenAndSaturatesToInfinity) {
-  using internal::Float16ToFloat;
-  using internal::FloatToFloat16;
+  using engine::internal::Float16ToFloat;
+  using engine::internal::FloatToFloat16;
   EXPECT_EQ(FloatToFloat16(1.0f), 0x3C00);
   EXPECT_EQ(FloatToFloat16(-2.0f), 0xC000);
   EXPECT_EQ(FloatToFloat16(65504.0f), 0x7BFF);               // largest finite
@@ -36,8 +36,8 @@ TEST(HalfConvert, Float16RoundsToNearestEvenAndSaturatesToInfinity) {
 }
 
 TEST(HalfConvert, BFloat16RoundsToNearestEven) {
-  using internal::BFloat16ToFloat;
-  using internal::FloatToBFloat16;
+  using engine::internal::BFloat16ToFloat;
+  using engine::internal::FloatToBFloat16;
   EXPECT_EQ(FloatToBFloat16(1.0f), 0x3F80);
   EXPECT_EQ(FloatToBFloat16(1.0f + std::ldexp(1.0f, -8)), 0x3F80);      // tie: even
   EXPECT_EQ(FloatToBFloat16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3F82);  // tie: even

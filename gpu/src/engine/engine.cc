@@ -189,7 +189,7 @@ GpuStatus Engine::Gemm(const void* a, int64_t lda, const DeviceBuffer& w, int64_
   g.b = w.data();
   g.c = c;
   g.accumulate = accumulate;
-  return internal::WithContext(runtime_.LaunchGemm(g, stream), "GEMM");
+  return internal::WithContext(compute_.LaunchGemm(g, stream), "GEMM");
 }
 
 GpuStatus Engine::MlpAndOutput(int64_t n, Stream& stream) {
@@ -235,7 +235,7 @@ GpuStatus Engine::Forward(PagedCache& cache, int64_t first, int64_t n, Stream& s
     append.v = qkv + q_cols + kv_cols;
     append.v_token_stride = s.qkv_dim();
     KVTIER_ENGINE_RETURN_IF_ERROR(
-        internal::WithContext(runtime_.LaunchKvAppend(append, stream), "KV append"));
+        internal::WithContext(compute_.LaunchKvAppend(append, stream), "KV append"));
     if (hooks.after_kv_append) KVTIER_ENGINE_RETURN_IF_ERROR(hooks.after_kv_append(l));
     if (hooks.before_attention) KVTIER_ENGINE_RETURN_IF_ERROR(hooks.before_attention(l));
     PagedAttentionArgs att;
@@ -249,7 +249,7 @@ GpuStatus Engine::Forward(PagedCache& cache, int64_t first, int64_t n, Stream& s
     att.workspace = workspace_.data();
     att.workspace_bytes = workspace_.size_bytes();
     KVTIER_ENGINE_RETURN_IF_ERROR(
-        internal::WithContext(runtime_.LaunchPagedAttention(att, stream), "attention"));
+        internal::WithContext(compute_.LaunchPagedAttention(att, stream), "attention"));
     KVTIER_ENGINE_RETURN_IF_ERROR(MlpAndOutput(n, stream));
   }
   return Gemm(static_cast<const uint16_t*>(x_.data()) + (n - 1) * s.hidden, 0, w_lm_, s.vocab,

@@ -2,7 +2,8 @@
 //
 // Two backends: CUDA (Runtime::CreateCuda) and host emulation (Runtime::CreateHost), where
 // device memory is host memory and each stream is a worker thread, so that every pipeline
-// test runs on a CPU-only machine.
+// test runs on a CPU-only machine. The test engine's GEMM and attention are not part of it:
+// they run on a Runtime's streams from kvtier/gpu/engine/compute.h (kvtier_gpu_compute).
 #pragma once
 
 #include <atomic>
@@ -14,7 +15,6 @@
 #include <string>
 #include <string_view>
 
-#include "kvtier/gpu/compute.h"
 #include "kvtier/gpu/device_buffer.h"
 #include "kvtier/gpu/event.h"
 #include "kvtier/gpu/gpu_status.h"
@@ -28,9 +28,6 @@ enum class Backend : uint8_t { kHost, kCuda };
 
 namespace internal {
 struct KvCopyParams;  // src/kv_copy_params.h
-struct GemmParams;    // src/compute_params.h
-struct KvAppendParams;
-struct PagedAttentionParams;
 }  // namespace internal
 
 // Options of the host-emulation backend.
@@ -77,6 +74,9 @@ class Runtime {
   virtual Backend backend() const = 0;
   // "host" or "cuda:<device>".
   virtual std::string_view name() const = 0;
+  // CUDA: the device ordinal given to CreateCuda (for launching the caller's own kernels
+  // and libraries on this runtime's device); host backend: -1.
+  virtual int device() const = 0;
 
   // Allocates `bytes` (> 0) of uninitialized device memory into *out; on success what *out
   // held before is freed. Errors: kInvalidArgument (bytes == 0), kOutOfMemory, kDeviceError.
@@ -193,28 +193,6 @@ class Runtime {
   // kDeviceError.
   GpuStatus LaunchMemset(void* dst, uint8_t value, size_t bytes, Stream& stream);
 
-  // Queues C = A * B^T (see GemmArgs). CUDA: cublasGemmEx (fp32 compute, tensor cores);
-  // host backend: a loop on the stream's thread. m == 0 or n == 0 queues nothing.
-  // REQUIRES: the matrices stay valid until the launch completes.
-  // Errors: kInvalidArgument (bad type, sizes or leading dimensions; null matrix),
-  // kDeviceError.
-  GpuStatus LaunchGemm(const GemmArgs& args, Stream& stream);
-
-  // Queues writing new tokens' K and V into a paged KV cache (see KvAppendArgs). CUDA: one
-  // kernel; host backend: the same on the stream's thread. num_tokens == 0 queues nothing.
-  // Errors: kInvalidArgument (an MLA or non-2-byte layout, null tensor/table/k/v, negative
-  // positions, more positions than the cache has blocks, strides below a row), kDeviceError.
-  GpuStatus LaunchKvAppend(const KvAppendArgs& args, Stream& stream);
-
-  // Queues causal attention of new tokens over a paged KV cache (see PagedAttentionArgs).
-  // CUDA: K/V gathered into the workspace, then per query tile two strided-batched
-  // cublasGemmEx calls per query head of a KV group and a masked softmax kernel; host
-  // backend: a direct loop. num_tokens == 0 queues nothing.
-  // Errors: kInvalidArgument (as LaunchKvAppend, plus num_q_heads not a multiple of the KV
-  // heads, a workspace smaller than PagedAttentionWorkspaceBytes or not 256-byte aligned,
-  // a negative or non-finite scale), kDeviceError.
-  GpuStatus LaunchPagedAttention(const PagedAttentionArgs& args, Stream& stream);
-
   // Sets *at to the steady_clock time at which the event's latest record completed.
   // Host backend only (CUDA events are created with timing disabled).
   // Errors: kUnsupported (CUDA), kInvalidArgument (never recorded or not complete yet).
@@ -272,10 +250,6 @@ class Runtime {
   virtual GpuStatus MapHostImpl(const void* host, size_t bytes) = 0;
   virtual GpuStatus LaunchKvCopyImpl(const internal::KvCopyParams& params, void* stream) = 0;
   virtual GpuStatus LaunchMemsetImpl(void* dst, uint8_t value, size_t bytes, void* stream) = 0;
-  virtual GpuStatus LaunchGemmImpl(const internal::GemmParams& params, void* stream) = 0;
-  virtual GpuStatus LaunchKvAppendImpl(const internal::KvAppendParams& params, void* stream) = 0;
-  virtual GpuStatus LaunchPagedAttentionImpl(const internal::PagedAttentionParams& params,
-                                             void* stream) = 0;
 
  private:
   friend class DeviceBuffer;

@@ -6,8 +6,8 @@
 //
 // Per layer, for n new tokens at positions [first, first + n):
 //   qkv  = x W_qkv^T                  GEMM [n, hidden] x [qkv_dim, hidden]^T
-//   append K, V of qkv into the cache (LaunchKvAppend)       -> hooks.after_kv_append
-//                                                            -> hooks.before_attention
+//   append K, V of qkv into the cache (Compute::LaunchKvAppend) -> hooks.after_kv_append
+//                                                              -> hooks.before_attention
 //   attn = causal attention of q over cache positions [0, first + n)
 //   o    = attn W_o^T                 GEMM [n, q_heads * head_dim] x [hidden, ...]^T
 //   gu   = o W_gate_up^T              GEMM [n, hidden] x [2 * intermediate, hidden]^T
@@ -31,8 +31,8 @@
 #include <span>
 #include <vector>
 
-#include "kvtier/gpu/compute.h"
 #include "kvtier/gpu/device_buffer.h"
+#include "kvtier/gpu/engine/compute.h"
 #include "kvtier/gpu/engine/model_shape.h"
 #include "kvtier/gpu/gpu_status.h"
 #include "kvtier/gpu/kv_copy.h"
@@ -113,7 +113,7 @@ class Engine {
 
  private:
   Engine(Runtime& runtime, const ModelShape& shape, int64_t max_tokens)
-      : runtime_(runtime), shape_(shape), max_tokens_(max_tokens) {}
+      : runtime_(runtime), compute_(runtime), shape_(shape), max_tokens_(max_tokens) {}
   GpuStatus Allocate(std::span<const int32_t> prompt, Stream& stream);
   GpuStatus Gemm(const void* a, int64_t lda, const DeviceBuffer& w, int64_t n, int64_t k, void* c,
                  int64_t m, Stream& stream, bool accumulate = false);
@@ -121,6 +121,7 @@ class Engine {
   GpuStatus MlpAndOutput(int64_t n, Stream& stream);
 
   Runtime& runtime_;
+  Compute compute_;  // GEMMs, KV append and attention on runtime_
   const ModelShape shape_;
   const int64_t max_tokens_;
   DeviceBuffer w_qkv_, w_o_, w_gate_up_, w_down_, w_lm_;  // [out, in] fp16

@@ -5,7 +5,7 @@
 #include <mutex>
 #include <string>
 
-namespace kvtier::gpu::internal {
+namespace kvtier::gpu::engine::internal {
 namespace {
 
 template <typename Fn>
@@ -43,4 +43,4 @@ GpuStatus LoadCublas(const CublasApi** api) {
   return status;
 }
 
-}  // namespace kvtier::gpu::internal
+}  // namespace kvtier::gpu::engine::internal

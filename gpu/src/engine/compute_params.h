@@ -1,15 +1,15 @@
 // The compute operations' arguments resolved to element strides, shared by the CUDA kernels
-// (compute_kernels.cu) and the host backend (host_compute.cc). Private to gpu/. Plain
-// structs of C++17 so that nvcc compiles them.
+// (compute_kernels.cu) and the host compute (the Run*OnHost loops below, compute_params.cc).
+// Private to gpu/src/engine. Plain structs of C++17 so that nvcc compiles them.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
-#include "kvtier/gpu/compute.h"
+#include "kvtier/gpu/engine/compute.h"
 #include "kvtier/gpu/gpu_status.h"
 
-namespace kvtier::gpu::internal {
+namespace kvtier::gpu::engine::internal {
 
 // C = A * B^T with every leading dimension resolved (see GemmArgs).
 struct GemmParams {
@@ -100,9 +100,9 @@ GpuStatus BuildPagedAttentionParams(const PagedAttentionArgs& args, PagedAttenti
 AttentionWorkspace PlanAttentionWorkspace(int64_t kv_heads, int64_t head_dim, int64_t q_heads,
                                           int64_t first_position, int64_t num_tokens);
 
-// Host backend: run on the calling thread.
+// Host compute: run on the calling thread.
 void RunGemmOnHost(const GemmParams& p);
 void RunKvAppendOnHost(const KvAppendParams& p);
 void RunPagedAttentionOnHost(const PagedAttentionParams& p);
 
-}  // namespace kvtier::gpu::internal
+}  // namespace kvtier::gpu::engine::internal

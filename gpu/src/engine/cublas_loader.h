@@ -7,7 +7,7 @@
 
 #include "kvtier/gpu/gpu_status.h"
 
-namespace kvtier::gpu::internal {
+namespace kvtier::gpu::engine::internal {
 
 struct CublasApi {
   decltype(&cublasCreate) create = nullptr;
@@ -33,4 +33,4 @@ struct CublasApi {
 // dlerror() when it or a symbol is missing.
 GpuStatus LoadCublas(const CublasApi** api);
 
-}  // namespace kvtier::gpu::internal
+}  // namespace kvtier::gpu::engine::internal

@@ -1,7 +1,9 @@
-// The arguments of the compute operations a test engine needs on top of the copy runtime:
-// a half-precision GEMM (Runtime::LaunchGemm), writing new tokens' K/V into a paged KV cache
-// (Runtime::LaunchKvAppend, vLLM's reshape_and_cache) and causal attention of new tokens
-// over a paged KV cache (Runtime::LaunchPagedAttention). One sequence per launch.
+// Compute: the operations the test engine (engine.h) needs on top of the copy runtime: a
+// half-precision GEMM (LaunchGemm), writing new tokens' K/V into a paged KV cache
+// (LaunchKvAppend, vLLM's reshape_and_cache) and causal attention of new tokens over a paged
+// KV cache (LaunchPagedAttention). One sequence per launch. Test-only code: it lives in
+// kvtier_gpu_compute, which only the engine, its tools and its tests link; kvtierd and the
+// client SDK (kvtier_gpu) carry none of it (no compute kernels, no cuBLAS).
 //
 // Precision: inputs and outputs in fp16 or bf16, products accumulated in fp32. The backends
 // agree to fp16/bf16 rounding, not bit for bit (cuBLAS picks its own summation order).
@@ -9,12 +11,19 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string_view>
 
+#include "kvtier/gpu/gpu_status.h"
 #include "kvtier/gpu/kv_copy.h"
 #include "kvtier/gpu/kv_layout.h"
 
 namespace kvtier::gpu {
+class Runtime;  // kvtier/gpu/runtime.h (not included: nvcc compiles this header as C++17)
+class Stream;   // kvtier/gpu/stream.h
+}  // namespace kvtier::gpu
+
+namespace kvtier::gpu::engine {
 
 // A 2-byte floating-point element type.
 enum class ScalarType : uint8_t {
@@ -30,7 +39,7 @@ std::string_view ScalarTypeName(ScalarType type);
 //   A: [m, k], row i at a + i * lda (elements).
 //   B: [n, k], row j at b + j * ldb (the weight, out_features x in_features).
 //   C: [m, n], row i at c + i * ldc; read only when accumulating (beta = 1, else 0).
-// All three are device memory of the launching runtime, of element type `type`.
+// All three are device memory of the Compute's runtime, of element type `type`.
 struct GemmArgs {
   ScalarType type = ScalarType::kFloat16;
   int64_t m = 0;
@@ -82,7 +91,7 @@ struct KvAppendArgs {
 // Causal attention of `num_tokens` new query tokens at positions [first_position,
 // first_position + num_tokens) over cache positions [0, first_position + num_tokens):
 // query token i attends to positions [0, first_position + i] (the cache must already hold
-// them, e.g. by LaunchKvAppend earlier on the stream). Grouped-query attention: query head
+// them, e.g. by Compute::LaunchKvAppend earlier on the stream). Grouped-query attention: query head
 // h reads KV head h / (num_q_heads / layout heads).
 //   q:   token i, head h at q + i * q_token_stride + h * head_dim (elements).
 //   out: token i, head h at out + i * out_token_stride + h * head_dim; written.
@@ -121,4 +130,60 @@ size_t PagedAttentionWorkspaceBytes(const PagedAttentionArgs& args);
 double PagedAttentionFlops(int64_t first_position, int64_t num_tokens, int64_t num_q_heads,
                            int64_t head_dim);
 
-}  // namespace kvtier::gpu
+namespace internal {
+class ComputeBackend;  // compute_backend.h
+}  // namespace internal
+
+// The compute operations on the streams of one Runtime, run by its backend: CUDA (cuBLAS,
+// loaded with dlopen at the first GEMM, and the kernels of compute_kernels.cu) or host
+// emulation (loops on the stream's worker thread, through Runtime::LaunchHostFunc).
+//
+// The Launch* methods follow Runtime's conventions: they validate their arguments, then only
+// queue work and return at once; a call that fails queues nothing. CUDA reports errors of
+// queued work later, from Runtime::QueryEvent, SynchronizeEvent or Synchronize
+// (kDeviceError); the host backend's queued work cannot fail. Every method returns
+// kInvalidArgument for an empty stream or one made by another Runtime.
+//
+// Thread-safety: all methods are thread-safe (CUDA: GEMMs and attention share one cuBLAS
+// handle under a mutex). REQUIRES: the Runtime outlives this object.
+class Compute {
+ public:
+  // Never fails: cuBLAS is loaded (and its handle created) at the first GEMM or attention.
+  explicit Compute(Runtime& runtime);
+  ~Compute();
+  Compute(const Compute&) = delete;
+  Compute& operator=(const Compute&) = delete;
+
+  Runtime& runtime() const { return runtime_; }
+
+  // Queues C = A * B^T (see GemmArgs). CUDA: cublasGemmEx (fp32 compute, tensor cores);
+  // host backend: a loop on the stream's thread. m == 0 or n == 0 queues nothing.
+  // REQUIRES: the matrices stay valid until the launch completes.
+  // Errors: kInvalidArgument (bad type, sizes or leading dimensions; null matrix),
+  // kUnavailable (CUDA: cuBLAS cannot be loaded), kDeviceError.
+  GpuStatus LaunchGemm(const GemmArgs& args, Stream& stream);
+
+  // Queues writing new tokens' K and V into a paged KV cache (see KvAppendArgs). CUDA: one
+  // kernel; host backend: the same on the stream's thread. num_tokens == 0 queues nothing.
+  // Errors: kInvalidArgument (an MLA or non-2-byte layout, null tensor/table/k/v, negative
+  // positions, more positions than the cache has blocks, strides below a row), kDeviceError.
+  GpuStatus LaunchKvAppend(const KvAppendArgs& args, Stream& stream);
+
+  // Queues causal attention of new tokens over a paged KV cache (see PagedAttentionArgs).
+  // CUDA: K/V gathered into the workspace, then per query tile two strided-batched
+  // cublasGemmEx calls per query head of a KV group and a masked softmax kernel; host
+  // backend: a direct loop. num_tokens == 0 queues nothing.
+  // Errors: kInvalidArgument (as LaunchKvAppend, plus num_q_heads not a multiple of the KV
+  // heads, a workspace smaller than PagedAttentionWorkspaceBytes or not 256-byte aligned,
+  // a negative or non-finite scale), kUnavailable (CUDA: cuBLAS cannot be loaded),
+  // kDeviceError.
+  GpuStatus LaunchPagedAttention(const PagedAttentionArgs& args, Stream& stream);
+
+ private:
+  GpuStatus CheckStream(const Stream& stream) const;
+
+  Runtime& runtime_;
+  const std::unique_ptr<internal::ComputeBackend> backend_;
+};
+
+}  // namespace kvtier::gpu::engine

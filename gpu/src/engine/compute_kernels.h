@@ -10,7 +10,7 @@
 
 #include "compute_params.h"
 
-namespace kvtier::gpu::internal {
+namespace kvtier::gpu::engine::internal {
 
 // Writes K and V of p.num_tokens tokens into the paged cache (KvAppendArgs).
 cudaError_t LaunchKvAppendKernel(const KvAppendParams& p, cudaStream_t stream);
@@ -27,4 +27,4 @@ cudaError_t LaunchMaskedSoftmaxKernel(ScalarType type, const float* scores, uint
                                       int64_t rows, int64_t tile_rows, int64_t row_len,
                                       int64_t first_visible, float scale, cudaStream_t stream);
 
-}  // namespace kvtier::gpu::internal
+}  // namespace kvtier::gpu::engine::internal

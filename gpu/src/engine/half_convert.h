@@ -1,13 +1,14 @@
 // fp16 and bf16 <-> fp32 conversions on the host (round to nearest even), for the host
-// backend's compute and for tests. Private to gpu/ (tests include it by path).
+// compute (compute_params.cc) and for tests. Private to gpu/src/engine (tests include it by
+// path).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
-#include "kvtier/gpu/compute.h"
+#include "kvtier/gpu/engine/compute.h"
 
-namespace kvtier::gpu::internal {
+namespace kvtier::gpu::engine::internal {
 
 inline float BitsToFloat(uint32_t u) {
   float f;
@@ -75,4 +76,4 @@ inline uint16_t FloatToScalar(ScalarType t, float f) {
   return t == ScalarType::kFloat16 ? FloatToFloat16(f) : FloatToBFloat16(f);
 }
 
-}  // namespace kvtier::gpu::internal
+}  // namespace kvtier::gpu::engine::internal

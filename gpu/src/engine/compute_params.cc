@@ -8,7 +8,7 @@
 
 #include "half_convert.h"
 
-namespace kvtier::gpu {
+namespace kvtier::gpu::engine {
 
 std::string_view ScalarTypeName(ScalarType type) {
   return type == ScalarType::kFloat16 ? "fp16" : "bf16";
@@ -301,4 +301,4 @@ size_t PagedAttentionWorkspaceBytes(const PagedAttentionArgs& args) {
       .total_bytes;
 }
 
-}  // namespace kvtier::gpu
+}  // namespace kvtier::gpu::engine

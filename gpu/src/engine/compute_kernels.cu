@@ -6,7 +6,7 @@
 
 #include "compute_kernels.h"
 
-namespace kvtier::gpu::internal {
+namespace kvtier::gpu::engine::internal {
 namespace {
 
 constexpr int kThreadsPerBlock = 256;
@@ -129,4 +129,4 @@ cudaError_t LaunchMaskedSoftmaxKernel(ScalarType type, const float* scores, uint
   return cudaGetLastError();
 }
 
-}  // namespace kvtier::gpu::internal
+}  // namespace kvtier::gpu::engine::internal
